@@ -1,0 +1,23 @@
+#pragma once
+// The command line of the training apps:
+//   train_fsdp --config FILE [--dry-run] [--device cpu|cuda] [--<dotted.key> VALUE ...]
+//   train_fsdp @ FILE ...            (ZeroBand's form; also @FILE)
+// Overrides: --optim.optim.lr 0.01, --train.micro_bs=4, --data.fake (true), --no-data.fake.
+#include <string>
+
+#include "config/config.h"
+
+namespace zb {
+
+struct CommandLine {
+  Config config;
+  bool help = false;
+  bool dry_run = false;
+};
+
+// Throws ConfigError for unknown keys, bad values or a missing/unreadable config file.
+CommandLine parse_command_line(int argc, const char* const* argv);
+// --help text: the options, then every config key with its type and default.
+std::string help_text(const std::string& program);
+
+}  // namespace zb

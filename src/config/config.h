@@ -1,0 +1,125 @@
+#pragma once
+// The run's configuration: ZeroBand's TOML schema (name_model, type_model, project, [train],
+// [optim], [optim.optim], [data]) plus sections of our own ([model], [runtime], [logging]).
+// Every key is declared once in config.cpp's schema; loading, command-line overrides, --help and
+// the unknown-key check all come from that one list.
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "model/model_args.h"
+
+namespace zb {
+
+// A bad configuration. The message names the key and where it came from (file and line, or the
+// command line).
+struct ConfigError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct ModelOverrides {  // [model]: optional changes to the size table entry
+  std::optional<int64_t> dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of;
+  std::optional<double> ffn_dim_multiplier, norm_eps, rope_theta;
+};
+
+struct TrainConfig {  // [train]
+  int64_t micro_bs = 1;
+  int64_t ac_ckpt = 0;  // 0: off; N: recompute every N-th block (true = 1)
+  bool reshard_after_forward = true;
+  bool torch_compile = true;  // accepted for ZeroBand files; there is no compiler in C++
+};
+
+struct OptimizerConfig {  // [optim.optim]
+  std::string type = "muon";  // "muon" | "adamw"
+  double lr = 2e-2;           // the hidden matrices' learning rate
+  double wd = 0.01;
+  double momentum = 0.95;
+  int64_t ns_steps = 5;
+};
+
+struct OptimConfig {  // [optim]
+  std::string sched_type = "cosine";  // "cosine" | "linear" | "wsd-sqrt"
+  int64_t warmup_steps = 1000;
+  int64_t stable_steps = 80000;
+  int64_t total_steps = 88000;
+  int64_t batch_size = 512;  // global sequences per optimizer step
+  double max_norm = 1.0;     // gradient clipping by global norm (ZeroBand hard-codes 1.0)
+  OptimizerConfig optim;
+};
+
+struct DataConfig {  // [data]
+  std::string dataset_name_or_paths = "datasets/fineweb-edu";
+  std::optional<std::string> val_dataset_name_or_paths;
+  int64_t seq_length = 1024;
+  bool fake = false;
+  int64_t num_workers = 4;
+  std::optional<int64_t> max_train_samples, max_eval_samples;
+  std::optional<std::string> dataset_ratio;
+  std::optional<int64_t> data_rank, data_world_size;
+  bool reverse_data_files = false;
+  bool split_by_data_rank = true;
+};
+
+struct RuntimeConfig {  // [runtime]
+  std::string device = "auto";         // "auto" (cuda when available) | "cpu" | "cuda"
+  std::string compute_dtype = "auto";  // "auto" (bf16 on cuda, fp32 on cpu) | "float32" | "bfloat16"
+  int64_t seed = 42;
+  int64_t num_threads = 0;  // intra-op CPU threads; 0 = LibTorch's default
+  double peak_flops = 0;    // per device, for MFU; 0 = from the GPU's name
+};
+
+struct LoggingConfig {  // [logging]
+  std::string level = "info";
+  std::string metrics_file;  // JSON lines; "" = outputs/<name_model>-<time>/metrics.jsonl
+  int64_t interval = 1;      // console line every N steps
+};
+
+struct Config {
+  std::string name_model = "150M";
+  std::string type_model = "llama3";
+  std::string project = "prime_simple";
+  bool wandb = true;  // accepted for ZeroBand files; metrics go to a JSON-lines file instead
+  ModelOverrides model;
+  TrainConfig train;
+  OptimConfig optim;
+  DataConfig data;
+  RuntimeConfig runtime;
+  LoggingConfig logging;
+
+  std::string source = "<defaults>";  // the file it was loaded from
+  // Where each key that was set came from ("file:line" or "command line"), for error messages.
+  std::map<std::string, std::string> origins;
+  std::string origin(const std::string& key) const;
+};
+
+// Loads a TOML file. Throws ConfigError on unknown keys or sections, wrong types, a missing
+// [train] section or a file that does not parse.
+Config load_config_file(const std::string& path);
+// Parses TOML text (`source` names it in error messages).
+Config load_config_string(const std::string& text, const std::string& source);
+
+// Applies one dotted override such as ("optim.optim.lr", "0.01"); for a boolean key an empty
+// value means true. Throws ConfigError naming the key.
+void apply_override(Config& config, const std::string& key, const std::string& value);
+
+// The model's shapes: the size table entry for (type_model, name_model), with [model] overrides,
+// the vocabulary and the sequence length. Throws ConfigError for unknown names.
+ModelArgs resolve_model_args(const Config& config);
+
+// Checks everything that can be checked before work starts, for a run on `world_size` processes:
+// impossible combinations, unknown enumerations, shapes that do not divide. Throws ConfigError.
+void validate(const Config& config, int64_t world_size);
+
+// One help line per key: (dotted key, type, default, description).
+struct KeyHelp {
+  std::string key, type, default_value, description;
+};
+std::vector<KeyHelp> config_keys();
+
+// Training arithmetic shared by the loop and the logs.
+int64_t grad_accum_steps(const Config& config, int64_t world_size);
+
+}  // namespace zb

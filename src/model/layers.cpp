@@ -1,0 +1,58 @@
+#include "model/layers.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/cos.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/outer.h>
+#include <ATen/ops/pow.h>
+#include <ATen/ops/rms_norm.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <ATen/ops/silu.h>
+#include <ATen/ops/sin.h>
+#include <ATen/ops/stack.h>
+
+namespace zb {
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  // at::rms_norm accumulates reduced-precision inputs in fp32 and uses a fused kernel on CUDA.
+  return at::rms_norm(x, {x.size(-1)}, weight.to(x.scalar_type()), eps);
+}
+
+RopeTables rope_tables(int64_t head_dim, int64_t max_positions, double theta,
+                       const at::TensorOptions& options) {
+  auto f32 = options.dtype(at::kFloat);
+  // freq_i = theta^(-2i/head_dim), i = 0 .. head_dim/2 - 1
+  at::Tensor exponents = at::arange(0, head_dim, 2, f32) / static_cast<double>(head_dim);
+  at::Tensor freqs = at::pow(theta, exponents).reciprocal();
+  at::Tensor angles = at::outer(at::arange(max_positions, f32), freqs);
+  return {at::cos(angles), at::sin(angles)};
+}
+
+at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {
+  const int64_t T = x.size(1), half = x.size(3) / 2;
+  // [T, Dh/2] -> [1, T, 1, Dh/2] to broadcast over batch and heads.
+  at::Tensor cos = rope.cos.slice(0, 0, T).view({1, T, 1, half});
+  at::Tensor sin = rope.sin.slice(0, 0, T).view({1, T, 1, half});
+  at::Tensor pairs = x.to(at::kFloat).unflatten(-1, {half, 2});
+  at::Tensor re = pairs.select(-1, 0), im = pairs.select(-1, 1);
+  at::Tensor out = at::stack({re * cos - im * sin, re * sin + im * cos}, -1);
+  return out.flatten(-2).to(x.scalar_type());
+}
+
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dh = q.size(3);
+  const bool gqa = k.size(2) != H;
+  at::Tensor out = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                    v.transpose(1, 2), /*attn_mask=*/{},
+                                                    /*dropout_p=*/0.0, /*is_causal=*/true,
+                                                    /*scale=*/std::nullopt, /*enable_gqa=*/gqa);
+  return out.transpose(1, 2).reshape({B, T, H * Dh});
+}
+
+at::Tensor swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
+                  const at::Tensor& w3) {
+  return at::linear(at::silu(at::linear(x, w1)) * at::linear(x, w3), w2);
+}
+
+}  // namespace zb

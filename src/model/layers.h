@@ -1,0 +1,32 @@
+#pragma once
+// The Llama building blocks as plain functions of tensors, so that the model can be fed any
+// parameter tensors (its own, or views gathered by the sharding engine) and so that each piece
+// can be tested alone against a float64 formula.
+#include <ATen/core/Tensor.h>
+
+namespace zb {
+
+// x * rsqrt(mean(x^2, last dim) + eps) * weight, accumulated in fp32, returned in x's dtype.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// RoPE tables for positions [0, max_positions): cos and sin of pos * theta^(-2i/head_dim),
+// each [max_positions, head_dim/2], fp32.
+struct RopeTables {
+  at::Tensor cos, sin;
+};
+RopeTables rope_tables(int64_t head_dim, int64_t max_positions, double theta,
+                       const at::TensorOptions& options);
+
+// Meta-style rotary embedding on adjacent pairs (2i, 2i+1) of x [B, T, H, Dh]: each pair is the
+// complex number x_2i + j*x_2i+1, multiplied by exp(j * pos * freq_i). Computed in fp32.
+at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope);
+
+// Causal grouped-query attention. q [B, T, H, Dh], k and v [B, T, Hkv, Dh] with Hkv dividing H;
+// returns [B, T, H*Dh]. Uses scaled_dot_product_attention (flash / cuDNN on GPU).
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+// SwiGLU feed-forward: w2(silu(w1 x) * w3 x), no biases.
+at::Tensor swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
+                  const at::Tensor& w3);
+
+}  // namespace zb

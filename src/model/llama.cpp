@@ -1,0 +1,129 @@
+#include "model/llama.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/embedding.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
+
+#include <cmath>
+
+namespace zb {
+
+Llama::Llama(const ModelArgs& args, const at::TensorOptions& options) : args_(args) {
+  auto opts = options.dtype(at::kFloat);
+  auto param = [&](std::initializer_list<int64_t> shape) {
+    return at::empty(shape, opts).requires_grad_(true);
+  };
+  const int64_t D = args.dim, hd = args.head_dim(), F = args.ffn_hidden();
+  tok_embeddings_ = param({args.vocab_size, D});
+  layers_.resize(args.n_layers);
+  for (auto& b : layers_) {
+    b.wq = param({args.n_heads * hd, D});
+    b.wk = param({args.n_kv_heads * hd, D});
+    b.wv = param({args.n_kv_heads * hd, D});
+    b.wo = param({D, args.n_heads * hd});
+    b.w1 = param({F, D});
+    b.w2 = param({D, F});
+    b.w3 = param({F, D});
+    b.attention_norm = param({D});
+    b.ffn_norm = param({D});
+  }
+  norm_ = param({D});
+  output_ = param({args.vocab_size, D});
+  // ZeroBand precomputes RoPE for twice the sequence length.
+  rope_ = rope_tables(hd, 2 * args.max_seq_len, args.rope_theta, opts);
+
+  // Slots in param_specs() order: embedding, per block (wq wk wv wo w1 w2 w3 norms), norm, head.
+  params_.push_back({"tok_embeddings.weight", &tok_embeddings_});
+  for (int64_t i = 0; i < args.n_layers; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    auto& b = layers_[i];
+    params_.push_back({p + "attention.wq.weight", &b.wq});
+    params_.push_back({p + "attention.wk.weight", &b.wk});
+    params_.push_back({p + "attention.wv.weight", &b.wv});
+    params_.push_back({p + "attention.wo.weight", &b.wo});
+    params_.push_back({p + "feed_forward.w1.weight", &b.w1});
+    params_.push_back({p + "feed_forward.w2.weight", &b.w2});
+    params_.push_back({p + "feed_forward.w3.weight", &b.w3});
+    params_.push_back({p + "attention_norm.weight", &b.attention_norm});
+    params_.push_back({p + "ffn_norm.weight", &b.ffn_norm});
+  }
+  params_.push_back({"norm.weight", &norm_});
+  params_.push_back({"output.weight", &output_});
+}
+
+void trunc_normal_(at::Tensor& t, double mean, double std, double lo, double hi) {
+  // Sample u uniformly between the normal CDF values of the bounds, then map back through the
+  // inverse CDF: x = mean + std*sqrt(2)*erfinv(2u-1).
+  auto cdf = [&](double x) { return 0.5 * (1.0 + std::erf((x - mean) / (std * std::sqrt(2.0)))); };
+  const double a = cdf(lo), b = cdf(hi);
+  t.uniform_(2 * a - 1, 2 * b - 1).erfinv_().mul_(std * std::sqrt(2.0)).add_(mean).clamp_(lo, hi);
+}
+
+void Llama::init_weights() {
+  if (tok_embeddings_.is_meta()) return;
+  at::NoGradGuard no_grad;
+  // torchtitan's trunc_normal_ keeps torch's default absolute cut at +-2, which at std 0.02 is
+  // 100 std away: a plain normal in practice. The head is cut at 3 std.
+  auto normal = [](at::Tensor& t, double std) { trunc_normal_(t, 0.0, std, -2.0, 2.0); };
+  tok_embeddings_.normal_(0.0, 1.0);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    auto& b = layers_[i];
+    const double depth_std = 0.02 / std::sqrt(2.0 * static_cast<double>(i + 1));
+    normal(b.wq, 0.02);
+    normal(b.wk, 0.02);
+    normal(b.wv, 0.02);
+    normal(b.wo, depth_std);
+    normal(b.w1, 0.02);
+    normal(b.w2, depth_std);
+    normal(b.w3, depth_std);
+    b.attention_norm.fill_(1.0);
+    b.ffn_norm.fill_(1.0);
+  }
+  norm_.fill_(1.0);
+  const double head_std = 1.0 / std::sqrt(static_cast<double>(args_.dim));
+  trunc_normal_(output_, 0.0, head_std, -3 * head_std, 3 * head_std);
+}
+
+at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h) const {
+  const auto& b = layers_[layer];
+  const auto dt = compute_dtype_;
+  const int64_t B = h.size(0), T = h.size(1), hd = args_.head_dim();
+  const double eps = args_.norm_eps;
+
+  at::Tensor x = rms_norm(h, b.attention_norm, eps);
+  at::Tensor q = at::linear(x, b.wq.to(dt)).view({B, T, args_.n_heads, hd});
+  at::Tensor k = at::linear(x, b.wk.to(dt)).view({B, T, args_.n_kv_heads, hd});
+  at::Tensor v = at::linear(x, b.wv.to(dt)).view({B, T, args_.n_kv_heads, hd});
+  at::Tensor attn = causal_attention(apply_rope(q, rope_), apply_rope(k, rope_), v);
+  at::Tensor h2 = h + at::linear(attn, b.wo.to(dt));
+  return h2 + swiglu(rms_norm(h2, b.ffn_norm, eps), b.w1.to(dt), b.w2.to(dt), b.w3.to(dt));
+}
+
+at::Tensor Llama::forward(const at::Tensor& tokens) const {
+  at::Tensor h = at::embedding(tok_embeddings_.to(compute_dtype_), tokens);
+  for (int64_t i = 0; i < args_.n_layers; ++i) h = block_forward(i, h);
+  h = rms_norm(h, norm_, args_.norm_eps);
+  return at::linear(h, output_.to(compute_dtype_)).to(at::kFloat);
+}
+
+std::vector<at::Tensor> Llama::parameter_tensors() const {
+  std::vector<at::Tensor> out;
+  out.reserve(params_.size());
+  for (const auto& p : params_) out.push_back(*p.slot);
+  return out;
+}
+
+int64_t Llama::num_params() const {
+  int64_t n = 0;
+  for (const auto& p : params_) n += p.slot->numel();
+  return n;
+}
+
+at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets) {
+  return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+}
+
+}  // namespace zb

@@ -1,0 +1,81 @@
+#pragma once
+// A Llama-style decoder (ZeroBand / torchtitan layout): token embedding, pre-norm blocks with
+// RMSNorm, rotary grouped-query attention and a SwiGLU MLP, a final norm and an untied head that
+// returns fp32 logits. No biases.
+//
+// The model does not own its parameters in a module tree: it holds one at::Tensor slot per
+// parameter and reads whatever tensor is in the slot when it runs. The sharding engine swaps a
+// block's slots for gathered full views before the block runs and back afterwards, without
+// rebuilding anything.
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "model/layers.h"
+#include "model/model_args.h"
+
+namespace zb {
+
+struct NamedParameter {
+  std::string name;  // e.g. "layers.3.attention.wq.weight"
+  at::Tensor* slot;  // the tensor the forward reads
+};
+
+struct TransformerBlockParams {
+  at::Tensor wq, wk, wv, wo;  // attention
+  at::Tensor w1, w2, w3;      // feed_forward
+  at::Tensor attention_norm, ffn_norm;
+};
+
+class Llama {
+ public:
+  // Allocates every parameter (fp32 master weights, requires_grad) with `options`' device; on
+  // the meta device nothing is allocated (use it to inspect shapes).
+  Llama(const ModelArgs& args, const at::TensorOptions& options);
+
+  // ZeroBand's initialisation (uses the global generator: seed it first): embedding N(0, 1);
+  // wq, wk, wv, w1 truncated normal std 0.02; wo, w2, w3 std 0.02/sqrt(2*(layer+1)); head
+  // truncated normal std dim^-0.5 cut at 3 std; norms 1.
+  void init_weights();
+
+  // tokens [B, T] int64 -> logits [B, T, vocab] fp32. Weights are cast to `compute_dtype` where
+  // used (a no-op when they already are), so fp32 master weights get fp32 gradients.
+  at::Tensor forward(const at::Tensor& tokens) const;
+
+  // One block alone: h [B, T, dim] -> [B, T, dim].
+  at::Tensor block_forward(int64_t layer, const at::Tensor& h) const;
+
+  void set_compute_dtype(at::ScalarType dtype) { compute_dtype_ = dtype; }
+  at::ScalarType compute_dtype() const { return compute_dtype_; }
+
+  const ModelArgs& args() const { return args_; }
+  // All parameters in model order (the order of param_specs()).
+  const std::vector<NamedParameter>& parameters() const { return params_; }
+  std::vector<at::Tensor> parameter_tensors() const;
+  int64_t num_params() const;
+
+  TransformerBlockParams& block(int64_t layer) { return layers_[layer]; }
+  at::Tensor& tok_embeddings() { return tok_embeddings_; }
+  at::Tensor& norm() { return norm_; }
+  at::Tensor& output() { return output_; }
+
+  Llama(const Llama&) = delete;  // slots point into this object
+  Llama& operator=(const Llama&) = delete;
+
+ private:
+  ModelArgs args_;
+  at::ScalarType compute_dtype_ = at::kFloat;
+  at::Tensor tok_embeddings_, norm_, output_;
+  std::vector<TransformerBlockParams> layers_;
+  RopeTables rope_;
+  std::vector<NamedParameter> params_;
+};
+
+// Mean next-token cross-entropy of logits [B, T, V] against targets [B, T].
+at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets);
+
+// Fills `t` in place with N(mean, std) truncated to [lo, hi] (inverse-CDF sampling).
+void trunc_normal_(at::Tensor& t, double mean, double std, double lo, double hi);
+
+}  // namespace zb

@@ -1,0 +1,118 @@
+#include "model/model_args.h"
+
+#include <map>
+#include <stdexcept>
+
+namespace zb {
+
+int64_t ModelArgs::ffn_hidden() const {
+  int64_t hidden = 2 * (4 * dim) / 3;
+  if (ffn_dim_multiplier > 0) hidden = static_cast<int64_t>(ffn_dim_multiplier * hidden);
+  return multiple_of * ((hidden + multiple_of - 1) / multiple_of);
+}
+
+namespace {
+ModelArgs make(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, int64_t multiple_of,
+               double multiplier, double theta) {
+  ModelArgs a;
+  a.dim = dim;
+  a.n_layers = layers;
+  a.n_heads = heads;
+  a.n_kv_heads = kv_heads;
+  a.multiple_of = multiple_of;
+  a.ffn_dim_multiplier = multiplier;
+  a.rope_theta = theta;
+  return a;
+}
+
+const std::map<std::string, ModelArgs>& table(const std::string& type_model) {
+  // ZeroBand's tables (torchtitan's llama configs).
+  static const std::map<std::string, ModelArgs> llama2 = {
+      {"debugmodel", make(256, 2, 8, 8, 256, 0, 1e4)},
+      {"70M", make(512, 6, 8, 8, 256, 0, 1e4)},
+      {"150M", make(1024, 12, 16, 16, 256, 0, 1e4)},
+      {"271M", make(1024, 16, 8, 8, 256, 0, 1e4)},
+      {"1B", make(2048, 18, 16, 16, 256, 0, 1e4)},
+      {"7B", make(4096, 32, 32, 32, 256, 0, 1e4)},
+      {"10B", make(5120, 32, 40, 40, 256, 0, 1e4)},
+      {"13B", make(5120, 40, 40, 40, 256, 0, 1e4)},
+      {"26B", make(5120, 80, 40, 40, 256, 0, 1e4)},
+      {"70B", make(8192, 80, 64, 8, 4096, 1.3, 1e4)},
+  };
+  static const std::map<std::string, ModelArgs> llama3 = {
+      {"debugmodel", make(256, 8, 16, 16, 256, 0, 5e5)},
+      {"1B", make(2048, 18, 16, 8, 512, 1.3, 5e5)},
+      {"8B", make(4096, 32, 32, 8, 1024, 1.3, 5e5)},
+      {"10B", make(4096, 42, 32, 8, 1024, 1.3, 5e5)},
+      {"70B", make(8192, 80, 64, 8, 4096, 1.3, 5e5)},
+      {"405B", make(16384, 126, 128, 8, 4096, 1.2, 5e5)},
+  };
+  if (type_model == "llama2") return llama2;
+  if (type_model == "llama3") return llama3;
+  throw std::invalid_argument("unknown type_model '" + type_model + "' (known: llama2, llama3)");
+}
+}  // namespace
+
+std::vector<std::string> known_model_names(const std::string& type_model) {
+  std::vector<std::string> names;
+  for (const auto& [name, args] : table(type_model)) names.push_back(name);
+  return names;
+}
+
+ModelArgs lookup_model_args(const std::string& type_model, const std::string& name_model) {
+  const auto& t = table(type_model);
+  auto it = t.find(name_model);
+  if (it == t.end()) {
+    std::string known;
+    for (const auto& n : known_model_names(type_model)) known += (known.empty() ? "" : ", ") + n;
+    throw std::invalid_argument("unknown name_model '" + name_model + "' for type_model '" +
+                                type_model + "' (known: " + known + ")");
+  }
+  return it->second;
+}
+
+int64_t ParamSpec::numel() const {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+std::vector<ParamSpec> param_specs(const ModelArgs& a) {
+  const int64_t hd = a.head_dim(), hidden = a.ffn_hidden();
+  std::vector<ParamSpec> specs;
+  specs.push_back({"tok_embeddings.weight", {a.vocab_size, a.dim}});
+  for (int64_t i = 0; i < a.n_layers; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    specs.push_back({p + "attention.wq.weight", {a.n_heads * hd, a.dim}});
+    specs.push_back({p + "attention.wk.weight", {a.n_kv_heads * hd, a.dim}});
+    specs.push_back({p + "attention.wv.weight", {a.n_kv_heads * hd, a.dim}});
+    specs.push_back({p + "attention.wo.weight", {a.dim, a.n_heads * hd}});
+    specs.push_back({p + "feed_forward.w1.weight", {hidden, a.dim}});
+    specs.push_back({p + "feed_forward.w2.weight", {a.dim, hidden}});
+    specs.push_back({p + "feed_forward.w3.weight", {hidden, a.dim}});
+    specs.push_back({p + "attention_norm.weight", {a.dim}});
+    specs.push_back({p + "ffn_norm.weight", {a.dim}});
+  }
+  specs.push_back({"norm.weight", {a.dim}});
+  specs.push_back({"output.weight", {a.vocab_size, a.dim}});
+  return specs;
+}
+
+int64_t count_params(const ModelArgs& a) {
+  int64_t n = 0;
+  for (const auto& s : param_specs(a)) n += s.numel();
+  return n;
+}
+
+int64_t count_params_without_embedding(const ModelArgs& a) {
+  return count_params(a) - a.vocab_size * a.dim;
+}
+
+double flops_per_token(const ModelArgs& a, int64_t seq_len) {
+  // 6 FLOPs per parameter per token (2 forward, 4 backward); attention's two matmuls per layer
+  // (scores and weighted values) are 2*2*H*Dh*T forward, times 3 with backward.
+  return 6.0 * static_cast<double>(count_params_without_embedding(a)) +
+         12.0 * static_cast<double>(a.n_layers * a.n_heads * a.head_dim() * seq_len);
+}
+
+}  // namespace zb

@@ -1,0 +1,46 @@
+#pragma once
+// Llama model shapes: the llama2 / llama3 size tables, derived sizes, parameter counts and the
+// FLOPs-per-token figure used for MFU. Pure arithmetic, no tensors.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zb {
+
+struct ModelArgs {
+  int64_t dim = 4096;
+  int64_t n_layers = 32;
+  int64_t n_heads = 32;
+  int64_t n_kv_heads = 32;
+  int64_t vocab_size = 32000;
+  int64_t multiple_of = 256;
+  double ffn_dim_multiplier = 0.0;  // 0 means "not set"
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  int64_t max_seq_len = 2048;  // the RoPE table covers 2x this many positions
+
+  int64_t head_dim() const { return dim / n_heads; }
+  // SwiGLU hidden size: 2/3 of 4*dim, times the optional multiplier, rounded up to multiple_of.
+  int64_t ffn_hidden() const;
+};
+
+// The size table for type_model "llama2" or "llama3" (vocab_size and max_seq_len are left at
+// their defaults; the caller sets them). Throws std::invalid_argument naming the known sizes.
+ModelArgs lookup_model_args(const std::string& type_model, const std::string& name_model);
+std::vector<std::string> known_model_names(const std::string& type_model);
+
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t numel() const;
+};
+// Every parameter of the model, in the model's order, with its stable name.
+std::vector<ParamSpec> param_specs(const ModelArgs& args);
+
+int64_t count_params(const ModelArgs& args);
+int64_t count_params_without_embedding(const ModelArgs& args);  // what MFU counts
+
+// Training FLOPs per token: 6*N (N without the token embedding) + 12*L*H*Dh*T for attention.
+double flops_per_token(const ModelArgs& args, int64_t seq_len);
+
+}  // namespace zb

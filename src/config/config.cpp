@@ -404,7 +404,7 @@ void validate(const Config& c, int64_t world_size) {
     fail("model.n_kv_heads", "n_kv_heads (" + show(a.n_kv_heads) + ") must divide n_heads (" +
                                  show(a.n_heads) + ")");
   if (a.head_dim() % 2 != 0)
-    fail("model.n_heads", "head dimension dim/n_heads = " + show(a.head_dim()) +
+    fail("model.dim", "head dimension dim/n_heads = " + show(a.head_dim()) +
                               " must be even for rotary embeddings");
 
   // Training and batch arithmetic.

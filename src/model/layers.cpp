@@ -21,7 +21,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 
 RopeTables rope_tables(int64_t head_dim, int64_t max_positions, double theta,
                        const at::TensorOptions& options) {
-  auto f32 = options.dtype(at::kFloat);
+  // fp32 tables, as ZeroBand's; float64 when the model itself is float64.
+  auto f32 = options.dtype(options.has_dtype() && options.dtype() == at::kDouble ? at::kDouble : at::kFloat);
   // freq_i = theta^(-2i/head_dim), i = 0 .. head_dim/2 - 1
   at::Tensor exponents = at::arange(0, head_dim, 2, f32) / static_cast<double>(head_dim);
   at::Tensor freqs = at::pow(theta, exponents).reciprocal();
@@ -34,7 +35,11 @@ at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {
   // [T, Dh/2] -> [1, T, 1, Dh/2] to broadcast over batch and heads.
   at::Tensor cos = rope.cos.slice(0, 0, T).view({1, T, 1, half});
   at::Tensor sin = rope.sin.slice(0, 0, T).view({1, T, 1, half});
-  at::Tensor pairs = x.to(at::kFloat).unflatten(-1, {half, 2});
+  // fp32 arithmetic for reduced-precision inputs; float64 stays float64.
+  const auto work = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  cos = cos.to(work);
+  sin = sin.to(work);
+  at::Tensor pairs = x.to(work).unflatten(-1, {half, 2});
   at::Tensor re = pairs.select(-1, 0), im = pairs.select(-1, 1);
   at::Tensor out = at::stack({re * cos - im * sin, re * sin + im * cos}, -1);
   return out.flatten(-2).to(x.scalar_type());

@@ -10,7 +10,7 @@ namespace zb {
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 // RoPE tables for positions [0, max_positions): cos and sin of pos * theta^(-2i/head_dim),
-// each [max_positions, head_dim/2], fp32.
+// each [max_positions, head_dim/2], fp32 (float64 if `options` asks for it).
 struct RopeTables {
   at::Tensor cos, sin;
 };
@@ -18,7 +18,8 @@ RopeTables rope_tables(int64_t head_dim, int64_t max_positions, double theta,
                        const at::TensorOptions& options);
 
 // Meta-style rotary embedding on adjacent pairs (2i, 2i+1) of x [B, T, H, Dh]: each pair is the
-// complex number x_2i + j*x_2i+1, multiplied by exp(j * pos * freq_i). Computed in fp32.
+// complex number x_2i + j*x_2i+1, multiplied by exp(j * pos * freq_i). Computed in fp32
+// (float64 for float64 inputs).
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope);
 
 // Causal grouped-query attention. q [B, T, H, Dh], k and v [B, T, Hkv, Dh] with Hkv dividing H;

@@ -12,7 +12,9 @@
 namespace zb {
 
 Llama::Llama(const ModelArgs& args, const at::TensorOptions& options) : args_(args) {
-  auto opts = options.dtype(at::kFloat);
+  // Master weights are fp32 unless the caller asks for float64 (tests compare against float64).
+  auto opts = options.dtype(options.has_dtype() && options.dtype() == at::kDouble ? at::kDouble : at::kFloat);
+  compute_dtype_ = opts.dtype().toScalarType();
   auto param = [&](std::initializer_list<int64_t> shape) {
     return at::empty(shape, opts).requires_grad_(true);
   };
@@ -106,7 +108,8 @@ at::Tensor Llama::forward(const at::Tensor& tokens) const {
   at::Tensor h = at::embedding(tok_embeddings_.to(compute_dtype_), tokens);
   for (int64_t i = 0; i < args_.n_layers; ++i) h = block_forward(i, h);
   h = rms_norm(h, norm_, args_.norm_eps);
-  return at::linear(h, output_.to(compute_dtype_)).to(at::kFloat);
+  // fp32 logits for the loss (float64 stays float64).
+  return at::linear(h, output_.to(compute_dtype_)).to(compute_dtype_ == at::kDouble ? at::kDouble : at::kFloat);
 }
 
 std::vector<at::Tensor> Llama::parameter_tensors() const {

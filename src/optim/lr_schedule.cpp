@@ -11,7 +11,7 @@ double LrSchedule::multiplier(int64_t step) const {
   double m = 1.0;
   if (type == "cosine") {
     const double span = std::max<double>(1.0, static_cast<double>(total_steps - warmup_steps));
-    const double p = (s - warmup_steps) / span;
+    const double p = std::min(1.0, (s - warmup_steps) / span);
     m = 0.5 * (1.0 + std::cos(M_PI * p));
   } else if (type == "linear") {
     const double span = std::max<double>(1.0, static_cast<double>(total_steps - warmup_steps));

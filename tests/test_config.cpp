@@ -1,0 +1,260 @@
+// Configuration: ZeroBand files load unchanged, overrides, and every error path names the key and
+// where it came from.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "config/cli.h"
+#include "config/config.h"
+
+using namespace zb;
+
+namespace {
+
+const std::string kConfigs = std::string(ZB_SOURCE_DIR) + "/configs/";
+
+// Runs `fn` and returns the ConfigError message; fails the test when nothing is thrown.
+template <class F>
+std::string error_of(F&& fn) {
+  try {
+    fn();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a ConfigError";
+  return "";
+}
+
+CommandLine parse(std::vector<std::string> args) {
+  std::vector<const char*> argv{"train_fsdp"};
+  for (const auto& a : args) argv.push_back(a.c_str());
+  return parse_command_line(static_cast<int>(argv.size()), argv.data());
+}
+
+const char* kMinimal = "[train]\nmicro_bs = 2\n";
+
+}  // namespace
+
+TEST(ConfigPresets, DebugNormalIsZeroBands) {
+  Config c = load_config_file(kConfigs + "debug/normal.toml");
+  EXPECT_EQ(c.name_model, "debugmodel");
+  EXPECT_EQ(c.type_model, "llama2");
+  EXPECT_FALSE(c.wandb);
+  EXPECT_EQ(c.train.micro_bs, 8);
+  EXPECT_EQ(c.optim.batch_size, 16);
+  EXPECT_EQ(c.optim.warmup_steps, 10);
+  EXPECT_EQ(c.optim.total_steps, 4);
+  EXPECT_TRUE(c.data.fake);
+  EXPECT_EQ(c.data.seq_length, 1024);
+  EXPECT_DOUBLE_EQ(c.optim.optim.lr, 0.02);
+  EXPECT_NO_THROW(validate(c, 1));
+  EXPECT_NO_THROW(validate(c, 2));
+  EXPECT_EQ(resolve_model_args(c).vocab_size, 1024);
+}
+
+TEST(ConfigPresets, OneBIsZeroBands) {
+  Config c = load_config_file(kConfigs + "1B/H100.toml");
+  ModelArgs a = resolve_model_args(c);
+  EXPECT_EQ(a.dim, 2048);
+  EXPECT_EQ(a.n_layers, 18);
+  EXPECT_EQ(a.n_heads, 16);
+  EXPECT_EQ(a.ffn_hidden(), 5632);
+  EXPECT_EQ(a.vocab_size, 32000);
+  EXPECT_EQ(c.data.seq_length, 1024);
+  EXPECT_EQ(c.optim.batch_size, 1024);
+  EXPECT_EQ(c.train.micro_bs, 32);
+  EXPECT_EQ(c.optim.warmup_steps, 1000);
+  EXPECT_EQ(c.optim.total_steps, 8192);
+  EXPECT_DOUBLE_EQ(c.optim.optim.lr, 7e-4);
+  EXPECT_TRUE(c.train.reshard_after_forward);
+  EXPECT_NO_THROW(validate(c, 8));
+  EXPECT_EQ(grad_accum_steps(c, 8), 4);
+}
+
+TEST(ConfigPresets, OneFiftyMAndSevenBLoad) {
+  Config m = load_config_file(kConfigs + "150M/H100.toml");
+  EXPECT_EQ(m.train.micro_bs, 64);
+  EXPECT_FALSE(m.train.reshard_after_forward);
+  EXPECT_EQ(m.optim.total_steps, 88000);  // written 88_000
+  EXPECT_DOUBLE_EQ(m.optim.optim.lr, 4e-4);
+  EXPECT_NO_THROW(validate(m, 8));
+  Config b = load_config_file(kConfigs + "7B/H100.toml");
+  EXPECT_EQ(b.data.seq_length, 2048);
+  EXPECT_EQ(b.train.micro_bs, 4);
+  EXPECT_DOUBLE_EQ(b.optim.optim.lr, 3e-4);
+  EXPECT_NO_THROW(validate(b, 8));
+  EXPECT_EQ(grad_accum_steps(b, 8), 32);
+}
+
+TEST(ConfigPresets, EveryZeroBandKeyIsAccepted) {
+  // All of ZeroBand's keys, including those that mean nothing here (wandb, torch_compile).
+  const char* text = R"(
+name_model = "150M"
+type_model = "llama3"
+project = "p"
+wandb = true
+[train]
+micro_bs = 4
+ac_ckpt = 2
+reshard_after_forward = false
+torch_compile = true
+[optim]
+sched_type = "wsd-sqrt"
+warmup_steps = 10
+stable_steps = 20
+total_steps = 30
+batch_size = 64
+[optim.optim]
+type = "muon"
+lr = 1e-3
+wd = 0.1
+momentum = 0.9
+ns_steps = 6
+[data]
+dataset_name_or_paths = "a,b"
+val_dataset_name_or_paths = "v"
+seq_length = 512
+fake = false
+num_workers = 1
+max_train_samples = 5
+max_eval_samples = 6
+dataset_ratio = "70:30"
+data_rank = 0
+data_world_size = 1
+reverse_data_files = true
+split_by_data_rank = false
+)";
+  Config c = load_config_string(text, "zb.toml");
+  EXPECT_EQ(c.train.ac_ckpt, 2);
+  EXPECT_EQ(c.optim.optim.ns_steps, 6);
+  EXPECT_EQ(*c.data.dataset_ratio, "70:30");
+  EXPECT_EQ(*c.data.max_eval_samples, 6);
+  EXPECT_TRUE(c.data.reverse_data_files);
+  // 150M exists only in the llama2 table.
+  EXPECT_NE(error_of([&] { validate(c, 1); }).find("unknown name_model '150M' for type_model 'llama3'"),
+            std::string::npos);
+}
+
+TEST(ConfigErrors, UnknownKeyNamesFileLineAndSuggestion) {
+  auto msg = error_of([] { load_config_string("[train]\nmicro_bs = 2\nmicro_bz = 3\n", "x.toml"); });
+  EXPECT_EQ(msg, "x.toml:3: unknown key 'train.micro_bz' (did you mean 'train.micro_bs'?)");
+}
+
+TEST(ConfigErrors, ZeroBandLeftoverKeysAreRejected) {
+  // ZeroBand's own validator rejects these too (150M/H100-fast.toml).
+  auto msg = error_of([] { load_config_string("[train]\n[optim.optim]\nbetas1 = 0.9\n", "fast.toml"); });
+  EXPECT_NE(msg.find("fast.toml:3: unknown key 'optim.optim.betas1'"), std::string::npos) << msg;
+}
+
+TEST(ConfigErrors, UnknownSection) {
+  auto msg = error_of([] { load_config_string("[train]\n[trian]\nx = 1\n", "x.toml"); });
+  EXPECT_EQ(msg, "x.toml:2: unknown section [trian] (did you mean 'train'?)");
+}
+
+TEST(ConfigErrors, WrongType) {
+  auto msg = error_of([] { load_config_string("[train]\nmicro_bs = \"8\"\n", "x.toml"); });
+  EXPECT_EQ(msg, "x.toml:2: key 'train.micro_bs' must be an integer, got string");
+  msg = error_of([] { load_config_string("[train]\nmicro_bs = 2.5\n", "x.toml"); });
+  EXPECT_EQ(msg, "x.toml:2: key 'train.micro_bs' must be an integer, got floating-point");
+  msg = error_of([] { load_config_string("wandb = 1\n[train]\n", "x.toml"); });
+  EXPECT_EQ(msg, "x.toml:1: key 'wandb' must be a boolean, got integer");
+  // An integer where a number is expected is fine.
+  Config c = load_config_string("[train]\n[optim.optim]\nlr = 1\n", "x.toml");
+  EXPECT_DOUBLE_EQ(c.optim.optim.lr, 1.0);
+}
+
+TEST(ConfigErrors, MissingTrainSection) {
+  auto msg = error_of([] { load_config_string("name_model = \"1B\"\n", "x.toml"); });
+  EXPECT_EQ(msg, "x.toml: missing required section [train]");
+}
+
+TEST(ConfigErrors, NotToml) {
+  auto msg = error_of([] { load_config_string("[train]\nmicro_bs = = 2\n", "x.toml"); });
+  EXPECT_EQ(msg.rfind("x.toml:2: not valid TOML", 0), 0u) << msg;
+}
+
+TEST(ConfigErrors, MissingFile) {
+  auto msg = error_of([] { load_config_file("/nonexistent/cfg.toml"); });
+  EXPECT_EQ(msg, "/nonexistent/cfg.toml: cannot open config file");
+}
+
+TEST(ConfigErrors, ImpossibleCombinations) {
+  auto check = [](const std::string& text, int64_t world, const std::string& expected) {
+    Config c = load_config_string(text, "x.toml");
+    auto msg = error_of([&] { validate(c, world); });
+    EXPECT_EQ(msg, expected) << text;
+  };
+  const std::string debug = "name_model = \"debugmodel\"\ntype_model = \"llama2\"\n";
+  check(debug + "[train]\nmicro_bs = 3\n[optim]\nbatch_size = 16\n", 1,
+        "x.toml:6: optim.batch_size (16) must be divisible by world size (1) x train.micro_bs (3)");
+  check(debug + "[train]\nmicro_bs = 2\n[optim]\nbatch_size = 16\n", 3,
+        "x.toml:6: optim.batch_size (16) must be divisible by world size (3) x train.micro_bs (2)");
+  check(debug + "[model]\nn_heads = 7\n[train]\n", 1,
+        "x.toml:4: n_heads (7) must divide dim (256)");
+  check(debug + "[model]\nn_kv_heads = 3\n[train]\n", 1,
+        "x.toml:4: n_kv_heads (3) must divide n_heads (8)");
+  check(debug + "[model]\ndim = 264\n[train]\n", 1,
+        "x.toml:4: head dimension dim/n_heads = 33 must be even for rotary embeddings");
+  check(debug + "[train]\nmicro_bs = 0\n", 1, "x.toml:4: train.micro_bs must be > 0, got 0");
+  check(debug + "[train]\n[optim]\nsched_type = \"cosin\"\n", 1,
+        "x.toml:5: optim.sched_type = \"cosin\" is not one of cosine | linear | wsd-sqrt");
+  check(debug + "[train]\n[optim]\nsched_type = \"wsd-sqrt\"\nwarmup_steps = 10\nstable_steps = 5\ntotal_steps = 20\n",
+        1, "x.toml:7: wsd-sqrt needs warmup_steps (10) <= stable_steps (5) <= total_steps (20)");
+  check(debug + "[train]\n[optim.optim]\ntype = \"sgd\"\n", 1,
+        "x.toml:5: optim.optim.type = \"sgd\" is not one of muon | adamw");
+  check(debug + "[train]\n[optim.optim]\nmomentum = 1.0\n", 1,
+        "x.toml:5: optim.optim.momentum must be in [0, 1), got 1");
+  check(debug + "[train]\n[runtime]\ndevice = \"tpu\"\n", 1,
+        "x.toml:5: runtime.device = \"tpu\" is not one of auto | cpu | cuda");
+  check("name_model = \"3B\"\ntype_model = \"llama2\"\n[train]\n", 1,
+        "x.toml:1: unknown name_model '3B' for type_model 'llama2' (known: 10B, 13B, 150M, 1B, "
+        "26B, 271M, 70B, 70M, 7B, debugmodel)");
+  check("type_model = \"llama4\"\n[train]\n", 1,
+        "x.toml:1: type_model = \"llama4\" is not one of llama2 | llama3");
+  // A default value that becomes impossible names the key as a default.
+  check(debug + "[train]\nmicro_bs = 1\n", 0, "world size must be >= 1, got 0");
+}
+
+TEST(CommandLine, OverridesInOrderAndForms) {
+  CommandLine cl = parse({"--config", kConfigs + "debug/normal.toml", "--optim.optim.lr", "0.01",
+                          "--train.micro_bs=4", "--no-data.fake", "--train.ac_ckpt", "true",
+                          "--wandb", "--optim.total_steps", "1_000", "--device", "cpu"});
+  EXPECT_DOUBLE_EQ(cl.config.optim.optim.lr, 0.01);
+  EXPECT_EQ(cl.config.train.micro_bs, 4);
+  EXPECT_FALSE(cl.config.data.fake);
+  EXPECT_EQ(cl.config.train.ac_ckpt, 1);
+  EXPECT_TRUE(cl.config.wandb);
+  EXPECT_EQ(cl.config.optim.total_steps, 1000);
+  EXPECT_EQ(cl.config.runtime.device, "cpu");
+  EXPECT_EQ(cl.config.origin("train.micro_bs"), "command line (--train.micro_bs)");
+}
+
+TEST(CommandLine, ZeroBandAtForm) {
+  CommandLine a = parse({"@", kConfigs + "1B/H100.toml"});
+  EXPECT_EQ(a.config.name_model, "1B");
+  CommandLine b = parse({"@" + kConfigs + "1B/H100.toml", "--dry-run"});
+  EXPECT_EQ(b.config.name_model, "1B");
+  EXPECT_TRUE(b.dry_run);
+}
+
+TEST(CommandLine, Errors) {
+  const std::string cfg = kConfigs + "debug/normal.toml";
+  EXPECT_EQ(error_of([&] { parse({"--config", cfg, "--train.micro_bs", "four"}); }),
+            "command line (--train.micro_bs): key 'train.micro_bs' must be an integer, got 'four'");
+  EXPECT_EQ(error_of([&] { parse({"--config", cfg, "--data.fake", "maybe"}); }),
+            "command line (--data.fake): key 'data.fake' must be a boolean, got 'maybe'");
+  EXPECT_EQ(error_of([&] { parse({"--config", cfg, "--optim.optim.lr", "fast"}); }),
+            "command line (--optim.optim.lr): key 'optim.optim.lr' must be a number, got 'fast'");
+  EXPECT_EQ(error_of([&] { parse({"--config", cfg, "--train.microbs", "2"}); }),
+            "command line: unknown key 'train.microbs' (did you mean 'train.micro_bs'?)");
+  EXPECT_EQ(error_of([&] { parse({"--dry-run"}); }),
+            "command line: no config file given (use --config FILE or @ FILE)");
+  EXPECT_EQ(error_of([&] { parse({"--config", cfg, "stray"}); }),
+            "command line: unexpected argument 'stray'");
+}
+
+TEST(CommandLine, HelpListsEveryKey) {
+  const std::string help = help_text("train_fsdp");
+  for (const auto& k : config_keys()) EXPECT_NE(help.find(k.key), std::string::npos) << k.key;
+  EXPECT_TRUE(parse({"--help"}).help);
+}

@@ -1,0 +1,124 @@
+// The model's building blocks against float64 formulas written out element by element.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <complex>
+
+#include "model/layers.h"
+
+using namespace zb;
+
+namespace {
+at::Tensor randn64(at::IntArrayRef shape) { return at::randn(shape, at::kDouble); }
+double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+}  // namespace
+
+TEST(Layers, RopeMatchesComplexFormulation) {
+  at::manual_seed(0);
+  const int64_t B = 2, T = 7, H = 3, Dh = 8;
+  const double theta = 10000.0;
+  at::Tensor x = at::randn({B, T, H, Dh}, at::kFloat);
+  at::Tensor got = apply_rope(x, rope_tables(Dh, 2 * T, theta, at::kFloat));
+
+  at::Tensor x64 = x.to(at::kDouble);
+  auto xa = x64.accessor<double, 4>();
+  at::Tensor want = at::empty_like(x64);
+  auto wa = want.accessor<double, 4>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < Dh / 2; ++i) {
+          const double freq = std::pow(theta, -2.0 * i / Dh);
+          std::complex<double> z(xa[b][t][h][2 * i], xa[b][t][h][2 * i + 1]);
+          std::complex<double> r = z * std::polar(1.0, t * freq);
+          wa[b][t][h][2 * i] = r.real();
+          wa[b][t][h][2 * i + 1] = r.imag();
+        }
+  // fp32 tables and arithmetic, as ZeroBand: within a few fp32 ulps of values of order 1.
+  EXPECT_LT(max_abs_diff(got, want), 1e-5);
+  // And in float64 end to end, to float64 rounding.
+  at::Tensor got64 = apply_rope(x64, rope_tables(Dh, 2 * T, theta, at::kDouble));
+  EXPECT_LT(max_abs_diff(got64, want), 1e-12);
+}
+
+TEST(Layers, CausalGqaAttentionMatchesNaiveSoftmax) {
+  at::manual_seed(1);
+  const int64_t B = 2, T = 9, H = 6, Hkv = 2, Dh = 16;
+  for (int64_t kv : {Hkv, H}) {  // grouped-query and plain multi-head
+    at::Tensor q = randn64({B, T, H, Dh}), k = randn64({B, T, kv, Dh}), v = randn64({B, T, kv, Dh});
+    at::Tensor got = causal_attention(q, k, v);  // [B, T, H*Dh]
+
+    auto qa = q.accessor<double, 4>(), ka = k.accessor<double, 4>(), va = v.accessor<double, 4>();
+    at::Tensor want = at::zeros({B, T, H * Dh}, at::kDouble);
+    auto oa = want.accessor<double, 3>();
+    const int64_t group = H / kv;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t hk = h / group;  // query head h reads key/value head h / group
+        for (int64_t i = 0; i < T; ++i) {
+          std::vector<double> s(i + 1);
+          double mx = -1e300;
+          for (int64_t j = 0; j <= i; ++j) {  // causal: keys up to the query's position
+            double dot = 0;
+            for (int64_t d = 0; d < Dh; ++d) dot += qa[b][i][h][d] * ka[b][j][hk][d];
+            s[j] = dot / std::sqrt(static_cast<double>(Dh));
+            mx = std::max(mx, s[j]);
+          }
+          double z = 0;
+          for (auto& e : s) z += (e = std::exp(e - mx));
+          for (int64_t d = 0; d < Dh; ++d) {
+            double acc = 0;
+            for (int64_t j = 0; j <= i; ++j) acc += s[j] / z * va[b][j][hk][d];
+            oa[b][i][h * Dh + d] = acc;
+          }
+        }
+      }
+    EXPECT_LT(max_abs_diff(got, want), 1e-12) << "kv heads " << kv;
+  }
+}
+
+TEST(Layers, RmsNormMatchesFormula) {
+  at::manual_seed(2);
+  const int64_t N = 5, D = 12;
+  const double eps = 1e-5;
+  at::Tensor x = randn64({N, D}), w = randn64({D});
+  at::Tensor got = rms_norm(x, w, eps);
+  auto xa = x.accessor<double, 2>();
+  auto wa = w.accessor<double, 1>();
+  at::Tensor want = at::empty_like(x);
+  auto oa = want.accessor<double, 2>();
+  for (int64_t n = 0; n < N; ++n) {
+    double ms = 0;
+    for (int64_t d = 0; d < D; ++d) ms += xa[n][d] * xa[n][d];
+    const double r = 1.0 / std::sqrt(ms / D + eps);
+    for (int64_t d = 0; d < D; ++d) oa[n][d] = xa[n][d] * r * wa[d];
+  }
+  EXPECT_LT(max_abs_diff(got, want), 1e-12);
+  // fp32 input: same formula to fp32 precision.
+  EXPECT_LT(max_abs_diff(rms_norm(x.to(at::kFloat), w.to(at::kFloat), eps), want), 1e-5);
+}
+
+TEST(Layers, SwiGluMatchesFormula) {
+  at::manual_seed(3);
+  const int64_t N = 4, D = 6, F = 10;
+  at::Tensor x = randn64({N, D}), w1 = randn64({F, D}), w2 = randn64({D, F}), w3 = randn64({F, D});
+  at::Tensor got = swiglu(x, w1, w2, w3);
+  auto xa = x.accessor<double, 2>(), a1 = w1.accessor<double, 2>(), a2 = w2.accessor<double, 2>(),
+       a3 = w3.accessor<double, 2>();
+  at::Tensor want = at::zeros({N, D}, at::kDouble);
+  auto oa = want.accessor<double, 2>();
+  for (int64_t n = 0; n < N; ++n) {
+    std::vector<double> hidden(F);
+    for (int64_t f = 0; f < F; ++f) {
+      double g = 0, u = 0;
+      for (int64_t d = 0; d < D; ++d) g += a1[f][d] * xa[n][d], u += a3[f][d] * xa[n][d];
+      hidden[f] = g / (1.0 + std::exp(-g)) * u;  // silu(g) * u
+    }
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t f = 0; f < F; ++f) oa[n][d] += a2[d][f] * hidden[f];
+  }
+  EXPECT_LT(max_abs_diff(got, want), 1e-12);
+}

@@ -1,0 +1,102 @@
+// Learning-rate schedules, AdamW, gradient clipping and the grouping of parameters by role.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "model/llama.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
+#include "optim/lr_schedule.h"
+#include "optim/param_groups.h"
+
+using namespace zb;
+
+TEST(LrSchedule, CosineLinearWsdSqrtAtChosenSteps) {
+  LrSchedule cos{"cosine", 10, 0, 110};
+  EXPECT_DOUBLE_EQ(cos.multiplier(1), 0.1);  // warmup: step/warmup
+  EXPECT_DOUBLE_EQ(cos.multiplier(5), 0.5);
+  EXPECT_DOUBLE_EQ(cos.multiplier(10), 1.0);
+  EXPECT_NEAR(cos.multiplier(35), 0.5 * (1 + std::cos(M_PI * 0.25)), 1e-15);
+  EXPECT_NEAR(cos.multiplier(60), 0.5, 1e-15);
+  EXPECT_NEAR(cos.multiplier(110), 0.0, 1e-15);
+  EXPECT_EQ(cos.multiplier(200), 0.0);  // clamped past the end
+
+  LrSchedule lin{"linear", 10, 0, 110};
+  EXPECT_DOUBLE_EQ(lin.multiplier(3), 0.3);
+  EXPECT_DOUBLE_EQ(lin.multiplier(35), 0.75);
+  EXPECT_DOUBLE_EQ(lin.multiplier(110), 0.0);
+
+  LrSchedule wsd{"wsd-sqrt", 10, 60, 110};
+  EXPECT_DOUBLE_EQ(wsd.multiplier(4), 0.4);
+  EXPECT_DOUBLE_EQ(wsd.multiplier(30), 1.0);  // stable
+  EXPECT_DOUBLE_EQ(wsd.multiplier(59), 1.0);
+  EXPECT_DOUBLE_EQ(wsd.multiplier(60), 1.0);
+  EXPECT_NEAR(wsd.multiplier(72.5 + 0.5), 1 - std::sqrt(13.0 / 50.0), 1e-15);
+  EXPECT_NEAR(wsd.multiplier(110), 0.0, 1e-15);
+
+  LrSchedule no_warmup{"cosine", 0, 0, 10};
+  EXPECT_NEAR(no_warmup.multiplier(5), 0.5, 1e-15);
+}
+
+TEST(AdamW, MatchesTheFormulaInFloat64) {
+  // Two steps of decoupled-weight-decay Adam with bias correction, computed by hand.
+  at::manual_seed(0);
+  const double lr = 0.01, b1 = 0.8, b2 = 0.95, eps = 1e-10, wd = 0.1;
+  at::Tensor p = at::randn({3, 4}, at::kDouble).requires_grad_(true);
+  at::Tensor ref = p.detach().clone(), m = at::zeros_like(ref), v = at::zeros_like(ref);
+  AdamW opt;
+  opt.add_group("g", {lr, b1, b2, eps, wd}, {p});
+  for (int t = 1; t <= 3; ++t) {
+    at::Tensor g = at::randn({3, 4}, at::kDouble);
+    p.mutable_grad() = g.clone();
+    opt.step(0.5);  // the schedule's multiplier scales lr
+    const double lr_t = lr * 0.5;
+    m = b1 * m + (1 - b1) * g;
+    v = b2 * v + (1 - b2) * g * g;
+    at::Tensor m_hat = m / (1 - std::pow(b1, t)), v_hat = v / (1 - std::pow(b2, t));
+    ref = ref * (1 - lr_t * wd) - lr_t * m_hat / (v_hat.sqrt() + eps);
+    EXPECT_LT((p.detach() - ref).abs().max().item<double>(), 1e-14) << "step " << t;
+    EXPECT_EQ(opt.groups()[0].step[0].item<double>(), t);
+  }
+}
+
+TEST(Clip, ScalesToMaxNormAndReportsTheNormBefore) {
+  at::Tensor a = at::zeros({2}).requires_grad_(true), b = at::zeros({1}).requires_grad_(true);
+  a.mutable_grad() = at::tensor({3.0f, 0.0f});
+  b.mutable_grad() = at::tensor({4.0f});
+  at::Tensor norm = clip_grad_norm_({a, b}, 1.0);
+  EXPECT_NEAR(norm.item<double>(), 5.0, 1e-6);
+  EXPECT_NEAR(a.grad()[0].item<double>(), 0.6, 1e-6);
+  EXPECT_NEAR(b.grad()[0].item<double>(), 0.8, 1e-6);
+  // Below the threshold nothing changes.
+  norm = clip_grad_norm_({a, b}, 10.0);
+  EXPECT_NEAR(norm.item<double>(), 1.0, 1e-6);
+  EXPECT_NEAR(a.grad()[0].item<double>(), 0.6, 1e-6);
+}
+
+TEST(ParamGroups, ByRoleForEveryPreset) {
+  for (const char* name : {"debugmodel", "150M", "1B", "7B"}) {
+    ModelArgs a = lookup_model_args("llama2", name);
+    Llama model(a, at::TensorOptions().device(at::kMeta));
+    auto groups = group_parameters(model.parameters());
+    ASSERT_EQ(groups.size(), 4u) << name;
+    EXPECT_EQ(groups[0].role, ParamRole::Hidden);
+    EXPECT_EQ(groups[0].params.size(), static_cast<size_t>(7 * a.n_layers)) << name;
+    for (const auto& p : groups[0].params) {
+      EXPECT_EQ(p.slot->dim(), 2);
+      EXPECT_EQ(p.name.rfind("layers.", 0), 0u);
+    }
+    EXPECT_EQ(groups[1].role, ParamRole::Embedding);
+    ASSERT_EQ(groups[1].params.size(), 1u);
+    EXPECT_EQ(groups[1].params[0].name, "tok_embeddings.weight");
+    EXPECT_EQ(groups[2].role, ParamRole::Head);
+    ASSERT_EQ(groups[2].params.size(), 1u);
+    EXPECT_EQ(groups[2].params[0].name, "output.weight");
+    EXPECT_EQ(groups[3].role, ParamRole::Norm);
+    EXPECT_EQ(groups[3].params.size(), static_cast<size_t>(2 * a.n_layers + 1)) << name;
+    size_t total = 0;
+    for (const auto& g : groups) total += g.params.size();
+    EXPECT_EQ(total, model.parameters().size());
+  }
+}

@@ -14,7 +14,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -23,33 +22,17 @@
 #include "config/config.h"
 #include "data/fake_data.h"
 #include "model/llama.h"
-#include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/lr_schedule.h"
-#include "optim/param_groups.h"
+#include "optim/optimizer.h"
 #include "train/metrics.h"
 #include "util/device.h"
+#include "util/fs.h"
 #include "util/log.h"
 
 namespace {
 
 using zb::strf;
-
-// ZeroBand's AdamW-style groups: (lr, betas 0.8/0.95, eps 1e-10), weight decay from the config.
-zb::AdamWHyper adam_hyper(zb::ParamRole role, const zb::Config& c) {
-  zb::AdamWHyper h;
-  h.beta1 = 0.8;
-  h.beta2 = 0.95;
-  h.eps = 1e-10;
-  h.weight_decay = c.optim.optim.wd;
-  switch (role) {
-    case zb::ParamRole::Hidden: h.lr = c.optim.optim.lr; break;
-    case zb::ParamRole::Embedding: h.lr = 0.6; break;
-    case zb::ParamRole::Head: h.lr = 0.008; break;
-    case zb::ParamRole::Norm: h.lr = 0.04; break;
-  }
-  return h;
-}
 
 std::string with_commas(int64_t n) {
   std::string s = std::to_string(n);
@@ -120,20 +103,9 @@ int run(const zb::CommandLine& cl) {
   model.init_weights();
   model.set_compute_dtype(dtype);
 
-  // --- optimizer groups -----------------------------------------------------------------------
-  if (cfg.optim.optim.type == "muon")
-    zb::log::warn("optim.optim.type = \"muon\": Muon is not implemented yet in this build; the "
-                  "hidden matrices use AdamW at optim.optim.lr");
-  zb::AdamW optimizer;
-  for (const auto& group : zb::group_parameters(model.parameters())) {
-    std::vector<at::Tensor> tensors;
-    int64_t numel = 0;
-    for (const auto& p : group.params) tensors.push_back(*p.slot), numel += p.slot->numel();
-    const auto h = adam_hyper(group.role, cfg);
-    optimizer.add_group(zb::role_name(group.role), h, tensors);
-    zb::log::info(strf("optimizer group %-9s: AdamW lr %g, %zu tensors, %s parameters",
-                       zb::role_name(group.role), h.lr, tensors.size(), with_commas(numel).c_str()));
-  }
+  // --- optimizer: Muon for the hidden matrices, AdamW for embedding, head, norms -------------
+  zb::Optimizer optimizer(cfg, model.parameters());
+  for (const auto& line : optimizer.describe()) zb::log::info("optimizer " + line);
   zb::LrSchedule schedule{cfg.optim.sched_type, cfg.optim.warmup_steps, cfg.optim.stable_steps,
                           cfg.optim.total_steps};
 
@@ -150,8 +122,7 @@ int run(const zb::CommandLine& cl) {
   else if (device.is_cuda()) peak_flops = zb::peak_flops_for_device(zb::device_name(device));
   const std::string metrics_path =
       cfg.logging.metrics_file.empty() ? default_metrics_path(cfg) : cfg.logging.metrics_file;
-  if (auto dir = std::filesystem::path(metrics_path).parent_path(); !dir.empty())
-    std::filesystem::create_directories(dir);
+  zb::make_directories(zb::parent_directory(metrics_path));
   std::ofstream metrics(metrics_path);
   if (!metrics) throw std::runtime_error("cannot write metrics file " + metrics_path);
   zb::log::info("metrics: " + metrics_path);
@@ -178,7 +149,7 @@ int run(const zb::CommandLine& cl) {
     const at::Tensor grad_norm = zb::clip_grad_norm_(params, cfg.optim.max_norm);
     const double lr_mult = schedule.multiplier(step);
     optimizer.step(lr_mult);
-    for (const auto& p : params) const_cast<at::Tensor&>(p).mutable_grad().reset();
+    for (at::Tensor p : params) p.mutable_grad().reset();
 
     // Reading the loss synchronises with the device once per step.
     const double loss = loss_sum.item<double>();
@@ -201,13 +172,16 @@ int run(const zb::CommandLine& cl) {
         {"mfu", mfu ? nlohmann::json(*mfu) : nlohmann::json(nullptr)},
         {"peak_memory_bytes", peak_mem},
     };
-    for (const auto& g : optimizer.groups()) record["lr"][g.name] = g.hyper.lr * lr_mult;
+    const auto lrs = optimizer.learning_rates(lr_mult);
+    for (const auto& [group, lr] : lrs) record["lr"][group] = lr;
     metrics << record.dump() << "\n" << std::flush;
 
     if (step % cfg.logging.interval == 0 || step == cfg.optim.total_steps) {
       const double eta = sps ? *sps * static_cast<double>(cfg.optim.total_steps - step) : 0.0;
-      zb::log::info(strf("step %ld/%ld | loss %.4f | lr %.3g | grad_norm %.3f | tok/s %s | mfu %s | mem %.2f GiB | eta %s",
-                         step, cfg.optim.total_steps, loss, optimizer.groups()[0].hyper.lr * lr_mult,
+      std::string lr_text;
+      for (const auto& [group, lr] : lrs) lr_text += (lr_text.empty() ? "" : " ") + group + ":" + strf("%.3g", lr);
+      zb::log::info(strf("step %ld/%ld | loss %.4f | lr %s | grad_norm %.3f | tok/s %s | mfu %s | mem %.2f GiB | eta %s",
+                         step, cfg.optim.total_steps, loss, lr_text.c_str(),
                          norm, tps ? with_commas(static_cast<int64_t>(*tps)).c_str() : "-",
                          mfu ? strf("%.1f%%", *mfu).c_str() : "n/a",
                          static_cast<double>(peak_mem) / (1 << 30), zb::format_duration(eta).c_str()));

@@ -204,6 +204,11 @@ TEST(ConfigErrors, ImpossibleCombinations) {
         "x.toml:5: optim.optim.type = \"sgd\" is not one of muon | adamw");
   check(debug + "[train]\n[optim.optim]\nmomentum = 1.0\n", 1,
         "x.toml:5: optim.optim.momentum must be in [0, 1), got 1");
+  check(debug + "[train]\n[optim.optim]\nupdate_scale = \"spectral\"\n", 1,
+        "x.toml:5: optim.optim.update_scale = \"spectral\" is not one of original | match_rms_adamw");
+  check(debug + "[train]\n[optim.adam]\nbetas2 = 1.5\n", 1,
+        "x.toml:5: optim.adam.betas2 must be in [0, 1), got 1.5");
+  check(debug + "[train]\n[optim.adam]\neps = 0\n", 1, "x.toml:5: optim.adam.eps must be > 0, got 0");
   check(debug + "[train]\n[runtime]\ndevice = \"tpu\"\n", 1,
         "x.toml:5: runtime.device = \"tpu\" is not one of auto | cpu | cuda");
   check("name_model = \"3B\"\ntype_model = \"llama2\"\n[train]\n", 1,

@@ -4,10 +4,12 @@
 
 #include <cmath>
 
+#include "config/config.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/lr_schedule.h"
+#include "optim/optimizer.h"
 #include "optim/param_groups.h"
 
 using namespace zb;
@@ -99,4 +101,45 @@ TEST(ParamGroups, ByRoleForEveryPreset) {
     for (const auto& g : groups) total += g.params.size();
     EXPECT_EQ(total, model.parameters().size());
   }
+}
+
+TEST(Optimizer, MuonForHiddenMatricesAdamWForTheRest) {
+  Config c = load_config_string("name_model = \"debugmodel\"\ntype_model = \"llama2\"\n[train]\n"
+                                "[data]\nfake = true\n[optim.adam]\nlr_head = 0.5\n", "t.toml");
+  ModelArgs a = resolve_model_args(c);
+  a.max_seq_len = 8;
+  Llama model(a, at::TensorOptions());
+  Optimizer opt(c, model.parameters());
+  ASSERT_NE(opt.muon(), nullptr);
+  EXPECT_EQ(opt.muon()->params().size(), 14u);  // 7 matrices x 2 blocks
+  EXPECT_EQ(opt.muon()->params()[0].name, "layers.0.attention.wq.weight");
+  const auto lrs = opt.learning_rates(0.5);
+  ASSERT_EQ(lrs.size(), 4u);
+  EXPECT_EQ(lrs[0], (std::pair<std::string, double>{"muon", 0.01}));
+  EXPECT_EQ(lrs[1], (std::pair<std::string, double>{"embedding", 0.3}));
+  EXPECT_EQ(lrs[2], (std::pair<std::string, double>{"head", 0.25}));  // from [optim.adam]
+  EXPECT_EQ(lrs[3], (std::pair<std::string, double>{"norm", 0.02}));
+  const auto& head = opt.adamw().groups()[1].hyper;
+  EXPECT_EQ(head.beta1, 0.8);
+  EXPECT_EQ(head.beta2, 0.95);
+  EXPECT_EQ(head.eps, 1e-10);
+  EXPECT_EQ(head.weight_decay, 0.01);
+  // Named state: a momentum buffer per Muon matrix, AdamW moments and step per other tensor.
+  const auto state = opt.state();
+  EXPECT_EQ(state.size(), 14u + 3u * (1 + 1 + 5));
+  EXPECT_EQ(state[0].name, "layers.0.attention.wq.weight.momentum_buffer");
+  EXPECT_EQ(state[14].name, "tok_embeddings.weight.exp_avg");
+  EXPECT_EQ(state[16].name, "tok_embeddings.weight.step");
+}
+
+TEST(Optimizer, AdamWEverywhereWhenAsked) {
+  Config c = load_config_string("name_model = \"debugmodel\"\ntype_model = \"llama2\"\n[train]\n"
+                                "[data]\nfake = true\n[optim.optim]\ntype = \"adamw\"\nlr = 0.003\n", "t.toml");
+  ModelArgs a = resolve_model_args(c);
+  a.max_seq_len = 8;
+  Llama model(a, at::TensorOptions());
+  Optimizer opt(c, model.parameters());
+  EXPECT_EQ(opt.muon(), nullptr);
+  EXPECT_EQ(opt.learning_rates(1.0)[0], (std::pair<std::string, double>{"hidden", 0.003}));
+  EXPECT_EQ(opt.adamw().groups()[0].params.size(), 14u);
 }

@@ -112,6 +112,21 @@ const std::vector<Field>& schema() {
       ZB_FIELD("optim.optim.momentum", Float, double, optim.optim.momentum, "Muon momentum"),
       ZB_FIELD("optim.optim.ns_steps", Int, int64_t, optim.optim.ns_steps,
                "Muon Newton-Schulz iterations"),
+      ZB_FIELD("optim.optim.nesterov", Bool, bool, optim.optim.nesterov,
+               "Muon: Nesterov blend of gradient and momentum"),
+      ZB_FIELD("optim.optim.update_scale", String, std::string, optim.optim.update_scale,
+               "Muon lr scale: original = sqrt(max(1, rows/cols)) | match_rms_adamw = 0.2*sqrt(max(rows, cols))"),
+      ZB_FIELD("optim.optim.ns_dtype", String, std::string, optim.optim.ns_dtype,
+               "Muon Newton-Schulz precision: bfloat16 | float32"),
+      ZB_FIELD("optim.adam.lr_embedding", Float, double, optim.adam.lr_embedding,
+               "AdamW lr of the token embedding"),
+      ZB_FIELD("optim.adam.lr_head", Float, double, optim.adam.lr_head, "AdamW lr of the output head"),
+      ZB_FIELD("optim.adam.lr_norm", Float, double, optim.adam.lr_norm, "AdamW lr of the norm weights"),
+      ZB_FIELD("optim.adam.betas1", Float, double, optim.adam.betas1, "AdamW beta1"),
+      ZB_FIELD("optim.adam.betas2", Float, double, optim.adam.betas2, "AdamW beta2"),
+      ZB_FIELD("optim.adam.eps", Float, double, optim.adam.eps, "AdamW epsilon"),
+      ZB_FIELD("optim.adam.wd", Float, double, optim.adam.wd,
+               "AdamW decoupled weight decay of the embedding, head and norm groups"),
 
       ZB_FIELD("data.dataset_name_or_paths", String, std::string, data.dataset_name_or_paths,
                "training data: comma-separated paths"),
@@ -152,8 +167,8 @@ const std::vector<Field>& schema() {
 }
 #undef ZB_FIELD
 
-const std::vector<std::string> kSections = {"model", "train", "optim", "optim.optim",
-                                            "data",  "runtime", "logging"};
+const std::vector<std::string> kSections = {"model", "train",   "optim",  "optim.optim",
+                                            "optim.adam", "data", "runtime", "logging"};
 
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> row(b.size() + 1);
@@ -436,6 +451,17 @@ void validate(const Config& c, int64_t world_size) {
   if (!(c.optim.optim.momentum >= 0 && c.optim.optim.momentum < 1))
     fail("optim.optim.momentum", "optim.optim.momentum must be in [0, 1), got " + show(c.optim.optim.momentum));
   positive("optim.optim.ns_steps", c.optim.optim.ns_steps);
+  one_of("optim.optim.update_scale", c.optim.optim.update_scale, {"original", "match_rms_adamw"});
+  one_of("optim.optim.ns_dtype", c.optim.optim.ns_dtype, {"bfloat16", "float32"});
+  non_negative("optim.adam.lr_embedding", c.optim.adam.lr_embedding);
+  non_negative("optim.adam.lr_head", c.optim.adam.lr_head);
+  non_negative("optim.adam.lr_norm", c.optim.adam.lr_norm);
+  for (const char* key : {"optim.adam.betas1", "optim.adam.betas2"}) {
+    const double b = std::string(key) == "optim.adam.betas1" ? c.optim.adam.betas1 : c.optim.adam.betas2;
+    if (!(b >= 0 && b < 1)) fail(key, std::string(key) + " must be in [0, 1), got " + show(b));
+  }
+  positive("optim.adam.eps", c.optim.adam.eps);
+  non_negative("optim.adam.wd", c.optim.adam.wd);
 
   // Ours.
   one_of("runtime.device", c.runtime.device, {"auto", "cpu", "cuda"});

@@ -33,11 +33,25 @@ struct TrainConfig {  // [train]
 };
 
 struct OptimizerConfig {  // [optim.optim]
-  std::string type = "muon";  // "muon" | "adamw"
+  std::string type = "muon";  // hidden matrices: "muon" | "adamw" (everything AdamW: the baseline)
   double lr = 2e-2;           // the hidden matrices' learning rate
   double wd = 0.01;
   double momentum = 0.95;
   int64_t ns_steps = 5;
+  // Ours (Muon's details; ZeroBand's behaviour by default):
+  bool nesterov = true;
+  std::string update_scale = "original";  // "original" sqrt(max(1,rows/cols)) | "match_rms_adamw"
+  std::string ns_dtype = "bfloat16";      // Newton-Schulz precision: "bfloat16" | "float32"
+};
+
+struct AdamConfig {  // [optim.adam] (ours): the AdamW groups, ZeroBand's values by default
+  double lr_embedding = 0.6;
+  double lr_head = 0.008;
+  double lr_norm = 0.04;
+  double betas1 = 0.8;
+  double betas2 = 0.95;
+  double eps = 1e-10;
+  double wd = 0.01;
 };
 
 struct OptimConfig {  // [optim]
@@ -48,6 +62,7 @@ struct OptimConfig {  // [optim]
   int64_t batch_size = 512;  // global sequences per optimizer step
   double max_norm = 1.0;     // gradient clipping by global norm (ZeroBand hard-codes 1.0)
   OptimizerConfig optim;
+  AdamConfig adam;
 };
 
 struct DataConfig {  // [data]

@@ -9,8 +9,11 @@
 namespace zb {
 
 void AdamW::add_group(const std::string& name, const AdamWHyper& hyper,
-                      std::vector<at::Tensor> params) {
+                      std::vector<at::Tensor> params, std::vector<std::string> param_names) {
   Group g;
+  if (param_names.empty())
+    for (size_t i = 0; i < params.size(); ++i) param_names.push_back(name + "." + std::to_string(i));
+  g.param_names = std::move(param_names);
   g.name = name;
   g.hyper = hyper;
   for (const auto& p : params) {

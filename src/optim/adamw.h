@@ -21,13 +21,15 @@ class AdamW {
   struct Group {
     std::string name;
     AdamWHyper hyper;
+    std::vector<std::string> param_names;
     std::vector<at::Tensor> params;  // updated in place; their .grad() is the gradient
     // State, named like torch.optim.AdamW's: one tensor per parameter.
     std::vector<at::Tensor> exp_avg, exp_avg_sq;
     std::vector<at::Tensor> step;  // fp32 scalar tensors (what the fused kernel reads)
   };
 
-  void add_group(const std::string& name, const AdamWHyper& hyper, std::vector<at::Tensor> params);
+  void add_group(const std::string& name, const AdamWHyper& hyper, std::vector<at::Tensor> params,
+                 std::vector<std::string> param_names = {});
   // One step of every group at lr = base lr * lr_multiplier. Parameters without a gradient are
   // skipped.
   void step(double lr_multiplier);

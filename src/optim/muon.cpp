@@ -1,0 +1,99 @@
+#include "optim/muon.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/_foreach_lerp.h>
+#include <ATen/ops/_foreach_mul.h>
+#include <ATen/ops/baddbmm.h>
+#include <ATen/ops/bmm.h>
+#include <ATen/ops/linalg_vector_norm.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/zeros_like.h>
+
+#include <cmath>
+#include <map>
+#include <stdexcept>
+
+namespace zb {
+
+at::Tensor newton_schulz(const at::Tensor& G, int64_t steps, at::ScalarType dtype, double eps) {
+  TORCH_CHECK(G.dim() == 2 || G.dim() == 3, "newton_schulz: expected [m, n] or [k, m, n], got ",
+              G.sizes());
+  const bool batched = G.dim() == 3;
+  at::Tensor X = batched ? G.to(dtype) : G.to(dtype).unsqueeze(0);
+  // Iterate on the short side: X X^T is then the smaller Gram matrix.
+  const bool tall = X.size(1) > X.size(2);
+  if (tall) X = X.mT();
+  // Frobenius normalisation puts every singular value in [0, 1]; eps keeps a zero matrix zero.
+  X = X / at::linalg_vector_norm(X, 2, {-2, -1}, /*keepdim=*/true).clamp_min(eps);
+  for (int64_t i = 0; i < steps; ++i) {
+    at::Tensor A = at::bmm(X, X.mT());
+    at::Tensor B = at::baddbmm(A, A, A, /*beta=*/kNsB, /*alpha=*/kNsC);  // b*A + c*A*A
+    X = at::baddbmm(X, B, X, /*beta=*/kNsA);                              // a*X + B*X
+  }
+  if (tall) X = X.mT();
+  return batched ? X : X.squeeze(0);
+}
+
+double muon_update_scale(const std::string& mode, int64_t rows, int64_t cols) {
+  const double r = static_cast<double>(rows), c = static_cast<double>(cols);
+  if (mode == "original") return std::sqrt(std::max(1.0, r / c));
+  if (mode == "match_rms_adamw") return 0.2 * std::sqrt(std::max(r, c));
+  throw std::invalid_argument("unknown Muon update scale '" + mode + "'");
+}
+
+Muon::Muon(const MuonHyper& hyper) : hyper_(hyper) {
+  muon_update_scale(hyper.update_scale, 1, 1);  // reject an unknown mode now
+}
+
+void Muon::add_param(const std::string& name, const at::Tensor& param,
+                     std::vector<int64_t> global_shape) {
+  TORCH_CHECK(param.dim() == 2, "Muon takes 2-D matrices; ", name, " has shape ", param.sizes());
+  if (global_shape.empty()) global_shape = param.sizes().vec();
+  params_.push_back({name, param, at::zeros_like(param, at::MemoryFormat::Contiguous),
+                     std::move(global_shape)});
+}
+
+std::vector<at::Tensor> Muon::orthogonalize_local(const std::vector<at::Tensor>& inputs) const {
+  // Same-shape matrices go through Newton-Schulz together, as one batched computation.
+  std::map<std::vector<int64_t>, std::vector<size_t>> by_shape;
+  for (size_t i = 0; i < inputs.size(); ++i) by_shape[inputs[i].sizes().vec()].push_back(i);
+  std::vector<at::Tensor> out(inputs.size());
+  for (const auto& [shape, idx] : by_shape) {
+    std::vector<at::Tensor> batch;
+    for (size_t i : idx) batch.push_back(inputs[i]);
+    at::Tensor O = newton_schulz(at::stack(batch), hyper_.ns_steps, hyper_.ns_dtype, hyper_.eps);
+    for (size_t j = 0; j < idx.size(); ++j) out[idx[j]] = O[static_cast<int64_t>(j)];
+    matrices_orthogonalized_ += static_cast<int64_t>(idx.size());
+  }
+  return out;
+}
+
+void Muon::step(double lr_multiplier) {
+  at::NoGradGuard no_grad;
+  std::vector<const Param*> active;
+  std::vector<at::Tensor> params, grads, bufs;
+  for (const auto& p : params_) {
+    if (!p.param.grad().defined()) continue;
+    active.push_back(&p);
+    params.push_back(p.param);
+    grads.push_back(p.param.grad());
+    bufs.push_back(p.momentum_buffer);
+  }
+  if (active.empty()) return;
+  const double mu = hyper_.momentum;
+  at::_foreach_lerp_(bufs, grads, 1.0 - mu);  // EMA momentum, on whatever rows this rank holds
+  std::vector<at::Tensor> inputs = hyper_.nesterov ? at::_foreach_lerp(grads, bufs, mu) : bufs;
+  std::vector<at::Tensor> updates =
+      orthogonalize_ ? orthogonalize_(inputs, active) : orthogonalize_local(inputs);
+
+  const double lr = hyper_.lr * lr_multiplier;
+  at::_foreach_mul_(params, 1.0 - lr * hyper_.weight_decay);
+  for (size_t i = 0; i < active.size(); ++i) {
+    const auto& shape = active[i]->global_shape;
+    const double scale = muon_update_scale(hyper_.update_scale, shape[0], shape[1]);
+    params[i].add_(updates[i], -lr * scale);
+  }
+}
+
+}  // namespace zb

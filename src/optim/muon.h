@@ -1,0 +1,80 @@
+#pragma once
+// Muon: momentum, then Newton-Schulz orthogonalisation of the update, for 2-D hidden matrices.
+// Per parameter, as torch.optim.Muon (and ZeroBand) compute it:
+//   buf    = momentum*buf + (1-momentum)*grad            (EMA; buf is fp32, shaped like the param)
+//   u      = nesterov ? (1-momentum)*grad + momentum*buf : buf
+//   O      = NewtonSchulz5(u)                           (bf16 by default; whole matrix)
+//   param *= 1 - lr*wd                                   (decoupled decay, unadjusted lr)
+//   param -= lr * scale(rows, cols) * O                  (scale from the *global* shape)
+// The orthogonalisation stage is a replaceable function so that a sharded engine can run it on
+// whole matrices assembled from row shards while momentum and update stay on the shards.
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace zb {
+
+// Quintic Newton-Schulz coefficients (Keller Jordan's), 5 steps by default.
+constexpr double kNsA = 3.4445, kNsB = -4.7750, kNsC = 2.0315;
+
+// Orthogonalises G ([m, n], or a batch [k, m, n] of same-shape matrices) in `dtype`:
+// X = G / max(||G||_F, eps), transposed so the Gram matrix is on the short side, then `steps`
+// times X = a*X + (b*A + c*A*A)*X with A = X*X^T. Returns a tensor of `dtype` shaped like G.
+at::Tensor newton_schulz(const at::Tensor& G, int64_t steps, at::ScalarType dtype,
+                         double eps = 1e-7);
+
+// lr multiplier from the global shape: "original" sqrt(max(1, rows/cols)) (Keller, ZeroBand) or
+// "match_rms_adamw" 0.2*sqrt(max(rows, cols)) (Moonlight). Throws for another mode.
+double muon_update_scale(const std::string& mode, int64_t rows, int64_t cols);
+
+struct MuonHyper {
+  double lr = 0.02;
+  double weight_decay = 0.01;
+  double momentum = 0.95;
+  bool nesterov = true;
+  int64_t ns_steps = 5;
+  std::string update_scale = "original";
+  at::ScalarType ns_dtype = at::kBFloat16;  // kFloat for exact tests
+  double eps = 1e-7;
+};
+
+class Muon {
+ public:
+  struct Param {
+    std::string name;
+    at::Tensor param;                   // updated in place (a local shard when sharded)
+    at::Tensor momentum_buffer;         // fp32, shaped like `param`
+    std::vector<int64_t> global_shape;  // [rows, cols] of the whole matrix
+  };
+  // inputs[i] is the update of params()[i] before orthogonalisation; returns the orthogonalised
+  // updates, same shapes.
+  using Orthogonalizer = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>& inputs,
+                                                               const std::vector<const Param*>& params)>;
+
+  explicit Muon(const MuonHyper& hyper);
+  void add_param(const std::string& name, const at::Tensor& param,
+                 std::vector<int64_t> global_shape = {});
+  // One step at lr = hyper.lr * lr_multiplier. Parameters without a gradient are skipped.
+  void step(double lr_multiplier);
+
+  // Replaces the default stage (batched Newton-Schulz of same-shape matrices on this process).
+  void set_orthogonalizer(Orthogonalizer fn) { orthogonalize_ = std::move(fn); }
+  // The default stage, callable by replacements on the matrices they assemble.
+  std::vector<at::Tensor> orthogonalize_local(const std::vector<at::Tensor>& inputs) const;
+
+  const MuonHyper& hyper() const { return hyper_; }
+  std::vector<Param>& params() { return params_; }
+  const std::vector<Param>& params() const { return params_; }
+  // How many matrices went through Newton-Schulz so far (to test it ran, and once per matrix).
+  int64_t matrices_orthogonalized() const { return matrices_orthogonalized_; }
+
+ private:
+  MuonHyper hyper_;
+  std::vector<Param> params_;
+  Orthogonalizer orthogonalize_;
+  mutable int64_t matrices_orthogonalized_ = 0;
+};
+
+}  // namespace zb

@@ -1,0 +1,90 @@
+#include "optim/optimizer.h"
+
+#include "optim/param_groups.h"
+#include "util/log.h"
+
+namespace zb {
+
+Optimizer::Optimizer(const Config& c, const std::vector<NamedParameter>& params,
+                     const std::vector<std::vector<int64_t>>& global_shapes) {
+  const auto& a = c.optim.adam;
+  auto adam = [&](double lr, double wd) {
+    AdamWHyper h;
+    h.lr = lr;
+    h.beta1 = a.betas1;
+    h.beta2 = a.betas2;
+    h.eps = a.eps;
+    h.weight_decay = wd;
+    return h;
+  };
+  auto global_shape = [&](const NamedParameter& p) {
+    for (size_t i = 0; i < params.size(); ++i)
+      if (params[i].slot == p.slot && i < global_shapes.size()) return global_shapes[i];
+    return p.slot->sizes().vec();
+  };
+
+  for (const auto& group : group_parameters(params)) {
+    std::vector<at::Tensor> tensors;
+    std::vector<std::string> names;
+    int64_t numel = 0;
+    for (const auto& p : group.params) {
+      tensors.push_back(*p.slot);
+      names.push_back(p.name);
+      numel += p.slot->numel();
+    }
+    const std::string what = strf("%zu tensors, %ld parameters", tensors.size(), numel);
+    if (group.role == ParamRole::Hidden && c.optim.optim.type == "muon") {
+      MuonHyper h;
+      h.lr = c.optim.optim.lr;
+      h.weight_decay = c.optim.optim.wd;
+      h.momentum = c.optim.optim.momentum;
+      h.nesterov = c.optim.optim.nesterov;
+      h.ns_steps = c.optim.optim.ns_steps;
+      h.update_scale = c.optim.optim.update_scale;
+      h.ns_dtype = c.optim.optim.ns_dtype == "float32" ? at::kFloat : at::kBFloat16;
+      muon_.emplace(h);
+      for (const auto& p : group.params) muon_->add_param(p.name, *p.slot, global_shape(p));
+      descriptions_.push_back(strf("muon: lr %g, wd %g, momentum %g%s, %ld Newton-Schulz steps (%s), scale %s; %s",
+                                   h.lr, h.weight_decay, h.momentum, h.nesterov ? " nesterov" : "",
+                                   h.ns_steps, c.optim.optim.ns_dtype.c_str(), h.update_scale.c_str(),
+                                   what.c_str()));
+      continue;
+    }
+    double lr = c.optim.optim.lr, wd = c.optim.optim.wd;  // hidden matrices under AdamW
+    if (group.role == ParamRole::Embedding) lr = a.lr_embedding, wd = a.wd;
+    if (group.role == ParamRole::Head) lr = a.lr_head, wd = a.wd;
+    if (group.role == ParamRole::Norm) lr = a.lr_norm, wd = a.wd;
+    adamw_.add_group(role_name(group.role), adam(lr, wd), tensors, names);
+    descriptions_.push_back(strf("adamw %s: lr %g, betas (%g, %g), eps %g, wd %g; %s",
+                                 role_name(group.role), lr, a.betas1, a.betas2, a.eps, wd, what.c_str()));
+  }
+}
+
+void Optimizer::step(double lr_multiplier) {
+  adamw_.step(lr_multiplier);
+  if (muon_) muon_->step(lr_multiplier);
+}
+
+std::vector<std::pair<std::string, double>> Optimizer::learning_rates(double lr_multiplier) const {
+  std::vector<std::pair<std::string, double>> out;
+  if (muon_) out.emplace_back("muon", muon_->hyper().lr * lr_multiplier);
+  for (const auto& g : adamw_.groups()) out.emplace_back(g.name, g.hyper.lr * lr_multiplier);
+  return out;
+}
+
+std::vector<std::string> Optimizer::describe() const { return descriptions_; }
+
+std::vector<NamedTensor> Optimizer::state() const {
+  std::vector<NamedTensor> out;
+  if (muon_)
+    for (const auto& p : muon_->params()) out.push_back({p.name + ".momentum_buffer", p.momentum_buffer});
+  for (const auto& g : adamw_.groups())
+    for (size_t i = 0; i < g.params.size(); ++i) {
+      out.push_back({g.param_names[i] + ".exp_avg", g.exp_avg[i]});
+      out.push_back({g.param_names[i] + ".exp_avg_sq", g.exp_avg_sq[i]});
+      out.push_back({g.param_names[i] + ".step", g.step[i]});
+    }
+  return out;
+}
+
+}  // namespace zb

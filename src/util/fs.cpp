@@ -1,0 +1,30 @@
+#include "util/fs.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+namespace zb {
+
+void make_directories(const std::string& path) {
+  if (path.empty()) return;
+  for (size_t pos = 1; pos <= path.size(); ++pos) {
+    if (pos != path.size() && path[pos] != '/') continue;
+    const std::string prefix = path.substr(0, pos);
+    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST)
+      throw std::runtime_error("cannot create directory " + prefix + ": " + std::strerror(errno));
+  }
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw std::runtime_error("not a directory: " + path);
+}
+
+std::string parent_directory(const std::string& path) {
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return "";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+}  // namespace zb

@@ -1,0 +1,14 @@
+#pragma once
+// Small file-system helpers on POSIX calls. The torch wheel's libtorch.so exports copies of some
+// std::filesystem functions (remove_all, copy, permissions, ...) that interpose on libstdc++'s
+// and crash when called from our code, so the project avoids std::filesystem altogether.
+#include <string>
+
+namespace zb {
+
+// mkdir -p. Throws std::runtime_error naming the path on failure.
+void make_directories(const std::string& path);
+// "a/b/c.txt" -> "a/b"; "c.txt" -> "".
+std::string parent_directory(const std::string& path);
+
+}  // namespace zb

@@ -13,7 +13,8 @@ mkdir -p "$CACHE"
 # --- Debian packages --------------------------------------------------------------------------
 APT_PACKAGES=(cmake ninja-build g++ ccache pkg-config
               libtomlplusplus-dev libspdlog-dev libfmt-dev libcxxopts-dev nlohmann-json3-dev
-              libgtest-dev libgmock-dev openmpi-bin libopenmpi-dev python3-venv)
+              libgtest-dev libgmock-dev openmpi-bin libopenmpi-dev python3-venv
+              libgloo-dev)  # gloo headers for ProcessGroupGloo.hpp (the torch wheel lacks them)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,124 @@
+#include "dist/comm.h"
+
+#include <ATen/ops/empty.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <stdexcept>
+
+namespace zb {
+
+const char* comm_kind_name(CommKind kind) {
+  switch (kind) {
+    case CommKind::AllGather: return "all_gather";
+    case CommKind::ReduceScatter: return "reduce_scatter";
+    case CommKind::AllReduce: return "all_reduce";
+    case CommKind::Broadcast: return "broadcast";
+    case CommKind::Count: break;
+  }
+  return "?";
+}
+
+PendingCollective::PendingCollective(c10::intrusive_ptr<c10d::Work> work, Communicator* comm)
+    : work_(std::move(work)), comm_(comm) {}
+PendingCollective::~PendingCollective() = default;
+PendingCollective::PendingCollective(PendingCollective&&) noexcept = default;
+PendingCollective& PendingCollective::operator=(PendingCollective&&) noexcept = default;
+bool PendingCollective::pending() const { return static_cast<bool>(work_); }
+
+void PendingCollective::wait() {
+  if (!work_) return;
+  const auto start = std::chrono::steady_clock::now();
+  work_->wait();
+  comm_->stats_.wait_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  work_.reset();
+}
+
+Communicator::Communicator(const World& world, c10::Device device, std::chrono::milliseconds timeout)
+    : world_(world), device_(device), timeout_(timeout) {
+  if (!world.distributed()) return;
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<uint16_t>(world.master_port);
+  opts.isServer = world.rank == 0;
+  opts.numWorkers = static_cast<size_t>(world.size);
+  opts.waitWorkers = true;
+  opts.timeout = timeout;
+  const std::string where = world.master_addr + ":" + std::to_string(world.master_port);
+  try {
+    store_ = c10::make_intrusive<c10d::TCPStore>(world.master_addr, opts);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("rank " + std::to_string(world.rank) + ": rendezvous at " + where +
+                             " failed within " + std::to_string(timeout.count() / 1000) +
+                             " s (is MASTER_ADDR/MASTER_PORT right, and did every rank start?): " +
+                             e.what());
+  }
+  // Every rank publishes its world size; all must match rank 0's.
+  const std::string mine = std::to_string(world.size);
+  store_->set("zb/world_size_of/" + std::to_string(world.rank),
+              std::vector<uint8_t>(mine.begin(), mine.end()));
+  const auto theirs_bytes = store_->get("zb/world_size_of/0");
+  const std::string theirs(theirs_bytes.begin(), theirs_bytes.end());
+  if (theirs != mine)
+    throw std::runtime_error("rank " + std::to_string(world.rank) + " was launched with world size " +
+                             mine + " but rank 0 with " + theirs);
+
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("zb/pg", store_);
+  backend_ = device.is_cuda() ? make_nccl_backend(prefixed, world, timeout)
+                              : make_gloo_backend(prefixed, world, timeout);
+}
+
+Communicator::~Communicator() = default;
+
+PendingCollective Communicator::all_gather(at::Tensor& out, at::Tensor& in) {
+  TORCH_CHECK(out.numel() == in.numel() * size(), "all_gather: output must hold size() inputs");
+  const int64_t bytes = in.numel() * in.element_size();
+  count(CommKind::AllGather, bytes * (size() - 1) * 2);  // sends its part, receives the others
+  if (!backend_) {
+    out.copy_(in.view(out.sizes()));
+    return {};
+  }
+  return {backend_->_allgather_base(out, in), this};
+}
+
+PendingCollective Communicator::reduce_scatter_sum(at::Tensor& out, at::Tensor& in) {
+  TORCH_CHECK(in.numel() == out.numel() * size(), "reduce_scatter: input must hold size() outputs");
+  const int64_t bytes = out.numel() * out.element_size();
+  count(CommKind::ReduceScatter, bytes * (size() - 1) * 2);
+  if (!backend_) {
+    out.copy_(in.view(out.sizes()));
+    return {};
+  }
+  c10d::ReduceScatterOptions opts;
+  opts.reduceOp = c10d::ReduceOp::SUM;  // Gloo has no AVG: callers pre-divide
+  return {backend_->_reduce_scatter_base(out, in, opts), this};
+}
+
+PendingCollective Communicator::all_reduce_sum(at::Tensor& t) {
+  count(CommKind::AllReduce, t.numel() * t.element_size() * 2 * (size() - 1));
+  if (!backend_) return {};
+  std::vector<at::Tensor> tensors{t};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::SUM;
+  return {backend_->allreduce(tensors, opts), this};
+}
+
+PendingCollective Communicator::broadcast(at::Tensor& t, int64_t root) {
+  count(CommKind::Broadcast, t.numel() * t.element_size() * (size() - 1));
+  if (!backend_) return {};
+  std::vector<at::Tensor> tensors{t};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  return {backend_->broadcast(tensors, opts), this};
+}
+
+void Communicator::barrier() {
+  if (!backend_) return;
+  at::Tensor t = at::empty({1}, at::TensorOptions().device(device_));
+  PendingCollective p = all_reduce_sum(t);
+  p.wait();
+}
+
+}  // namespace zb

@@ -1,0 +1,68 @@
+#pragma once
+// Runs a test body on `world_size` real processes (fork) that talk over loopback: each child gets
+// RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1 and a free MASTER_PORT, as torchrun would
+// set them, runs body(rank) and exits 0 only if it raised no test failure.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <ATen/Parallel.h>
+
+namespace zb::multiprocess {
+
+inline int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+inline void run_ranks(int world_size, const std::function<void(int rank)>& body) {
+  const std::string port = std::to_string(free_port());
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < world_size; ++rank) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setenv("RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(world_size).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(world_size).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", port.c_str(), 1);
+      at::set_num_threads(1);  // 2 cores shared by several ranks
+      int code = 0;
+      try {
+        body(rank);
+        code = ::testing::Test::HasFailure() ? 1 : 0;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        code = 2;
+      }
+      std::fflush(stdout);
+      std::fflush(stderr);
+      ::_exit(code);
+    }
+    children.push_back(pid);
+  }
+  for (int rank = 0; rank < world_size; ++rank) {
+    int status = 0;
+    ::waitpid(children[rank], &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "rank " << rank << " of " << world_size << " failed (status " << status << ")";
+  }
+}
+
+}  // namespace zb::multiprocess

@@ -158,6 +158,8 @@ const std::vector<Field>& schema() {
       ZB_FIELD("runtime.peak_flops", Float, double, runtime.peak_flops,
                "peak FLOP/s of one device for MFU (0 = from the GPU's name)"),
 
+      ZB_FIELD("runtime.timeout_s", Int, int64_t, runtime.timeout_s,
+               "seconds before a rendezvous or collective that is not completing fails"),
       ZB_FIELD("logging.level", String, std::string, logging.level, "debug | info | warn | error"),
       ZB_FIELD("logging.metrics_file", String, std::string, logging.metrics_file,
                "JSON-lines metrics (default outputs/<name_model>-<time>/metrics.jsonl)"),
@@ -468,6 +470,7 @@ void validate(const Config& c, int64_t world_size) {
   one_of("runtime.compute_dtype", c.runtime.compute_dtype, {"auto", "float32", "bfloat16"});
   non_negative("runtime.num_threads", c.runtime.num_threads);
   non_negative("runtime.peak_flops", c.runtime.peak_flops);
+  positive("runtime.timeout_s", c.runtime.timeout_s);
   one_of("logging.level", c.logging.level, {"debug", "info", "warn", "error"});
   positive("logging.interval", c.logging.interval);
 }

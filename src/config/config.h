@@ -84,6 +84,7 @@ struct RuntimeConfig {  // [runtime]
   int64_t seed = 42;
   int64_t num_threads = 0;  // intra-op CPU threads; 0 = LibTorch's default
   double peak_flops = 0;    // per device, for MFU; 0 = from the GPU's name
+  int64_t timeout_s = 300;  // rendezvous and collectives fail after this long
 };
 
 struct LoggingConfig {  // [logging]

@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <cstdlib>
 #include <stdexcept>
 
 namespace zb {
@@ -16,6 +17,7 @@ const char* comm_kind_name(CommKind kind) {
     case CommKind::ReduceScatter: return "reduce_scatter";
     case CommKind::AllReduce: return "all_reduce";
     case CommKind::Broadcast: return "broadcast";
+    case CommKind::AllToAll: return "all_to_all";
     case CommKind::Count: break;
   }
   return "?";
@@ -23,6 +25,7 @@ const char* comm_kind_name(CommKind kind) {
 
 PendingCollective::PendingCollective(c10::intrusive_ptr<c10d::Work> work, Communicator* comm)
     : work_(std::move(work)), comm_(comm) {}
+PendingCollective::PendingCollective() = default;
 PendingCollective::~PendingCollective() = default;
 PendingCollective::PendingCollective(PendingCollective&&) noexcept = default;
 PendingCollective& PendingCollective::operator=(PendingCollective&&) noexcept = default;
@@ -42,7 +45,9 @@ Communicator::Communicator(const World& world, c10::Device device, std::chrono::
   if (!world.distributed()) return;
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<uint16_t>(world.master_port);
-  opts.isServer = world.rank == 0;
+  // Under torchrun the elastic agent already serves the store on MASTER_PORT.
+  const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  opts.isServer = world.rank == 0 && !(agent_store && std::string(agent_store) == "True");
   opts.numWorkers = static_cast<size_t>(world.size);
   opts.waitWorkers = true;
   opts.timeout = timeout;
@@ -112,6 +117,20 @@ PendingCollective Communicator::broadcast(at::Tensor& t, int64_t root) {
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   return {backend_->broadcast(tensors, opts), this};
+}
+
+PendingCollective Communicator::all_to_all(at::Tensor& out, at::Tensor& in,
+                                           std::vector<int64_t> out_splits,
+                                           std::vector<int64_t> in_splits) {
+  int64_t moved = 0;
+  for (int64_t r = 0; r < size(); ++r)
+    if (r != rank()) moved += in_splits[r] + out_splits[r];
+  count(CommKind::AllToAll, moved * in.element_size());
+  if (!backend_) {
+    out.copy_(in);
+    return {};
+  }
+  return {backend_->alltoall_base(out, in, out_splits, in_splits), this};
 }
 
 void Communicator::barrier() {

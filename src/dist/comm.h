@@ -22,7 +22,7 @@ class Work;
 
 namespace zb {
 
-enum class CommKind { AllGather, ReduceScatter, AllReduce, Broadcast, Count };
+enum class CommKind { AllGather, ReduceScatter, AllReduce, Broadcast, AllToAll, Count };
 const char* comm_kind_name(CommKind kind);
 
 struct CommStats {
@@ -36,7 +36,7 @@ class Communicator;
 // stream is ordered after it) and adds the time to the stats. Waiting twice is harmless.
 class PendingCollective {
  public:
-  PendingCollective() = default;
+  PendingCollective();
   PendingCollective(c10::intrusive_ptr<c10d::Work> work, Communicator* comm);
   ~PendingCollective();
   PendingCollective(PendingCollective&&) noexcept;
@@ -68,6 +68,10 @@ class Communicator {
   // Sum over ranks, in place.
   PendingCollective all_reduce_sum(at::Tensor& t);
   PendingCollective broadcast(at::Tensor& t, int64_t root);
+  // Flat tensors: rank r sends in[sum(in_splits[:d]) ...] to rank d and receives from rank s
+  // into out[sum(out_splits[:s]) ...]; splits count elements.
+  PendingCollective all_to_all(at::Tensor& out, at::Tensor& in, std::vector<int64_t> out_splits,
+                               std::vector<int64_t> in_splits);
   void barrier();
 
   CommStats& stats() { return stats_; }

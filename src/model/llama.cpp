@@ -104,12 +104,20 @@ at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h) const {
   return h2 + swiglu(rms_norm(h2, b.ffn_norm, eps), b.w1.to(dt), b.w2.to(dt), b.w3.to(dt));
 }
 
-at::Tensor Llama::forward(const at::Tensor& tokens) const {
-  at::Tensor h = at::embedding(tok_embeddings_.to(compute_dtype_), tokens);
-  for (int64_t i = 0; i < args_.n_layers; ++i) h = block_forward(i, h);
-  h = rms_norm(h, norm_, args_.norm_eps);
+at::Tensor Llama::embed(const at::Tensor& tokens) const {
+  return at::embedding(tok_embeddings_.to(compute_dtype_), tokens);
+}
+
+at::Tensor Llama::head(const at::Tensor& h) const {
+  at::Tensor x = rms_norm(h, norm_, args_.norm_eps);
   // fp32 logits for the loss (float64 stays float64).
-  return at::linear(h, output_.to(compute_dtype_)).to(compute_dtype_ == at::kDouble ? at::kDouble : at::kFloat);
+  return at::linear(x, output_.to(compute_dtype_)).to(compute_dtype_ == at::kDouble ? at::kDouble : at::kFloat);
+}
+
+at::Tensor Llama::forward(const at::Tensor& tokens) const {
+  at::Tensor h = embed(tokens);
+  for (int64_t i = 0; i < args_.n_layers; ++i) h = block_forward(i, h);
+  return head(h);
 }
 
 std::vector<at::Tensor> Llama::parameter_tensors() const {

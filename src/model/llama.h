@@ -43,8 +43,10 @@ class Llama {
   // used (a no-op when they already are), so fp32 master weights get fp32 gradients.
   at::Tensor forward(const at::Tensor& tokens) const;
 
-  // One block alone: h [B, T, dim] -> [B, T, dim].
-  at::Tensor block_forward(int64_t layer, const at::Tensor& h) const;
+  // The three stages forward() chains, for engines that run code between them:
+  at::Tensor embed(const at::Tensor& tokens) const;                 // [B, T] -> [B, T, dim]
+  at::Tensor block_forward(int64_t layer, const at::Tensor& h) const;  // [B, T, dim] -> same
+  at::Tensor head(const at::Tensor& h) const;                       // -> logits [B, T, vocab]
 
   void set_compute_dtype(at::ScalarType dtype) { compute_dtype_ = dtype; }
   at::ScalarType compute_dtype() const { return compute_dtype_; }

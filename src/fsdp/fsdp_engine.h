@@ -1,0 +1,67 @@
+#pragma once
+// The sharding engine (FSDP2's fully_shard, applied to every block and to the root): it owns
+// the model's parameters as row shards and drives the model's forward block by block, gathering
+// each unit just before it runs, prefetching the next one, freeing it after use, gathering it
+// again ahead of its backward and reduce-scattering its gradients as soon as they are complete.
+//
+//   engine.set_requires_gradient_sync(last micro-batch?)
+//   loss = cross_entropy(engine.forward(tokens), targets); loss.backward();
+//   engine.finish_backward();            // sharded .grad()s are ready after this
+//   engine.clip_grad_norm_(1.0); optimizer.step(...) on engine.sharded_parameters()
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <vector>
+
+#include "dist/comm.h"
+#include "fsdp/fsdp_param.h"
+#include "fsdp/fsdp_unit.h"
+#include "model/llama.h"
+
+namespace zb {
+
+struct FSDPOptions {
+  at::ScalarType compute_dtype = at::kFloat;  // dtype of gathered parameters and activations
+  // Free each block's gathered parameters after its forward and gather them again for backward
+  // (the last block is kept: backward needs it first). The root (embedding, final norm, head)
+  // stays gathered from forward to the end of backward.
+  bool reshard_after_forward = true;
+};
+
+class FSDPEngine {
+ public:
+  // Shards every parameter of `model` (whose values must be identical on all ranks) and frees the
+  // full copies; the model's slots are refilled with gathered tensors during forward.
+  FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& options);
+
+  at::Tensor forward(const at::Tensor& tokens);
+  // false on the micro-batches before the last: gradients accumulate unsharded, no collective.
+  void set_requires_gradient_sync(bool sync);
+  // Waits for the outstanding reduce-scatters, fills the sharded gradients and frees every
+  // gathered parameter. Call after each backward.
+  void finish_backward();
+
+  // The optimizer's view: sharded fp32 parameters under their model names, and the full shapes.
+  std::vector<NamedParameter> sharded_parameters();
+  std::vector<std::vector<int64_t>> global_shapes() const;
+  std::vector<at::Tensor> sharded_tensors() const;
+  // Clips the sharded gradients by the global L2 norm over all ranks (one all-reduce) and returns
+  // the norm before clipping.
+  at::Tensor clip_grad_norm_(double max_norm);
+  // The whole fp32 value of every parameter, gathered from the shards (for tests and saving).
+  std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters();
+
+  const std::vector<std::unique_ptr<FSDPUnit>>& blocks() const { return blocks_; }
+  const FSDPUnit& root() const { return *root_; }
+  Communicator& comm() { return comm_; }
+
+ private:
+  Llama& model_;
+  Communicator& comm_;
+  FSDPOptions options_;
+  std::vector<std::unique_ptr<FSDPParam>> params_;  // in model order
+  std::vector<std::unique_ptr<FSDPUnit>> blocks_;
+  std::unique_ptr<FSDPUnit> root_;
+};
+
+}  // namespace zb

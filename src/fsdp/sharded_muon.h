@@ -1,0 +1,27 @@
+#pragma once
+// Muon on row-sharded matrices (owner computes). Momentum and the update stay on each rank's
+// rows; only the orthogonalisation needs whole matrices. Every Muon matrix is owned by one rank
+// (greedy balance by Newton-Schulz cost, the same on every rank). One all-to-all sends each
+// rank's rows of every matrix to its owner (in the Newton-Schulz dtype), owners orthogonalise
+// their whole matrices in batches of equal shape, and a second all-to-all returns each rank its
+// rows of the results. Per step and rank this moves about 2 x (Muon parameters / W) elements
+// each way, in two collectives, and runs Newton-Schulz once per matrix.
+#include <vector>
+
+#include "dist/comm.h"
+#include "optim/muon.h"
+
+namespace zb {
+
+// Owner rank of each matrix given the global shapes, balancing the Newton-Schulz cost
+// (rows * cols * min(rows, cols)) greedily, largest first.
+std::vector<int64_t> assign_muon_owners(const std::vector<std::vector<int64_t>>& shapes,
+                                        int64_t world_size);
+
+// Installs the sharded orthogonalisation stage on `muon`, whose parameters are this rank's rows
+// (FSDPParam layout: ceil(rows / W) rows per rank) of matrices with the global shapes it was
+// given. Every parameter must have a gradient at every step (the engine guarantees it), so that
+// all ranks take part in the same collectives.
+void make_muon_sharded(Muon& muon, Communicator& comm);
+
+}  // namespace zb

@@ -1,0 +1,59 @@
+#pragma once
+// One training run's components wired together (torchtitan style): the model, the sharding
+// engine that owns its parameters, the optimizer on the shards, the data and the schedule.
+// train_step() is one optimizer step over the global batch.
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "config/config.h"
+#include "data/fake_data.h"
+#include "dist/comm.h"
+#include "fsdp/fsdp_engine.h"
+#include "model/llama.h"
+#include "optim/lr_schedule.h"
+#include "optim/optimizer.h"
+
+namespace zb {
+
+struct StepStats {
+  int64_t step = 0;
+  double loss = 0;       // mean over the global batch
+  double grad_norm = 0;  // before clipping
+  std::vector<std::pair<std::string, double>> learning_rates;
+};
+
+class Trainer {
+ public:
+  // Builds everything; the model is initialised from runtime.seed identically on every rank and
+  // then sharded. `config` must be validated for comm.size() ranks.
+  Trainer(const Config& config, Communicator& comm, c10::Device device);
+
+  StepStats train_step();
+
+  int64_t step() const { return step_; }
+  int64_t grad_accum_steps() const { return accum_; }
+  int64_t tokens_per_step() const { return config_.optim.batch_size * config_.data.seq_length; }
+  const ModelArgs& model_args() const { return model_->args(); }
+  at::ScalarType compute_dtype() const { return compute_dtype_; }
+  FSDPEngine& engine() { return *engine_; }
+  Optimizer& optimizer() { return *optimizer_; }
+
+ private:
+  Config config_;
+  Communicator& comm_;
+  c10::Device device_;
+  at::ScalarType compute_dtype_;
+  std::unique_ptr<Llama> model_;
+  std::unique_ptr<FSDPEngine> engine_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<FakeDataset> data_;
+  LrSchedule schedule_;
+  int64_t accum_ = 1;
+  int64_t step_ = 0;
+};
+
+}  // namespace zb

@@ -27,7 +27,8 @@ FSDPParam::FSDPParam(std::string name_, at::Tensor* slot_, const at::Tensor& ful
       local_rows(std::clamp<int64_t>(full.size(0) - rank * rows_per_rank, 0, rows_per_rank)),
       compute_dtype_(compute_dtype) {
   at::NoGradGuard no_grad;
-  sharded = full.detach().narrow(0, rank * rows_per_rank, local_rows).to(at::kFloat).clone();
+  const int64_t start = std::min(rows, rank * rows_per_rank);  // past the end: an empty shard
+  sharded = full.detach().narrow(0, start, local_rows).to(at::kFloat).clone();
   sharded.requires_grad_(true);
   unsharded_nbytes_ = static_cast<size_t>(rows * row_numel) * c10::elementSize(compute_dtype);
   storage_ = c10::Storage(c10::Storage::use_byte_size_t(), 0,

@@ -31,6 +31,12 @@ namespace {
 
 using zb::strf;
 
+// c10 errors carry a C++ backtrace in what(); users need the message.
+std::string error_text(const std::exception& e) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return c10_error->what_without_backtrace();
+  return e.what();
+}
+
 std::string with_commas(int64_t n) {
   std::string s = std::to_string(n);
   for (int i = static_cast<int>(s.size()) - 3; i > (n < 0 ? 1 : 0); i -= 3) s.insert(i, ",");
@@ -120,7 +126,16 @@ int run(const zb::CommandLine& cl) {
   const int64_t tokens_per_step = trainer.tokens_per_step();
   for (int64_t step = 1; step <= cfg.optim.total_steps; ++step) {
     const zb::CommStats before = comm.stats();
-    const zb::StepStats s = trainer.train_step();
+    zb::StepStats s;
+    try {
+      s = trainer.train_step();
+    } catch (const std::exception& e) {
+      throw std::runtime_error(
+          strf("rank %ld failed in step %ld: %s", world.rank, step, error_text(e).c_str()) +
+          (world.distributed() ? " (a collective with the other ranks failed: one of them may have "
+                                 "died or stopped responding; runtime.timeout_s bounds the wait)"
+                               : ""));
+    }
     meter.record(tokens_per_step, seconds());
     const auto tps = meter.tokens_per_second();
     const auto sps = meter.seconds_per_step();
@@ -180,7 +195,7 @@ int main(int argc, char** argv) {
     zb::log::error(std::string("config error: ") + e.what());
     return 2;
   } catch (const std::exception& e) {
-    zb::log::error(std::string("error: ") + e.what());
+    zb::log::error("error: " + error_text(e));
     return 1;
   }
 }

@@ -60,15 +60,25 @@ Communicator::Communicator(const World& world, c10::Device device, std::chrono::
                              " s (is MASTER_ADDR/MASTER_PORT right, and did every rank start?): " +
                              e.what());
   }
-  // Every rank publishes its world size; all must match rank 0's.
+  // Every rank publishes its world size and checks everyone else's: a rank launched with another
+  // world size, or one that never arrives, stops every rank with a message instead of a hang.
   const std::string mine = std::to_string(world.size);
   store_->set("zb/world_size_of/" + std::to_string(world.rank),
               std::vector<uint8_t>(mine.begin(), mine.end()));
-  const auto theirs_bytes = store_->get("zb/world_size_of/0");
-  const std::string theirs(theirs_bytes.begin(), theirs_bytes.end());
-  if (theirs != mine)
-    throw std::runtime_error("rank " + std::to_string(world.rank) + " was launched with world size " +
-                             mine + " but rank 0 with " + theirs);
+  for (int64_t r = 0; r < world.size; ++r) {
+    const std::string key = "zb/world_size_of/" + std::to_string(r);
+    try {
+      store_->wait({key}, timeout);
+    } catch (const std::exception&) {
+      throw std::runtime_error("rank " + std::to_string(r) + " did not join the rendezvous at " +
+                               where + " within " + std::to_string(timeout.count() / 1000) + " s");
+    }
+    const auto bytes = store_->get(key);
+    const std::string theirs(bytes.begin(), bytes.end());
+    if (theirs != mine)
+      throw std::runtime_error("rank " + std::to_string(world.rank) + " was launched with world size " +
+                               mine + " but rank " + std::to_string(r) + " with " + theirs);
+  }
 
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("zb/pg", store_);
   backend_ = device.is_cuda() ? make_nccl_backend(prefixed, world, timeout)

@@ -41,6 +41,7 @@ Config small_config(const std::string& optimizer, const std::string& extra = "")
 struct RunResult {
   std::vector<double> losses;
   std::map<std::string, at::Tensor> params;
+  int64_t blocks_recomputed = 0;
 };
 
 // The reference: no engine, no collectives. The whole global batch in one forward/backward.
@@ -72,6 +73,7 @@ RunResult train_sharded(const Config& c, int steps) {
   RunResult run;
   for (int s = 1; s <= steps; ++s) run.losses.push_back(trainer.train_step().loss);
   for (auto& [name, t] : trainer.engine().gather_full_parameters()) run.params[name] = t;
+  run.blocks_recomputed = trainer.engine().blocks_recomputed();
   return run;
 }
 
@@ -222,5 +224,24 @@ TEST(FSDP, ShardedMuonEqualsMuonOnWholeMatrices) {
     at::Tensor count = at::full({1}, static_cast<double>(sharded.matrices_orthogonalized()), at::kDouble);
     comm.all_reduce_sum(count).wait();
     EXPECT_EQ(count.item<double>(), 3.0 * shapes.size());
+  });
+}
+
+TEST(FSDP, ActivationCheckpointingChangesNothingButMemory) {
+  // Every block, and every other block, recomputed in backward: the same losses and parameters
+  // as keeping the activations, with resharding on (the recompute needs the re-gathered block).
+  Config plain = small_config("muon");
+  plain.model.n_layers = 3;
+  multiprocess::run_ranks(2, [&](int) {
+    const RunResult want = train_sharded(plain, 4);
+    EXPECT_EQ(want.blocks_recomputed, 0);
+    for (int64_t every : {1, 2}) {
+      Config ckpt = plain;
+      ckpt.train.ac_ckpt = every;
+      const RunResult got = train_sharded(ckpt, 4);
+      expect_same_run(got, want, 1e-6);
+      // 4 steps x 12/2 micro-batches x the checkpointed blocks (0, 1, 2 or 0, 2).
+      EXPECT_EQ(got.blocks_recomputed, 4 * 6 * (every == 1 ? 3 : 2));
+    }
   });
 }

@@ -7,6 +7,8 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 namespace zb {
 
@@ -37,10 +39,42 @@ FSDPEngine::FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& opti
 }
 
 namespace {
+
 void fill_slots(FSDPUnit& unit) {
   const auto tensors = unit.unsharded_for_forward();
   for (size_t i = 0; i < tensors.size(); ++i) *unit.params()[i]->slot = tensors[i];
 }
+
+// Activation checkpointing of one block: forward runs without recording a graph and keeps only
+// the block's input; backward (after the unit was gathered again by the hook on the output)
+// recomputes the block with a graph and back-propagates through it, which also hands the
+// parameter gradients to the unit.
+struct CheckpointedBlock : torch::autograd::Function<CheckpointedBlock> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                FSDPEngine* engine, FSDPUnit* unit, int64_t layer,
+                                                const at::Tensor& h) {
+    ctx->saved_data["engine"] = reinterpret_cast<int64_t>(engine);
+    ctx->saved_data["unit"] = reinterpret_cast<int64_t>(unit);
+    ctx->saved_data["layer"] = layer;
+    ctx->save_for_backward({h});
+    return {engine->model().block_forward(layer, h)};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* engine = reinterpret_cast<FSDPEngine*>(ctx->saved_data["engine"].toInt());
+    auto* unit = reinterpret_cast<FSDPUnit*>(ctx->saved_data["unit"].toInt());
+    const int64_t layer = ctx->saved_data["layer"].toInt();
+    at::Tensor input = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    at::AutoGradMode grad_mode(true);
+    unit->wait_unshard();
+    fill_slots(*unit);
+    at::Tensor out = engine->model().block_forward(layer, input);
+    engine->count_recompute();
+    torch::autograd::backward({out}, {grads[0]});
+    return {at::Tensor(), at::Tensor(), at::Tensor(), input.grad()};
+  }
+};
+
 }  // namespace
 
 at::Tensor FSDPEngine::forward(const at::Tensor& tokens) {
@@ -53,8 +87,17 @@ at::Tensor FSDPEngine::forward(const at::Tensor& tokens) {
     FSDPUnit& unit = *blocks_[i];
     unit.wait_unshard();
     if (i + 1 < L) blocks_[i + 1]->issue_unshard();  // prefetch: gathers while this block computes
-    fill_slots(unit);
-    h = model_.block_forward(i, h);
+    const bool checkpoint = options_.checkpoint_every > 0 && i % options_.checkpoint_every == 0;
+    if (checkpoint && h.requires_grad()) {
+      {
+        at::NoGradGuard no_grad;  // plain views in the slots: the recompute records the graph
+        fill_slots(unit);
+      }
+      h = CheckpointedBlock::apply(this, &unit, i, h)[0];
+    } else {
+      fill_slots(unit);
+      h = model_.block_forward(i, h);
+    }
     if (!unit.reshard_after_forward()) continue;
     unit.reshard();
     if (h.requires_grad()) {

@@ -26,6 +26,9 @@ struct FSDPOptions {
   // (the last block is kept: backward needs it first). The root (embedding, final norm, head)
   // stays gathered from forward to the end of backward.
   bool reshard_after_forward = true;
+  // Activation checkpointing: 0 off; N recomputes the forward of every N-th block (layer % N == 0)
+  // during backward instead of keeping its activations (only its input is kept).
+  int64_t checkpoint_every = 0;
 };
 
 class FSDPEngine {
@@ -53,6 +56,10 @@ class FSDPEngine {
 
   const std::vector<std::unique_ptr<FSDPUnit>>& blocks() const { return blocks_; }
   const FSDPUnit& root() const { return *root_; }
+  Llama& model() { return model_; }
+  // Block forwards recomputed in backward so far (activation checkpointing).
+  int64_t blocks_recomputed() const { return blocks_recomputed_; }
+  void count_recompute() { ++blocks_recomputed_; }
   Communicator& comm() { return comm_; }
 
  private:
@@ -62,6 +69,7 @@ class FSDPEngine {
   std::vector<std::unique_ptr<FSDPParam>> params_;  // in model order
   std::vector<std::unique_ptr<FSDPUnit>> blocks_;
   std::unique_ptr<FSDPUnit> root_;
+  int64_t blocks_recomputed_ = 0;
 };
 
 }  // namespace zb

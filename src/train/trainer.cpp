@@ -23,6 +23,7 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device)
   FSDPOptions fsdp;
   fsdp.compute_dtype = compute_dtype_;
   fsdp.reshard_after_forward = config.train.reshard_after_forward;
+  fsdp.checkpoint_every = config.train.ac_ckpt;
   engine_ = std::make_unique<FSDPEngine>(*model_, comm, fsdp);
 
   optimizer_ = std::make_unique<Optimizer>(config, engine_->sharded_parameters(), engine_->global_shapes());

@@ -60,5 +60,16 @@ world_size_mismatch)
   grep -q "launched with world size 2 but rank 1 with 3" "$log0" || { echo "FAIL: rank 0 message"; exit 1; }
   grep -q "launched with world size 3 but rank 0 with 2" "$log1" || { echo "FAIL: rank 1 message"; exit 1; }
   ;;
+unreachable_master)
+  # Rank 1 of 2 with nobody serving the rendezvous: a clear error once runtime.timeout_s passes.
+  start=$(date +%s)
+  out=$(MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=1 WORLD_SIZE=2 "$train" "${common[@]}" --runtime.timeout_s 5 2>&1)
+  rc=$?
+  took=$(( $(date +%s) - start ))
+  echo "$out"
+  echo "exited $rc after ${took}s"
+  [ $rc -ne 0 ] && [ $took -le 30 ] || { echo "FAIL"; exit 1; }
+  echo "$out" | grep -q "rendezvous at 127.0.0.1:$port failed within 5 s" || { echo "FAIL: message"; exit 1; }
+  ;;
 esac
 echo PASS

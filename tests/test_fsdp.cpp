@@ -3,6 +3,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <malloc.h>
+
+#include <fstream>
 #include <map>
 
 #include "config/config.h"
@@ -243,5 +246,52 @@ TEST(FSDP, ActivationCheckpointingChangesNothingButMemory) {
       // 4 steps x 12/2 micro-batches x the checkpointed blocks (0, 1, 2 or 0, 2).
       EXPECT_EQ(got.blocks_recomputed, 4 * 6 * (every == 1 ? 3 : 2));
     }
+  });
+}
+
+namespace {
+int64_t proc_status_kib(const std::string& field) {  // VmRSS, VmHWM from /proc/self/status
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1));
+  return -1;
+}
+}  // namespace
+
+TEST(FSDP, OneFiftyMPeakMemoryOnFourRanksStaysWithinTheShardingBound) {
+  // The 150M preset (vocab 32000), 4 ranks, one sequence of 32 tokens per rank, AdamW, resharding.
+  Config c = load_config_file(std::string(ZB_SOURCE_DIR) + "/configs/150M/H100.toml");
+  c.train.micro_bs = 1;
+  c.train.reshard_after_forward = true;
+  c.optim.batch_size = 4;
+  c.optim.optim.type = "adamw";
+  c.data.seq_length = 32;
+  c.data.fake = true;
+  const ModelArgs a = resolve_model_args(c);
+  const double N = static_cast<double>(count_params(a));
+  const double root = 2.0 * a.vocab_size * a.dim + a.dim;
+  const double block = (N - root) / a.n_layers;
+  multiprocess::run_ranks(4, [&](int rank) {
+    // Large tensors straight from and back to the kernel, so that RSS follows live memory.
+    ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
+    Communicator comm(detect_world(), c10::Device(c10::kCPU), std::chrono::seconds(300));
+    Trainer trainer(c, comm, c10::Device(c10::kCPU));  // full model built, sharded, freed
+    const double W = 4;
+    const double before = proc_status_kib("VmRSS") * 1024.0;  // libraries, shards, AdamW moments
+    std::ofstream("/proc/self/clear_refs") << "5";               // reset the peak RSS
+    for (int s = 0; s < 2; ++s) trainer.train_step();
+    const double peak = proc_status_kib("VmHWM") * 1024.0;
+    // What a step may add on top, in fp32 bytes: sharded gradients and the reduce-scatter outputs
+    // (N/W each); the root gathered, its gradient accumulator and its reduce input (3 x root); two
+    // blocks gathered with their all-gather buffers and one block's gradient accumulator and
+    // reduce input (6 x block); 64 MiB for activations, logits and temporaries.
+    const double bound = before + 4 * (2 * N / W + 3 * root + 6 * block) + 64.0 * (1 << 20);
+    // For scale: the same step unsharded would hold 4N of gradients on top of 4N of parameters.
+    if (rank == 0)
+      std::printf("150M on 4 ranks: peak RSS %.0f MiB (%.0f before the steps), bound %.0f MiB; "
+                  "unsharded parameters + gradients alone: %.0f MiB\n",
+                  peak / (1 << 20), before / (1 << 20), bound / (1 << 20), 8 * N / (1 << 20));
+    EXPECT_LT(peak, bound);
   });
 }

@@ -33,9 +33,10 @@ FSDPEngine::FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& opti
   for (int64_t i = 0; i < L; ++i) {
     const bool reshard = options.reshard_after_forward && i != L - 1;
     blocks_.push_back(std::make_unique<FSDPUnit>("layers." + std::to_string(i),
-                                                 std::move(block_params[i]), comm, reshard));
+                                                 std::move(block_params[i]), comm, reshard,
+                                                 &reducing_));
   }
-  root_ = std::make_unique<FSDPUnit>("root", std::move(root_params), comm, false);
+  root_ = std::make_unique<FSDPUnit>("root", std::move(root_params), comm, false, &reducing_);
 }
 
 namespace {

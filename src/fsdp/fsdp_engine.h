@@ -69,6 +69,7 @@ class FSDPEngine {
   std::vector<std::unique_ptr<FSDPParam>> params_;  // in model order
   std::vector<std::unique_ptr<FSDPUnit>> blocks_;
   std::unique_ptr<FSDPUnit> root_;
+  FSDPUnit* reducing_ = nullptr;  // the unit whose reduce-scatter is in flight
   int64_t blocks_recomputed_ = 0;
 };
 

@@ -35,9 +35,9 @@ struct GatherForward : torch::autograd::Function<GatherForward> {
 }  // namespace
 
 FSDPUnit::FSDPUnit(std::string name, std::vector<FSDPParam*> params, Communicator& comm,
-                   bool reshard_after_forward)
+                   bool reshard_after_forward, FSDPUnit** reducing)
     : name_(std::move(name)), params_(std::move(params)), comm_(comm),
-      reshard_after_forward_(reshard_after_forward) {
+      reshard_after_forward_(reshard_after_forward), reducing_(reducing) {
   for (FSDPParam* p : params_) {
     offsets_.push_back(block_numel_);
     block_numel_ += p->block_numel();
@@ -101,21 +101,31 @@ std::vector<at::Tensor> FSDPUnit::unsharded_for_forward() {
 
 void FSDPUnit::reduce_gradients(const std::vector<at::Tensor>& grads, bool sync) {
   at::NoGradGuard no_grad;
+  // Every node that used this unit's parameters has run (they produced these gradients): the
+  // gathered copies can go now rather than at the end of backward.
+  reshard();
   const auto device = params_.front()->sharded.device();
-  if (grad_accumulators_.empty())
-    for (FSDPParam* p : params_)
-      grad_accumulators_.push_back(at::zeros(p->full_shape, at::TensorOptions().device(device)));
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (i < grads.size() && grads[i].defined()) grad_accumulators_[i].add_(grads[i]);
-  if (!sync) return;
+  auto grad_of = [&](size_t i) { return i < grads.size() ? grads[i] : at::Tensor(); };
+  if (!sync || !grad_accumulators_.empty()) {
+    // Accumulate across micro-batches in fp32 (a missing gradient counts as zero).
+    if (grad_accumulators_.empty())
+      for (FSDPParam* p : params_)
+        grad_accumulators_.push_back(at::zeros(p->full_shape, at::TensorOptions().device(device)));
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (grad_of(i).defined()) grad_accumulators_[i].add_(grad_of(i));
+    if (!sync) return;
+  }
+  const std::vector<at::Tensor>& total = grad_accumulators_.empty() ? grads : grad_accumulators_;
 
   // Each rank's loss is a mean over its own samples; the global mean is their average, so every
-  // rank pre-divides by W and the reduce-scatter sums (Gloo has no average).
+  // rank pre-divides by W and the reduce-scatter sums (Gloo has no average). Written straight
+  // into the flat rank-major layout, cast to fp32 on the way.
   const int64_t W = comm_.size();
   at::Tensor reduce_in = at::zeros({W, block_numel_}, at::TensorOptions().device(device));
   for (size_t i = 0; i < params_.size(); ++i) {
     const FSDPParam* p = params_[i];
-    at::Tensor g = grad_accumulators_[i].view({p->rows, p->row_numel}) / static_cast<double>(W);
+    if (i >= total.size() || !total[i].defined()) continue;
+    at::Tensor g = total[i].reshape({p->rows, p->row_numel});
     for (int64_t r = 0; r < W; ++r) {
       const int64_t n = p->rows_of(r);
       if (n == 0) continue;
@@ -123,15 +133,19 @@ void FSDPUnit::reduce_gradients(const std::vector<at::Tensor>& grads, bool sync)
           .copy_(g.narrow(0, r * p->rows_per_rank, n).reshape({-1}));
     }
   }
+  reduce_in.div_(static_cast<double>(W));
   grad_accumulators_.clear();
+  if (*reducing_ && *reducing_ != this) (*reducing_)->finish_gradients();
+  *reducing_ = this;
   reduce_out_ = at::empty({block_numel_}, at::TensorOptions().device(device));
   at::Tensor flat_in = reduce_in.view({-1});
   reduce_ = comm_.reduce_scatter_sum(reduce_out_, flat_in);
 }
 
 void FSDPUnit::finish_gradients() {
+  if (*reducing_ == this) *reducing_ = nullptr;
   if (!reduce_out_.defined()) return;
-  reduce_.wait();
+  reduce_.wait();  // also releases the collective's input buffer
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
     FSDPParam* p = params_[i];

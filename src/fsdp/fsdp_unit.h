@@ -22,8 +22,11 @@ class FSDPUnit {
  public:
   enum class State { Sharded, Gathering, Unsharded };
 
+  // `reducing` is shared by the engine's units: the unit whose reduce-scatter is in flight. A
+  // unit finishes it before issuing its own, so one unit's gradient buffers are in flight at a
+  // time (the collective still overlaps the next unit's backward).
   FSDPUnit(std::string name, std::vector<FSDPParam*> params, Communicator& comm,
-           bool reshard_after_forward);
+           bool reshard_after_forward, FSDPUnit** reducing);
 
   const std::string& name() const { return name_; }
   State state() const { return state_; }
@@ -41,8 +44,9 @@ class FSDPUnit {
   // unit's gradients to reduce_gradients() once all of them are computed. Requires UNSHARDED.
   std::vector<at::Tensor> unsharded_for_forward();
 
-  // Called from that backward. Accumulates into fp32 unsharded buffers; when `sync` is set
-  // (the last micro-batch) pre-divides by the world size and starts the reduce-scatter.
+  // Called from that backward. Frees the gathered parameters, accumulates the gradients into fp32
+  // unsharded buffers and, when `sync` is set (the last micro-batch), pre-divides by the world
+  // size and starts the reduce-scatter.
   void reduce_gradients(const std::vector<at::Tensor>& grads, bool sync);
   // Waits for the reduce-scatter and adds this rank's rows to each sharded parameter's .grad().
   void finish_gradients();
@@ -56,6 +60,7 @@ class FSDPUnit {
   int64_t block_numel_ = 0;       // S
   Communicator& comm_;
   bool reshard_after_forward_;
+  FSDPUnit** reducing_;
   State state_ = State::Sharded;
 
   at::Tensor gather_in_, gather_out_;

@@ -81,10 +81,6 @@ int run(const zb::CommandLine& cl) {
                        with_commas(model.num_params()).c_str()));
     return 0;
   }
-  if (!cfg.data.fake)
-    throw zb::ConfigError(cfg.origin("data.fake") +
-                          ": data.fake = false, but reading token datasets is not implemented "
-                          "yet; set data.fake = true");
 
   // --- processes, device, threads ---------------------------------------------------------------
   const c10::Device device = zb::select_device(cfg.runtime.device, world.local_rank);
@@ -142,6 +138,10 @@ int run(const zb::CommandLine& cl) {
     std::optional<double> mfu;
     if (tps && peak_flops) mfu = zb::mfu_percent(flops_per_token, *tps, *peak_flops, world.size);
     const int64_t peak_mem = zb::peak_memory_bytes(device);
+    std::optional<double> val_loss;
+    if (cfg.data.eval_interval > 0 && trainer.has_validation() &&
+        (step % cfg.data.eval_interval == 0 || step == cfg.optim.total_steps))
+      val_loss = trainer.evaluate();  // every rank takes part
     if (world.rank != 0) continue;
 
     nlohmann::json record = {
@@ -156,6 +156,7 @@ int run(const zb::CommandLine& cl) {
         {"peak_memory_bytes", peak_mem},
         {"comm_wait_seconds", comm.stats().wait_seconds - before.wait_seconds},
     };
+    if (val_loss) record["val_loss"] = *val_loss;
     for (const auto& [group, lr] : s.learning_rates) record["lr"][group] = lr;
     for (size_t k = 0; k < static_cast<size_t>(zb::CommKind::Count); ++k)
       record["comm_bytes"][zb::comm_kind_name(static_cast<zb::CommKind>(k))] =
@@ -173,6 +174,7 @@ int run(const zb::CommandLine& cl) {
                          mfu ? strf("%.1f%%", *mfu).c_str() : "n/a",
                          static_cast<double>(peak_mem) / (1 << 30), zb::format_duration(eta).c_str()));
     }
+    if (val_loss) zb::log::info(strf("step %ld/%ld | val_loss %.4f", step, cfg.optim.total_steps, *val_loss));
   }
   zb::log::info(strf("done: %ld steps, %s tokens in %s", cfg.optim.total_steps,
                      with_commas(cfg.optim.total_steps * tokens_per_step).c_str(),

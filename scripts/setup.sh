@@ -14,7 +14,8 @@ mkdir -p "$CACHE"
 APT_PACKAGES=(cmake ninja-build g++ ccache pkg-config
               libtomlplusplus-dev libspdlog-dev libfmt-dev libcxxopts-dev nlohmann-json3-dev
               libgtest-dev libgmock-dev openmpi-bin libopenmpi-dev python3-venv
-              libgloo-dev)  # gloo headers for ProcessGroupGloo.hpp (the torch wheel lacks them)
+              libgloo-dev   # gloo headers for ProcessGroupGloo.hpp (the torch wheel lacks them)
+              python3.11-doc)  # the embedded corpus: Python's documentation sources
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -39,6 +40,20 @@ if [ ! -f "$VENV/.complete" ]; then
   touch "$VENV/.complete"
 fi
 ln -sfn "$VENV" "$ROOT/.venv"
+
+# --- the embedded corpus: Python's reStructuredText docs -> a 1024-token BPE -> token shards --
+DOCS=/usr/share/doc/python3.11/html/_sources
+ckey=$( (cat "$ROOT/scripts/make_shards.py"; dpkg-query -W python3.11-doc) | sha256sum | cut -c1-12)
+DATA="$CACHE/data/python-docs-$ckey"
+if [ ! -f "$DATA/meta.json" ]; then
+  echo "setup: building the embedded corpus $DATA from $DOCS"
+  rm -rf "$DATA.tmp"
+  "$VENV/bin/python" "$ROOT/scripts/make_shards.py" "$DATA.tmp" "$DOCS" --train-vocab 1024 \
+      --val-fraction 0.02 --shard-tokens 1000000 >/dev/null
+  rm -rf "$DATA" && mv "$DATA.tmp" "$DATA"
+fi
+mkdir -p "$ROOT/data"
+ln -sfn "$DATA" "$ROOT/data/python-docs"
 
 # --- ccache, outside the clone as well ---------------------------------------------------------
 mkdir -p "$CACHE/ccache"

@@ -7,7 +7,7 @@
 using namespace zb;
 
 TEST(FakeData, RowsAreShiftedTokensWithEos) {
-  FakeDataset d(42, 64, 1024, 8, 4, 0, 1);
+  DataLoader d(std::make_shared<FakeDataset>(42, 64, 1024), 0, false, 8, 4, 0, 1);
   Batch b = d.next();
   ASSERT_EQ(b.inputs.sizes(), (std::vector<int64_t>{4, 64}));
   EXPECT_TRUE(at::equal(b.inputs.slice(1, 1), b.targets.slice(1, 0, 63)));
@@ -23,7 +23,7 @@ TEST(FakeData, SameGlobalBatchForOneTwoFourRanks) {
     // Rank r's micro-batches of step s, concatenated in rank order, form the global batch.
     std::vector<at::Tensor> per_step(steps);
     for (int64_t r = 0; r < world; ++r) {
-      FakeDataset d(7, T, 1024, B, micro_bs, r, world);
+      DataLoader d(std::make_shared<FakeDataset>(7, T, 1024), 0, false, B, micro_bs, r, world);
       for (int64_t s = 0; s < steps; ++s)
         for (int64_t m = 0; m < B / world / micro_bs; ++m) {
           at::Tensor rows = d.next().inputs;
@@ -38,6 +38,6 @@ TEST(FakeData, SameGlobalBatchForOneTwoFourRanks) {
     EXPECT_TRUE(at::equal(one[s], four[s])) << "step " << s;
   }
   EXPECT_FALSE(at::equal(one[0], one[1]));  // steps differ
-  FakeDataset other_seed(8, T, 1024, B, 2, 0, 1);
+  DataLoader other_seed(std::make_shared<FakeDataset>(8, T, 1024), 0, false, B, 2, 0, 1);
   EXPECT_FALSE(at::equal(other_seed.next().inputs, one[0].slice(0, 0, 2)));
 }

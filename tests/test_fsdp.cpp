@@ -53,8 +53,9 @@ RunResult train_single_process(const Config& c, int steps) {
   Llama model(resolve_model_args(c), at::TensorOptions());
   model.init_weights();
   Optimizer opt(c, model.parameters());
-  FakeDataset data(static_cast<uint64_t>(c.runtime.seed), c.data.seq_length,
-                   model.args().vocab_size, c.optim.batch_size, c.optim.batch_size, 0, 1);
+  DataLoader data(std::make_shared<FakeDataset>(static_cast<uint64_t>(c.runtime.seed),
+                                                c.data.seq_length, model.args().vocab_size),
+                  0, false, c.optim.batch_size, c.optim.batch_size, 0, 1);
   LrSchedule schedule{c.optim.sched_type, c.optim.warmup_steps, c.optim.stable_steps, c.optim.total_steps};
   RunResult run;
   for (int s = 1; s <= steps; ++s) {

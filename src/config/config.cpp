@@ -149,6 +149,12 @@ const std::vector<Field>& schema() {
       ZB_FIELD("data.split_by_data_rank", Bool, bool, data.split_by_data_rank,
                "accepted for ZeroBand configs"),
 
+      ZB_FIELD("data.shuffle", Bool, bool, data.shuffle,
+               "visit the samples in a seeded random order, a new one each epoch"),
+      ZB_FIELD("data.eval_interval", Int, int64_t, data.eval_interval,
+               "validation loss every N steps on data.val_dataset_name_or_paths (0 = never)"),
+      ZB_FIELD("data.eval_batches", Int, int64_t, data.eval_batches,
+               "micro-batches per rank averaged in each validation"),
       ZB_FIELD("runtime.device", String, std::string, runtime.device, "auto | cpu | cuda"),
       ZB_FIELD("runtime.compute_dtype", String, std::string, runtime.compute_dtype,
                "auto (bf16 on cuda, fp32 on cpu) | float32 | bfloat16"),
@@ -434,6 +440,10 @@ void validate(const Config& c, int64_t world_size) {
                                  ") x train.micro_bs (" + show(c.train.micro_bs) + ")");
   positive("data.seq_length", c.data.seq_length);
   non_negative("data.num_workers", c.data.num_workers);
+  non_negative("data.eval_interval", c.data.eval_interval);
+  positive("data.eval_batches", c.data.eval_batches);
+  if (c.data.eval_interval > 0 && !c.data.val_dataset_name_or_paths && !c.data.fake)
+    fail("data.eval_interval", "data.eval_interval is set but data.val_dataset_name_or_paths is not");
 
   // Schedule.
   one_of("optim.sched_type", c.optim.sched_type, {"cosine", "linear", "wsd-sqrt"});

@@ -76,6 +76,10 @@ struct DataConfig {  // [data]
   std::optional<int64_t> data_rank, data_world_size;
   bool reverse_data_files = false;
   bool split_by_data_rank = true;
+  // Ours:
+  bool shuffle = true;         // a seeded permutation of the samples each epoch
+  int64_t eval_interval = 0;   // validation loss every N steps (0 = never); needs val data
+  int64_t eval_batches = 4;    // micro-batches per rank in each validation
 };
 
 struct RuntimeConfig {  // [runtime]

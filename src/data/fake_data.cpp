@@ -1,16 +1,12 @@
 #include "data/fake_data.h"
 
-#include <ATen/ops/empty.h>
-
 #include <algorithm>
 #include <random>
 
 namespace zb {
 
-FakeDataset::FakeDataset(uint64_t seed, int64_t seq_len, int64_t vocab_size, int64_t global_batch,
-                         int64_t micro_bs, int64_t rank, int64_t world_size)
-    : seed_(seed), seq_len_(seq_len), vocab_size_(vocab_size), global_batch_(global_batch),
-      micro_bs_(micro_bs), rank_(rank), world_size_(world_size) {}
+FakeDataset::FakeDataset(uint64_t seed, int64_t seq_len, int64_t vocab_size)
+    : seed_(seed), seq_len_(seq_len), vocab_size_(vocab_size) {}
 
 void FakeDataset::sample(int64_t index, int64_t* row) const {
   std::seed_seq seq{seed_, static_cast<uint64_t>(index), uint64_t{0x5eed}};
@@ -23,17 +19,6 @@ void FakeDataset::sample(int64_t index, int64_t* row) const {
     row[n++] = token(rng);
     if (--remaining == 0 && n < seq_len_ + 1) row[n++] = kEos;
   }
-}
-
-Batch FakeDataset::next() {
-  const int64_t per_rank = global_batch_ / world_size_;
-  at::Tensor rows = at::empty({micro_bs_, seq_len_ + 1}, at::kLong);
-  int64_t* data = rows.data_ptr<int64_t>();
-  for (int64_t j = 0; j < micro_bs_; ++j, ++cursor_) {
-    const int64_t step = cursor_ / per_rank, within = cursor_ % per_rank;
-    sample(step * global_batch_ + rank_ * per_rank + within, data + j * (seq_len_ + 1));
-  }
-  return {rows.slice(1, 0, seq_len_).contiguous(), rows.slice(1, 1, seq_len_ + 1).contiguous()};
 }
 
 }  // namespace zb

@@ -2,8 +2,11 @@
 
 #include <ATen/Context.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/zeros.h>
 
+#include "data/fake_data.h"
+#include "data/token_dataset.h"
 #include "fsdp/sharded_muon.h"
 
 namespace zb {
@@ -29,10 +32,21 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device)
   optimizer_ = std::make_unique<Optimizer>(config, engine_->sharded_parameters(), engine_->global_shapes());
   if (optimizer_->muon() && comm.size() > 1) make_muon_sharded(*optimizer_->muon(), comm);
 
-  data_ = std::make_unique<FakeDataset>(static_cast<uint64_t>(config.runtime.seed),
-                                        config.data.seq_length, model_->args().vocab_size,
-                                        config.optim.batch_size, config.train.micro_bs,
-                                        comm.rank(), comm.size());
+  // Data: token shards, or ZeroBand's fake documents. Shards are checked at start-up.
+  const uint64_t seed = static_cast<uint64_t>(config.runtime.seed);
+  const int64_t T = config.data.seq_length, V = model_->args().vocab_size;
+  std::shared_ptr<const SampleSource> train_source;
+  if (config.data.fake) {
+    train_source = std::make_shared<FakeDataset>(seed, T, V);
+    val_source_ = std::make_shared<FakeDataset>(seed + 1, T, V);
+  } else {
+    train_source = std::make_shared<TokenDataset>(config.data.dataset_name_or_paths, T, V);
+    if (config.data.val_dataset_name_or_paths)
+      val_source_ = std::make_shared<TokenDataset>(*config.data.val_dataset_name_or_paths, T, V);
+  }
+  data_ = std::make_unique<DataLoader>(train_source, seed, config.data.shuffle && !config.data.fake,
+                                       config.optim.batch_size, config.train.micro_bs, comm.rank(),
+                                       comm.size());
   schedule_ = {config.optim.sched_type, config.optim.warmup_steps, config.optim.stable_steps,
                config.optim.total_steps};
   accum_ = zb::grad_accum_steps(config, comm.size());
@@ -68,6 +82,28 @@ StepStats Trainer::train_step() {
   stats.grad_norm = grad_norm.item<double>();
   stats.learning_rates = optimizer_->learning_rates(lr_multiplier);
   return stats;
+}
+
+}  // namespace zb
+
+namespace zb {
+
+double Trainer::evaluate() {
+  TORCH_CHECK(val_source_, "no validation data (data.val_dataset_name_or_paths)");
+  // A fresh loader each time: the same batches at every evaluation, split over the ranks.
+  const int64_t per_rank = config_.data.eval_batches * config_.train.micro_bs;
+  DataLoader loader(val_source_, 0, /*shuffle=*/false, per_rank * comm_.size(),
+                    config_.train.micro_bs, comm_.rank(), comm_.size());
+  at::NoGradGuard no_grad;
+  at::Tensor sum = at::zeros({1}, at::TensorOptions().device(device_));
+  for (int64_t i = 0; i < config_.data.eval_batches; ++i) {
+    Batch b = loader.next();
+    sum += cross_entropy(engine_->forward(b.inputs.to(device_)), b.targets.to(device_));
+    engine_->finish_backward();  // frees what forward gathered (no gradients to reduce)
+  }
+  sum /= static_cast<double>(config_.data.eval_batches * comm_.size());
+  comm_.all_reduce_sum(sum).wait();
+  return sum.item<double>();
 }
 
 }  // namespace zb

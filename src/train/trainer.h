@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "config/config.h"
-#include "data/fake_data.h"
+#include "data/loader.h"
 #include "dist/comm.h"
 #include "fsdp/fsdp_engine.h"
 #include "model/llama.h"
@@ -33,6 +33,10 @@ class Trainer {
   Trainer(const Config& config, Communicator& comm, c10::Device device);
 
   StepStats train_step();
+  // Mean loss over data.eval_batches micro-batches per rank of the validation data (the same
+  // batches every time), averaged over ranks. Requires validation data (or fake data).
+  double evaluate();
+  bool has_validation() const { return static_cast<bool>(val_source_); }
 
   int64_t step() const { return step_; }
   int64_t grad_accum_steps() const { return accum_; }
@@ -40,6 +44,7 @@ class Trainer {
   const ModelArgs& model_args() const { return model_->args(); }
   at::ScalarType compute_dtype() const { return compute_dtype_; }
   FSDPEngine& engine() { return *engine_; }
+  DataLoader& data() { return *data_; }
   Optimizer& optimizer() { return *optimizer_; }
 
  private:
@@ -50,7 +55,8 @@ class Trainer {
   std::unique_ptr<Llama> model_;
   std::unique_ptr<FSDPEngine> engine_;
   std::unique_ptr<Optimizer> optimizer_;
-  std::unique_ptr<FakeDataset> data_;
+  std::unique_ptr<DataLoader> data_;
+  std::shared_ptr<const SampleSource> val_source_;
   LrSchedule schedule_;
   int64_t accum_ = 1;
   int64_t step_ = 0;

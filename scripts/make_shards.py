@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Turn raw text into token shards for train_fsdp.
+
+    make_shards.py OUT INPUT... [--tokenizer tokenizer.json | --train-vocab N]
+                   [--val-fraction 0.01] [--shard-tokens 10000000] [--bos]
+
+INPUT: files or directories (searched recursively). By extension: .jsonl/.json are JSON lines
+with a "text" field (one document per line); .parquet has a "text" column (needs pyarrow);
+anything else is plain text, one document per file.
+
+Tokenizer: a Hugging Face tokenizer.json (e.g. the Mistral/Llama-2 one), or, with --train-vocab,
+a byte-level BPE of that vocabulary size trained on the inputs themselves (saved as
+OUT/tokenizer.json). Documents are separated by the end-of-text token (plus a beginning token
+with --bos). A deterministic --val-fraction of the documents goes to OUT/val, the rest to
+OUT/train, in shards of --shard-tokens tokens, in llm.c's format: a 256 x int32 header (magic
+20240520 and version 1 for uint16 tokens, 20240801 and 7 for uint32; then the token count) and
+the tokens. OUT/meta.json records the counts. Encoding uses every core (the tokenizers library
+is multi-threaded).
+"""
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+EOS = "<|endoftext|>"
+BOS = "<|begin_of_text|>"
+
+
+def iter_files(inputs):
+    for item in inputs:
+        if os.path.isdir(item):
+            for root, _, files in sorted(os.walk(item)):
+                for name in sorted(files):
+                    yield os.path.join(root, name)
+        elif os.path.exists(item):
+            yield item
+        else:
+            sys.exit(f"make_shards: input {item} does not exist")
+
+
+def iter_documents(inputs):
+    for path in iter_files(inputs):
+        if path.endswith((".jsonl", ".json")):
+            with open(path, encoding="utf-8") as f:
+                for n, line in enumerate(f, 1):
+                    if line.strip():
+                        try:
+                            yield json.loads(line)["text"]
+                        except (ValueError, KeyError) as e:
+                            sys.exit(f"make_shards: {path}:{n}: not a JSON object with \"text\" ({e})")
+        elif path.endswith(".parquet"):
+            try:
+                import pyarrow.parquet as pq
+            except ImportError:
+                sys.exit("make_shards: reading parquet needs pyarrow (pip install pyarrow)")
+            for text in pq.read_table(path, columns=["text"]).column("text").to_pylist():
+                yield text
+        else:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                yield f.read()
+
+
+def train_tokenizer(documents, vocab_size):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS, BOS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(documents, trainer=trainer)
+    return tok
+
+
+def special_id(tok, names):
+    for name in names:
+        i = tok.token_to_id(name)
+        if i is not None:
+            return i
+    return None
+
+
+class ShardWriter:
+    def __init__(self, directory, shard_tokens, wide):
+        self.dir, self.shard_tokens, self.wide = directory, shard_tokens, wide
+        self.buf, self.count, self.files, self.tokens = [], 0, 0, 0
+        os.makedirs(directory, exist_ok=True)
+
+    def add(self, ids):
+        self.buf.append(np.asarray(ids, dtype=np.uint32 if self.wide else np.uint16))
+        self.count += len(ids)
+        while self.count >= self.shard_tokens:
+            self.flush(self.shard_tokens)
+
+    def flush(self, n=None):
+        if not self.buf:
+            return
+        allt = np.concatenate(self.buf)
+        n = len(allt) if n is None else n
+        head, rest = allt[:n], allt[n:]
+        header = np.zeros(256, dtype=np.int32)
+        header[0], header[1], header[2] = (20240801, 7, n) if self.wide else (20240520, 1, n)
+        path = os.path.join(self.dir, f"shard_{self.files:06d}.bin")
+        with open(path + ".tmp", "wb") as f:
+            f.write(header.tobytes())
+            f.write(head.tobytes())
+        os.replace(path + ".tmp", path)  # never leave a half-written shard under its name
+        self.files += 1
+        self.tokens += n
+        self.buf, self.count = ([rest], len(rest)) if len(rest) else ([], 0)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out")
+    ap.add_argument("inputs", nargs="+")
+    ap.add_argument("--tokenizer", help="Hugging Face tokenizer.json")
+    ap.add_argument("--train-vocab", type=int, help="train a byte-level BPE of this vocabulary size")
+    ap.add_argument("--val-fraction", type=float, default=0.01)
+    ap.add_argument("--shard-tokens", type=int, default=10_000_000)
+    ap.add_argument("--bos", action="store_true", help="also put the beginning token before each document")
+    ap.add_argument("--batch", type=int, default=256, help="documents encoded together")
+    args = ap.parse_args()
+    if bool(args.tokenizer) == bool(args.train_vocab):
+        sys.exit("make_shards: give exactly one of --tokenizer and --train-vocab")
+
+    os.makedirs(args.out, exist_ok=True)
+    if args.train_vocab:
+        tok = train_tokenizer(iter_documents(args.inputs), args.train_vocab)
+        tok.save(os.path.join(args.out, "tokenizer.json"))
+    else:
+        tok = Tokenizer.from_file(args.tokenizer)
+    eos = special_id(tok, [EOS, "</s>", "<|end_of_text|>", "<eos>"])
+    bos = special_id(tok, [BOS, "<s>", "<bos>"])
+    if eos is None:
+        sys.exit("make_shards: the tokenizer has no end-of-text token")
+    if args.bos and bos is None:
+        sys.exit("make_shards: --bos but the tokenizer has no beginning token")
+    vocab = tok.get_vocab_size()
+    wide = vocab > 65536
+    writers = {s: ShardWriter(os.path.join(args.out, s), args.shard_tokens, wide) for s in ("train", "val")}
+    counts = {"train": 0, "val": 0}
+    start, done, batch = time.time(), 0, []
+
+    def encode(batch):
+        nonlocal done
+        for index, text, enc in zip((i for i, _ in batch), (t for _, t in batch),
+                                    tok.encode_batch([t for _, t in batch], add_special_tokens=False)):
+            ids = ([bos] if args.bos else []) + enc.ids + [eos]
+            # A document's split depends on its position only: reruns give the same split.
+            h = int(hashlib.sha256(str(index).encode()).hexdigest()[:8], 16) / 2**32
+            split = "val" if h < args.val_fraction else "train"
+            writers[split].add(ids)
+            counts[split] += 1
+        done += len(batch)
+        rate = sum(w.tokens + w.count for w in writers.values()) / max(1e-9, time.time() - start)
+        print(f"\rmake_shards: {done} documents, {rate:,.0f} tokens/s", end="", file=sys.stderr, flush=True)
+
+    for i, text in enumerate(iter_documents(args.inputs)):
+        batch.append((i, text))
+        if len(batch) == args.batch:
+            encode(batch)
+            batch = []
+    if batch:
+        encode(batch)
+    for w in writers.values():
+        w.flush()
+    print(file=sys.stderr)
+    meta = {"vocab_size": vocab, "eos": eos, "bos": bos if args.bos else None,
+            "documents": counts, "tokens": {s: w.tokens for s, w in writers.items()},
+            "shards": {s: w.files for s, w in writers.items()}}
+    with open(os.path.join(args.out, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+    print(f"make_shards: {json.dumps(meta)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -71,9 +71,15 @@ RunResult train_single_process(const Config& c, int steps) {
   return run;
 }
 
+// One communicator per process for the whole test: a second rendezvous on the same port could
+// meet the first one's store before it closes.
+Communicator& communicator() {
+  static Communicator comm(detect_world(), c10::Device(c10::kCPU), std::chrono::seconds(60));
+  return comm;
+}
+
 RunResult train_sharded(const Config& c, int steps) {
-  Communicator comm(detect_world(), c10::Device(c10::kCPU), std::chrono::seconds(60));
-  Trainer trainer(c, comm, c10::Device(c10::kCPU));
+  Trainer trainer(c, communicator(), c10::Device(c10::kCPU));
   RunResult run;
   for (int s = 1; s <= steps; ++s) run.losses.push_back(trainer.train_step().loss);
   for (auto& [name, t] : trainer.engine().gather_full_parameters()) run.params[name] = t;
@@ -152,7 +158,7 @@ TEST(FSDP, ReshardFreesGatheredParametersAfterForward) {
   Config c = small_config("adamw");
   c.model.n_layers = 3;
   multiprocess::run_ranks(2, [&](int) {
-    Communicator comm(detect_world(), c10::Device(c10::kCPU), std::chrono::seconds(60));
+    Communicator& comm = communicator();
     for (bool reshard : {true, false}) {
       at::manual_seed(0);
       Llama model(resolve_model_args(c), at::TensorOptions());
@@ -186,7 +192,7 @@ TEST(FSDP, ShardedMuonEqualsMuonOnWholeMatrices) {
   // Shapes with rows below, at and above the world size, and two of the same shape (batched).
   const std::vector<std::vector<int64_t>> shapes = {{2, 5}, {7, 3}, {16, 16}, {16, 16}, {9, 20}};
   multiprocess::run_ranks(3, [&](int rank) {
-    Communicator comm(detect_world(), c10::Device(c10::kCPU), std::chrono::seconds(60));
+    Communicator& comm = communicator();
     const int64_t W = comm.size();
     MuonHyper h;
     h.ns_dtype = at::kFloat;
@@ -276,8 +282,7 @@ TEST(FSDP, OneFiftyMPeakMemoryOnFourRanksStaysWithinTheShardingBound) {
   multiprocess::run_ranks(4, [&](int rank) {
     // Large tensors straight from and back to the kernel, so that RSS follows live memory.
     ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
-    Communicator comm(detect_world(), c10::Device(c10::kCPU), std::chrono::seconds(300));
-    Trainer trainer(c, comm, c10::Device(c10::kCPU));  // full model built, sharded, freed
+    Trainer trainer(c, communicator(), c10::Device(c10::kCPU));  // full model built, sharded, freed
     const double W = 4;
     const double before = proc_status_kib("VmRSS") * 1024.0;  // libraries, shards, AdamW moments
     std::ofstream("/proc/self/clear_refs") << "5";               // reset the peak RSS

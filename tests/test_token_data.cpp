@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -47,6 +48,24 @@ void write_llmc_shard(const std::string& path, const std::vector<uint32_t>& toke
   }
   std::fclose(f);
 }
+
+// Row i of sample s is s * 100 + i: easy to check.
+struct FakeDatasetForTest : SampleSource {
+  int64_t num_samples() const override { return -1; }
+  int64_t seq_len() const override { return 4; }
+  void sample(int64_t index, int64_t* row) const override {
+    for (int i = 0; i < 5; ++i) row[i] = index * 100 + i;
+  }
+};
+
+// Every token of every sample is `value`.
+struct ConstantSource : SampleSource {
+  explicit ConstantSource(int64_t v) : value(v) {}
+  int64_t value;
+  int64_t num_samples() const override { return 10; }
+  int64_t seq_len() const override { return 4; }
+  void sample(int64_t, int64_t* row) const override { std::fill(row, row + 5, value); }
+};
 
 template <class F>
 std::string error_of(F&& fn) {
@@ -217,4 +236,36 @@ TEST(TokenData, BadInputsNameTheFile) {
   EXPECT_EQ(error_of([&] { TokenDataset(empty, 8, 1024); }),
             "dataset directory " + empty + " holds no *.bin token shard");
   std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(TokenData, PrefetchingChangesNothingAndResumes) {
+  auto fake = std::make_shared<FakeDatasetForTest>();
+  DataLoader plain(fake, 1, false, 8, 2, 1, 2), ahead(fake, 1, false, 8, 2, 1, 2);
+  ahead.start_prefetch(3, /*pin_memory=*/false);
+  for (int i = 0; i < 12; ++i) EXPECT_TRUE(at::equal(plain.next().inputs, ahead.next().inputs)) << i;
+  const LoaderState saved = ahead.state();
+  EXPECT_EQ(saved.rows_consumed, 24);
+  DataLoader resumed(fake, 1, false, 8, 2, 1, 2);
+  resumed.start_prefetch(2, false);
+  resumed.load_state(saved);
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(at::equal(plain.next().inputs, resumed.next().inputs)) << i;
+}
+
+TEST(TokenData, MixingByRatio) {
+  auto a = std::make_shared<ConstantSource>(1), b = std::make_shared<ConstantSource>(2);
+  MixedSource mix({a, b}, parse_ratio("70:30", 2), 5);
+  int64_t from_a = 0;
+  const int64_t n = 20000;
+  std::vector<int64_t> row(5);
+  for (int64_t i = 0; i < n; ++i) {
+    mix.sample(i, row.data());
+    EXPECT_EQ(row[0], mix.source_of(i) == 0 ? 1 : 2);
+    from_a += row[0] == 1;
+  }
+  // Binomial(20000, 0.7): standard deviation 65 samples; allow 5 of them.
+  EXPECT_NEAR(static_cast<double>(from_a), 0.7 * n, 5 * 65.0);
+  MixedSource again({a, b}, parse_ratio("70:30", 2), 5);
+  for (int64_t i = 0; i < 100; ++i) EXPECT_EQ(again.source_of(i), mix.source_of(i));
+  EXPECT_EQ(error_of([] { parse_ratio("70:x", 2); }), "dataset_ratio \"70:x\": 'x' is not a positive number");
+  EXPECT_EQ(error_of([] { parse_ratio("1:1:1", 2); }), "dataset_ratio \"1:1:1\" has 3 parts for 2 datasets");
 }

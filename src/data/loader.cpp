@@ -4,6 +4,7 @@
 
 #include <numeric>
 #include <random>
+#include <cstdlib>
 #include <stdexcept>
 
 namespace zb {
@@ -27,10 +28,12 @@ const std::vector<int64_t>& DataLoader::permutation(int64_t epoch) const {
   return cached_permutation_;
 }
 
-int64_t DataLoader::next_position() const {
+int64_t DataLoader::position_of(int64_t row) const {
   const int64_t per_rank = global_batch_ / world_;
-  return (rows_ / per_rank) * global_batch_ + rank_ * per_rank + rows_ % per_rank;
+  return (row / per_rank) * global_batch_ + rank_ * per_rank + row % per_rank;
 }
+
+int64_t DataLoader::next_position() const { return position_of(rows_); }
 
 int64_t DataLoader::sample_at(int64_t position) const {
   const int64_t n = source_->num_samples();
@@ -39,21 +42,145 @@ int64_t DataLoader::sample_at(int64_t position) const {
   return shuffle_ ? permutation(epoch)[static_cast<size_t>(within)] : within;
 }
 
-Batch DataLoader::next() {
+Batch DataLoader::make_batch(int64_t first_row, bool pin_memory) const {
   const int64_t T = source_->seq_len();
   at::Tensor rows = at::empty({micro_bs_, T + 1}, at::kLong);
   int64_t* data = rows.data_ptr<int64_t>();
-  for (int64_t j = 0; j < micro_bs_; ++j, ++rows_)
-    source_->sample(sample_at(next_position()), data + j * (T + 1));
-  return {rows.slice(1, 0, T).contiguous(), rows.slice(1, 1, T + 1).contiguous()};
+  for (int64_t j = 0; j < micro_bs_; ++j)
+    source_->sample(sample_at(position_of(first_row + j)), data + j * (T + 1));
+  auto opts = at::TensorOptions().dtype(at::kLong).pinned_memory(pin_memory);
+  at::Tensor inputs = at::empty({micro_bs_, T}, opts), targets = at::empty({micro_bs_, T}, opts);
+  inputs.copy_(rows.slice(1, 0, T));
+  targets.copy_(rows.slice(1, 1, T + 1));
+  return {inputs, targets};
 }
+
+Batch DataLoader::next() {
+  if (prefetch_depth_ == 0) {
+    Batch b = make_batch(rows_, false);
+    rows_ += micro_bs_;
+    return b;
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return !ready_.empty() || !producer_error_.empty(); });
+  if (ready_.empty()) throw std::runtime_error("data loader: " + producer_error_);
+  Batch b = std::move(ready_.front());
+  ready_.pop_front();
+  rows_ += micro_bs_;
+  changed_.notify_all();
+  return b;
+}
+
+void DataLoader::prefetch_loop() {
+  try {
+    while (true) {
+      int64_t row;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        changed_.wait(lock, [&] { return stopping_ || static_cast<int>(ready_.size()) < prefetch_depth_; });
+        if (stopping_) return;
+        row = produced_;
+      }
+      Batch b = make_batch(row, pin_memory_);
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_) return;
+      ready_.push_back(std::move(b));
+      produced_ = row + micro_bs_;
+      changed_.notify_all();
+    }
+  } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    producer_error_ = e.what();
+    changed_.notify_all();
+  }
+}
+
+void DataLoader::start_prefetch(int depth, bool pin_memory) {
+  stop_prefetch();
+  if (depth <= 0) return;
+  prefetch_depth_ = depth;
+  pin_memory_ = pin_memory;
+  produced_ = rows_;
+  stopping_ = false;
+  producer_ = std::thread([this] { prefetch_loop(); });
+}
+
+void DataLoader::stop_prefetch() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+    changed_.notify_all();
+  }
+  if (producer_.joinable()) producer_.join();
+  ready_.clear();
+  producer_error_.clear();
+}
+
+DataLoader::~DataLoader() { stop_prefetch(); }
 
 void DataLoader::load_state(const LoaderState& state) {
   if (state.seed != seed_ || state.world_size != world_)
     throw std::runtime_error("data loader state from seed " + std::to_string(state.seed) + " on " +
                              std::to_string(state.world_size) + " ranks cannot resume seed " +
                              std::to_string(seed_) + " on " + std::to_string(world_) + " ranks");
+  const int depth = prefetch_depth_;
+  const bool pin = pin_memory_;
+  stop_prefetch();
+  prefetch_depth_ = 0;
   rows_ = state.rows_consumed;
+  start_prefetch(depth, pin);  // restarts from the restored position
+}
+
+MixedSource::MixedSource(std::vector<std::shared_ptr<const SampleSource>> sources,
+                         std::vector<double> weights, uint64_t seed)
+    : sources_(std::move(sources)), seed_(seed) {
+  double total = 0;
+  for (double w : weights) total += w;
+  double acc = 0;
+  for (double w : weights) cumulative_.push_back(acc += w / total);
+  cumulative_.back() = 1.0;
+}
+
+namespace {
+// Two independent uniform draws from (seed, index, stream).
+uint64_t mix_hash(uint64_t seed, int64_t index, uint64_t stream) {
+  std::seed_seq seq{seed, static_cast<uint64_t>(index), stream};
+  std::mt19937_64 rng(seq);
+  return rng();
+}
+}  // namespace
+
+size_t MixedSource::source_of(int64_t index) const {
+  const double u = static_cast<double>(mix_hash(seed_, index, 1) >> 11) * 0x1.0p-53;
+  size_t i = 0;
+  while (i + 1 < cumulative_.size() && u >= cumulative_[i]) ++i;
+  return i;
+}
+
+void MixedSource::sample(int64_t index, int64_t* row) const {
+  const auto& src = sources_[source_of(index)];
+  const uint64_t n = static_cast<uint64_t>(src->num_samples());
+  src->sample(n > 0 ? static_cast<int64_t>(mix_hash(seed_, index, 2) % n) : index, row);
+}
+
+std::vector<double> parse_ratio(const std::string& ratio, size_t expected_count) {
+  std::vector<double> out;
+  size_t start = 0;
+  while (start <= ratio.size()) {
+    size_t colon = ratio.find(':', start);
+    if (colon == std::string::npos) colon = ratio.size();
+    const std::string part = ratio.substr(start, colon - start);
+    char* end = nullptr;
+    const double w = std::strtod(part.c_str(), &end);
+    if (part.empty() || *end != '\0' || !(w > 0))
+      throw std::invalid_argument("dataset_ratio \"" + ratio + "\": '" + part + "' is not a positive number");
+    out.push_back(w);
+    start = colon + 1;
+  }
+  if (out.size() != expected_count)
+    throw std::invalid_argument("dataset_ratio \"" + ratio + "\" has " + std::to_string(out.size()) +
+                                " parts for " + std::to_string(expected_count) + " datasets");
+  return out;
 }
 
 }  // namespace zb

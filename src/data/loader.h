@@ -9,8 +9,13 @@
 // epoch after epoch. The loader's whole state is how many rows this rank has consumed.
 #include <ATen/core/Tensor.h>
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
 #include <vector>
 
 namespace zb {
@@ -29,6 +34,28 @@ class SampleSource {
   virtual void sample(int64_t index, int64_t* row) const = 0;
 };
 
+// Several sources mixed by ratio (ZeroBand's dataset_ratio): position p draws its source with
+// probabilities proportional to `weights` and a sample of that source uniformly, both from
+// (seed, p) alone. Endless, and the same on every rank and world size.
+class MixedSource : public SampleSource {
+ public:
+  MixedSource(std::vector<std::shared_ptr<const SampleSource>> sources, std::vector<double> weights,
+              uint64_t seed);
+  int64_t num_samples() const override { return -1; }
+  int64_t seq_len() const override { return sources_.front()->seq_len(); }
+  void sample(int64_t index, int64_t* row) const override;
+  // Which source position `index` draws from (for tests).
+  size_t source_of(int64_t index) const;
+
+ private:
+  std::vector<std::shared_ptr<const SampleSource>> sources_;
+  std::vector<double> cumulative_;  // normalised, ending at 1
+  uint64_t seed_;
+};
+
+// Parses "70:30" into weights; throws std::invalid_argument for anything else.
+std::vector<double> parse_ratio(const std::string& ratio, size_t expected_count);
+
 struct LoaderState {
   int64_t rows_consumed = 0;  // by this rank
   uint64_t seed = 0;
@@ -39,6 +66,12 @@ class DataLoader {
  public:
   DataLoader(std::shared_ptr<const SampleSource> source, uint64_t seed, bool shuffle,
              int64_t global_batch, int64_t micro_bs, int64_t rank, int64_t world_size);
+  ~DataLoader();
+
+  // Prepares up to `depth` micro-batches ahead on a background thread (in pinned host memory
+  // when `pin_memory`, so that copies to the GPU can be asynchronous). The batches and the state
+  // are the same as without it.
+  void start_prefetch(int depth, bool pin_memory);
 
   // The next micro-batch of this rank (CPU tensors).
   Batch next();
@@ -52,6 +85,10 @@ class DataLoader {
 
  private:
   const std::vector<int64_t>& permutation(int64_t epoch) const;
+  Batch make_batch(int64_t first_row, bool pin_memory) const;
+  int64_t position_of(int64_t row) const;
+  void stop_prefetch();
+  void prefetch_loop();
 
   std::shared_ptr<const SampleSource> source_;
   uint64_t seed_;
@@ -60,6 +97,17 @@ class DataLoader {
   int64_t rows_ = 0;
   mutable int64_t cached_epoch_ = -1;
   mutable std::vector<int64_t> cached_permutation_;
+
+  // Prefetching: the producer fills `ready_` with the batches starting at row `produced_`.
+  int prefetch_depth_ = 0;
+  bool pin_memory_ = false;
+  std::thread producer_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<Batch> ready_;
+  int64_t produced_ = 0;
+  bool stopping_ = false;
+  std::string producer_error_;
 };
 
 }  // namespace zb

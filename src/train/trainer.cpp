@@ -39,6 +39,24 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device)
   if (config.data.fake) {
     train_source = std::make_shared<FakeDataset>(seed, T, V);
     val_source_ = std::make_shared<FakeDataset>(seed + 1, T, V);
+  } else if (config.data.dataset_ratio) {
+    // Several datasets ("a,b") mixed by ratio ("70:30").
+    std::vector<std::shared_ptr<const SampleSource>> parts;
+    std::string paths = config.data.dataset_name_or_paths;
+    for (size_t start = 0, comma; start <= paths.size(); start = comma + 1) {
+      comma = paths.find(',', start);
+      if (comma == std::string::npos) comma = paths.size();
+      parts.push_back(std::make_shared<TokenDataset>(paths.substr(start, comma - start), T, V));
+    }
+    std::vector<double> weights;
+    try {
+      weights = parse_ratio(*config.data.dataset_ratio, parts.size());
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError(config.origin("data.dataset_ratio") + ": " + e.what());
+    }
+    train_source = std::make_shared<MixedSource>(parts, weights, seed);
+    if (config.data.val_dataset_name_or_paths)
+      val_source_ = std::make_shared<TokenDataset>(*config.data.val_dataset_name_or_paths, T, V);
   } else {
     train_source = std::make_shared<TokenDataset>(config.data.dataset_name_or_paths, T, V);
     if (config.data.val_dataset_name_or_paths)
@@ -47,6 +65,8 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device)
   data_ = std::make_unique<DataLoader>(train_source, seed, config.data.shuffle && !config.data.fake,
                                        config.optim.batch_size, config.train.micro_bs, comm.rank(),
                                        comm.size());
+  // Batches are prepared on a background thread, in pinned memory for asynchronous GPU copies.
+  data_->start_prefetch(4, device.is_cuda());
   schedule_ = {config.optim.sched_type, config.optim.warmup_steps, config.optim.stable_steps,
                config.optim.total_steps};
   accum_ = zb::grad_accum_steps(config, comm.size());

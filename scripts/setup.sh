@@ -40,6 +40,10 @@ if [ ! -f "$VENV/.complete" ]; then
   touch "$VENV/.complete"
 fi
 ln -sfn "$VENV" "$ROOT/.venv"
+# Environments of older requirements are several GB each: keep only the current one.
+for old in "$CACHE"/venv-*; do
+  [ "$old" = "$VENV" ] || rm -rf "$old"
+done
 
 # --- the embedded corpus: Python's reStructuredText docs -> a 1024-token BPE -> token shards --
 DOCS=/usr/share/doc/python3.11/html/_sources

@@ -83,14 +83,20 @@ TEST(TokenData, TextToShardsToLoaderRoundTrip) {
   const std::string dir = temp_dir();
   const std::string docs[] = {"The quick brown fox jumps over the lazy dog.\nTwice, even.",
                               "Pretraining needs tokens; shards hold them.",
-                              "Line one of JSON", "Line two: unicode \u00e9\u00e8 \u2713"};
+                              "Line one of JSON", "Line two: unicode \u00e9\u00e8 \u2713",
+                              "Parquet row one.", "Parquet row two."};
   write_file(dir + "/a.txt", docs[0]);
   write_file(dir + "/b.txt", docs[1]);
   write_file(dir + "/c.jsonl", "{\"text\": \"" + docs[2] + "\"}\n{\"text\": \"Line two: unicode \\u00e9\\u00e8 \\u2713\"}\n");
+  // And a parquet file with a "text" column (written by pyarrow, read by the tool).
+  const std::string parquet = std::string(ZB_PYTHON) +
+      " -c \"import pyarrow as pa, pyarrow.parquet as pq; pq.write_table(pa.table({'text': "
+      "['Parquet row one.', 'Parquet row two.']}), '" + dir + "/d.parquet')\"";
+  ASSERT_EQ(std::system(parquet.c_str()), 0);
   const std::string out = dir + "/out";
   // Tiny shards (40 tokens) so that documents straddle shard boundaries; no validation split.
   const std::string cmd = std::string(ZB_PYTHON) + " " + ZB_SOURCE_DIR + "/scripts/make_shards.py " +
-                          out + " " + dir + "/a.txt " + dir + "/b.txt " + dir + "/c.jsonl" +
+                          out + " " + dir + "/a.txt " + dir + "/b.txt " + dir + "/c.jsonl " + dir + "/d.parquet" +
                           " --train-vocab 300 --val-fraction 0 --shard-tokens 40 > /dev/null 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
 

@@ -5,9 +5,12 @@
 
 namespace zb {
 
-TokenDataset::TokenDataset(const std::string& paths, int64_t seq_len, int64_t vocab_size)
+TokenDataset::TokenDataset(const std::string& paths, int64_t seq_len, int64_t vocab_size,
+                           bool reverse_files)
     : seq_len_(seq_len) {
-  for (const auto& path : list_shards(paths)) {
+  std::vector<std::string> files = list_shards(paths);
+  if (reverse_files) std::reverse(files.begin(), files.end());
+  for (const auto& path : files) {
     shards_.emplace_back(path);
     const TokenShard& s = shards_.back();
     const int64_t max_token = s.max_token();

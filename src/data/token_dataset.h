@@ -18,7 +18,9 @@ class TokenDataset : public SampleSource {
   // `paths`: comma-separated shard files and directories. Checks every shard at start-up: it
   // must parse, and every token must be below `vocab_size`; the dataset must make at least one
   // sample. Throws std::runtime_error naming the file otherwise.
-  TokenDataset(const std::string& paths, int64_t seq_len, int64_t vocab_size);
+  // `reverse_files` reverses the shard order (ZeroBand's reverse_data_files).
+  TokenDataset(const std::string& paths, int64_t seq_len, int64_t vocab_size,
+               bool reverse_files = false);
 
   int64_t num_samples() const override { return total_samples_; }
   int64_t seq_len() const override { return seq_len_; }

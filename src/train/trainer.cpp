@@ -46,7 +46,8 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device)
     for (size_t start = 0, comma; start <= paths.size(); start = comma + 1) {
       comma = paths.find(',', start);
       if (comma == std::string::npos) comma = paths.size();
-      parts.push_back(std::make_shared<TokenDataset>(paths.substr(start, comma - start), T, V));
+      parts.push_back(std::make_shared<TokenDataset>(paths.substr(start, comma - start), T, V,
+                                                     config.data.reverse_data_files));
     }
     std::vector<double> weights;
     try {
@@ -58,7 +59,8 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device)
     if (config.data.val_dataset_name_or_paths)
       val_source_ = std::make_shared<TokenDataset>(*config.data.val_dataset_name_or_paths, T, V);
   } else {
-    train_source = std::make_shared<TokenDataset>(config.data.dataset_name_or_paths, T, V);
+    train_source = std::make_shared<TokenDataset>(config.data.dataset_name_or_paths, T, V,
+                                                  config.data.reverse_data_files);
     if (config.data.val_dataset_name_or_paths)
       val_source_ = std::make_shared<TokenDataset>(*config.data.val_dataset_name_or_paths, T, V);
   }

@@ -7,15 +7,18 @@
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/full.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <iostream>
 #include <optional>
 
+#include "checkpoint/checkpoint.h"
 #include "config/cli.h"
 #include "config/config.h"
 #include "dist/comm.h"
@@ -30,6 +33,11 @@
 namespace {
 
 using zb::strf;
+
+// SIGTERM (preemption) and SIGINT (Ctrl-C) ask the loop to finish the current step, save and
+// exit 0.
+volatile std::sig_atomic_t stop_requested = 0;
+void request_stop(int) { stop_requested = 1; }
 
 // c10 errors carry a C++ backtrace in what(); users need the message.
 std::string error_text(const std::exception& e) {
@@ -97,6 +105,10 @@ int run(const zb::CommandLine& cl) {
                      c10::toString(trainer.compute_dtype()), at::get_num_threads(),
                      cfg.train.reshard_after_forward ? "true" : "false"));
   for (const auto& line : trainer.optimizer().describe()) zb::log::info("optimizer " + line);
+  if (!cfg.ckpt.resume.empty())
+    zb::load_checkpoint(zb::resolve_checkpoint(cfg, cfg.ckpt.resume), trainer, comm);
+  std::signal(SIGTERM, request_stop);
+  std::signal(SIGINT, request_stop);
 
   // --- metrics ----------------------------------------------------------------------------------
   const double flops_per_token = zb::flops_per_token(args, cfg.data.seq_length);
@@ -120,7 +132,8 @@ int run(const zb::CommandLine& cl) {
   zb::ThroughputMeter meter(10);
   meter.record(0, seconds());
   const int64_t tokens_per_step = trainer.tokens_per_step();
-  for (int64_t step = 1; step <= cfg.optim.total_steps; ++step) {
+  int64_t last_saved = -1;
+  for (int64_t step = trainer.step() + 1; step <= cfg.optim.total_steps; ++step) {
     const zb::CommStats before = comm.stats();
     zb::StepStats s;
     try {
@@ -142,6 +155,21 @@ int run(const zb::CommandLine& cl) {
     if (cfg.data.eval_interval > 0 && trainer.has_validation() &&
         (step % cfg.data.eval_interval == 0 || step == cfg.optim.total_steps))
       val_loss = trainer.evaluate();  // every rank takes part
+    // Checkpoints: every ckpt.interval steps, and when any rank was asked to stop.
+    at::Tensor stop = at::full({1}, stop_requested ? 1.0 : 0.0, at::TensorOptions().device(device));
+    comm.all_reduce_sum(stop).wait();
+    const bool stopping = stop.item<double>() > 0;
+    if (!cfg.ckpt.path.empty() && ((cfg.ckpt.interval > 0 && step % cfg.ckpt.interval == 0) || stopping ||
+                                   step == cfg.optim.total_steps)) {
+      const std::string dir = zb::save_checkpoint(cfg, trainer, comm);
+      last_saved = step;
+      zb::log::info(strf("saved checkpoint %s", dir.c_str()));
+    }
+    if (stopping) {
+      zb::log::warn(strf("stopped by a signal after step %ld%s", step,
+                         last_saved == step ? " (checkpoint saved)" : " (no ckpt.path: nothing saved)"));
+      return 0;
+    }
     if (world.rank != 0) continue;
 
     nlohmann::json record = {

@@ -166,6 +166,13 @@ const std::vector<Field>& schema() {
 
       ZB_FIELD("runtime.timeout_s", Int, int64_t, runtime.timeout_s,
                "seconds before a rendezvous or collective that is not completing fails"),
+      ZB_FIELD("ckpt.path", String, std::string, ckpt.path,
+               "directory of checkpoints (\"\" = none)"),
+      ZB_FIELD("ckpt.interval", Int, int64_t, ckpt.interval,
+               "save every N steps (0 = only at the end and when stopped by SIGTERM/SIGINT)"),
+      ZB_FIELD("ckpt.keep", Int, int64_t, ckpt.keep, "newest checkpoints to keep (0 = all)"),
+      ZB_FIELD("ckpt.resume", String, std::string, ckpt.resume,
+               "resume from a checkpoint directory, or \"latest\" in ckpt.path"),
       ZB_FIELD("logging.level", String, std::string, logging.level, "debug | info | warn | error"),
       ZB_FIELD("logging.metrics_file", String, std::string, logging.metrics_file,
                "JSON-lines metrics (default outputs/<name_model>-<time>/metrics.jsonl)"),
@@ -176,7 +183,7 @@ const std::vector<Field>& schema() {
 #undef ZB_FIELD
 
 const std::vector<std::string> kSections = {"model", "train",   "optim",  "optim.optim",
-                                            "optim.adam", "data", "runtime", "logging"};
+                                            "optim.adam", "data", "runtime", "logging", "ckpt"};
 
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> row(b.size() + 1);
@@ -482,6 +489,10 @@ void validate(const Config& c, int64_t world_size) {
   non_negative("runtime.peak_flops", c.runtime.peak_flops);
   positive("runtime.timeout_s", c.runtime.timeout_s);
   one_of("logging.level", c.logging.level, {"debug", "info", "warn", "error"});
+  non_negative("ckpt.interval", c.ckpt.interval);
+  non_negative("ckpt.keep", c.ckpt.keep);
+  if (c.ckpt.resume == "latest" && c.ckpt.path.empty())
+    fail("ckpt.resume", "ckpt.resume = \"latest\" needs ckpt.path");
   positive("logging.interval", c.logging.interval);
 }
 

@@ -91,6 +91,13 @@ struct RuntimeConfig {  // [runtime]
   int64_t timeout_s = 300;  // rendezvous and collectives fail after this long
 };
 
+struct CheckpointConfig {  // [ckpt]
+  std::string path;      // directory of checkpoints ("" = no checkpoints)
+  int64_t interval = 0;  // save every N steps (0 = only at the end and on SIGTERM/SIGINT)
+  int64_t keep = 3;      // newest checkpoints kept (0 = all)
+  std::string resume;    // a checkpoint directory, or "latest" (the newest in path)
+};
+
 struct LoggingConfig {  // [logging]
   std::string level = "info";
   std::string metrics_file;  // JSON lines; "" = outputs/<name_model>-<time>/metrics.jsonl
@@ -108,6 +115,7 @@ struct Config {
   DataConfig data;
   RuntimeConfig runtime;
   LoggingConfig logging;
+  CheckpointConfig ckpt;
 
   std::string source = "<defaults>";  // the file it was loaded from
   // Where each key that was set came from ("file:line" or "command line"), for error messages.

@@ -140,6 +140,12 @@ std::vector<std::vector<int64_t>> FSDPEngine::global_shapes() const {
   return out;
 }
 
+const FSDPParam* FSDPEngine::param(const std::string& name) const {
+  for (const auto& p : params_)
+    if (p->name == name) return p.get();
+  return nullptr;
+}
+
 std::vector<at::Tensor> FSDPEngine::sharded_tensors() const {
   std::vector<at::Tensor> out;
   for (const auto& p : params_) out.push_back(p->sharded);

@@ -48,6 +48,8 @@ class FSDPEngine {
   std::vector<NamedParameter> sharded_parameters();
   std::vector<std::vector<int64_t>> global_shapes() const;
   std::vector<at::Tensor> sharded_tensors() const;
+  // The parameter of that name (nullptr if none).
+  const FSDPParam* param(const std::string& name) const;
   // Clips the sharded gradients by the global L2 norm over all ranks (one all-reduce) and returns
   // the norm before clipping.
   at::Tensor clip_grad_norm_(double max_norm);

@@ -129,3 +129,13 @@ double Trainer::evaluate() {
 }
 
 }  // namespace zb
+
+namespace zb {
+
+void Trainer::restore_position(int64_t step, uint64_t seed) {
+  step_ = step;
+  const int64_t rows = step * accum_ * config_.train.micro_bs;  // this rank's rows per step
+  data_->load_state({rows, seed, comm_.size()});
+}
+
+}  // namespace zb

@@ -39,6 +39,9 @@ class Trainer {
   bool has_validation() const { return static_cast<bool>(val_source_); }
 
   int64_t step() const { return step_; }
+  // After loading a checkpoint: continue after `step` steps, the data at the next global batch
+  // (the loader's position follows from the step, whatever the world size).
+  void restore_position(int64_t step, uint64_t seed);
   int64_t grad_accum_steps() const { return accum_; }
   int64_t tokens_per_step() const { return config_.optim.batch_size * config_.data.seq_length; }
   const ModelArgs& model_args() const { return model_->args(); }

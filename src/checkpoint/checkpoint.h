@@ -1,0 +1,36 @@
+#pragma once
+// Sharded checkpoints. Each rank writes its own rows of every parameter and optimizer state;
+// rank 0 adds the metadata. A checkpoint is written under a temporary name and renamed into
+// place only after every rank has finished, so a crash during a save never damages the last good
+// checkpoint. Loading reshards from the global row layout, so a checkpoint saved on W ranks
+// resumes on any number of ranks.
+//
+//   <ckpt.path>/step_00000100/meta.json          format, step, tokens, world size, shapes, loader
+//   <ckpt.path>/step_00000100/rank_00003.json    index: name, global shape, first row, rows, offset
+//   <ckpt.path>/step_00000100/rank_00003.bin     the rows, fp32, in index order
+//   <ckpt.path>/latest                           the name of the newest complete checkpoint
+#include <cstdint>
+#include <string>
+
+#include "config/config.h"
+#include "dist/comm.h"
+#include "train/trainer.h"
+
+namespace zb {
+
+constexpr int kCheckpointFormatVersion = 1;
+
+// Saves the trainer's state after `trainer.step()` steps into ckpt.path. Collective: every rank
+// calls it. Returns the checkpoint's directory.
+std::string save_checkpoint(const Config& config, Trainer& trainer, Communicator& comm);
+
+// The directory `spec` names: "latest" (the newest complete checkpoint in ckpt.path) or a path.
+// Throws std::runtime_error when there is none.
+std::string resolve_checkpoint(const Config& config, const std::string& spec);
+
+// Loads a checkpoint into the trainer (parameters, optimizer state, step, data position),
+// resharding to this world size. Collective. Throws std::runtime_error naming the checkpoint for
+// one that is partial, damaged or of another model; nothing is modified in that case.
+void load_checkpoint(const std::string& dir, Trainer& trainer, Communicator& comm);
+
+}  // namespace zb

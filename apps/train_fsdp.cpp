@@ -105,6 +105,7 @@ int run(const zb::CommandLine& cl) {
                      c10::toString(trainer.compute_dtype()), at::get_num_threads(),
                      cfg.train.reshard_after_forward ? "true" : "false"));
   for (const auto& line : trainer.optimizer().describe()) zb::log::info("optimizer " + line);
+  if (!cfg.ckpt.init_from.empty()) zb::init_from_hf(cfg.ckpt.init_from, trainer);
   if (!cfg.ckpt.resume.empty())
     zb::load_checkpoint(zb::resolve_checkpoint(cfg, cfg.ckpt.resume), trainer, comm);
   std::signal(SIGTERM, request_stop);

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Checkpoints end to end with real processes:
-#   checkpoints.sh exact_resume|other_world_size|signal|kill_during_save|bad_checkpoint TRAIN_FSDP CONFIG
+#   checkpoints.sh exact_resume|other_world_size|signal|kill_during_save|bad_checkpoint|hf_export|hf_roundtrip
+#                  TRAIN_FSDP CONFIG PYTHON
 set -u
-what=$1 train=$2 config=$3
+what=$1 train=$2 config=$3 python=${4:-python3}
+export_hf="$(dirname "$train")/export_hf"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # The debug model at 64 tokens; 24 sequences per step divide over 1, 2, 3 and 4 ranks.
@@ -98,6 +100,28 @@ bad_checkpoint)
   echo "$out" | grep -q "not a complete checkpoint (no meta.json)" && [ $rc -ne 0 ] || fail "partial: $out"
   [ "$before" = "$(cat "$ck"/* | sha256sum)" ] || fail "the checkpoint changed"
   echo "other model, damaged and partial checkpoints refused; the checkpoint is untouched"
+  ;;
+hf_export)
+  # A checkpoint saved on 2 ranks, exported; transformers' LlamaForCausalLM gives our logits.
+  run_ranks 2 "$work/a.log" --ckpt.path "$work/a" --optim.total_steps 3
+  wait_ranks || fail "run"
+  "$export_hf" "$work/a/step_00000003" "$work/hf" --check-logits || fail "export"
+  "$python" "$(dirname "$0")/reference/hf_check.py" "$work/hf" 2>/dev/null || fail "logits differ"
+  ;;
+hf_roundtrip)
+  # export -> import as a run's initial weights (2 ranks, one step at lr 0: the linear schedule's
+  # multiplier is 0 at its last step) -> checkpoint -> export: the same bytes.
+  run_ranks 2 "$work/a.log" --ckpt.path "$work/a" --optim.total_steps 3
+  wait_ranks || fail "run"
+  "$export_hf" "$work/a/step_00000003" "$work/hf1" || fail "export 1"
+  run_ranks 2 "$work/b.log" --ckpt.path "$work/b" --ckpt.init_from "$work/hf1" \
+    --optim.sched_type linear --optim.warmup_steps 0 --optim.total_steps 1
+  wait_ranks || fail "run from the exported model"
+  grep -q "initial weights from" "$work/b.log.0" || fail "no import"
+  "$export_hf" "$work/b/step_00000001" "$work/hf2" || fail "export 2"
+  cmp "$work/hf1/model.safetensors" "$work/hf2/model.safetensors" || fail "safetensors differ"
+  cmp "$work/hf1/config.json" "$work/hf2/config.json" || fail "config differs"
+  echo "export -> import -> export: byte-identical ($(stat -c %s "$work/hf1/model.safetensors") bytes)"
   ;;
 esac
 echo PASS

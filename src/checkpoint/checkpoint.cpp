@@ -17,6 +17,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "checkpoint/hf_export.h"
 #include "util/fs.h"
 #include "util/log.h"
 
@@ -141,6 +142,12 @@ std::string save_checkpoint(const Config& config, Trainer& trainer, Communicator
         {"type_model", config.type_model},
         {"seed", config.runtime.seed},
         {"shapes", shapes},
+        {"model_args", {{"dim", trainer.model_args().dim}, {"n_layers", trainer.model_args().n_layers},
+                        {"n_heads", trainer.model_args().n_heads}, {"n_kv_heads", trainer.model_args().n_kv_heads},
+                        {"vocab_size", trainer.model_args().vocab_size}, {"multiple_of", trainer.model_args().multiple_of},
+                        {"ffn_dim_multiplier", trainer.model_args().ffn_dim_multiplier},
+                        {"norm_eps", trainer.model_args().norm_eps}, {"rope_theta", trainer.model_args().rope_theta},
+                        {"max_seq_len", trainer.model_args().max_seq_len}}},
         {"data_rows_consumed_per_rank", trainer.data().state().rows_consumed},
     };
     write_all(tmp_dir + "/meta.json", meta.dump(1));
@@ -268,6 +275,24 @@ void load_checkpoint(const std::string& dir, Trainer& trainer, Communicator& com
   trainer.restore_position(step, static_cast<uint64_t>(meta["seed"].get<int64_t>()));
   log::info(strf("resumed from %s: step %ld, saved on %ld rank(s), now on %ld", dir.c_str(), step,
                  saved_world, comm.size()));
+}
+
+void init_from_hf(const std::string& dir, Trainer& trainer) {
+  ModelArgs args;
+  const TensorMap full = read_hf_model(dir, &args);
+  std::vector<std::pair<at::Tensor, at::Tensor>> assignments;
+  for (const auto& np : trainer.engine().sharded_parameters()) {
+    const FSDPParam* p = trainer.engine().param(np.name);
+    const auto it = full.find(np.name);
+    if (it == full.end() || it->second.sizes().vec() != p->full_shape)
+      throw std::runtime_error("model " + dir + ": " + np.name + " is missing or has another shape than " +
+                               json(p->full_shape).dump() + " (another model?)");
+    const int64_t start = std::min(p->rows, trainer.engine().comm().rank() * p->rows_per_rank);
+    assignments.emplace_back(*np.slot, it->second.narrow(0, start, p->local_rows));
+  }
+  at::NoGradGuard no_grad;
+  for (auto& [dst, value] : assignments) dst.copy_(value);
+  log::info("initial weights from " + dir);
 }
 
 }  // namespace zb

@@ -33,4 +33,8 @@ std::string resolve_checkpoint(const Config& config, const std::string& spec);
 // one that is partial, damaged or of another model; nothing is modified in that case.
 void load_checkpoint(const std::string& dir, Trainer& trainer, Communicator& comm);
 
+// Starts a run from a Hugging Face model directory (as export_hf writes): every rank takes its
+// rows of each parameter. Throws naming the directory for another model's shapes.
+void init_from_hf(const std::string& dir, Trainer& trainer);
+
 }  // namespace zb

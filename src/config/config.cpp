@@ -173,6 +173,8 @@ const std::vector<Field>& schema() {
       ZB_FIELD("ckpt.keep", Int, int64_t, ckpt.keep, "newest checkpoints to keep (0 = all)"),
       ZB_FIELD("ckpt.resume", String, std::string, ckpt.resume,
                "resume from a checkpoint directory, or \"latest\" in ckpt.path"),
+      ZB_FIELD("ckpt.init_from", String, std::string, ckpt.init_from,
+               "initial weights from a Hugging Face model directory (as export_hf writes)"),
       ZB_FIELD("logging.level", String, std::string, logging.level, "debug | info | warn | error"),
       ZB_FIELD("logging.metrics_file", String, std::string, logging.metrics_file,
                "JSON-lines metrics (default outputs/<name_model>-<time>/metrics.jsonl)"),

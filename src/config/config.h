@@ -96,6 +96,7 @@ struct CheckpointConfig {  // [ckpt]
   int64_t interval = 0;  // save every N steps (0 = only at the end and on SIGTERM/SIGINT)
   int64_t keep = 3;      // newest checkpoints kept (0 = all)
   std::string resume;    // a checkpoint directory, or "latest" (the newest in path)
+  std::string init_from;  // a Hugging Face model directory for the initial weights
 };
 
 struct LoggingConfig {  // [logging]

@@ -1,0 +1,46 @@
+// export_hf: a sharded checkpoint (from any number of ranks) as a Hugging Face model directory
+// (model.safetensors + config.json) that transformers' LlamaForCausalLM loads.
+//
+//   export_hf CHECKPOINT_DIR OUT_DIR [--check-logits]
+//
+// --check-logits also writes OUT_DIR/check_tokens.bin (int64) and check_logits.bin (fp32): our
+// model's logits on a fixed token sequence, for comparing with transformers.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "checkpoint/hf_export.h"
+#include "model/llama.h"
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: export_hf CHECKPOINT_DIR OUT_DIR [--check-logits]\n");
+    return 2;
+  }
+  try {
+    zb::ModelArgs args;
+    const zb::TensorMap params = zb::consolidate_checkpoint(argv[1], &args);
+    zb::write_hf_model(argv[2], args, params);
+    std::printf("export_hf: %zu tensors of %s written to %s\n", params.size(), argv[1], argv[2]);
+    if (argc > 3 && std::string(argv[3]) == "--check-logits") {
+      zb::Llama model(args, at::TensorOptions());
+      at::NoGradGuard no_grad;
+      for (const auto& p : model.parameters()) p.slot->copy_(params.at(p.name));
+      const int64_t T = std::min<int64_t>(16, args.max_seq_len);
+      at::Tensor tokens = ((at::arange(T, at::kLong) * 7 + 3) % args.vocab_size).unsqueeze(0);
+      at::Tensor logits = model.forward(tokens).contiguous();
+      const std::string out = argv[2];
+      std::ofstream(out + "/check_tokens.bin", std::ios::binary)
+          .write(static_cast<const char*>(tokens.data_ptr()), tokens.numel() * 8);
+      std::ofstream(out + "/check_logits.bin", std::ios::binary)
+          .write(static_cast<const char*>(logits.data_ptr()), logits.numel() * 4);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "export_hf: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

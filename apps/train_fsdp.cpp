@@ -134,6 +134,7 @@ int run(const zb::CommandLine& cl) {
   meter.record(0, seconds());
   const int64_t tokens_per_step = trainer.tokens_per_step();
   int64_t last_saved = -1;
+  zb::CheckpointWriter checkpoints(cfg, comm);
   for (int64_t step = trainer.step() + 1; step <= cfg.optim.total_steps; ++step) {
     const zb::CommStats before = comm.stats();
     zb::StepStats s;
@@ -162,11 +163,12 @@ int run(const zb::CommandLine& cl) {
     const bool stopping = stop.item<double>() > 0;
     if (!cfg.ckpt.path.empty() && ((cfg.ckpt.interval > 0 && step % cfg.ckpt.interval == 0) || stopping ||
                                    step == cfg.optim.total_steps)) {
-      const std::string dir = zb::save_checkpoint(cfg, trainer, comm);
+      const std::string dir = checkpoints.save(trainer);  // written in the background
       last_saved = step;
-      zb::log::info(strf("saved checkpoint %s", dir.c_str()));
+      zb::log::info(strf("saving checkpoint %s", dir.c_str()));
     }
     if (stopping) {
+      checkpoints.finish();
       zb::log::warn(strf("stopped by a signal after step %ld%s", step,
                          last_saved == step ? " (checkpoint saved)" : " (no ckpt.path: nothing saved)"));
       return 0;
@@ -205,6 +207,7 @@ int run(const zb::CommandLine& cl) {
     }
     if (val_loss) zb::log::info(strf("step %ld/%ld | val_loss %.4f", step, cfg.optim.total_steps, *val_loss));
   }
+  checkpoints.finish();  // the last checkpoint is on disk before we exit
   zb::log::info(strf("done: %ld steps, %s tokens in %s", cfg.optim.total_steps,
                      with_commas(cfg.optim.total_steps * tokens_per_step).c_str(),
                      zb::format_duration(seconds()).c_str()));

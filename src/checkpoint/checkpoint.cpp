@@ -3,6 +3,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 #include <dirent.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -99,84 +100,123 @@ void barrier(Communicator& comm) { comm.barrier(); }
 
 }  // namespace
 
-std::string save_checkpoint(const Config& config, Trainer& trainer, Communicator& comm) {
-  const std::string root = config.ckpt.path;
+namespace {
+
+// Rank 0, once every rank's files are complete: metadata, rename into place, latest, pruning.
+void publish(const std::string& root, int64_t step, const std::string& tmp_dir,
+             const std::string& final_dir, const json& meta, int64_t keep) {
+  write_all(tmp_dir + "/meta.json", meta.dump(1));
+  // Into place: an older checkpoint of the same step moves aside first and goes only after.
+  const std::string aside = root + "/.old-" + step_name(step);
+  if (exists(final_dir)) {
+    remove_tree(aside);
+    if (::rename(final_dir.c_str(), aside.c_str()) != 0)
+      throw std::runtime_error("cannot move " + final_dir + " aside");
+  }
+  if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0)
+    throw std::runtime_error("cannot rename " + tmp_dir + " to " + final_dir);
+  remove_tree(aside);
+  write_all(root + "/latest.tmp", step_name(step) + "\n");
+  ::rename((root + "/latest.tmp").c_str(), (root + "/latest").c_str());
+  if (keep > 0) {
+    std::vector<std::string> steps;
+    if (DIR* dir = ::opendir(root.c_str())) {
+      while (dirent* e = ::readdir(dir))
+        if (std::strncmp(e->d_name, "step_", 5) == 0) steps.push_back(e->d_name);
+      ::closedir(dir);
+    }
+    std::sort(steps.begin(), steps.end());
+    for (size_t i = 0; i + static_cast<size_t>(keep) < steps.size(); ++i) remove_tree(root + "/" + steps[i]);
+  }
+}
+
+}  // namespace
+
+CheckpointWriter::~CheckpointWriter() {
+  try {
+    finish();
+  } catch (const std::exception& e) {
+    log::error(std::string("checkpoint: ") + e.what());
+  }
+}
+
+void CheckpointWriter::finish() {
+  if (writer_.joinable()) writer_.join();
+  if (!error_.empty()) {
+    const std::string e = error_;
+    error_.clear();
+    throw std::runtime_error("saving the checkpoint failed: " + e);
+  }
+}
+
+std::string CheckpointWriter::save(Trainer& trainer) {
+  finish();  // one save at a time
+  const std::string root = config_.ckpt.path;
   const int64_t step = trainer.step();
   const std::string final_dir = root + "/" + step_name(step);
   const std::string tmp_dir = root + "/.tmp-" + step_name(step);
-  if (comm.rank() == 0) {
+  if (comm_.rank() == 0) {
     make_directories(root);
     remove_tree(tmp_dir);  // a save that crashed earlier
     make_directories(tmp_dir);
   }
-  barrier(comm);
+  comm_.barrier();  // the directory exists for everyone
 
-  // This rank's rows, copied to host memory, then written with their index.
-  std::string bytes;
+  // This rank's rows, copied to host memory now; the disk is written in the background.
+  auto bytes = std::make_shared<std::string>();
   json index = json::array();
   {
     at::NoGradGuard no_grad;
-    for (const Entry& e : state_entries(trainer, comm.rank())) {
+    for (const Entry& e : state_entries(trainer, comm_.rank())) {
       at::Tensor host = e.tensor.detach().to(at::kCPU, at::kFloat).contiguous();
       index.push_back({{"name", e.name}, {"global_shape", e.global_shape}, {"row_start", e.row_start},
-                       {"rows", e.rows}, {"offset", bytes.size()}, {"numel", host.numel()}});
-      bytes.append(static_cast<const char*>(host.data_ptr()), host.numel() * sizeof(float));
+                       {"rows", e.rows}, {"offset", bytes->size()}, {"numel", host.numel()}});
+      bytes->append(static_cast<const char*>(host.data_ptr()), host.numel() * sizeof(float));
     }
   }
-  write_all(tmp_dir + "/" + rank_name(comm.rank(), "bin"), bytes);
-  write_all(tmp_dir + "/" + rank_name(comm.rank(), "json"), index.dump());
-  barrier(comm);  // every rank's files are complete
-
-  if (comm.rank() == 0) {
+  json meta;
+  if (comm_.rank() == 0) {
     json shapes = json::object();
     for (const auto& np : trainer.engine().sharded_parameters())
       shapes[np.name] = trainer.engine().param(np.name)->full_shape;
-    const json meta = {
+    const ModelArgs& a = trainer.model_args();
+    meta = {
         {"format", "zeroband-cpp checkpoint"},
         {"version", kCheckpointFormatVersion},
         {"step", step},
         {"tokens_seen", step * trainer.tokens_per_step()},
-        {"world_size", comm.size()},
-        {"config", config.source},
-        {"name_model", config.name_model},
-        {"type_model", config.type_model},
-        {"seed", config.runtime.seed},
+        {"world_size", comm_.size()},
+        {"config", config_.source},
+        {"name_model", config_.name_model},
+        {"type_model", config_.type_model},
+        {"seed", config_.runtime.seed},
         {"shapes", shapes},
-        {"model_args", {{"dim", trainer.model_args().dim}, {"n_layers", trainer.model_args().n_layers},
-                        {"n_heads", trainer.model_args().n_heads}, {"n_kv_heads", trainer.model_args().n_kv_heads},
-                        {"vocab_size", trainer.model_args().vocab_size}, {"multiple_of", trainer.model_args().multiple_of},
-                        {"ffn_dim_multiplier", trainer.model_args().ffn_dim_multiplier},
-                        {"norm_eps", trainer.model_args().norm_eps}, {"rope_theta", trainer.model_args().rope_theta},
-                        {"max_seq_len", trainer.model_args().max_seq_len}}},
+        {"model_args", {{"dim", a.dim}, {"n_layers", a.n_layers}, {"n_heads", a.n_heads},
+                        {"n_kv_heads", a.n_kv_heads}, {"vocab_size", a.vocab_size},
+                        {"multiple_of", a.multiple_of}, {"ffn_dim_multiplier", a.ffn_dim_multiplier},
+                        {"norm_eps", a.norm_eps}, {"rope_theta", a.rope_theta},
+                        {"max_seq_len", a.max_seq_len}}},
         {"data_rows_consumed_per_rank", trainer.data().state().rows_consumed},
     };
-    write_all(tmp_dir + "/meta.json", meta.dump(1));
-    // Into place: an older checkpoint of the same step moves aside first and goes only after.
-    const std::string aside = root + "/.old-" + step_name(step);
-    if (exists(final_dir)) {
-      remove_tree(aside);
-      if (::rename(final_dir.c_str(), aside.c_str()) != 0)
-        throw std::runtime_error("cannot move " + final_dir + " aside");
-    }
-    if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0)
-      throw std::runtime_error("cannot rename " + tmp_dir + " to " + final_dir);
-    remove_tree(aside);
-    write_all(root + "/latest.tmp", step_name(step) + "\n");
-    ::rename((root + "/latest.tmp").c_str(), (root + "/latest").c_str());
-    // Keep the newest `keep`.
-    if (config.ckpt.keep > 0) {
-      std::vector<std::string> steps;
-      if (DIR* dir = ::opendir(root.c_str())) {
-        while (dirent* e = ::readdir(dir))
-          if (std::strncmp(e->d_name, "step_", 5) == 0) steps.push_back(e->d_name);
-        ::closedir(dir);
-      }
-      std::sort(steps.begin(), steps.end());
-      for (size_t i = 0; i + static_cast<size_t>(config.ckpt.keep) < steps.size(); ++i)
-        remove_tree(root + "/" + steps[i]);
-    }
   }
-  barrier(comm);  // nobody goes on (or exits) before the checkpoint is in place
+  const auto store = comm_.store();
+  const int64_t rank = comm_.rank(), world = comm_.size(), keep = config_.ckpt.keep;
+  const std::string done_key = "zb/ckpt/" + std::to_string(step) + "/written";
+  const std::string complete_key = "zb/ckpt/" + std::to_string(step) + "/complete";
+  writer_ = std::thread([=] {
+    try {
+      write_all(tmp_dir + "/" + rank_name(rank, "bin"), *bytes);
+      write_all(tmp_dir + "/" + rank_name(rank, "json"), index.dump());
+      if (store) {
+        // The last rank to finish announces it; rank 0 waits for that, then publishes.
+        if (store->add(done_key, 1) == world) store->set(complete_key, std::vector<uint8_t>{1});
+        if (rank == 0) store->wait({complete_key}, std::chrono::hours(24));
+      }
+      if (rank == 0) publish(root, step, tmp_dir, final_dir, meta, keep);
+    } catch (const std::exception& e) {
+      error_ = e.what();
+    }
+  });
   return final_dir;
 }
 

@@ -11,6 +11,7 @@
 //   <ckpt.path>/latest                           the name of the newest complete checkpoint
 #include <cstdint>
 #include <string>
+#include <thread>
 
 #include "config/config.h"
 #include "dist/comm.h"
@@ -20,9 +21,26 @@ namespace zb {
 
 constexpr int kCheckpointFormatVersion = 1;
 
-// Saves the trainer's state after `trainer.step()` steps into ckpt.path. Collective: every rank
-// calls it. Returns the checkpoint's directory.
-std::string save_checkpoint(const Config& config, Trainer& trainer, Communicator& comm);
+// Saves the trainer's state after `trainer.step()` steps into ckpt.path. Every rank calls save()
+// at the same step: it copies this rank's shards to host memory and returns; a background thread
+// writes them, and rank 0 renames the checkpoint into place once every rank has written (the
+// ranks count themselves in the rendezvous store, off the collectives' path). A save waits for
+// the previous one; finish() waits for the last (call it before exiting).
+class CheckpointWriter {
+ public:
+  CheckpointWriter(const Config& config, Communicator& comm) : config_(config), comm_(comm) {}
+  ~CheckpointWriter();
+  // Returns the directory the checkpoint will have.
+  std::string save(Trainer& trainer);
+  // Waits for the save in flight; rethrows its error, if any.
+  void finish();
+
+ private:
+  const Config& config_;
+  Communicator& comm_;
+  std::thread writer_;
+  std::string error_;
+};
 
 // The directory `spec` names: "latest" (the newest complete checkpoint in ckpt.path) or a path.
 // Throws std::runtime_error when there is none.

@@ -75,6 +75,9 @@ class Communicator {
   void barrier();
 
   CommStats& stats() { return stats_; }
+  // The rendezvous store (null for a single process), for coordination off the collectives'
+  // path (the checkpoint writer's thread uses it).
+  const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
 
  private:
   friend class PendingCollective;

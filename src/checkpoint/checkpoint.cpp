@@ -78,26 +78,6 @@ void write_all(const std::string& path, const std::string& bytes) {
   ::close(fd);
 }
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-bool exists(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
-}
-
-void remove_tree(const std::string& path) {
-  if (exists(path) && std::system(("rm -rf '" + path + "'").c_str()) != 0)
-    throw std::runtime_error("cannot remove " + path);
-}
-
-void barrier(Communicator& comm) { comm.barrier(); }
-
 }  // namespace
 
 namespace {
@@ -108,7 +88,7 @@ void publish(const std::string& root, int64_t step, const std::string& tmp_dir,
   write_all(tmp_dir + "/meta.json", meta.dump(1));
   // Into place: an older checkpoint of the same step moves aside first and goes only after.
   const std::string aside = root + "/.old-" + step_name(step);
-  if (exists(final_dir)) {
+  if (path_exists(final_dir)) {
     remove_tree(aside);
     if (::rename(final_dir.c_str(), aside.c_str()) != 0)
       throw std::runtime_error("cannot move " + final_dir + " aside");
@@ -223,18 +203,18 @@ std::string CheckpointWriter::save(Trainer& trainer) {
 std::string resolve_checkpoint(const Config& config, const std::string& spec) {
   if (spec != "latest") return spec;
   const std::string latest = config.ckpt.path + "/latest";
-  if (!exists(latest)) throw std::runtime_error("no checkpoint to resume in " + config.ckpt.path + " (no 'latest')");
-  std::string name = read_all(latest);
+  if (!path_exists(latest)) throw std::runtime_error("no checkpoint to resume in " + config.ckpt.path + " (no 'latest')");
+  std::string name = read_file(latest);
   name.erase(name.find_last_not_of(" \n") + 1);
   return config.ckpt.path + "/" + name;
 }
 
 void load_checkpoint(const std::string& dir, Trainer& trainer, Communicator& comm) {
   auto fail = [&](const std::string& what) { return std::runtime_error("checkpoint " + dir + ": " + what); };
-  if (!exists(dir + "/meta.json")) throw fail("not a complete checkpoint (no meta.json)");
+  if (!path_exists(dir + "/meta.json")) throw fail("not a complete checkpoint (no meta.json)");
   json meta;
   try {
-    meta = json::parse(read_all(dir + "/meta.json"));
+    meta = json::parse(read_file(dir + "/meta.json"));
   } catch (const json::exception& e) {
     throw fail(std::string("damaged meta.json: ") + e.what());
   }
@@ -261,9 +241,9 @@ void load_checkpoint(const std::string& dir, Trainer& trainer, Communicator& com
   for (int64_t s = 0; s < saved_world; ++s) {
     const std::string idx_path = dir + "/" + rank_name(s, "json");
     const std::string bin_path = dir + "/" + rank_name(s, "bin");
-    if (!exists(idx_path) || !exists(bin_path)) throw fail("missing the files of rank " + std::to_string(s));
+    if (!path_exists(idx_path) || !path_exists(bin_path)) throw fail("missing the files of rank " + std::to_string(s));
     try {
-      indices[s] = json::parse(read_all(idx_path));
+      indices[s] = json::parse(read_file(idx_path));
     } catch (const json::exception& e) {
       throw fail("damaged " + rank_name(s, "json") + ": " + e.what());
     }

@@ -19,14 +19,6 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // Our name -> Hugging Face's.
 std::string hf_name(const std::string& ours) {
   static const std::vector<std::pair<std::string, std::string>> parts = {
@@ -65,7 +57,7 @@ at::Tensor rope_rows_from_hf(const at::Tensor& w, int64_t heads) {
 }
 
 TensorMap consolidate_checkpoint(const std::string& dir, ModelArgs* args) {
-  const json meta = json::parse(read_all(dir + "/meta.json"));
+  const json meta = json::parse(read_file(dir + "/meta.json"));
   if (args) {
     const json& m = meta.at("model_args");
     args->dim = m["dim"], args->n_layers = m["n_layers"], args->n_heads = m["n_heads"],
@@ -80,8 +72,8 @@ TensorMap consolidate_checkpoint(const std::string& dir, ModelArgs* args) {
   for (int64_t s = 0; s < world; ++s) {
     char stem[32];
     std::snprintf(stem, sizeof stem, "/rank_%05ld", s);
-    const json index = json::parse(read_all(dir + stem + ".json"));
-    const std::string bytes = read_all(dir + stem + ".bin");
+    const json index = json::parse(read_file(dir + stem + ".json"));
+    const std::string bytes = read_file(dir + stem + ".bin");
     for (const auto& e : index) {
       const std::string name = e["name"];
       if (name.rfind("model/", 0) != 0) continue;
@@ -135,7 +127,7 @@ void write_hf_model(const std::string& out_dir, const ModelArgs& a, const Tensor
 }
 
 TensorMap read_hf_model(const std::string& dir, ModelArgs* out_args) {
-  const json c = json::parse(read_all(dir + "/config.json"));
+  const json c = json::parse(read_file(dir + "/config.json"));
   ModelArgs a;
   a.dim = c.at("hidden_size"), a.n_layers = c.at("num_hidden_layers"), a.n_heads = c.at("num_attention_heads");
   a.n_kv_heads = c.value("num_key_value_heads", a.n_heads), a.vocab_size = c.at("vocab_size");
@@ -145,7 +137,7 @@ TensorMap read_hf_model(const std::string& dir, ModelArgs* out_args) {
   a.ffn_dim_multiplier = c.value("zeroband_ffn_dim_multiplier", 0.0);
   if (out_args) *out_args = a;
 
-  const std::string bytes = read_all(dir + "/model.safetensors");
+  const std::string bytes = read_file(dir + "/model.safetensors");
   uint64_t n = 0;
   std::memcpy(&n, bytes.data(), 8);
   const json header = json::parse(bytes.substr(8, n));

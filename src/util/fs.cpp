@@ -3,6 +3,9 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <cstring>
 #include <stdexcept>
 
@@ -25,6 +28,24 @@ std::string parent_directory(const std::string& path) {
   const auto slash = path.rfind('/');
   if (slash == std::string::npos) return "";
   return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+bool path_exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void remove_tree(const std::string& path) {
+  if (path_exists(path) && std::system(("rm -rf '" + path + "'").c_str()) != 0)
+    throw std::runtime_error("cannot remove " + path);
 }
 
 }  // namespace zb

@@ -94,6 +94,8 @@ const std::vector<Field>& schema() {
       ZB_FIELD("train.torch_compile", Bool, bool, train.torch_compile,
                "accepted for ZeroBand configs; ignored (no compiler in C++)"),
 
+      ZB_FIELD("train.bucket_mb", Float, double, train.bucket_mb,
+               "train_ddp: size of the gradient all-reduce buckets in MiB"),
       ZB_FIELD("optim.sched_type", String, std::string, optim.sched_type,
                "learning-rate schedule: cosine | linear | wsd-sqrt"),
       ZB_FIELD("optim.warmup_steps", Int, int64_t, optim.warmup_steps, "linear warmup steps"),
@@ -442,6 +444,7 @@ void validate(const Config& c, int64_t world_size) {
   // Training and batch arithmetic.
   positive("train.micro_bs", c.train.micro_bs);
   non_negative("train.ac_ckpt", c.train.ac_ckpt);
+  positive("train.bucket_mb", c.train.bucket_mb);
   positive("optim.batch_size", c.optim.batch_size);
   if (c.optim.batch_size % (world_size * c.train.micro_bs) != 0)
     fail("optim.batch_size", "optim.batch_size (" + show(c.optim.batch_size) +

@@ -30,6 +30,7 @@ struct TrainConfig {  // [train]
   int64_t ac_ckpt = 0;  // 0: off; N: recompute every N-th block (true = 1)
   bool reshard_after_forward = true;
   bool torch_compile = true;  // accepted for ZeroBand files; there is no compiler in C++
+  double bucket_mb = 25;      // train_ddp: gradient all-reduce bucket size
 };
 
 struct OptimizerConfig {  // [optim.optim]

@@ -17,6 +17,7 @@
 #include "fsdp/fsdp_param.h"
 #include "fsdp/fsdp_unit.h"
 #include "model/llama.h"
+#include "model/parallel_model.h"
 
 namespace zb {
 
@@ -31,28 +32,28 @@ struct FSDPOptions {
   int64_t checkpoint_every = 0;
 };
 
-class FSDPEngine {
+class FSDPEngine : public ParallelModel {
  public:
   // Shards every parameter of `model` (whose values must be identical on all ranks) and frees the
   // full copies; the model's slots are refilled with gathered tensors during forward.
   FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& options);
 
-  at::Tensor forward(const at::Tensor& tokens);
+  at::Tensor forward(const at::Tensor& tokens) override;
   // false on the micro-batches before the last: gradients accumulate unsharded, no collective.
-  void set_requires_gradient_sync(bool sync);
+  void set_requires_gradient_sync(bool sync) override;
   // Waits for the outstanding reduce-scatters, fills the sharded gradients and frees every
   // gathered parameter. Call after each backward.
-  void finish_backward();
+  void finish_backward() override;
 
   // The optimizer's view: sharded fp32 parameters under their model names, and the full shapes.
-  std::vector<NamedParameter> sharded_parameters();
-  std::vector<std::vector<int64_t>> global_shapes() const;
-  std::vector<at::Tensor> sharded_tensors() const;
+  std::vector<NamedParameter> sharded_parameters() override;
+  std::vector<std::vector<int64_t>> global_shapes() const override;
+  std::vector<at::Tensor> sharded_tensors() const override;
   // The parameter of that name (nullptr if none).
   const FSDPParam* param(const std::string& name) const;
   // Clips the sharded gradients by the global L2 norm over all ranks (one all-reduce) and returns
   // the norm before clipping.
-  at::Tensor clip_grad_norm_(double max_norm);
+  at::Tensor clip_grad_norm_(double max_norm) override;
   // The whole fp32 value of every parameter, gathered from the shards (for tests and saving).
   std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters();
 

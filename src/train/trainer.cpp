@@ -7,11 +7,13 @@
 
 #include "data/fake_data.h"
 #include "data/token_dataset.h"
+#include "ddp/ddp_engine.h"
+#include "ddp/replicated_muon.h"
 #include "fsdp/sharded_muon.h"
 
 namespace zb {
 
-Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device)
+Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, Parallelism parallelism)
     : config_(config), comm_(comm), device_(device) {
   compute_dtype_ = device.is_cuda() ? at::kBFloat16 : at::kFloat;
   if (config.runtime.compute_dtype == "float32") compute_dtype_ = at::kFloat;
@@ -23,14 +25,21 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device)
   model_->init_weights();
   model_->set_compute_dtype(compute_dtype_);
 
-  FSDPOptions fsdp;
-  fsdp.compute_dtype = compute_dtype_;
-  fsdp.reshard_after_forward = config.train.reshard_after_forward;
-  fsdp.checkpoint_every = config.train.ac_ckpt;
-  engine_ = std::make_unique<FSDPEngine>(*model_, comm, fsdp);
+  if (parallelism == Parallelism::FSDP) {
+    FSDPOptions fsdp;
+    fsdp.compute_dtype = compute_dtype_;
+    fsdp.reshard_after_forward = config.train.reshard_after_forward;
+    fsdp.checkpoint_every = config.train.ac_ckpt;
+    parallel_ = std::make_unique<FSDPEngine>(*model_, comm, fsdp);
+  } else {
+    parallel_ = std::make_unique<DDPEngine>(*model_, comm, config.train.bucket_mb);
+  }
 
-  optimizer_ = std::make_unique<Optimizer>(config, engine_->sharded_parameters(), engine_->global_shapes());
-  if (optimizer_->muon() && comm.size() > 1) make_muon_sharded(*optimizer_->muon(), comm);
+  optimizer_ = std::make_unique<Optimizer>(config, parallel_->sharded_parameters(), parallel_->global_shapes());
+  if (optimizer_->muon() && comm.size() > 1) {
+    if (parallelism == Parallelism::FSDP) make_muon_sharded(*optimizer_->muon(), comm);
+    else make_muon_replicated(*optimizer_->muon(), comm);
+  }
 
   // Data: token shards, or ZeroBand's fake documents. Shards are checked at start-up.
   const uint64_t seed = static_cast<uint64_t>(config.runtime.seed);
@@ -84,16 +93,16 @@ StepStats Trainer::train_step() {
     Batch batch = data_->next();
     at::Tensor inputs = batch.inputs.to(device_, /*non_blocking=*/true);
     at::Tensor targets = batch.targets.to(device_, /*non_blocking=*/true);
-    engine_->set_requires_gradient_sync(micro == accum_ - 1);
-    at::Tensor loss = cross_entropy(engine_->forward(inputs), targets) / static_cast<double>(accum_);
+    parallel_->set_requires_gradient_sync(micro == accum_ - 1);
+    at::Tensor loss = cross_entropy(parallel_->forward(inputs), targets) / static_cast<double>(accum_);
     loss.backward();
-    engine_->finish_backward();
+    parallel_->finish_backward();
     loss_sum += loss.detach();
   }
-  const at::Tensor grad_norm = engine_->clip_grad_norm_(config_.optim.max_norm);
+  const at::Tensor grad_norm = parallel_->clip_grad_norm_(config_.optim.max_norm);
   const double lr_multiplier = schedule_.multiplier(step_);
   optimizer_->step(lr_multiplier);
-  for (at::Tensor p : engine_->sharded_tensors()) p.mutable_grad().reset();
+  for (at::Tensor p : parallel_->sharded_tensors()) p.mutable_grad().reset();
 
   // The reported loss is the mean over the global batch: average the ranks' means.
   loss_sum /= static_cast<double>(comm_.size());
@@ -120,8 +129,8 @@ double Trainer::evaluate() {
   at::Tensor sum = at::zeros({1}, at::TensorOptions().device(device_));
   for (int64_t i = 0; i < config_.data.eval_batches; ++i) {
     Batch b = loader.next();
-    sum += cross_entropy(engine_->forward(b.inputs.to(device_)), b.targets.to(device_));
-    engine_->finish_backward();  // frees what forward gathered (no gradients to reduce)
+    sum += cross_entropy(parallel_->forward(b.inputs.to(device_)), b.targets.to(device_));
+    parallel_->finish_backward();  // frees what forward gathered (no gradients to reduce)
   }
   sum /= static_cast<double>(config_.data.eval_batches * comm_.size());
   comm_.all_reduce_sum(sum).wait();
@@ -136,6 +145,16 @@ void Trainer::restore_position(int64_t step, uint64_t seed) {
   step_ = step;
   const int64_t rows = step * accum_ * config_.train.micro_bs;  // this rank's rows per step
   data_->load_state({rows, seed, comm_.size()});
+}
+
+}  // namespace zb
+
+namespace zb {
+
+FSDPEngine& Trainer::engine() {
+  auto* fsdp = dynamic_cast<FSDPEngine*>(parallel_.get());
+  if (!fsdp) throw std::runtime_error("this needs the sharding engine (train_fsdp); not available under DDP");
+  return *fsdp;
 }
 
 }  // namespace zb

@@ -26,11 +26,14 @@ struct StepStats {
   std::vector<std::pair<std::string, double>> learning_rates;
 };
 
+enum class Parallelism { FSDP, DDP };
+
 class Trainer {
  public:
   // Builds everything; the model is initialised from runtime.seed identically on every rank and
-  // then sharded. `config` must be validated for comm.size() ranks.
-  Trainer(const Config& config, Communicator& comm, c10::Device device);
+  // then sharded (FSDP) or replicated (DDP). `config` must be validated for comm.size() ranks.
+  Trainer(const Config& config, Communicator& comm, c10::Device device,
+          Parallelism parallelism = Parallelism::FSDP);
 
   StepStats train_step();
   // Mean loss over data.eval_batches micro-batches per rank of the validation data (the same
@@ -46,7 +49,9 @@ class Trainer {
   int64_t tokens_per_step() const { return config_.optim.batch_size * config_.data.seq_length; }
   const ModelArgs& model_args() const { return model_->args(); }
   at::ScalarType compute_dtype() const { return compute_dtype_; }
-  FSDPEngine& engine() { return *engine_; }
+  // The sharding engine (FSDP runs only; checkpoints need it).
+  FSDPEngine& engine();
+  ParallelModel& parallel() { return *parallel_; }
   DataLoader& data() { return *data_; }
   Optimizer& optimizer() { return *optimizer_; }
 
@@ -56,7 +61,7 @@ class Trainer {
   c10::Device device_;
   at::ScalarType compute_dtype_;
   std::unique_ptr<Llama> model_;
-  std::unique_ptr<FSDPEngine> engine_;
+  std::unique_ptr<ParallelModel> parallel_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<DataLoader> data_;
   std::shared_ptr<const SampleSource> val_source_;

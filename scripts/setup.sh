@@ -9,6 +9,9 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE=${ZB_CACHE:-$HOME/.cache/zeroband-cpp}
 mkdir -p "$CACHE"
+# One setup at a time on this machine (clones share the cache).
+exec 9>"$CACHE/setup.lock"
+flock 9
 
 # --- Debian packages --------------------------------------------------------------------------
 APT_PACKAGES=(cmake ninja-build g++ ccache pkg-config

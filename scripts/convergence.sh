@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The DDP-vs-FSDP convergence reproduction: trains the same config, data and seed with
+# train_fsdp and with train_ddp on NPROC processes, then writes both metrics files, a CSV and a
+# PNG of the two loss curves, and prints the largest and the final difference.
+#
+#   scripts/convergence.sh [CONFIG] [NPROC] [extra train arguments...]
+#   scripts/convergence.sh                                    # CPU: configs/debug/convergence.toml, 2 ranks
+#   scripts/convergence.sh configs/150M/H100.toml 8 --data.dataset_name_or_paths DATA   # 8 GPUs
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+config=${1:-$ROOT/configs/debug/convergence.toml}
+nproc=${2:-2}
+shift $(( $# > 2 ? 2 : $# ))
+"$ROOT/scripts/build.sh" >/dev/null
+cd "$ROOT"
+out=${OUT:-outputs/convergence-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$out"
+threads=()
+[ -e /dev/nvidia0 ] || threads=(--runtime.num_threads 1)  # CPU ranks share the cores
+for app in train_fsdp train_ddp; do
+  echo "== $app on $nproc process(es): $config"
+  .venv/bin/torchrun --standalone --nproc_per_node="$nproc" --no-python "build/apps/$app" \
+    --config "$config" --logging.metrics_file "$out/$app.jsonl" "${threads[@]}" "$@" 2>&1 \
+    | grep -E "step [0-9]+/[0-9]+ \| (loss|val)|done|error" | awk 'NR % 5 == 1 || /val|done|error/'
+done
+.venv/bin/python scripts/compare_runs.py "$out/train_fsdp.jsonl" "$out/train_ddp.jsonl" "$out"

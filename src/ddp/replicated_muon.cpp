@@ -7,9 +7,7 @@
 namespace zb {
 
 void make_muon_replicated(Muon& muon, Communicator& comm) {
-  std::vector<std::vector<int64_t>> shapes;
-  for (const auto& p : muon.params()) shapes.push_back(p.global_shape);
-  const std::vector<int64_t> owner = assign_muon_owners(shapes, comm.size());
+  const std::vector<int64_t> owner = assign_muon_owners(muon, comm.size());
   muon.set_orthogonalizer([&muon, &comm, owner](const std::vector<at::Tensor>& inputs,
                                                 const std::vector<const Muon::Param*>& active) {
     TORCH_CHECK(active.size() == muon.params().size(),

@@ -9,18 +9,19 @@
 
 namespace zb {
 
-std::vector<int64_t> assign_muon_owners(const std::vector<std::vector<int64_t>>& shapes,
-                                        int64_t world_size) {
-  std::vector<double> cost(shapes.size());
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    const double r = static_cast<double>(shapes[i][0]), c = static_cast<double>(shapes[i][1]);
+std::vector<int64_t> assign_muon_owners(const Muon& muon, int64_t world_size) {
+  const auto& params = muon.params();
+  std::vector<double> cost(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const double r = static_cast<double>(params[i].global_shape[0]);
+    const double c = static_cast<double>(params[i].global_shape[1]);
     cost[i] = r * c * std::min(r, c);
   }
-  std::vector<size_t> order(shapes.size());
+  std::vector<size_t> order(params.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
   std::vector<double> load(static_cast<size_t>(world_size), 0.0);
-  std::vector<int64_t> owner(shapes.size());
+  std::vector<int64_t> owner(params.size());
   for (size_t i : order) {
     const auto least = std::min_element(load.begin(), load.end()) - load.begin();
     owner[i] = least;
@@ -30,9 +31,7 @@ std::vector<int64_t> assign_muon_owners(const std::vector<std::vector<int64_t>>&
 }
 
 void make_muon_sharded(Muon& muon, Communicator& comm) {
-  std::vector<std::vector<int64_t>> shapes;
-  for (const auto& p : muon.params()) shapes.push_back(p.global_shape);
-  const std::vector<int64_t> owner = assign_muon_owners(shapes, comm.size());
+  const std::vector<int64_t> owner = assign_muon_owners(muon, comm.size());
 
   muon.set_orthogonalizer([&muon, &comm, owner](const std::vector<at::Tensor>& inputs,
                                                 const std::vector<const Muon::Param*>& active) {

@@ -13,10 +13,9 @@
 
 namespace zb {
 
-// Owner rank of each matrix given the global shapes, balancing the Newton-Schulz cost
-// (rows * cols * min(rows, cols)) greedily, largest first.
-std::vector<int64_t> assign_muon_owners(const std::vector<std::vector<int64_t>>& shapes,
-                                        int64_t world_size);
+// Owner rank of each of muon's matrices, balancing the Newton-Schulz cost
+// (rows * cols * min(rows, cols), global shapes) greedily, largest first; the same on every rank.
+std::vector<int64_t> assign_muon_owners(const Muon& muon, int64_t world_size);
 
 // Installs the sharded orthogonalisation stage on `muon`, whose parameters are this rank's rows
 // (FSDPParam layout: ceil(rows / W) rows per rank) of matrices with the global shapes it was

@@ -191,6 +191,9 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism) {
         {"mfu", mfu ? nlohmann::json(*mfu) : nlohmann::json(nullptr)},
         {"peak_memory_bytes", peak_mem},
         {"comm_wait_seconds", comm.stats().wait_seconds - before.wait_seconds},
+        {"forward_seconds", s.forward_seconds},
+        {"backward_seconds", s.backward_seconds},
+        {"optimizer_seconds", s.optimizer_seconds},
     };
     if (val_loss) record["val_loss"] = *val_loss;
     for (const auto& [group, lr] : s.learning_rates) record["lr"][group] = lr;

@@ -11,7 +11,9 @@ case $what in
 torchrun|mpirun)
   single=$("$train" "${common[@]}" 2>&1 | final_loss)
   if [ "$what" = torchrun ]; then
-    out=$("$bindir/torchrun" --standalone --nproc_per_node=2 --no-python "$train" "${common[@]}" 2>&1)
+    metrics=$(mktemp)
+    out=$("$bindir/torchrun" --standalone --nproc_per_node=2 --no-python "$train" "${common[@]}" \
+          --logging.metrics_file "$metrics" 2>&1)
   else
     out=$(mpirun --allow-run-as-root --oversubscribe -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$port \
           "$train" "${common[@]}" 2>&1)
@@ -24,6 +26,16 @@ torchrun|mpirun)
   echo "$out" | grep -q "world: 2 process(es) via" || { echo "FAIL: not 2 ranks"; exit 1; }
   # The same global batch and fp32 arithmetic: the printed losses (4 decimals) agree.
   [ -n "$single" ] && [ "$single" = "$two" ] || { echo "FAIL: losses differ"; exit 1; }
+  if [ "$what" = torchrun ]; then
+    # The metrics record what moved and where the time went.
+    "$bindir/python" - "$metrics" <<'PY' || { echo "FAIL: metrics"; exit 1; }
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])][-1]
+print("last metrics record:", {k: r[k] for k in ("comm_bytes", "comm_wait_seconds", "forward_seconds", "backward_seconds", "optimizer_seconds")})
+assert r["comm_bytes"]["all_gather"] > 0 and r["comm_bytes"]["reduce_scatter"] > 0 and r["comm_bytes"]["all_to_all"] > 0
+assert all(r[k] > 0 for k in ("forward_seconds", "backward_seconds", "optimizer_seconds"))
+PY
+  fi
   ;;
 killed_rank)
   # Two ranks on a long run; rank 1 is killed with SIGKILL after its first steps. Rank 0 must

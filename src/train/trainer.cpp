@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <ATen/Context.h>
+#include <chrono>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/zeros.h>
@@ -85,6 +86,9 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
 
 StepStats Trainer::train_step() {
   ++step_;
+  StepStats stats;
+  using clock = std::chrono::steady_clock;
+  auto since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
   // Forward/backward over this rank's micro-batches. Each loss is divided by the number of
   // micro-batches, so the accumulated gradient is that of the mean over the rank's samples; the
   // engine averages over ranks when it reduce-scatters on the last micro-batch.
@@ -94,20 +98,25 @@ StepStats Trainer::train_step() {
     at::Tensor inputs = batch.inputs.to(device_, /*non_blocking=*/true);
     at::Tensor targets = batch.targets.to(device_, /*non_blocking=*/true);
     parallel_->set_requires_gradient_sync(micro == accum_ - 1);
+    auto t = clock::now();
     at::Tensor loss = cross_entropy(parallel_->forward(inputs), targets) / static_cast<double>(accum_);
+    stats.forward_seconds += since(t);
+    t = clock::now();
     loss.backward();
     parallel_->finish_backward();
+    stats.backward_seconds += since(t);
     loss_sum += loss.detach();
   }
+  const auto optimizer_start = clock::now();
   const at::Tensor grad_norm = parallel_->clip_grad_norm_(config_.optim.max_norm);
   const double lr_multiplier = schedule_.multiplier(step_);
   optimizer_->step(lr_multiplier);
+  stats.optimizer_seconds = since(optimizer_start);
   for (at::Tensor p : parallel_->sharded_tensors()) p.mutable_grad().reset();
 
   // The reported loss is the mean over the global batch: average the ranks' means.
   loss_sum /= static_cast<double>(comm_.size());
   comm_.all_reduce_sum(loss_sum).wait();
-  StepStats stats;
   stats.step = step_;
   stats.loss = loss_sum.item<double>();  // the step's one host synchronisation (with the norm)
   stats.grad_norm = grad_norm.item<double>();

@@ -24,6 +24,10 @@ struct StepStats {
   double loss = 0;       // mean over the global batch
   double grad_norm = 0;  // before clipping
   std::vector<std::pair<std::string, double>> learning_rates;
+  // Host time of the step's phases, in seconds (forward includes the loss; backward includes
+  // waiting for the gradients' collectives; optimizer includes clipping). On CUDA these are the
+  // times to issue the work, not to run it.
+  double forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0;
 };
 
 enum class Parallelism { FSDP, DDP };

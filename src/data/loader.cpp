@@ -33,8 +33,6 @@ int64_t DataLoader::position_of(int64_t row) const {
   return (row / per_rank) * global_batch_ + rank_ * per_rank + row % per_rank;
 }
 
-int64_t DataLoader::next_position() const { return position_of(rows_); }
-
 int64_t DataLoader::sample_at(int64_t position) const {
   const int64_t n = source_->num_samples();
   if (n < 0) return position;  // endless source: its own order

@@ -75,8 +75,7 @@ class DataLoader {
 
   // The next micro-batch of this rank (CPU tensors).
   Batch next();
-  // The global position of this rank's next row, and the sample it maps to.
-  int64_t next_position() const;
+  // The sample a global position maps to.
   int64_t sample_at(int64_t position) const;
 
   LoaderState state() const { return {rows_, seed_, world_}; }
@@ -86,7 +85,7 @@ class DataLoader {
  private:
   const std::vector<int64_t>& permutation(int64_t epoch) const;
   Batch make_batch(int64_t first_row, bool pin_memory) const;
-  int64_t position_of(int64_t row) const;
+  int64_t position_of(int64_t row) const;  // global position of this rank's row-th row
   void stop_prefetch();
   void prefetch_loop();
 

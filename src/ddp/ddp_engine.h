@@ -32,7 +32,6 @@ class DDPEngine : public ParallelModel {
   std::vector<at::Tensor> sharded_tensors() const override;
   at::Tensor clip_grad_norm_(double max_norm) override;
 
-  size_t num_buckets() const { return buckets_.size(); }
   // Called by a bucket's autograd node.
   void bucket_ready(Bucket& bucket, const std::vector<at::Tensor>& grads);
 

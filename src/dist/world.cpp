@@ -31,30 +31,25 @@ struct Env {
 World detect_world(const std::map<std::string, std::string>& vars) {
   const Env env{vars};
   World w;
-  if (env.has("RANK") && env.has("WORLD_SIZE")) {
-    w.launcher = "torchrun";
-    w.rank = env.num("RANK", 0);
-    w.size = env.num("WORLD_SIZE", 1);
-    w.local_rank = env.num("LOCAL_RANK", w.rank);
-    w.local_size = env.num("LOCAL_WORLD_SIZE", w.size);
-  } else if (env.has("OMPI_COMM_WORLD_RANK")) {
-    w.launcher = "OpenMPI";
-    w.rank = env.num("OMPI_COMM_WORLD_RANK", 0);
-    w.size = env.num("OMPI_COMM_WORLD_SIZE", 1);
-    w.local_rank = env.num("OMPI_COMM_WORLD_LOCAL_RANK", w.rank);
-    w.local_size = env.num("OMPI_COMM_WORLD_LOCAL_SIZE", w.size);
-  } else if (env.has("PMI_RANK")) {
-    w.launcher = "MPICH/PMI";
-    w.rank = env.num("PMI_RANK", 0);
-    w.size = env.num("PMI_SIZE", 1);
-    w.local_rank = env.num("MPI_LOCALRANKID", w.rank);
-    w.local_size = env.num("MPI_LOCALNRANKS", w.size);
-  } else if (env.has("SLURM_PROCID")) {
-    w.launcher = "SLURM";
-    w.rank = env.num("SLURM_PROCID", 0);
-    w.size = env.num("SLURM_NTASKS", 1);
-    w.local_rank = env.num("SLURM_LOCALID", w.rank);
-    w.local_size = env.num("SLURM_NTASKS_PER_NODE", w.size);
+  // The first launcher whose rank variable is set; torchrun also needs WORLD_SIZE.
+  struct Launcher {
+    const char *name, *rank, *size, *local_rank, *local_size;
+  };
+  static const Launcher launchers[] = {
+      {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+      {"OpenMPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+       "OMPI_COMM_WORLD_LOCAL_SIZE"},
+      {"MPICH/PMI", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
+      {"SLURM", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+  };
+  for (const Launcher& l : launchers) {
+    if (!env.has(l.rank) || !env.has(l.size)) continue;
+    w.launcher = l.name;
+    w.rank = env.num(l.rank, 0);
+    w.size = env.num(l.size, 1);
+    w.local_rank = env.num(l.local_rank, w.rank);
+    w.local_size = env.num(l.local_size, w.size);
+    break;
   }
   w.master_addr = env.str("MASTER_ADDR", w.master_addr);
   w.master_port = env.num("MASTER_PORT", w.master_port);

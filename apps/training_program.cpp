@@ -75,6 +75,40 @@ void describe_model(const zb::Config& c, const zb::ModelArgs& a, int64_t world_s
                      zb::grad_accum_steps(c, world_size), world_size));
 }
 
+// The run as another implementation needs it to train the same model the same way: the resolved
+// shapes, batch and optimizer settings. scripts/bench_peer.py builds its PyTorch twin from this.
+nlohmann::json resolved_run(const zb::Config& c) {
+  const zb::ModelArgs a = zb::resolve_model_args(c);
+  const auto& o = c.optim;
+  return {
+      {"name_model", c.name_model},
+      {"type_model", c.type_model},
+      {"model", {{"dim", a.dim}, {"n_layers", a.n_layers}, {"n_heads", a.n_heads},
+                 {"n_kv_heads", a.n_kv_heads}, {"head_dim", a.head_dim()}, {"ffn_hidden", a.ffn_hidden()},
+                 {"vocab_size", a.vocab_size}, {"norm_eps", a.norm_eps}, {"rope_theta", a.rope_theta},
+                 {"max_seq_len", a.max_seq_len}}},
+      {"num_params", zb::count_params(a)},
+      {"flops_per_token", zb::flops_per_token(a, c.data.seq_length)},
+      {"seq_length", c.data.seq_length},
+      {"micro_bs", c.train.micro_bs},
+      {"batch_size", o.batch_size},
+      {"ac_ckpt", c.train.ac_ckpt},
+      {"reshard_after_forward", c.train.reshard_after_forward},
+      {"max_norm", o.max_norm},
+      {"schedule", {{"type", o.sched_type}, {"warmup_steps", o.warmup_steps},
+                    {"stable_steps", o.stable_steps}, {"total_steps", o.total_steps}}},
+      {"hidden", {{"type", o.optim.type}, {"lr", o.optim.lr}, {"wd", o.optim.wd},
+                  {"momentum", o.optim.momentum}, {"nesterov", o.optim.nesterov},
+                  {"ns_steps", o.optim.ns_steps}, {"update_scale", o.optim.update_scale}}},
+      {"adam", {{"lr_embedding", o.adam.lr_embedding}, {"lr_head", o.adam.lr_head},
+                {"lr_norm", o.adam.lr_norm}, {"betas", {o.adam.betas1, o.adam.betas2}},
+                {"eps", o.adam.eps}, {"wd", o.adam.wd}}},
+      {"runtime", {{"device", c.runtime.device}, {"compute_dtype", c.runtime.compute_dtype},
+                   {"seed", c.runtime.seed}, {"num_threads", c.runtime.num_threads},
+                   {"peak_flops", c.runtime.peak_flops}}},
+  };
+}
+
 int run(const zb::CommandLine& cl, zb::Parallelism parallelism) {
   const zb::Config& cfg = cl.config;
   if (parallelism == zb::Parallelism::DDP && (!cfg.ckpt.path.empty() || !cfg.ckpt.resume.empty()))
@@ -232,6 +266,10 @@ int training_main(int argc, char** argv, Parallelism parallelism, const char* pr
     const zb::CommandLine cl = zb::parse_command_line(argc, argv);
     if (cl.help) {
       std::cout << zb::help_text(program);
+      return 0;
+    }
+    if (cl.print_config) {
+      std::cout << resolved_run(cl.config).dump(2) << "\n";
       return 0;
     }
     return run(cl, parallelism);

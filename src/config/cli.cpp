@@ -13,6 +13,7 @@ cxxopts::Options make_options(const std::string& program) {
   options.add_options()
       ("config", "TOML config file (also: @ FILE)", cxxopts::value<std::string>())
       ("dry-run", "build the model and print sizes and FLOPs, then exit")
+      ("print-config", "print the resolved run (model shapes, batch, optimizers) as JSON, then exit")
       ("device", "shorthand for --runtime.device (auto | cpu | cuda)", cxxopts::value<std::string>())
       ("h,help", "print this help");
   options.allow_unrecognised_options();
@@ -55,6 +56,7 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   CommandLine cl;
   cl.help = result.count("help") > 0;
   cl.dry_run = result.count("dry-run") > 0;
+  cl.print_config = result.count("print-config") > 0;
   if (cl.help) return cl;
   if (!result.count("config"))
     throw ConfigError("command line: no config file given (use --config FILE or @ FILE)");

@@ -1,6 +1,6 @@
 #pragma once
 // The command line of the training apps:
-//   train_fsdp --config FILE [--dry-run] [--device cpu|cuda] [--<dotted.key> VALUE ...]
+//   train_fsdp --config FILE [--dry-run] [--print-config] [--device cpu|cuda] [--<dotted.key> VALUE ...]
 //   train_fsdp @ FILE ...            (ZeroBand's form; also @FILE)
 // Overrides: --optim.optim.lr 0.01, --train.micro_bs=4, --data.fake (true), --no-data.fake.
 #include <string>
@@ -13,6 +13,7 @@ struct CommandLine {
   Config config;
   bool help = false;
   bool dry_run = false;
+  bool print_config = false;  // the resolved run as JSON (scripts/bench_peer.py reads it)
 };
 
 // Throws ConfigError for unknown keys, bad values or a missing/unreadable config file.

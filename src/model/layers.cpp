@@ -11,6 +11,8 @@
 #include <ATen/ops/silu.h>
 #include <ATen/ops/sin.h>
 #include <ATen/ops/stack.h>
+#include <ATen/ops/view_as_complex.h>
+#include <ATen/ops/view_as_real.h>
 
 namespace zb {
 
@@ -27,22 +29,18 @@ RopeTables rope_tables(int64_t head_dim, int64_t max_positions, double theta,
   at::Tensor exponents = at::arange(0, head_dim, 2, f32) / static_cast<double>(head_dim);
   at::Tensor freqs = at::pow(theta, exponents).reciprocal();
   at::Tensor angles = at::outer(at::arange(max_positions, f32), freqs);
-  return {at::cos(angles), at::sin(angles)};
+  // cos + j sin, built as (cos, sin) pairs: at::polar has no meta-device kernel (dry runs).
+  return {at::view_as_complex(at::stack({at::cos(angles), at::sin(angles)}, -1))};
 }
 
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {
   const int64_t T = x.size(1), half = x.size(3) / 2;
-  // [T, Dh/2] -> [1, T, 1, Dh/2] to broadcast over batch and heads.
-  at::Tensor cos = rope.cos.slice(0, 0, T).view({1, T, 1, half});
-  at::Tensor sin = rope.sin.slice(0, 0, T).view({1, T, 1, half});
-  // fp32 arithmetic for reduced-precision inputs; float64 stays float64.
+  // One complex multiply per pair (a single elementwise kernel each way, where the cos/sin form
+  // took six): fp32 arithmetic for reduced-precision inputs; float64 stays float64.
   const auto work = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  cos = cos.to(work);
-  sin = sin.to(work);
-  at::Tensor pairs = x.to(work).unflatten(-1, {half, 2});
-  at::Tensor re = pairs.select(-1, 0), im = pairs.select(-1, 1);
-  at::Tensor out = at::stack({re * cos - im * sin, re * sin + im * cos}, -1);
-  return out.flatten(-2).to(x.scalar_type());
+  at::Tensor pairs = at::view_as_complex(x.to(work).unflatten(-1, {half, 2}));
+  at::Tensor cis = rope.cis.slice(0, 0, T).view({1, T, 1, half});  // broadcast over batch, heads
+  return at::view_as_real(pairs * cis).flatten(-2).to(x.scalar_type());
 }
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {

@@ -9,10 +9,10 @@ namespace zb {
 // x * rsqrt(mean(x^2, last dim) + eps) * weight, accumulated in fp32, returned in x's dtype.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
-// RoPE tables for positions [0, max_positions): cos and sin of pos * theta^(-2i/head_dim),
-// each [max_positions, head_dim/2], fp32 (float64 if `options` asks for it).
+// RoPE table for positions [0, max_positions): exp(j * pos * theta^(-2i/head_dim)) as complex
+// numbers, [max_positions, head_dim/2], complex64 (complex128 if `options` asks for float64).
 struct RopeTables {
-  at::Tensor cos, sin;
+  at::Tensor cis;
 };
 RopeTables rope_tables(int64_t head_dim, int64_t max_positions, double theta,
                        const at::TensorOptions& options);

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Throughput, MFU and memory of train_fsdp side by side with PyTorch's own FSDP2 on the same model,
+# batch, dtype, world size and optimizers (scripts/bench_peer.py), on fake data. Prints a table
+# and writes OUT/bench.json with both rows and the ratio ours / PyTorch.
+#
+#   scripts/bench.sh [CONFIG] [NPROC] [STEPS] [extra train arguments...]
+#   scripts/bench.sh                                    # CPU: configs/bench/cpu.toml, 2 Gloo ranks, 25 steps
+#   scripts/bench.sh configs/1B/H100.toml 1 30 --train.micro_bs 8   # one GPU, bf16
+#
+# Environment: OUT (output folder), WARMUP (first steps left out, default 5), PEER_COMPILE
+# (1: also the torch.compile'd peer; default 1 on GPU, 0 on CPU).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+gpu=0
+[ -e /dev/nvidia0 ] && gpu=1
+config=${1:-$ROOT/configs/bench/cpu.toml}
+nproc=${2:-$([ $gpu = 1 ] && echo 1 || echo 2)}
+steps=${3:-25}
+shift $(( $# > 3 ? 3 : $# ))
+warmup=${WARMUP:-5}
+compile=${PEER_COMPILE:-$gpu}
+"$ROOT/scripts/build.sh" >/dev/null
+cd "$ROOT"
+out=${OUT:-outputs/bench-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$out"
+
+# The same overrides for both sides: fake data, a fixed number of steps, no checkpoints or
+# validation; on CPU the ranks share the cores.
+args=(--config "$config" --data.fake --optim.total_steps "$steps" --ckpt.path "" --data.eval_interval 0 "$@")
+threads=0
+if [ $gpu = 0 ]; then
+  threads=$(( $(nproc) / nproc > 0 ? $(nproc) / nproc : 1 ))
+  args+=(--runtime.num_threads "$threads")
+fi
+build/apps/train_fsdp "${args[@]}" --print-config > "$out/run.json"
+
+torchrun=(.venv/bin/torchrun --standalone --nproc_per_node="$nproc")
+echo "== zeroband-cpp train_fsdp, $nproc rank(s): $config"
+"${torchrun[@]}" --no-python build/apps/train_fsdp "${args[@]}" --logging.metrics_file "$out/zeroband-cpp.jsonl" \
+  > "$out/zeroband-cpp.log" 2>&1 || { tail -20 "$out/zeroband-cpp.log"; exit 1; }
+grep -E "step [0-9]+/[0-9]+ \|" "$out/zeroband-cpp.log" | tail -1
+runs=(zeroband-cpp="$out/zeroband-cpp.jsonl")
+peers=(eager)
+[ "$compile" = 1 ] && peers+=(compile)
+for mode in "${peers[@]}"; do
+  echo "== PyTorch FSDP2 ($mode), $nproc rank(s)"
+  extra=()
+  [ "$mode" = compile ] && extra=(--compile)
+  "${torchrun[@]}" scripts/bench_peer.py --config-json "$out/run.json" --steps "$steps" \
+    --num-threads "$threads" --metrics-file "$out/pytorch-$mode.jsonl" "${extra[@]}" \
+    > "$out/pytorch-$mode.log" 2>&1 || { tail -20 "$out/pytorch-$mode.log"; exit 1; }
+  grep "peer step" "$out/pytorch-$mode.log" | tail -1
+  runs+=(pytorch-"$mode"="$out/pytorch-$mode.jsonl")
+done
+
+if [ $gpu = 1 ]; then
+  device=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+else
+  device="$(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores"
+fi
+meta=$(printf '{"date": "%s", "commit": "%s", "command": "scripts/bench.sh %s"}' \
+  "$(date -u +%Y-%m-%dT%H:%MZ)" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+  "$config $nproc $steps $*")
+echo
+.venv/bin/python scripts/bench_report.py --config-json "$out/run.json" --world-size "$nproc" \
+  --warmup "$warmup" --device "$device" --meta "$meta" --out "$out/bench.json" "${runs[@]}"
+echo
+echo "results: $out/bench.json"

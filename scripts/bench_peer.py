@@ -1,0 +1,329 @@
+#!/usr/bin/env python3
+"""The PyTorch peer of scripts/bench.sh: the same model trained the way a PyTorch user would,
+FSDP2's fully_shard on every block and on the root, torch.optim.Muon for the blocks' matrices
+and AdamW for embedding, head and norms, on fake data.
+
+It reads the run that `train_fsdp --config X --print-config` resolves (shapes, batch, optimizer
+settings), so both sides train the same thing, and writes the same JSON-lines metrics as
+train_fsdp (rank 0). Launched by torchrun, one process per rank:
+
+  torchrun --nproc_per_node=2 scripts/bench_peer.py --config-json run.json --steps 20 \
+      --metrics-file peer.jsonl [--compile] [--device cpu|cuda]
+
+Communication is measured by wrapping torch.distributed's collectives and the functional
+collectives DTensor uses (Muon's matrices and the clipping norm go through DTensor): bytes with
+train_fsdp's conventions, and host time spent waiting for them ("exposed"; on CPU FSDP2 issues its
+collectives synchronously, so all of their time is exposed; on CUDA this is the host wait only).
+"""
+import argparse
+import inspect
+import json
+import math
+import os
+import resource
+import time
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+
+# --- the model: a Llama of torchtitan's layout (the names train_fsdp uses) -------------------------
+class Attention(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = m["n_heads"], m["n_kv_heads"], m["head_dim"]
+        self.wq = nn.Linear(m["dim"], self.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(m["dim"], self.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(m["dim"], self.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(self.n_heads * self.head_dim, m["dim"], bias=False)
+
+    def forward(self, x, freqs_cis):
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
+        q, k = rotate(q, freqs_cis), rotate(k, freqs_cis)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        return self.wo(out.transpose(1, 2).reshape(B, T, -1))
+
+
+def rotate(x, freqs_cis):
+    # Meta's RoPE: consecutive pairs as complex numbers, rotated in fp32.
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    T = x.shape[1]
+    out = torch.view_as_real(pairs * freqs_cis[:T].view(1, T, 1, -1)).flatten(3)
+    return out.type_as(x)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.w1 = nn.Linear(m["dim"], m["ffn_hidden"], bias=False)
+        self.w2 = nn.Linear(m["ffn_hidden"], m["dim"], bias=False)
+        self.w3 = nn.Linear(m["dim"], m["ffn_hidden"], bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.attention = Attention(m)
+        self.feed_forward = FeedForward(m)
+        self.attention_norm = nn.RMSNorm(m["dim"], eps=m["norm_eps"])
+        self.ffn_norm = nn.RMSNorm(m["dim"], eps=m["norm_eps"])
+
+    def forward(self, h, freqs_cis):
+        h = h + self.attention(self.attention_norm(h), freqs_cis)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+def rope_table(m):
+    # e^(i * position * theta^(-2j/head_dim)), for twice the sequence length as train_fsdp.
+    freqs = 1.0 / m["rope_theta"] ** (torch.arange(0, m["head_dim"], 2).float() / m["head_dim"])
+    angles = torch.outer(torch.arange(2 * m["max_seq_len"]).float(), freqs)
+    return torch.polar(torch.ones_like(angles), angles)
+
+
+class Llama(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(m["vocab_size"], m["dim"])
+        self.layers = nn.ModuleList(Block(m) for _ in range(m["n_layers"]))
+        self.norm = nn.RMSNorm(m["dim"], eps=m["norm_eps"])
+        self.output = nn.Linear(m["dim"], m["vocab_size"], bias=False)
+        self.register_buffer("freqs_cis", rope_table(m), persistent=False)
+
+    def init_weights(self):
+        # torchtitan's initialisation, as train_fsdp's.
+        nn.init.normal_(self.tok_embeddings.weight)
+        for i, b in enumerate(self.layers):
+            depth_std = 0.02 / math.sqrt(2 * (i + 1))
+            for w, std in [(b.attention.wq, 0.02), (b.attention.wk, 0.02), (b.attention.wv, 0.02),
+                           (b.attention.wo, depth_std), (b.feed_forward.w1, 0.02),
+                           (b.feed_forward.w2, depth_std), (b.feed_forward.w3, depth_std)]:
+                nn.init.trunc_normal_(w.weight, std=std)
+        for norm in [self.norm] + [n for b in self.layers for n in (b.attention_norm, b.ffn_norm)]:
+            nn.init.ones_(norm.weight)
+        std = self.output.weight.shape[1] ** -0.5
+        nn.init.trunc_normal_(self.output.weight, std=std, a=-3 * std, b=3 * std)
+
+    def forward(self, tokens):
+        h = self.tok_embeddings(tokens)
+        for block in self.layers:
+            h = block(h, self.freqs_cis)
+        return self.output(self.norm(h)).float()
+
+
+# --- communication meter ---------------------------------------------------------------------------
+class CommMeter:
+    """Wraps the collectives FSDP2 and DTensor call: bytes by kind (sent + received by this rank,
+    train_fsdp's convention) and host seconds spent waiting."""
+
+    def __init__(self, world):
+        self.W = world
+        self.bytes = {k: 0 for k in ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all")}
+        self.wait_seconds = 0.0
+        self._wrap()
+
+    def _timed(self, fn):
+        def call(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.wait_seconds += time.perf_counter() - t
+        return call
+
+    def _wrap(self):
+        W, nbytes = self.W, lambda t: t.numel() * t.element_size()
+
+        def counted(module, name, kind, size_of):
+            fn = getattr(module, name)
+            signature = inspect.signature(fn)
+
+            def call(*a, **k):
+                arg = signature.bind(*a, **k).arguments  # positional or keyword alike
+                self.bytes[kind] += size_of(arg)
+                return fn(*a, **k) if arg.get("async_op") else self._timed(fn)(*a, **k)
+            setattr(module, name, call)
+
+        # torch.distributed: the output of an all-gather / input of a reduce-scatter is W parts.
+        counted(dist, "all_gather_into_tensor", "all_gather", lambda a: nbytes(a["input_tensor"]) * (W - 1) * 2)
+        counted(dist, "reduce_scatter_tensor", "reduce_scatter", lambda a: nbytes(a["output"]) * (W - 1) * 2)
+        counted(dist, "all_reduce", "all_reduce", lambda a: nbytes(a["tensor"]) * (W - 1) * 2)
+        counted(dist, "broadcast", "broadcast", lambda a: nbytes(a["tensor"]) * (W - 1))
+        counted(dist, "all_to_all_single", "all_to_all", lambda a: 2 * nbytes(a["input"]) * (W - 1) // W)
+        # Functional collectives (DTensor): launched here, waited on in wait_tensor.
+        counted(funcol, "all_gather_tensor", "all_gather", lambda a: nbytes(a["self"]) * (W - 1) * 2)
+        counted(funcol, "reduce_scatter_tensor", "reduce_scatter", lambda a: nbytes(a["self"]) // W * (W - 1) * 2)
+        counted(funcol, "all_reduce", "all_reduce", lambda a: nbytes(a["self"]) * (W - 1) * 2)
+        counted(funcol, "all_to_all_single", "all_to_all", lambda a: 2 * nbytes(a["self"]) * (W - 1) // W)
+        funcol.wait_tensor = self._timed(funcol.wait_tensor)
+        work = dist.distributed_c10d.Work
+        work.wait = self._timed(work.wait)
+
+    def snapshot(self):
+        return dict(self.bytes), self.wait_seconds
+
+
+# --- the run ---------------------------------------------------------------------------------------
+def lr_multiplier(s, step):
+    # train_fsdp's schedule (src/optim/lr_schedule.cpp), at the 1-based step.
+    warm, stable, total = s["warmup_steps"], s["stable_steps"], s["total_steps"]
+    if step < warm:
+        return step / warm
+    if s["type"] == "wsd-sqrt":
+        return 1.0 if step < stable else max(0.0, 1 - math.sqrt((step - stable) / max(1, total - stable)))
+    p = min(1.0, (step - warm) / max(1, total - warm))
+    if s["type"] == "linear":
+        return max(0.0, (total - step) / max(1, total - warm))
+    return max(0.0, 0.5 * (1 + math.cos(math.pi * p)))
+
+
+def build_optimizers(model, run):
+    h, a = run["hidden"], run["adam"]
+    hidden, groups = [], {"embedding": [], "head": [], "norm": []}
+    for name, p in model.named_parameters():
+        if name.startswith("tok_embeddings."):
+            groups["embedding"].append(p)
+        elif name.startswith("output."):
+            groups["head"].append(p)
+        elif p.ndim < 2:
+            groups["norm"].append(p)
+        else:
+            hidden.append(p)
+    lrs = {"embedding": a["lr_embedding"], "head": a["lr_head"], "norm": a["lr_norm"]}
+    adam_groups = [{"params": ps, "lr": lrs[k]} for k, ps in groups.items() if ps]
+    adam_params = groups["embedding"] + groups["head"] + groups["norm"]
+    if h["type"] != "muon":
+        adam_groups.append({"params": hidden, "lr": h["lr"], "weight_decay": h["wd"]})
+        hidden = []
+    optimizers = [torch.optim.AdamW(adam_groups, betas=tuple(a["betas"]), eps=a["eps"], weight_decay=a["wd"],
+                                    fused=adam_params[0].device.type == "cuda")]
+    if hidden:
+        optimizers.append(torch.optim.Muon(hidden, lr=h["lr"], weight_decay=h["wd"], momentum=h["momentum"],
+                                           nesterov=h["nesterov"], ns_steps=h["ns_steps"],
+                                           adjust_lr_fn=h["update_scale"]))
+    for opt in optimizers:
+        for g in opt.param_groups:
+            g["base_lr"] = g["lr"]
+    return optimizers
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config-json", required=True, help="JSON from train_fsdp --print-config")
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--metrics-file", required=True)
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--compile", action="store_true", help="torch.compile every block")
+    ap.add_argument("--num-threads", type=int, default=0)
+    args = ap.parse_args()
+    with open(args.config_json) as f:
+        run = json.load(f)
+    m = run["model"]
+
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    if args.num_threads > 0:
+        torch.set_num_threads(args.num_threads)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    rank, W = dist.get_rank(), dist.get_world_size()
+    meter = CommMeter(W)
+    dtype = run["runtime"]["compute_dtype"]
+    compute = torch.bfloat16 if dtype == "bfloat16" or (dtype == "auto" and device == "cuda") else torch.float32
+
+    torch.manual_seed(run["runtime"]["seed"])
+    with torch.device("meta"):
+        model = Llama(m)
+    model.to_empty(device=device)
+    model.freqs_cis = rope_table(m).to(device)  # to_empty left the buffer uninitialised
+    model.init_weights()
+    mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
+    for i, block in enumerate(model.layers):
+        if run["ac_ckpt"] and i % run["ac_ckpt"] == 0:
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+            block = checkpoint_wrapper(block)
+            model.layers[i] = block
+        if args.compile:
+            block.compile()
+        last = i == len(model.layers) - 1
+        fully_shard(block, mp_policy=mp, reshard_after_forward=run["reshard_after_forward"] and not last)
+    fully_shard(model, mp_policy=mp, reshard_after_forward=False)
+    optimizers = build_optimizers(model, run)
+
+    micro, T, V = run["micro_bs"], run["seq_length"], m["vocab_size"]
+    accum = run["batch_size"] // (W * micro)
+    assert accum * W * micro == run["batch_size"], "batch_size must divide by world size x micro_bs"
+    tokens_per_step = run["batch_size"] * T
+    gen = torch.Generator().manual_seed(1000 + rank)
+    cuda = device == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+
+    def phase_timer():
+        # Host time on CPU; CUDA events on the GPU (no synchronisation inside the step).
+        if cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def elapsed(a, b):
+        return a.elapsed_time(b) / 1e3 if cuda else b - a
+
+    out = open(args.metrics_file, "w") if rank == 0 else None
+    start = time.perf_counter()
+    for step in range(1, args.steps + 1):
+        comm_before, wait_before = meter.snapshot()
+        marks = []  # (before forward, after forward, after backward) per micro-batch
+        loss_sum = torch.zeros((), device=device)
+        for i in range(accum):
+            batch = torch.randint(V, (micro, T + 1), generator=gen).to(device, non_blocking=True)
+            model.set_requires_gradient_sync(i == accum - 1)
+            t0 = phase_timer()
+            loss = F.cross_entropy(model(batch[:, :-1]).flatten(0, 1), batch[:, 1:].flatten()) / accum
+            t1 = phase_timer()
+            loss.backward()
+            marks.append((t0, t1, phase_timer()))
+            loss_sum += loss.detach()
+        t0 = phase_timer()
+        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), run["max_norm"], foreach=True)
+        mult = lr_multiplier(run["schedule"], step)
+        for opt in optimizers:
+            for g in opt.param_groups:
+                g["lr"] = g["base_lr"] * mult
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        t1 = phase_timer()
+        dist.all_reduce(loss_sum)
+        loss_value = loss_sum.item() / W  # the step's synchronisation
+        fwd = sum(elapsed(a, b) for a, b, _ in marks)
+        bwd = sum(elapsed(b, c) for _, b, c in marks)
+        grad_norm = grad_norm.full_tensor().item() if hasattr(grad_norm, "full_tensor") else grad_norm.item()
+        optimizer_seconds = elapsed(t0, t1)
+        comm_after, wait_after = meter.snapshot()
+        peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        if out:
+            out.write(json.dumps({
+                "step": step, "loss": loss_value, "grad_norm": grad_norm, "time": time.perf_counter() - start,
+                "peak_memory_bytes": peak, "comm_wait_seconds": wait_after - wait_before,
+                "forward_seconds": fwd, "backward_seconds": bwd, "optimizer_seconds": optimizer_seconds,
+                "comm_bytes": {k: comm_after[k] - comm_before[k] for k in comm_after},
+                "total_tokens": step * tokens_per_step,
+            }) + "\n")
+            out.flush()
+            print(f"peer step {step}/{args.steps} | loss {loss_value:.4f} | {time.perf_counter() - start:.1f}s", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Summarises scripts/bench.sh's runs: one row per implementation (train_fsdp and its PyTorch
+peers) from their JSON-lines metrics, the ratio ours / PyTorch, as a Markdown table on stdout and
+as JSON.
+
+  bench_report.py --config-json run.json --world-size 2 --warmup 5 --out bench.json \
+      zeroband-cpp=ours.jsonl pytorch-eager=peer.jsonl [pytorch-compile=peer-compiled.jsonl]
+
+Steps before --warmup are left out (allocator growth, first-touch, compilation). Throughput is
+tokens over wall time between the first and last kept steps, per rank; the step split is the
+mean of the kept steps; MFU is train_fsdp's formula, FLOPs/token x tokens/s per rank / the
+device's peak (n/a on CPU unless runtime.peak_flops is set).
+"""
+import argparse
+import json
+import statistics
+
+
+def peak_flops_of(name):
+    # train_fsdp's table (src/train/metrics.cpp): dense bf16 tensor-core peaks.
+    if "A100" in name:
+        return 312e12
+    if "H100" in name:
+        return 835e12 if "NVL" in name else 756e12 if "PCIe" in name else 989e12
+    if "H200" in name:
+        return 989e12
+    return None
+
+
+def summarise(path, run, world, warmup, peak):
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    kept = rows[warmup:] if len(rows) > warmup + 1 else rows
+    first, last = kept[0], kept[-1]
+    # Wall time from the end of the first kept step to the end of the last one.
+    steps = len(kept) - 1
+    seconds = last["time"] - first["time"]
+    tokens = last["total_tokens"] - first["total_tokens"]
+    per_rank = tokens / seconds / world if seconds > 0 else float("nan")
+    mean = lambda key: statistics.fmean(r[key] for r in kept[1:] or kept)
+    comm = {k: statistics.fmean(r["comm_bytes"][k] for r in kept) for k in last["comm_bytes"]}
+    return {
+        "steps_measured": steps,
+        "tokens_per_second_per_rank": per_rank,
+        "mfu_percent": 100 * run["flops_per_token"] * per_rank / peak if peak else None,
+        "step_seconds": seconds / steps if steps else float("nan"),
+        "forward_seconds": mean("forward_seconds"),
+        "backward_seconds": mean("backward_seconds"),
+        "optimizer_seconds": mean("optimizer_seconds"),
+        "exposed_comm_seconds": mean("comm_wait_seconds"),
+        "peak_memory_bytes": max(r["peak_memory_bytes"] for r in rows),
+        "comm_bytes_per_step": comm,
+        "final_loss": last["loss"],
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config-json", required=True)
+    ap.add_argument("--world-size", type=int, required=True)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--device", default="", help="device name, for the MFU peak and the record")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--meta", default="{}", help="JSON merged into the output (date, commit, command)")
+    ap.add_argument("runs", nargs="+", help="NAME=metrics.jsonl, ours first")
+    args = ap.parse_args()
+    run = json.load(open(args.config_json))
+    peak = run["runtime"]["peak_flops"] or peak_flops_of(args.device)
+    results = {}
+    for spec in args.runs:
+        name, path = spec.split("=", 1)
+        results[name] = summarise(path, run, args.world_size, args.warmup, peak)
+
+    names = list(results)
+    ours = results[names[0]]
+    ratios = {}
+    for peer in names[1:]:
+        p = results[peer]
+        ratios[f"{names[0]} / {peer}"] = {
+            "tokens_per_second": ours["tokens_per_second_per_rank"] / p["tokens_per_second_per_rank"],
+            "peak_memory": ours["peak_memory_bytes"] / p["peak_memory_bytes"],
+            "comm_bytes": sum(ours["comm_bytes_per_step"].values()) / max(1, sum(p["comm_bytes_per_step"].values())),
+        }
+
+    fmt = lambda v, f: "n/a" if v is None else f.format(v)
+    print(f"{run['name_model']} ({run['num_params']:,} parameters), {args.world_size} rank(s), "
+          f"batch {run['batch_size']} x {run['seq_length']}, micro_bs {run['micro_bs']}, device {args.device or '?'}")
+    print()
+    print("| run | tokens/s/rank | MFU | step s | forward s | backward s | optimizer s | exposed comm s "
+          "| peak mem GiB/rank | comm MB/step/rank | final loss |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, r in results.items():
+        mb = sum(r["comm_bytes_per_step"].values()) / 1e6
+        print(f"| {name} | {r['tokens_per_second_per_rank']:,.0f} | {fmt(r['mfu_percent'], '{:.1f}%')} "
+              f"| {r['step_seconds']:.3f} | {r['forward_seconds']:.3f} | {r['backward_seconds']:.3f} "
+              f"| {r['optimizer_seconds']:.3f} | {r['exposed_comm_seconds']:.3f} "
+              f"| {r['peak_memory_bytes'] / 2**30:.2f} | {mb:.1f} | {r['final_loss']:.4f} |")
+    print()
+    for label, q in ratios.items():
+        print(f"{label}: tokens/s x{q['tokens_per_second']:.2f}, peak memory x{q['peak_memory']:.2f}, "
+              f"bytes communicated x{q['comm_bytes']:.2f}")
+    for name, r in results.items():
+        kinds = ", ".join(f"{k} {v / 1e6:.1f}" for k, v in r["comm_bytes_per_step"].items() if v)
+        print(f"{name} comm MB/step by kind: {kinds}")
+
+    record = {"config": run["name_model"], "world_size": args.world_size, "device": args.device,
+              "warmup_steps_skipped": args.warmup, "peak_flops": peak, "results": results, "ratios": ratios}
+    record.update(json.loads(args.meta))
+    with open(args.out, "w") as f:
+        json.dump(record, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -131,6 +131,7 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism) {
 
   // --- processes, device, threads ---------------------------------------------------------------
   const c10::Device device = zb::select_device(cfg.runtime.device, world.local_rank);
+  zb::configure_allocator(device);
   if (cfg.runtime.num_threads > 0) at::set_num_threads(static_cast<int>(cfg.runtime.num_threads));
   zb::Communicator comm(world, device, std::chrono::seconds(cfg.runtime.timeout_s));
   zb::log::info(strf("world: %ld process(es) via %s, rendezvous %s:%ld; this is rank %ld (local %ld)",

@@ -1,7 +1,7 @@
 #include "train/trainer.h"
 
 #include <ATen/Context.h>
-#include <chrono>
+#include <array>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/zeros.h>
@@ -15,7 +15,7 @@
 namespace zb {
 
 Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, Parallelism parallelism)
-    : config_(config), comm_(comm), device_(device) {
+    : config_(config), comm_(comm), device_(device), clock_(device) {
   compute_dtype_ = device.is_cuda() ? at::kBFloat16 : at::kFloat;
   if (config.runtime.compute_dtype == "float32") compute_dtype_ = at::kFloat;
   if (config.runtime.compute_dtype == "bfloat16") compute_dtype_ = at::kBFloat16;
@@ -87,8 +87,10 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
 StepStats Trainer::train_step() {
   ++step_;
   StepStats stats;
-  using clock = std::chrono::steady_clock;
-  auto since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
+  // Phase boundaries on the device's timeline (CUDA events on a GPU): read after the step's
+  // synchronisation below, so timing adds none.
+  clock_.clear();
+  std::vector<std::array<int, 3>> micro_marks;  // before forward, after forward, after backward
   // Forward/backward over this rank's micro-batches. Each loss is divided by the number of
   // micro-batches, so the accumulated gradient is that of the mean over the rank's samples; the
   // engine averages over ranks when it reduce-scatters on the last micro-batch.
@@ -98,29 +100,34 @@ StepStats Trainer::train_step() {
     at::Tensor inputs = batch.inputs.to(device_, /*non_blocking=*/true);
     at::Tensor targets = batch.targets.to(device_, /*non_blocking=*/true);
     parallel_->set_requires_gradient_sync(micro == accum_ - 1);
-    auto t = clock::now();
+    const int start = clock_.mark();
     at::Tensor loss = cross_entropy(parallel_->forward(inputs), targets) / static_cast<double>(accum_);
-    stats.forward_seconds += since(t);
-    t = clock::now();
+    const int forward_done = clock_.mark();
     loss.backward();
     parallel_->finish_backward();
-    stats.backward_seconds += since(t);
+    micro_marks.push_back({start, forward_done, clock_.mark()});
     loss_sum += loss.detach();
   }
-  const auto optimizer_start = clock::now();
+  const int optimizer_start = clock_.mark();
   const at::Tensor grad_norm = parallel_->clip_grad_norm_(config_.optim.max_norm);
   const double lr_multiplier = schedule_.multiplier(step_);
   optimizer_->step(lr_multiplier);
-  stats.optimizer_seconds = since(optimizer_start);
+  const int optimizer_done = clock_.mark();
   for (at::Tensor p : parallel_->sharded_tensors()) p.mutable_grad().reset();
 
   // The reported loss is the mean over the global batch: average the ranks' means.
   loss_sum /= static_cast<double>(comm_.size());
   comm_.all_reduce_sum(loss_sum).wait();
   stats.step = step_;
-  stats.loss = loss_sum.item<double>();  // the step's one host synchronisation (with the norm)
+  // The step's one host synchronisation (the loop adds one more for its stop flag).
+  stats.loss = loss_sum.item<double>();
   stats.grad_norm = grad_norm.item<double>();
   stats.learning_rates = optimizer_->learning_rates(lr_multiplier);
+  for (const auto& [start, forward_done, backward_done] : micro_marks) {
+    stats.forward_seconds += clock_.seconds(start, forward_done);
+    stats.backward_seconds += clock_.seconds(forward_done, backward_done);
+  }
+  stats.optimizer_seconds = clock_.seconds(optimizer_start, optimizer_done);
   return stats;
 }
 

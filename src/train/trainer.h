@@ -16,6 +16,7 @@
 #include "model/llama.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
+#include "util/device.h"
 
 namespace zb {
 
@@ -24,9 +25,9 @@ struct StepStats {
   double loss = 0;       // mean over the global batch
   double grad_norm = 0;  // before clipping
   std::vector<std::pair<std::string, double>> learning_rates;
-  // Host time of the step's phases, in seconds (forward includes the loss; backward includes
-  // waiting for the gradients' collectives; optimizer includes clipping). On CUDA these are the
-  // times to issue the work, not to run it.
+  // Time of the step's phases on the device, in seconds (forward includes the loss; backward
+  // includes waiting for the gradients' collectives; optimizer includes clipping): host clock on
+  // CPU, CUDA events on a GPU.
   double forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0;
 };
 
@@ -72,6 +73,7 @@ class Trainer {
   LrSchedule schedule_;
   int64_t accum_ = 1;
   int64_t step_ = 0;
+  StepClock clock_;  // the phases of the current step
 };
 
 }  // namespace zb

@@ -2,7 +2,10 @@
 
 #include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>
+#include <malloc.h>
 #include <sys/resource.h>
+
+#include <cstdlib>
 
 #include <stdexcept>
 
@@ -12,6 +15,11 @@ namespace zb {
 // device_cuda.cpp: the only translation unit that includes CUDA headers.
 std::string cuda_device_name(int index);
 int64_t cuda_peak_memory_bytes(int index);
+void configure_cuda_allocator();
+void* cuda_event_create();
+void cuda_event_record(void* event);
+double cuda_event_seconds(void* from, void* to);
+void cuda_event_destroy(void* event);
 #endif
 
 bool cuda_available() { return at::hasCUDA() && at::detail::getCUDAHooks().deviceCount() > 0; }
@@ -25,6 +33,21 @@ c10::Device select_device(const std::string& requested, int64_t local_rank) {
     return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % n));
   }
   return c10::Device(c10::kCPU);
+}
+
+void configure_allocator(const c10::Device& device) {
+#ifdef ZB_WITH_CUDA
+  if (device.is_cuda()) return configure_cuda_allocator();
+#endif
+  // CPU tensors come from glibc's malloc, which by default serves the step's large, short-lived
+  // buffers (activations, gathered parameters, gradients; several MB each) with fresh mmaps and
+  // hands them back on free, so every step pays page faults and kernel page zeroing again. Keep
+  // up to 32 MiB allocations (glibc's maximum threshold) in the heap and do not trim it: about
+  // 10% faster steps for the debug model on 2 cores, for a few percent more resident memory.
+  // A user's MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ win.
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") || std::getenv("MALLOC_TRIM_THRESHOLD_")) return;
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
 std::string device_name(const c10::Device& device) {
@@ -41,6 +64,42 @@ int64_t peak_memory_bytes(const c10::Device& device) {
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+}  // namespace zb
+
+namespace zb {
+
+StepClock::StepClock(const c10::Device& device) : cuda_(device.is_cuda()) {}
+
+StepClock::~StepClock() {
+#ifdef ZB_WITH_CUDA
+  for (void* e : events_) cuda_event_destroy(e);
+#endif
+}
+
+int StepClock::mark() {
+#ifdef ZB_WITH_CUDA
+  if (cuda_) {
+    if (used_ == events_.size()) events_.push_back(cuda_event_create());
+    cuda_event_record(events_[used_]);
+    return static_cast<int>(used_++);
+  }
+#endif
+  host_.push_back(std::chrono::steady_clock::now());
+  return static_cast<int>(host_.size() - 1);
+}
+
+double StepClock::seconds(int from, int to) {
+#ifdef ZB_WITH_CUDA
+  if (cuda_) return cuda_event_seconds(events_[from], events_[to]);
+#endif
+  return std::chrono::duration<double>(host_[to] - host_[from]).count();
+}
+
+void StepClock::clear() {
+  host_.clear();
+  used_ = 0;
 }
 
 }  // namespace zb

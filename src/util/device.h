@@ -2,8 +2,11 @@
 // Which device to run on, its name and its peak memory.
 #include <c10/core/Device.h>
 
+#include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 namespace zb {
 
@@ -11,9 +14,31 @@ namespace zb {
 bool cuda_available();
 // "auto" -> cuda:<local_rank> when available, else cpu. "cuda" without a GPU throws.
 c10::Device select_device(const std::string& requested, int64_t local_rank);
+// Sets the allocator up for training before anything is allocated: on CUDA expandable segments in
+// the caching allocator, on CPU glibc's malloc keeping large buffers (see device.cpp). Settings
+// the user made in the environment are kept.
+void configure_allocator(const c10::Device& device);
 std::string device_name(const c10::Device& device);  // the GPU's name, or "cpu"
 // Peak memory of this process on `device`: the CUDA caching allocator's peak allocated bytes,
 // or on CPU the peak resident set size.
 int64_t peak_memory_bytes(const c10::Device& device);
+
+// Points on the device's timeline within a step: the host clock on CPU, CUDA events on a GPU
+// (recorded on the current stream without waiting), so phase times are the device's, not the
+// time to enqueue work. Read seconds() only after the step has synchronised with the device.
+class StepClock {
+ public:
+  explicit StepClock(const c10::Device& device);
+  ~StepClock();
+  int mark();                     // records now; returns the mark's index
+  double seconds(int from, int to);  // between two marks
+  void clear();
+
+ private:
+  bool cuda_ = false;
+  std::vector<std::chrono::steady_clock::time_point> host_;
+  std::vector<void*> events_;  // cudaEvent_t, created on demand and reused
+  size_t used_ = 0;
+};
 
 }  // namespace zb

@@ -1,8 +1,12 @@
 // CUDA-only helpers, compiled when LibTorch has CUDA.
+#include <c10/core/AllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 namespace zb {
@@ -17,5 +21,32 @@ int64_t cuda_peak_memory_bytes(int index) {
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
   return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
 }
+
+void configure_cuda_allocator() {
+  // The sharding engine allocates and frees buffers of many sizes every step (each unit's
+  // all-gather output and reduce-scatter input, the root's differing from the blocks'):
+  // expandable segments grow one mapping instead of leaving holes between fixed-size blocks. A
+  // user's PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF wins.
+  if (std::getenv("PYTORCH_CUDA_ALLOC_CONF") || std::getenv("PYTORCH_ALLOC_CONF")) return;
+  c10::CachingAllocator::setAllocatorSettings("expandable_segments:True");
+}
+
+void* cuda_event_create() {
+  cudaEvent_t event;
+  C10_CUDA_CHECK(cudaEventCreate(&event));
+  return event;
+}
+
+void cuda_event_record(void* event) {
+  C10_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), c10::cuda::getCurrentCUDAStream()));
+}
+
+double cuda_event_seconds(void* from, void* to) {
+  float ms = 0;
+  C10_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(from), static_cast<cudaEvent_t>(to)));
+  return ms / 1e3;
+}
+
+void cuda_event_destroy(void* event) { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
 
 }  // namespace zb

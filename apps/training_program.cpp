@@ -270,6 +270,7 @@ int training_main(int argc, char** argv, Parallelism parallelism, const char* pr
       return 0;
     }
     if (cl.print_config) {
+      zb::validate(cl.config, zb::detect_world().size);  // the world the launcher variables describe
       std::cout << resolved_run(cl.config).dump(2) << "\n";
       return 0;
     }

@@ -8,7 +8,7 @@
 #   scripts/bench.sh configs/1B/H100.toml 1 30 --train.micro_bs 8   # one GPU, bf16
 #
 # Environment: OUT (output folder), WARMUP (first steps left out, default 5), PEER_COMPILE
-# (1: also the torch.compile'd peer; default 1 on GPU, 0 on CPU).
+# (1: also the torch.compile'd peer; default 1 on GPU, 0 on CPU), ZB_SKIP_BUILD=1 (use build/ as is).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 gpu=0
@@ -19,7 +19,7 @@ steps=${3:-25}
 shift $(( $# > 3 ? 3 : $# ))
 warmup=${WARMUP:-5}
 compile=${PEER_COMPILE:-$gpu}
-"$ROOT/scripts/build.sh" >/dev/null
+[ "${ZB_SKIP_BUILD:-0}" = 1 ] || "$ROOT/scripts/build.sh" >/dev/null
 cd "$ROOT"
 out=${OUT:-outputs/bench-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
@@ -32,12 +32,16 @@ if [ $gpu = 0 ]; then
   threads=$(( $(nproc) / nproc > 0 ? $(nproc) / nproc : 1 ))
   args+=(--runtime.num_threads "$threads")
 fi
-build/apps/train_fsdp "${args[@]}" --print-config > "$out/run.json"
+# The resolved run for the peer, checked for this world size first.
+RANK=0 WORLD_SIZE=$nproc LOCAL_RANK=0 LOCAL_WORLD_SIZE=$nproc \
+  build/apps/train_fsdp "${args[@]}" --print-config > "$out/run.json" || { cat "$out/run.json"; exit 2; }
 
 torchrun=(.venv/bin/torchrun --standalone --nproc_per_node="$nproc")
+# On failure, the log's first error lines (torchrun's own summary comes last and says little).
+failed() { echo "FAILED: $1"; grep -v "^W[0-9]" "$1" | grep -i -m 20 -E "error|terminate|exception|abort|assert"; exit 1; }
 echo "== zeroband-cpp train_fsdp, $nproc rank(s): $config"
 "${torchrun[@]}" --no-python build/apps/train_fsdp "${args[@]}" --logging.metrics_file "$out/zeroband-cpp.jsonl" \
-  > "$out/zeroband-cpp.log" 2>&1 || { tail -20 "$out/zeroband-cpp.log"; exit 1; }
+  > "$out/zeroband-cpp.log" 2>&1 || failed "$out/zeroband-cpp.log"
 grep -E "step [0-9]+/[0-9]+ \|" "$out/zeroband-cpp.log" | tail -1
 runs=(zeroband-cpp="$out/zeroband-cpp.jsonl")
 peers=(eager)
@@ -48,7 +52,7 @@ for mode in "${peers[@]}"; do
   [ "$mode" = compile ] && extra=(--compile)
   "${torchrun[@]}" scripts/bench_peer.py --config-json "$out/run.json" --steps "$steps" \
     --num-threads "$threads" --metrics-file "$out/pytorch-$mode.jsonl" "${extra[@]}" \
-    > "$out/pytorch-$mode.log" 2>&1 || { tail -20 "$out/pytorch-$mode.log"; exit 1; }
+    > "$out/pytorch-$mode.log" 2>&1 || failed "$out/pytorch-$mode.log"
   grep "peer step" "$out/pytorch-$mode.log" | tail -1
   runs+=(pytorch-"$mode"="$out/pytorch-$mode.jsonl")
 done

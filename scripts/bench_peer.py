@@ -322,6 +322,9 @@ def main():
             }) + "\n")
             out.flush()
             print(f"peer step {step}/{args.steps} | loss {loss_value:.4f} | {time.perf_counter() - start:.1f}s", flush=True)
+    # Every rank past its last collective before Gloo's threads are torn down (without the
+    # barrier a rank could abort in teardown while the other was still sending).
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -78,7 +78,8 @@ def main():
         ratios[f"{names[0]} / {peer}"] = {
             "tokens_per_second": ours["tokens_per_second_per_rank"] / p["tokens_per_second_per_rank"],
             "peak_memory": ours["peak_memory_bytes"] / p["peak_memory_bytes"],
-            "comm_bytes": sum(ours["comm_bytes_per_step"].values()) / max(1, sum(p["comm_bytes_per_step"].values())),
+            "comm_bytes": (sum(ours["comm_bytes_per_step"].values()) / sum(p["comm_bytes_per_step"].values())
+                           if sum(p["comm_bytes_per_step"].values()) else None),
         }
 
     fmt = lambda v, f: "n/a" if v is None else f.format(v)
@@ -97,7 +98,7 @@ def main():
     print()
     for label, q in ratios.items():
         print(f"{label}: tokens/s x{q['tokens_per_second']:.2f}, peak memory x{q['peak_memory']:.2f}, "
-              f"bytes communicated x{q['comm_bytes']:.2f}")
+              f"bytes communicated {fmt(q['comm_bytes'], 'x{:.2f}')}")
     for name, r in results.items():
         kinds = ", ".join(f"{k} {v / 1e6:.1f}" for k, v in r["comm_bytes_per_step"].items() if v)
         print(f"{name} comm MB/step by kind: {kinds}")

@@ -60,4 +60,28 @@ at::Tensor FSDPParam::unsharded_view() const {
   return t.set_(storage_, 0, full_shape, strides);
 }
 
+std::vector<std::pair<at::Tensor, at::Tensor>> FSDPParam::row_views(const at::Tensor& full,
+                                                                    const at::Tensor& blocks,
+                                                                    int64_t offset) const {
+  const int64_t W = blocks.size(0);
+  // Ranks [0, complete) hold rows_per_rank rows each; rank `complete` holds the remaining `rest`.
+  const int64_t complete = rows / rows_per_rank, rest = rows % rows_per_rank;
+  at::Tensor padded = blocks.narrow(1, offset, block_numel()).view({W, rows_per_rank, row_numel});
+  at::Tensor flat = full.reshape({rows, row_numel});
+  std::vector<std::pair<at::Tensor, at::Tensor>> out;
+  if (complete > 0)
+    out.emplace_back(flat.narrow(0, 0, complete * rows_per_rank).view({complete, rows_per_rank, row_numel}),
+                     padded.narrow(0, 0, complete));
+  if (rest > 0) out.emplace_back(flat.narrow(0, complete * rows_per_rank, rest), padded[complete].narrow(0, 0, rest));
+  return out;
+}
+
+void FSDPParam::copy_rows_from_blocks(const at::Tensor& blocks, int64_t offset, const at::Tensor& full) const {
+  for (auto& [dst, src] : row_views(full, blocks, offset)) dst.copy_(src);
+}
+
+void FSDPParam::copy_rows_to_blocks(const at::Tensor& full, const at::Tensor& blocks, int64_t offset) const {
+  for (auto& [src, dst] : row_views(full, blocks, offset)) dst.copy_(src);
+}
+
 }  // namespace zb

@@ -10,6 +10,7 @@
 #include <c10/core/Storage.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace zb {
@@ -46,7 +47,18 @@ class FSDPParam {
 
   at::ScalarType compute_dtype() const { return compute_dtype_; }
 
+  // Copies between this parameter's full rows (`full`, [rows, ...]) and its blocks in a unit's
+  // rank-major collective buffer (`blocks`, [W, unit_numel]; rank r's rows at columns
+  // [offset, offset + block_numel())). At most two copies whatever W, where a loop over ranks
+  // would launch W; padding rows in `blocks` are neither read nor written.
+  void copy_rows_from_blocks(const at::Tensor& blocks, int64_t offset, const at::Tensor& full) const;
+  void copy_rows_to_blocks(const at::Tensor& full, const at::Tensor& blocks, int64_t offset) const;
+
  private:
+  // (full-side view, blocks-side view) pairs covering the real rows.
+  std::vector<std::pair<at::Tensor, at::Tensor>> row_views(const at::Tensor& full, const at::Tensor& blocks,
+                                                           int64_t offset) const;
+
   at::ScalarType compute_dtype_;
   c10::Storage storage_;
   size_t unsharded_nbytes_;

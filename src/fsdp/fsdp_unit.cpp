@@ -71,13 +71,7 @@ void FSDPUnit::wait_unshard() {
   for (size_t i = 0; i < params_.size(); ++i) {
     FSDPParam* p = params_[i];
     p->allocate_unsharded();
-    at::Tensor full = p->unsharded_view().view({p->rows, p->row_numel});
-    for (int64_t r = 0; r < W; ++r) {
-      const int64_t n = p->rows_of(r);
-      if (n == 0) continue;
-      full.narrow(0, r * p->rows_per_rank, n)
-          .copy_(blocks[r].narrow(0, offsets_[i], n * p->row_numel).view({n, p->row_numel}));
-    }
+    p->copy_rows_from_blocks(blocks, offsets_[i], p->unsharded_view());
   }
   gather_in_ = at::Tensor();
   gather_out_ = at::Tensor();
@@ -125,13 +119,7 @@ void FSDPUnit::reduce_gradients(const std::vector<at::Tensor>& grads, bool sync)
   for (size_t i = 0; i < params_.size(); ++i) {
     const FSDPParam* p = params_[i];
     if (i >= total.size() || !total[i].defined()) continue;
-    at::Tensor g = total[i].reshape({p->rows, p->row_numel});
-    for (int64_t r = 0; r < W; ++r) {
-      const int64_t n = p->rows_of(r);
-      if (n == 0) continue;
-      reduce_in[r].narrow(0, offsets_[i], n * p->row_numel)
-          .copy_(g.narrow(0, r * p->rows_per_rank, n).reshape({-1}));
-    }
+    p->copy_rows_to_blocks(total[i], reduce_in, offsets_[i]);
   }
   reduce_in.div_(static_cast<double>(W));
   grad_accumulators_.clear();

@@ -12,7 +12,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 gpu=0
-[ -e /dev/nvidia0 ] && gpu=1
+nvidia-smi -L >/dev/null 2>&1 && gpu=1
 config=${1:-$ROOT/configs/bench/cpu.toml}
 nproc=${2:-$([ $gpu = 1 ] && echo 1 || echo 2)}
 steps=${3:-25}

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Builds zeroband-cpp on a machine with no package registry: the lent GPU machines have CUDA,
+# CMake, ninja, a compiler and python3 with torch 2.11.0, but not our Debian libraries. Two halves:
+#
+#   scripts/gpu_kit.sh fetch    # here (Debian 12, network): the .deb files into .gpukit/debs
+#   scripts/gpu_kit.sh build    # there: unpack them into .gpukit/root, build into build/, and
+#                               # point .venv at that machine's python (bench.sh, tests)
+#
+# .gpukit/ is ignored by git: name it in the device tool's `carry`. Programs built there need
+#   export LD_LIBRARY_PATH=$PWD/.gpukit/root/usr/lib/x86_64-linux-gnu
+# for spdlog and fmt (LibTorch is found through the RPATH).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+KIT=$ROOT/.gpukit
+# Headers, CMake package files and the two shared libraries the programs load. gloo: headers only
+# (declarations of what libtorch has compiled in; see src/dist/gloo_backend.cpp).
+PACKAGES=(libtomlplusplus-dev libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 libcxxopts-dev
+          nlohmann-json3-dev libgtest-dev libgmock-dev googletest libgloo-dev)
+
+case ${1:-} in
+fetch)
+  rm -rf "$KIT/debs" && mkdir -p "$KIT/debs"
+  (cd "$KIT/debs" && apt-get download "${PACKAGES[@]}")
+  du -sh "$KIT/debs"
+  ;;
+build)
+  rm -rf "$KIT/root" && mkdir -p "$KIT/root"
+  for deb in "$KIT"/debs/*.deb; do dpkg -x "$deb" "$KIT/root"; done
+  python=${PYTHON:-python3}
+  [ -e "$ROOT/.venv" ] || ln -s "$("$python" -c 'import sys; print(sys.prefix)')" "$ROOT/.venv"
+  torch_cmake=$("$python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+  usr=$KIT/root/usr
+  # -isystem: the unpacked headers after LibTorch's own (-I comes first), as /usr/include would be.
+  cmake -S "$ROOT" -B "$ROOT/build" -G Ninja -Wno-dev -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$torch_cmake;$usr;$usr/lib/x86_64-linux-gnu/cmake" \
+    -DCMAKE_CXX_FLAGS="-isystem $usr/include" \
+    -DZB_PYTHON="$ROOT/.venv/bin/python"
+  cmake --build "$ROOT/build" -j "${JOBS:-$(nproc)}"
+  ;;
+*)
+  echo "usage: $0 fetch|build" >&2
+  exit 2
+  ;;
+esac

@@ -151,7 +151,7 @@ class CommMeter:
             def call(*a, **k):
                 arg = signature.bind(*a, **k).arguments  # positional or keyword alike
                 self.bytes[kind] += size_of(arg)
-                return fn(*a, **k) if arg.get("async_op") else self._timed(fn)(*a, **k)
+                return fn(*a, **k)  # the waiting is timed in Work.wait / wait_tensor below
             setattr(module, name, call)
 
         # torch.distributed: the output of an all-gather / input of a reduce-scatter is W parts.
@@ -165,6 +165,8 @@ class CommMeter:
         counted(funcol, "reduce_scatter_tensor", "reduce_scatter", lambda a: nbytes(a["self"]) // W * (W - 1) * 2)
         counted(funcol, "all_reduce", "all_reduce", lambda a: nbytes(a["self"]) * (W - 1) * 2)
         counted(funcol, "all_to_all_single", "all_to_all", lambda a: 2 * nbytes(a["self"]) * (W - 1) // W)
+        # Host time blocked on a collective: torch.distributed's calls (synchronous ones too) end
+        # in Work.wait from Python; functional collectives in wait_tensor.
         funcol.wait_tensor = self._timed(funcol.wait_tensor)
         work = dist.distributed_c10d.Work
         work.wait = self._timed(work.wait)

@@ -2,7 +2,6 @@
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
-#include <ATen/ops/_foreach_add.h>
 #include <ATen/ops/_foreach_lerp.h>
 #include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/baddbmm.h>
@@ -90,16 +89,11 @@ void Muon::step(double lr_multiplier) {
 
   const double lr = hyper_.lr * lr_multiplier;
   at::_foreach_mul_(params, 1.0 - lr * hyper_.weight_decay);
-  // p -= lr * scale * update, one foreach call per scale (matrices of one global shape share it)
-  // rather than a launch per matrix.
-  std::map<double, std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>>> by_scale;
   for (size_t i = 0; i < active.size(); ++i) {
     const auto& shape = active[i]->global_shape;
-    auto& [ps, us] = by_scale[muon_update_scale(hyper_.update_scale, shape[0], shape[1])];
-    ps.push_back(params[i]);
-    us.push_back(updates[i]);
+    const double scale = muon_update_scale(hyper_.update_scale, shape[0], shape[1]);
+    params[i].add_(updates[i], -lr * scale);
   }
-  for (auto& [scale, group] : by_scale) at::_foreach_add_(group.first, group.second, -lr * scale);
 }
 
 }  // namespace zb

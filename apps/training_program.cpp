@@ -80,6 +80,8 @@ void describe_model(const zb::Config& c, const zb::ModelArgs& a, int64_t world_s
 nlohmann::json resolved_run(const zb::Config& c) {
   const zb::ModelArgs a = zb::resolve_model_args(c);
   const auto& o = c.optim;
+  const c10::Device device = zb::select_device(c.runtime.device, 0);
+  const at::ScalarType compute = zb::Trainer::resolve_compute_dtype(c, device);
   return {
       {"name_model", c.name_model},
       {"type_model", c.type_model},
@@ -99,13 +101,17 @@ nlohmann::json resolved_run(const zb::Config& c) {
                     {"stable_steps", o.stable_steps}, {"total_steps", o.total_steps}}},
       {"hidden", {{"type", o.optim.type}, {"lr", o.optim.lr}, {"wd", o.optim.wd},
                   {"momentum", o.optim.momentum}, {"nesterov", o.optim.nesterov},
-                  {"ns_steps", o.optim.ns_steps}, {"update_scale", o.optim.update_scale}}},
+                  {"ns_steps", o.optim.ns_steps}, {"update_scale", o.optim.update_scale},
+                  {"ns_dtype", o.optim.ns_dtype}}},
       {"adam", {{"lr_embedding", o.adam.lr_embedding}, {"lr_head", o.adam.lr_head},
                 {"lr_norm", o.adam.lr_norm}, {"betas", {o.adam.betas1, o.adam.betas2}},
                 {"eps", o.adam.eps}, {"wd", o.adam.wd}}},
       {"runtime", {{"device", c.runtime.device}, {"compute_dtype", c.runtime.compute_dtype},
                    {"seed", c.runtime.seed}, {"num_threads", c.runtime.num_threads},
                    {"peak_flops", c.runtime.peak_flops}}},
+      // What "auto" resolves to on this machine, as the trainer will run it.
+      {"resolved_device", device.is_cuda() ? "cuda" : "cpu"},
+      {"resolved_compute_dtype", compute == at::kBFloat16 ? "bfloat16" : "float32"},
   };
 }
 

@@ -8,7 +8,8 @@
 #   scripts/bench.sh configs/1B/H100.toml 1 30 --train.micro_bs 8   # one GPU, bf16
 #
 # Environment: OUT (output folder), WARMUP (first steps left out, default 5), PEER_COMPILE
-# (1: also the torch.compile'd peer; default 1 on GPU, 0 on CPU), ZB_SKIP_BUILD=1 (use build/ as is).
+# (1: also the torch.compile'd peer; default 1 on GPU, 0 on CPU), ZB_SKIP_BUILD=1 (use the build
+# as is), TRAIN_FSDP (the binary, default build/apps/train_fsdp), PYTHON (default .venv/bin/python).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 gpu=0
@@ -21,6 +22,8 @@ warmup=${WARMUP:-5}
 compile=${PEER_COMPILE:-$gpu}
 [ "${ZB_SKIP_BUILD:-0}" = 1 ] || "$ROOT/scripts/build.sh" >/dev/null
 cd "$ROOT"
+train=${TRAIN_FSDP:-build/apps/train_fsdp}
+python=${PYTHON:-.venv/bin/python}
 out=${OUT:-outputs/bench-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
 
@@ -32,15 +35,21 @@ if [ $gpu = 0 ]; then
   threads=$(( $(nproc) / nproc > 0 ? $(nproc) / nproc : 1 ))
   args+=(--runtime.num_threads "$threads")
 fi
+# The same allocator settings for both sides (train_fsdp would choose these itself; see
+# configure_allocator in src/util/device.cpp), so the comparison is of the trainers alone.
+export MALLOC_MMAP_THRESHOLD_=${MALLOC_MMAP_THRESHOLD_:-33554432}
+export MALLOC_TRIM_THRESHOLD_=${MALLOC_TRIM_THRESHOLD_:-1073741824}
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+
 # The resolved run for the peer, checked for this world size first.
 RANK=0 WORLD_SIZE=$nproc LOCAL_RANK=0 LOCAL_WORLD_SIZE=$nproc \
-  build/apps/train_fsdp "${args[@]}" --print-config > "$out/run.json" || { cat "$out/run.json"; exit 2; }
+  "$train" "${args[@]}" --print-config > "$out/run.json" || { cat "$out/run.json"; exit 2; }
 
-torchrun=(.venv/bin/torchrun --standalone --nproc_per_node="$nproc")
+torchrun=("$python" -m torch.distributed.run --standalone --nproc_per_node="$nproc")
 # On failure, the log's first error lines (torchrun's own summary comes last and says little).
-failed() { echo "FAILED: $1"; grep -v "^W[0-9]" "$1" | grep -i -m 20 -E "error|terminate|exception|abort|assert"; exit 1; }
+failed() { echo "FAILED: $1"; grep -v "^W[0-9]" "$1" | grep -i -m 20 -E "bench_peer:|error|terminate|exception|abort|assert"; exit 1; }
 echo "== zeroband-cpp train_fsdp, $nproc rank(s): $config"
-"${torchrun[@]}" --no-python build/apps/train_fsdp "${args[@]}" --logging.metrics_file "$out/zeroband-cpp.jsonl" \
+"${torchrun[@]}" --no-python "$train" "${args[@]}" --logging.metrics_file "$out/zeroband-cpp.jsonl" \
   > "$out/zeroband-cpp.log" 2>&1 || failed "$out/zeroband-cpp.log"
 grep -E "step [0-9]+/[0-9]+ \|" "$out/zeroband-cpp.log" | tail -1
 runs=(zeroband-cpp="$out/zeroband-cpp.jsonl")
@@ -57,16 +66,16 @@ for mode in "${peers[@]}"; do
   runs+=(pytorch-"$mode"="$out/pytorch-$mode.jsonl")
 done
 
-if [ $gpu = 1 ]; then
+if grep -q '"resolved_device": "cuda"' "$out/run.json"; then
   device=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 else
   device="$(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores"
 fi
-meta=$(printf '{"date": "%s", "commit": "%s", "command": "scripts/bench.sh %s"}' \
+meta=$("$python" -c 'import json, sys; print(json.dumps({"date": sys.argv[1], "commit": sys.argv[2], "command": sys.argv[3]}))' \
   "$(date -u +%Y-%m-%dT%H:%MZ)" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
-  "$config $nproc $steps $*")
+  "scripts/bench.sh $config $nproc $steps $*")
 echo
-.venv/bin/python scripts/bench_report.py --config-json "$out/run.json" --world-size "$nproc" \
+"$python" scripts/bench_report.py --config-json "$out/run.json" --world-size "$nproc" \
   --warmup "$warmup" --device "$device" --meta "$meta" --out "$out/bench.json" "${runs[@]}"
 echo
 echo "results: $out/bench.json"

@@ -203,12 +203,12 @@ def build_optimizers(model, run):
             hidden.append(p)
     lrs = {"embedding": a["lr_embedding"], "head": a["lr_head"], "norm": a["lr_norm"]}
     adam_groups = [{"params": ps, "lr": lrs[k]} for k, ps in groups.items() if ps]
-    adam_params = groups["embedding"] + groups["head"] + groups["norm"]
     if h["type"] != "muon":
         adam_groups.append({"params": hidden, "lr": h["lr"], "weight_decay": h["wd"]})
         hidden = []
+    # fused=True: one kernel per group on CPU and GPU alike, as train_fsdp's AdamW.
     optimizers = [torch.optim.AdamW(adam_groups, betas=tuple(a["betas"]), eps=a["eps"], weight_decay=a["wd"],
-                                    fused=adam_params[0].device.type == "cuda")]
+                                    fused=True)]
     if hidden:
         optimizers.append(torch.optim.Muon(hidden, lr=h["lr"], weight_decay=h["wd"], momentum=h["momentum"],
                                            nesterov=h["nesterov"], ns_steps=h["ns_steps"],
@@ -231,8 +231,12 @@ def main():
     with open(args.config_json) as f:
         run = json.load(f)
     m = run["model"]
+    if run["hidden"]["type"] == "muon" and run["hidden"]["ns_dtype"] != "bfloat16":
+        raise SystemExit("bench_peer: torch.optim.Muon orthogonalises in bfloat16 only; "
+                         f"this run has optim.optim.ns_dtype = {run['hidden']['ns_dtype']}")
 
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    # The device and dtype train_fsdp resolved for this run, unless --device overrides.
+    device = args.device if args.device != "auto" else run["resolved_device"]
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     if args.num_threads > 0:
@@ -240,8 +244,7 @@ def main():
     dist.init_process_group("nccl" if device == "cuda" else "gloo")
     rank, W = dist.get_rank(), dist.get_world_size()
     meter = CommMeter(W)
-    dtype = run["runtime"]["compute_dtype"]
-    compute = torch.bfloat16 if dtype == "bfloat16" or (dtype == "auto" and device == "cuda") else torch.float32
+    compute = torch.bfloat16 if run["resolved_compute_dtype"] == "bfloat16" else torch.float32
 
     torch.manual_seed(run["runtime"]["seed"])
     with torch.device("meta"):
@@ -289,6 +292,8 @@ def main():
         marks = []  # (before forward, after forward, after backward) per micro-batch
         loss_sum = torch.zeros((), device=device)
         for i in range(accum):
+            # Uniform random tokens: throughput does not depend on the values (train_fsdp's fake
+            # data are random documents, so the two loss curves are alike but not comparable).
             batch = torch.randint(V, (micro, T + 1), generator=gen).to(device, non_blocking=True)
             model.set_requires_gradient_sync(i == accum - 1)
             t0 = phase_timer()
@@ -298,7 +303,9 @@ def main():
             marks.append((t0, t1, phase_timer()))
             loss_sum += loss.detach()
         t0 = phase_timer()
-        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), run["max_norm"], foreach=True)
+        # max_norm <= 0 means no clipping (train_fsdp still reports the norm).
+        max_norm = run["max_norm"] if run["max_norm"] > 0 else math.inf
+        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=True)
         mult = lr_multiplier(run["schedule"], step)
         for opt in optimizers:
             for g in opt.param_groups:

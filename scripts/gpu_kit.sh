@@ -3,12 +3,13 @@
 # CMake, ninja, a compiler and python3 with torch 2.11.0, but not our Debian libraries. Two halves:
 #
 #   scripts/gpu_kit.sh fetch    # here (Debian 12, network): the .deb files into .gpukit/debs
-#   scripts/gpu_kit.sh build    # there: unpack them into .gpukit/root, build into build/, and
-#                               # point .venv at that machine's python (bench.sh, tests)
+#   scripts/gpu_kit.sh build    # there: unpack them into .gpukit/root and build into build/
+#                               # (the tests' reference python: that machine's python3)
 #
 # .gpukit/ is ignored by git: name it in the device tool's `carry`. Programs built there need
 #   export LD_LIBRARY_PATH=$PWD/.gpukit/root/usr/lib/x86_64-linux-gnu
-# for spdlog and fmt (LibTorch is found through the RPATH).
+# for spdlog and fmt (LibTorch is found through the RPATH); bench.sh there wants PYTHON=python3
+# ZB_SKIP_BUILD=1.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 KIT=$ROOT/.gpukit
@@ -26,15 +27,14 @@ fetch)
 build)
   rm -rf "$KIT/root" && mkdir -p "$KIT/root"
   for deb in "$KIT"/debs/*.deb; do dpkg -x "$deb" "$KIT/root"; done
-  python=${PYTHON:-python3}
-  [ -e "$ROOT/.venv" ] || ln -s "$("$python" -c 'import sys; print(sys.prefix)')" "$ROOT/.venv"
+  python=$(command -v "${PYTHON:-python3}")
   torch_cmake=$("$python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
   usr=$KIT/root/usr
   # -isystem: the unpacked headers after LibTorch's own (-I comes first), as /usr/include would be.
   cmake -S "$ROOT" -B "$ROOT/build" -G Ninja -Wno-dev -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$torch_cmake;$usr;$usr/lib/x86_64-linux-gnu/cmake" \
     -DCMAKE_CXX_FLAGS="-isystem $usr/include" \
-    -DZB_PYTHON="$ROOT/.venv/bin/python"
+    -DZB_PYTHON="$python"
   cmake --build "$ROOT/build" -j "${JOBS:-$(nproc)}"
   ;;
 *)

@@ -3,13 +3,15 @@
 # 4 steps each. Checks the report has both rows with real numbers, and that both sides moved the
 # same number of bytes in their gradient reduce-scatters (the same parameters sharded by rows in
 # fp32): an independent check of our communication accounting against PyTorch's collectives.
-#   bench_smoke.sh PYTHON
+#   bench_smoke.sh TRAIN_FSDP PYTHON
 set -u
-python=$1
+train=$1 python=$2
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-OUT=$out WARMUP=1 ZB_SKIP_BUILD=1 "$root/scripts/bench.sh" "$root/configs/bench/cpu.toml" 2 4 \
+# On CPU wherever it runs (two ranks would not find two GPUs on a one-GPU machine).
+OUT=$out WARMUP=1 ZB_SKIP_BUILD=1 PEER_COMPILE=0 TRAIN_FSDP=$train PYTHON=$python \
+  "$root/scripts/bench.sh" "$root/configs/bench/cpu.toml" 2 4 --runtime.device cpu \
   --data.seq_length 128 --train.micro_bs 2 --optim.batch_size 4 || { echo "FAIL: bench.sh exited $?"; exit 1; }
 "$python" - "$out/bench.json" <<'PY' || { echo "FAIL: report"; exit 1; }
 import json, math, sys

@@ -16,9 +16,7 @@ namespace zb {
 
 Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, Parallelism parallelism)
     : config_(config), comm_(comm), device_(device), clock_(device) {
-  compute_dtype_ = device.is_cuda() ? at::kBFloat16 : at::kFloat;
-  if (config.runtime.compute_dtype == "float32") compute_dtype_ = at::kFloat;
-  if (config.runtime.compute_dtype == "bfloat16") compute_dtype_ = at::kBFloat16;
+  compute_dtype_ = resolve_compute_dtype(config, device);
 
   // Same seed on every rank: every rank builds the same full model, then keeps its shards.
   at::manual_seed(static_cast<uint64_t>(config.runtime.seed));
@@ -82,6 +80,12 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
   schedule_ = {config.optim.sched_type, config.optim.warmup_steps, config.optim.stable_steps,
                config.optim.total_steps};
   accum_ = zb::grad_accum_steps(config, comm.size());
+}
+
+at::ScalarType Trainer::resolve_compute_dtype(const Config& config, const c10::Device& device) {
+  if (config.runtime.compute_dtype == "float32") return at::kFloat;
+  if (config.runtime.compute_dtype == "bfloat16") return at::kBFloat16;
+  return device.is_cuda() ? at::kBFloat16 : at::kFloat;  // "auto"
 }
 
 StepStats Trainer::train_step() {

@@ -41,6 +41,8 @@ class Trainer {
           Parallelism parallelism = Parallelism::FSDP);
 
   StepStats train_step();
+  // runtime.compute_dtype on `device`: "auto" is bf16 on CUDA, fp32 on CPU.
+  static at::ScalarType resolve_compute_dtype(const Config& config, const c10::Device& device);
   // Mean loss over data.eval_batches micro-batches per rank of the validation data (the same
   // batches every time), averaged over ranks. Requires validation data (or fake data).
   double evaluate();

@@ -30,6 +30,8 @@ class StepClock {
  public:
   explicit StepClock(const c10::Device& device);
   ~StepClock();
+  StepClock(const StepClock&) = delete;  // owns its CUDA events
+  StepClock& operator=(const StepClock&) = delete;
   int mark();                     // records now; returns the mark's index
   double seconds(int from, int to);  // between two marks
   void clear();

@@ -35,10 +35,6 @@ FSDPParam::FSDPParam(std::string name_, at::Tensor* slot_, const at::Tensor& ful
                           c10::GetAllocator(full.device().type()), /*resizable=*/true);
 }
 
-int64_t FSDPParam::rows_of(int64_t r) const {
-  return std::clamp<int64_t>(rows - r * rows_per_rank, 0, rows_per_rank);
-}
-
 void FSDPParam::allocate_unsharded() {
   if (unsharded_allocated()) return;
   auto* impl = storage_.unsafeGetStorageImpl();

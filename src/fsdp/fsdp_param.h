@@ -26,8 +26,6 @@ class FSDPParam {
   const std::vector<int64_t> full_shape;
   const int64_t rows, row_numel, rows_per_rank, local_rows;
 
-  // Rows held by rank r (0 for ranks past the end).
-  int64_t rows_of(int64_t r) const;
   // Elements each rank puts into a collective: rows_per_rank * row_numel.
   int64_t block_numel() const { return rows_per_rank * row_numel; }
 

@@ -24,8 +24,9 @@ std::string device_name(const c10::Device& device);  // the GPU's name, or "cpu"
 int64_t peak_memory_bytes(const c10::Device& device);
 
 // Points on the device's timeline within a step: the host clock on CPU, CUDA events on a GPU
-// (recorded on the current stream without waiting), so phase times are the device's, not the
-// time to enqueue work. Read seconds() only after the step has synchronised with the device.
+// (recorded on the current device's current stream without waiting; the NCCL backend makes each
+// rank's GPU current), so phase times are the device's, not the time to enqueue work. Read
+// seconds() only after the step has synchronised with the device.
 class StepClock {
  public:
   explicit StepClock(const c10::Device& device);

@@ -51,7 +51,7 @@ failed() { echo "FAILED: $1"; grep -v "^W[0-9]" "$1" | grep -i -m 20 -E "bench_p
 echo "== zeroband-cpp train_fsdp, $nproc rank(s): $config"
 "${torchrun[@]}" --no-python "$train" "${args[@]}" --logging.metrics_file "$out/zeroband-cpp.jsonl" \
   > "$out/zeroband-cpp.log" 2>&1 || failed "$out/zeroband-cpp.log"
-grep -E "step [0-9]+/[0-9]+ \|" "$out/zeroband-cpp.log" | tail -1
+grep -E "step [0-9]+/[0-9]+ \|" "$out/zeroband-cpp.log" | tail -1 || true  # progress line, for the eye
 runs=(zeroband-cpp="$out/zeroband-cpp.jsonl")
 peers=(eager)
 [ "$compile" = 1 ] && peers+=(compile)
@@ -62,7 +62,7 @@ for mode in "${peers[@]}"; do
   "${torchrun[@]}" scripts/bench_peer.py --config-json "$out/run.json" --steps "$steps" \
     --num-threads "$threads" --metrics-file "$out/pytorch-$mode.jsonl" "${extra[@]}" \
     > "$out/pytorch-$mode.log" 2>&1 || failed "$out/pytorch-$mode.log"
-  grep "peer step" "$out/pytorch-$mode.log" | tail -1
+  grep "peer step" "$out/pytorch-$mode.log" | tail -1 || true
   runs+=(pytorch-"$mode"="$out/pytorch-$mode.jsonl")
 done
 

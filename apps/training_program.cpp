@@ -14,8 +14,6 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
-#include <ctime>
-#include <fstream>
 #include <iostream>
 #include <optional>
 
@@ -26,6 +24,7 @@
 #include "dist/world.h"
 #include "model/llama.h"
 #include "train/metrics.h"
+#include "train/metrics_logger.h"
 #include "train/trainer.h"
 #include "training_program.h"
 #include "util/device.h"
@@ -41,23 +40,17 @@ using zb::strf;
 volatile std::sig_atomic_t stop_requested = 0;
 void request_stop(int) { stop_requested = 1; }
 
+// Whether any rank got a signal: all ranks stop after the same step (one small all-reduce).
+bool any_rank_asked_to_stop(zb::Communicator& comm, const c10::Device& device) {
+  at::Tensor stop = at::full({1}, stop_requested ? 1.0 : 0.0, at::TensorOptions().device(device));
+  comm.all_reduce_sum(stop).wait();
+  return stop.item<double>() > 0;
+}
+
 // c10 errors carry a C++ backtrace in what(); users need the message.
 std::string error_text(const std::exception& e) {
   if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return c10_error->what_without_backtrace();
   return e.what();
-}
-
-std::string with_commas(int64_t n) {
-  std::string s = std::to_string(n);
-  for (int i = static_cast<int>(s.size()) - 3; i > (n < 0 ? 1 : 0); i -= 3) s.insert(i, ",");
-  return s;
-}
-
-std::string default_metrics_path(const zb::Config& c) {
-  std::time_t now = std::time(nullptr);
-  char stamp[32];
-  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
-  return "outputs/" + c.name_model + "-" + stamp + "/metrics.jsonl";
 }
 
 void describe_model(const zb::Config& c, const zb::ModelArgs& a, int64_t world_size) {
@@ -65,13 +58,13 @@ void describe_model(const zb::Config& c, const zb::ModelArgs& a, int64_t world_s
                      c.type_model.c_str(), c.name_model.c_str(), a.dim, a.n_layers, a.n_heads,
                      a.n_kv_heads, a.head_dim(), a.ffn_hidden(), a.vocab_size));
   zb::log::info(strf("parameters: %s total, %s without the token embedding",
-                     with_commas(zb::count_params(a)).c_str(),
-                     with_commas(zb::count_params_without_embedding(a)).c_str()));
+                     zb::with_commas(zb::count_params(a)).c_str(),
+                     zb::with_commas(zb::count_params_without_embedding(a)).c_str()));
   zb::log::info(strf("FLOPs/token: %.4g (6N + 12*L*H*Dh*T at seq_length %ld)",
                      zb::flops_per_token(a, c.data.seq_length), c.data.seq_length));
   zb::log::info(strf("batch: %ld sequences x %ld tokens = %s tokens/step; micro_bs %ld, %ld accumulation steps on %ld rank(s)",
                      c.optim.batch_size, c.data.seq_length,
-                     with_commas(c.optim.batch_size * c.data.seq_length).c_str(), c.train.micro_bs,
+                     zb::with_commas(c.optim.batch_size * c.data.seq_length).c_str(), c.train.micro_bs,
                      zb::grad_accum_steps(c, world_size), world_size));
 }
 
@@ -117,9 +110,6 @@ nlohmann::json resolved_run(const zb::Config& c) {
 
 int run(const zb::CommandLine& cl, zb::Parallelism parallelism) {
   const zb::Config& cfg = cl.config;
-  if (parallelism == zb::Parallelism::DDP && (!cfg.ckpt.path.empty() || !cfg.ckpt.resume.empty()))
-    throw zb::ConfigError(cfg.origin(cfg.ckpt.path.empty() ? "ckpt.resume" : "ckpt.path") +
-                          ": train_ddp does not save or resume checkpoints (train_fsdp does)");
   const zb::World world = zb::detect_world();
   zb::validate(cfg, world.size);
   zb::log::init(static_cast<int>(world.rank), cfg.logging.level);
@@ -131,7 +121,7 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism) {
     // Build the model on the meta device: every shape, no memory.
     zb::Llama model(args, at::TensorOptions().device(c10::kMeta));
     zb::log::info(strf("dry run: built %s parameters on the meta device",
-                       with_commas(model.num_params()).c_str()));
+                       zb::with_commas(model.num_params()).c_str()));
     return 0;
   }
 
@@ -157,29 +147,8 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism) {
   std::signal(SIGTERM, request_stop);
   std::signal(SIGINT, request_stop);
 
-  // --- metrics ----------------------------------------------------------------------------------
-  const double flops_per_token = zb::flops_per_token(args, cfg.data.seq_length);
-  std::optional<double> peak_flops;
-  if (cfg.runtime.peak_flops > 0) peak_flops = cfg.runtime.peak_flops;
-  else if (device.is_cuda()) peak_flops = zb::peak_flops_for_device(zb::device_name(device));
-  std::ofstream metrics;
-  if (world.rank == 0) {
-    const std::string path =
-        cfg.logging.metrics_file.empty() ? default_metrics_path(cfg) : cfg.logging.metrics_file;
-    zb::make_directories(zb::parent_directory(path));
-    metrics.open(path);
-    if (!metrics) throw std::runtime_error("cannot write metrics file " + path);
-    zb::log::info("metrics: " + path);
-  }
-
-  // --- the loop ---------------------------------------------------------------------------------
-  using clock = std::chrono::steady_clock;
-  const auto start = clock::now();
-  auto seconds = [&] { return std::chrono::duration<double>(clock::now() - start).count(); };
-  zb::ThroughputMeter meter(10);
-  meter.record(0, seconds());
-  const int64_t tokens_per_step = trainer.tokens_per_step();
-  int64_t last_saved = -1;
+  // --- the loop ----------------------------------------------------------------------------------
+  zb::MetricsLogger metrics(cfg, args, world.rank, world.size, device, /*resumed=*/trainer.step() > 0);
   zb::CheckpointWriter checkpoints(cfg, comm);
   for (int64_t step = trainer.step() + 1; step <= cfg.optim.total_steps; ++step) {
     const zb::CommStats before = comm.stats();
@@ -193,73 +162,26 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism) {
                                  "died or stopped responding; runtime.timeout_s bounds the wait)"
                                : ""));
     }
-    meter.record(tokens_per_step, seconds());
-    const auto tps = meter.tokens_per_second();
-    const auto sps = meter.seconds_per_step();
-    std::optional<double> mfu;
-    if (tps && peak_flops) mfu = zb::mfu_percent(flops_per_token, *tps, *peak_flops, world.size);
-    const int64_t peak_mem = zb::peak_memory_bytes(device);
     std::optional<double> val_loss;
     if (cfg.data.eval_interval > 0 && trainer.has_validation() &&
         (step % cfg.data.eval_interval == 0 || step == cfg.optim.total_steps))
       val_loss = trainer.evaluate();  // every rank takes part
-    // Checkpoints: every ckpt.interval steps, and when any rank was asked to stop.
-    at::Tensor stop = at::full({1}, stop_requested ? 1.0 : 0.0, at::TensorOptions().device(device));
-    comm.all_reduce_sum(stop).wait();
-    const bool stopping = stop.item<double>() > 0;
-    if (!cfg.ckpt.path.empty() && ((cfg.ckpt.interval > 0 && step % cfg.ckpt.interval == 0) || stopping ||
-                                   step == cfg.optim.total_steps)) {
-      const std::string dir = checkpoints.save(trainer);  // written in the background
-      last_saved = step;
-      zb::log::info(strf("saving checkpoint %s", dir.c_str()));
-    }
+    metrics.log_step(s, comm.stats() - before, val_loss);
+
+    const bool stopping = any_rank_asked_to_stop(comm, device);
+    const auto saved = checkpoints.save_if_due(trainer, stopping);  // written in the background
+    if (saved) zb::log::info(strf("saving checkpoint %s", saved->c_str()));
     if (stopping) {
       checkpoints.finish();
       zb::log::warn(strf("stopped by a signal after step %ld%s", step,
-                         last_saved == step ? " (checkpoint saved)" : " (no ckpt.path: nothing saved)"));
+                         saved ? " (checkpoint saved)" : " (no ckpt.path: nothing saved)"));
       return 0;
     }
-    if (world.rank != 0) continue;
-
-    nlohmann::json record = {
-        {"step", s.step},
-        {"loss", s.loss},
-        {"perplexity", std::exp(s.loss)},
-        {"grad_norm", s.grad_norm},
-        {"total_tokens", step * tokens_per_step},
-        {"time", seconds()},
-        {"tokens_per_second", tps ? nlohmann::json(*tps) : nlohmann::json(nullptr)},
-        {"mfu", mfu ? nlohmann::json(*mfu) : nlohmann::json(nullptr)},
-        {"peak_memory_bytes", peak_mem},
-        {"comm_wait_seconds", comm.stats().wait_seconds - before.wait_seconds},
-        {"forward_seconds", s.forward_seconds},
-        {"backward_seconds", s.backward_seconds},
-        {"optimizer_seconds", s.optimizer_seconds},
-    };
-    if (val_loss) record["val_loss"] = *val_loss;
-    for (const auto& [group, lr] : s.learning_rates) record["lr"][group] = lr;
-    for (size_t k = 0; k < static_cast<size_t>(zb::CommKind::Count); ++k)
-      record["comm_bytes"][zb::comm_kind_name(static_cast<zb::CommKind>(k))] =
-          comm.stats().bytes[k] - before.bytes[k];
-    metrics << record.dump() << "\n" << std::flush;
-
-    if (step % cfg.logging.interval == 0 || step == cfg.optim.total_steps) {
-      const double eta = sps ? *sps * static_cast<double>(cfg.optim.total_steps - step) : 0.0;
-      std::string lr_text;
-      for (const auto& [group, lr] : s.learning_rates)
-        lr_text += (lr_text.empty() ? "" : " ") + group + ":" + strf("%.3g", lr);
-      zb::log::info(strf("step %ld/%ld | loss %.4f | lr %s | grad_norm %.3f | tok/s %s | mfu %s | mem %.2f GiB | eta %s",
-                         step, cfg.optim.total_steps, s.loss, lr_text.c_str(), s.grad_norm,
-                         tps ? with_commas(static_cast<int64_t>(*tps)).c_str() : "-",
-                         mfu ? strf("%.1f%%", *mfu).c_str() : "n/a",
-                         static_cast<double>(peak_mem) / (1 << 30), zb::format_duration(eta).c_str()));
-    }
-    if (val_loss) zb::log::info(strf("step %ld/%ld | val_loss %.4f", step, cfg.optim.total_steps, *val_loss));
   }
   checkpoints.finish();  // the last checkpoint is on disk before we exit
   zb::log::info(strf("done: %ld steps, %s tokens in %s", cfg.optim.total_steps,
-                     with_commas(cfg.optim.total_steps * tokens_per_step).c_str(),
-                     zb::format_duration(seconds()).c_str()));
+                     zb::with_commas(cfg.optim.total_steps * trainer.tokens_per_step()).c_str(),
+                     zb::format_duration(metrics.elapsed_seconds()).c_str()));
   return 0;
 }
 

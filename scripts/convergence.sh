@@ -6,6 +6,10 @@
 #   scripts/convergence.sh [CONFIG] [NPROC] [extra train arguments...]
 #   scripts/convergence.sh                                    # CPU: configs/debug/convergence.toml, 2 ranks
 #   scripts/convergence.sh configs/150M/H100.toml 8 --data.dataset_name_or_paths DATA   # 8 GPUs
+#
+# Long runs survive preemption: with CKPT_INTERVAL=N both programs checkpoint every N steps under
+# OUT/ckpt-<program>, and running the script again with the same OUT resumes each from its latest
+# checkpoint (the metrics files are appended to).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 config=${1:-$ROOT/configs/debug/convergence.toml}
@@ -19,8 +23,13 @@ threads=()
 [ -e /dev/nvidia0 ] || threads=(--runtime.num_threads 1)  # CPU ranks share the cores
 for app in train_fsdp train_ddp; do
   echo "== $app on $nproc process(es): $config"
+  ckpt=()
+  if [ -n "${CKPT_INTERVAL:-}" ]; then
+    ckpt=(--ckpt.path "$out/ckpt-$app" --ckpt.interval "$CKPT_INTERVAL")
+    [ -f "$out/ckpt-$app/latest" ] && ckpt+=(--ckpt.resume latest)
+  fi
   .venv/bin/torchrun --standalone --nproc_per_node="$nproc" --no-python "build/apps/$app" \
-    --config "$config" --logging.metrics_file "$out/$app.jsonl" "${threads[@]}" "$@" 2>&1 \
-    | grep -E "step [0-9]+/[0-9]+ \| (loss|val)|done|error" | awk 'NR % 5 == 1 || /val|done|error/'
+    --config "$config" --logging.metrics_file "$out/$app.jsonl" "${threads[@]}" "${ckpt[@]}" "$@" 2>&1 \
+    | grep -E "step [0-9]+/[0-9]+ \| (loss|val)|done|error|resumed" | awk 'NR % 5 == 1 || /val|done|error|resumed/'
 done
 .venv/bin/python scripts/compare_runs.py "$out/train_fsdp.jsonl" "$out/train_ddp.jsonl" "$out"

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Checkpoints end to end with real processes:
 #   checkpoints.sh exact_resume|other_world_size|signal|kill_during_save|bad_checkpoint|hf_export|hf_roundtrip
-#                  TRAIN_FSDP CONFIG PYTHON
+#                  |ddp_exact_resume|ddp_to_fsdp|fsdp_to_ddp  TRAIN_FSDP CONFIG PYTHON
 set -u
 what=$1 train=$2 config=$3 python=${4:-python3}
 export_hf="$(dirname "$train")/export_hf"
+train_fsdp=$train train_ddp="$(dirname "$train")/train_ddp"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # The debug model at 64 tokens; 24 sequences per step divide over 1, 2, 3 and 4 ranks.
@@ -24,7 +25,18 @@ run_ranks() {
   done
 }
 wait_ranks() { local rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done; return $rc; }
-losses() { python3 -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1]) if json.loads(l)['step'] > 4))" "$1"; }
+# compare_losses A.jsonl B.jsonl RTOL LABEL: steps 5-8 of B against A (RTOL 0: bit-identical).
+compare_losses() {
+  python3 - "$@" <<'PY'
+import json, sys
+a = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[1]))}
+b = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[2]))}
+rtol = float(sys.argv[3])
+worst = max(abs(b[s] - a[s]) / abs(a[s]) for s in range(5, 9))
+print(f"{sys.argv[4]}: steps 5-8 {[b[s] for s in range(5, 9)]}, largest relative difference {worst:.2e} (allowed {rtol:g})")
+sys.exit(0 if worst <= rtol else 1)
+PY
+}
 fail() { echo "FAIL: $*"; for f in "$work"/*.log.*; do echo "== $f"; tail -5 "$f"; done; exit 1; }
 
 case $what in
@@ -33,9 +45,7 @@ exact_resume)
   wait_ranks || fail "straight run"
   run_ranks 2 "$work/b.log" --ckpt.path "$work/b" --ckpt.resume "$work/a/step_00000004" --logging.metrics_file "$work/b.jsonl"
   wait_ranks || fail "resumed run"
-  a=$(losses "$work/a.jsonl"); b=$(losses "$work/b.jsonl")
-  echo "steps 5-8 straight: $a"; echo "steps 5-8 resumed:  $b"
-  [ -n "$a" ] && [ "$a" = "$b" ] || fail "losses differ"
+  compare_losses "$work/a.jsonl" "$work/b.jsonl" 0 "saved at step 4 on 2 ranks, resumed on 2" || fail "losses differ"
   ;;
 other_world_size)
   run_ranks 4 "$work/a.log" --ckpt.path "$work/a" --ckpt.interval 4 --ckpt.keep 0 --logging.metrics_file "$work/a.jsonl"
@@ -44,15 +54,8 @@ other_world_size)
     run_ranks $w "$work/r$w.log" --ckpt.path "$work/r$w" --ckpt.resume "$work/a/step_00000004" \
       --logging.metrics_file "$work/r$w.jsonl"
     wait_ranks || fail "resume on $w ranks"
-    python3 - "$work/a.jsonl" "$work/r$w.jsonl" $w <<'PY' || fail "losses on $w ranks"
-import json, sys
-a = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[1]))}
-b = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[2]))}
-worst = max(abs(b[s] - a[s]) / abs(a[s]) for s in range(5, 9))
-print(f"saved on 4 ranks, resumed on {sys.argv[3]}: steps 5-8 {[round(b[s], 6) for s in range(5, 9)]}, "
-      f"largest relative difference from the 4-rank run {worst:.2e}")
-sys.exit(0 if worst <= 1e-4 else 1)  # fp32, different summation order only
-PY
+    # fp32, different summation order only.
+    compare_losses "$work/a.jsonl" "$work/r$w.jsonl" 1e-4 "saved on 4 ranks, resumed on $w" || fail "losses on $w ranks"
   done
   ;;
 signal)
@@ -66,20 +69,54 @@ signal)
   [ -f "$work/s/$(cat "$work/s/latest")/meta.json" ] || fail "no checkpoint"
   ;;
 kill_during_save)
-  # Checkpoints every step of a model with a 32000-token vocabulary (a few hundred MB per save);
-  # both ranks are killed with SIGKILL at some point during the run. Whatever the moment, the
-  # newest complete checkpoint must load.
-  run_ranks 2 "$work/k.log" --ckpt.path "$work/k" --ckpt.interval 1 --ckpt.keep 2 --model.vocab_size 32000 \
-    --optim.total_steps 100000
-  for _ in $(seq 300); do [ -f "$work/k/latest" ] && break; sleep 0.1; done
-  sleep 1.3
+  # Saves every step; the writers of step 5's save stop inside it on purpose (a test-only hook,
+  # after each rank's data file, before its index and the commit) and both ranks are killed with
+  # SIGKILL there. The newest complete checkpoint (step 4) must load, and the resumed run must end
+  # with exactly the losses of a run never interrupted.
+  run_ranks 2 "$work/straight.log" --logging.metrics_file "$work/straight.jsonl"
+  wait_ranks || fail "straight run"
+  export ZB_TEST_PAUSE_SAVE_AT_STEP=5
+  run_ranks 2 "$work/k.log" --ckpt.path "$work/k" --ckpt.interval 1 --ckpt.keep 2 \
+    --logging.metrics_file "$work/k.jsonl"
+  unset ZB_TEST_PAUSE_SAVE_AT_STEP
+  for _ in $(seq 600); do
+    grep -q "writer paused inside the save of step 5" "$work/k.log.0" &&
+      grep -q "writer paused inside the save of step 5" "$work/k.log.1" && break
+    sleep 0.1
+  done
+  grep -q "writer paused" "$work/k.log.1" || fail "the save of step 5 never paused"
   kill -9 "${pids[@]}"; wait_ranks
   ls -a "$work/k"
-  run_ranks 2 "$work/r.log" --ckpt.path "$work/k" --ckpt.resume latest --model.vocab_size 32000 \
-    --optim.total_steps 100000 --ckpt.interval 0
-  for _ in $(seq 300); do grep -q "resumed from" "$work/r.log.0" && break; grep -q "error" "$work/r.log.0" && break; sleep 0.1; done
-  kill -TERM "${pids[@]}"; wait_ranks
-  grep "resumed from" "$work/r.log.0" || fail "could not resume after the kill"
+  [ -d "$work/k/.tmp-step_00000005" ] || fail "the kill did not land inside the save of step 5"
+  [ "$(cat "$work/k/latest")" = step_00000004 ] || fail "latest is $(cat "$work/k/latest"), not step_00000004"
+  run_ranks 2 "$work/r.log" --ckpt.path "$work/k" --ckpt.resume latest --logging.metrics_file "$work/r.jsonl"
+  wait_ranks || fail "could not resume after the kill"
+  grep "resumed from" "$work/r.log.0" || fail "no resume"
+  compare_losses "$work/straight.jsonl" "$work/r.jsonl" 0 "killed inside the save of step 5, resumed from step 4" \
+    || fail "losses differ from the uninterrupted run"
+  ;;
+ddp_exact_resume)
+  # train_ddp saves and resumes, bit-exact on the same world size.
+  train=$train_ddp
+  run_ranks 2 "$work/a.log" --ckpt.path "$work/a" --ckpt.interval 4 --ckpt.keep 0 --logging.metrics_file "$work/a.jsonl"
+  wait_ranks || fail "straight DDP run"
+  run_ranks 2 "$work/b.log" --ckpt.path "$work/b" --ckpt.resume "$work/a/step_00000004" --logging.metrics_file "$work/b.jsonl"
+  wait_ranks || fail "resumed DDP run"
+  compare_losses "$work/a.jsonl" "$work/b.jsonl" 0 "train_ddp saved at step 4 on 2 ranks, resumed on 2" || fail "losses differ"
+  ;;
+ddp_to_fsdp|fsdp_to_ddp)
+  # One format for both engines: saved by one on 2 ranks, resumed by the other on 3; the
+  # losses follow the saving run's within fp32 summation-order noise.
+  if [ "$what" = ddp_to_fsdp ]; then first=$train_ddp second=$train_fsdp; else first=$train_fsdp second=$train_ddp; fi
+  train=$first
+  run_ranks 2 "$work/a.log" --ckpt.path "$work/a" --ckpt.interval 4 --ckpt.keep 0 --logging.metrics_file "$work/a.jsonl"
+  wait_ranks || fail "$(basename "$first") on 2 ranks"
+  train=$second
+  run_ranks 3 "$work/b.log" --ckpt.path "$work/b" --ckpt.resume "$work/a/step_00000004" --logging.metrics_file "$work/b.jsonl"
+  wait_ranks || fail "$(basename "$second") resuming on 3 ranks"
+  grep "resumed from" "$work/b.log.0" || fail "no resume"
+  compare_losses "$work/a.jsonl" "$work/b.jsonl" 1e-4 \
+    "saved by $(basename "$first") on 2 ranks, resumed by $(basename "$second") on 3" || fail "losses differ"
   ;;
 bad_checkpoint)
   run_ranks 2 "$work/a.log" --ckpt.path "$work/a" --optim.total_steps 2

@@ -12,6 +12,7 @@
 #include "data/fake_data.h"
 #include "dist/comm.h"
 #include "fsdp/fsdp_engine.h"
+#include "fsdp/row_shard.h"
 #include "fsdp/sharded_muon.h"
 #include "model/llama.h"
 #include "multiprocess.h"
@@ -52,7 +53,7 @@ RunResult train_single_process(const Config& c, int steps) {
   at::manual_seed(static_cast<uint64_t>(c.runtime.seed));
   Llama model(resolve_model_args(c), at::TensorOptions());
   model.init_weights();
-  Optimizer opt(c, model.parameters());
+  Optimizer opt(c, whole_parameters(model.parameters()));
   DataLoader data(std::make_shared<FakeDataset>(static_cast<uint64_t>(c.runtime.seed),
                                                 c.data.seq_length, model.args().vocab_size),
                   0, false, c.optim.batch_size, c.optim.batch_size, 0, 1);
@@ -82,8 +83,8 @@ RunResult train_sharded(const Config& c, int steps) {
   Trainer trainer(c, communicator(), c10::Device(c10::kCPU));
   RunResult run;
   for (int s = 1; s <= steps; ++s) run.losses.push_back(trainer.train_step().loss);
-  for (auto& [name, t] : trainer.engine().gather_full_parameters()) run.params[name] = t;
-  run.blocks_recomputed = trainer.engine().blocks_recomputed();
+  for (auto& [name, t] : trainer.parallel().gather_full_parameters()) run.params[name] = t;
+  run.blocks_recomputed = dynamic_cast<FSDPEngine&>(trainer.parallel()).blocks_recomputed();
   return run;
 }
 
@@ -91,7 +92,7 @@ RunResult train_data_parallel(const Config& c, int steps) {
   Trainer trainer(c, communicator(), c10::Device(c10::kCPU), Parallelism::DDP);
   RunResult run;
   for (int s = 1; s <= steps; ++s) run.losses.push_back(trainer.train_step().loss);
-  for (const auto& p : trainer.parallel().sharded_parameters()) run.params[p.name] = p.slot->detach().clone();
+  for (auto& [name, t] : trainer.parallel().gather_full_parameters()) run.params[name] = t;
   return run;
 }
 
@@ -185,10 +186,33 @@ TEST(FSDP, ReshardFreesGatheredParametersAfterForward) {
       EXPECT_EQ(allocated(1), !reshard);
       EXPECT_TRUE(allocated(2));
       EXPECT_EQ(engine.blocks()[0]->state(), reshard ? FSDPUnit::State::Sharded : FSDPUnit::State::Unsharded);
+      // Units wait for their backward in IDLE; a call out of order is refused, naming the unit.
+      EXPECT_EQ(engine.blocks()[0]->training_state(), FSDPUnit::TrainingState::Idle);
+      try {
+        engine.blocks()[0]->post_forward();
+        ADD_FAILURE() << "post_forward without pre_forward was accepted";
+      } catch (const c10::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("FSDP unit layers.0: post_forward in state IDLE"), std::string::npos);
+      }
       loss.backward();  // gathers blocks 1 and 0 again
+      for (int64_t b = 0; b < 3; ++b)
+        EXPECT_EQ(engine.blocks()[b]->training_state(), FSDPUnit::TrainingState::PostBackward);
       engine.finish_backward();
+      for (int64_t b = 0; b < 3; ++b) {
+        EXPECT_FALSE(allocated(b));
+        EXPECT_EQ(engine.blocks()[b]->training_state(), FSDPUnit::TrainingState::Idle);
+      }
+      // Evaluation: a forward without backward, then reshard() frees what it gathered.
+      {
+        at::NoGradGuard no_grad;
+        engine.forward(tokens);
+      }
+      EXPECT_TRUE(allocated(2));
+      engine.reshard();
       for (int64_t b = 0; b < 3; ++b) EXPECT_FALSE(allocated(b));
-      for (at::Tensor p : engine.sharded_tensors()) {
+      for (auto* p : engine.root().params()) EXPECT_FALSE(p->unsharded_allocated());
+      for (const ShardedParameter& sp : engine.parameters()) {
+        const at::Tensor& p = *sp.tensor;
         EXPECT_TRUE(p.grad().defined());
         if (p.numel() > 0) EXPECT_GT(p.grad().abs().sum().item<double>(), 0.0);
       }
@@ -210,10 +234,8 @@ TEST(FSDP, ShardedMuonEqualsMuonOnWholeMatrices) {
     at::manual_seed(42);  // same matrices on every rank
     for (const auto& s : shapes) {
       at::Tensor f = at::randn(s).requires_grad_(true);
-      const int64_t per = (s[0] + W - 1) / W;
-      const int64_t start = std::min<int64_t>(s[0], rank * per);
-      const int64_t n = std::min<int64_t>(s[0], start + per) - start;
-      at::Tensor l = f.detach().narrow(0, start, n).clone().requires_grad_(true);
+      const RowShard shard = RowShard::of(s, W);
+      at::Tensor l = f.detach().narrow(0, shard.first_row(rank), shard.rows_of(rank)).clone().requires_grad_(true);
       whole.add_param("m", f);
       sharded.add_param("m", l, s);
       full.push_back(f);
@@ -223,16 +245,14 @@ TEST(FSDP, ShardedMuonEqualsMuonOnWholeMatrices) {
     for (int step = 0; step < 3; ++step) {
       for (size_t i = 0; i < shapes.size(); ++i) {
         at::Tensor g = at::randn(shapes[i]);  // same on every rank
-        const int64_t per = (shapes[i][0] + W - 1) / W;
-        const int64_t start = std::min<int64_t>(shapes[i][0], rank * per);
+        const int64_t start = RowShard::of(shapes[i], W).first_row(rank);
         full[i].mutable_grad() = g;
         local[i].mutable_grad() = g.narrow(0, start, local[i].size(0)).clone();
       }
       whole.step(1.0);
       sharded.step(1.0);
       for (size_t i = 0; i < shapes.size(); ++i) {
-        const int64_t per = (shapes[i][0] + W - 1) / W;
-        const int64_t start = std::min<int64_t>(shapes[i][0], rank * per);
+        const int64_t start = RowShard::of(shapes[i], W).first_row(rank);
         at::Tensor want = full[i].detach().narrow(0, start, local[i].size(0));
         if (want.numel() > 0)
           EXPECT_LE((local[i].detach() - want).abs().max().item<double>(), 1e-6) << "matrix " << i;

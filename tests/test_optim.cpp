@@ -81,12 +81,12 @@ TEST(ParamGroups, ByRoleForEveryPreset) {
   for (const char* name : {"debugmodel", "150M", "1B", "7B"}) {
     ModelArgs a = lookup_model_args("llama2", name);
     Llama model(a, at::TensorOptions().device(at::kMeta));
-    auto groups = group_parameters(model.parameters());
+    auto groups = group_parameters(whole_parameters(model.parameters()));
     ASSERT_EQ(groups.size(), 4u) << name;
     EXPECT_EQ(groups[0].role, ParamRole::Hidden);
     EXPECT_EQ(groups[0].params.size(), static_cast<size_t>(7 * a.n_layers)) << name;
     for (const auto& p : groups[0].params) {
-      EXPECT_EQ(p.slot->dim(), 2);
+      EXPECT_EQ(p.tensor->dim(), 2);
       EXPECT_EQ(p.name.rfind("layers.", 0), 0u);
     }
     EXPECT_EQ(groups[1].role, ParamRole::Embedding);
@@ -109,7 +109,7 @@ TEST(Optimizer, MuonForHiddenMatricesAdamWForTheRest) {
   ModelArgs a = resolve_model_args(c);
   a.max_seq_len = 8;
   Llama model(a, at::TensorOptions());
-  Optimizer opt(c, model.parameters());
+  Optimizer opt(c, whole_parameters(model.parameters()));
   ASSERT_NE(opt.muon(), nullptr);
   EXPECT_EQ(opt.muon()->params().size(), 14u);  // 7 matrices x 2 blocks
   EXPECT_EQ(opt.muon()->params()[0].name, "layers.0.attention.wq.weight");
@@ -127,9 +127,9 @@ TEST(Optimizer, MuonForHiddenMatricesAdamWForTheRest) {
   // Named state: a momentum buffer per Muon matrix, AdamW moments and step per other tensor.
   const auto state = opt.state();
   EXPECT_EQ(state.size(), 14u + 3u * (1 + 1 + 5));
-  EXPECT_EQ(state[0].name, "layers.0.attention.wq.weight.momentum_buffer");
-  EXPECT_EQ(state[14].name, "tok_embeddings.weight.exp_avg");
-  EXPECT_EQ(state[16].name, "tok_embeddings.weight.step");
+  EXPECT_EQ(state[0].param + "." + state[0].key, "layers.0.attention.wq.weight.momentum_buffer");
+  EXPECT_EQ(state[14].param + "." + state[14].key, "tok_embeddings.weight.exp_avg");
+  EXPECT_EQ(state[16].param + "." + state[16].key, "tok_embeddings.weight.step");
 }
 
 TEST(Optimizer, AdamWEverywhereWhenAsked) {
@@ -138,7 +138,7 @@ TEST(Optimizer, AdamWEverywhereWhenAsked) {
   ModelArgs a = resolve_model_args(c);
   a.max_seq_len = 8;
   Llama model(a, at::TensorOptions());
-  Optimizer opt(c, model.parameters());
+  Optimizer opt(c, whole_parameters(model.parameters()));
   EXPECT_EQ(opt.muon(), nullptr);
   EXPECT_EQ(opt.learning_rates(1.0)[0], (std::pair<std::string, double>{"hidden", 0.003}));
   EXPECT_EQ(opt.adamw().groups()[0].params.size(), 14u);

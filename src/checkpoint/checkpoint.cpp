@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -19,6 +20,8 @@
 #include <stdexcept>
 
 #include "checkpoint/hf_export.h"
+#include "checkpoint/state.h"
+#include "fsdp/row_shard.h"
 #include "util/fs.h"
 #include "util/log.h"
 
@@ -30,36 +33,40 @@ using json = nlohmann::json;
 std::string step_name(int64_t step) { return strf("step_%08ld", step); }
 std::string rank_name(int64_t rank, const char* ext) { return strf("rank_%05ld.%s", rank, ext); }
 
-// One tensor of this rank: rows [row_start, row_start + rows) of a global tensor, or a scalar
-// (rows = -1) that every rank holds whole.
+// What this rank writes of one state tensor: rows [row_start, row_start + rows) of the whole,
+// or (rows = -1) a scalar every rank holds. A replicated tensor is written once over the ranks:
+// each writes the rows it would own if it were sharded.
 struct Entry {
   std::string name;
-  at::Tensor tensor;  // this rank's rows (fp32) or the scalar
+  at::Tensor tensor;
   std::vector<int64_t> global_shape;
   int64_t row_start = 0, rows = -1;
 };
 
-// Every tensor that makes up the training state, with its place in the global layout.
-std::vector<Entry> state_entries(Trainer& trainer, int64_t rank) {
-  std::vector<Entry> out;
-  auto place = [&](const std::string& name, const at::Tensor& t, const std::string& param_name) {
-    Entry e{name, t, {}, 0, -1};
-    if (t.dim() > 0) {
-      const FSDPParam* p = trainer.engine().param(param_name);
-      TORCH_CHECK(p, "no parameter ", param_name, " for state ", name);
-      e.global_shape = p->full_shape;
-      e.row_start = std::min(p->rows, rank * p->rows_per_rank);
-      e.rows = p->local_rows;
+Entry entry_to_write(const StateTensor& t, int64_t rank, int64_t world_size) {
+  if (t.global_shape.empty()) return {t.name, t.local, {}, 0, -1};
+  if (!t.replicated) return {t.name, t.local, t.global_shape, t.row_start, t.local.size(0)};
+  const RowShard shard = RowShard::of(t.global_shape, world_size);
+  const int64_t start = shard.first_row(rank), rows = shard.rows_of(rank);
+  return {t.name, t.local.narrow(0, start - t.row_start, rows), t.global_shape, start, rows};
+}
+
+// pread of exactly n bytes, or an error naming the file.
+void read_exact(const std::string& path, char* out, int64_t n, int64_t offset) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
+  int64_t done = 0;
+  while (done < n) {
+    const ssize_t got = ::pread(fd, out + done, static_cast<size_t>(n - done), offset + done);
+    if (got <= 0) {
+      const std::string why = got < 0 ? std::strerror(errno) : "unexpected end of file";
+      ::close(fd);
+      throw std::runtime_error(strf("reading %ld bytes at offset %ld of %s failed: %s", n, offset + done,
+                                    path.c_str(), why.c_str()));
     }
-    out.push_back(e);
-  };
-  for (const auto& np : trainer.engine().sharded_parameters())
-    place("model/" + np.name, *np.slot, np.name);
-  for (const auto& st : trainer.optimizer().state()) {
-    const std::string param_name = st.name.substr(0, st.name.rfind('.'));
-    place("optim/" + st.name, st.tensor, param_name);
+    done += got;
   }
-  return out;
+  ::close(fd);
 }
 
 void write_all(const std::string& path, const std::string& bytes) {
@@ -77,10 +84,6 @@ void write_all(const std::string& path, const std::string& bytes) {
   ::fsync(fd);  // on disk before the checkpoint is renamed into place
   ::close(fd);
 }
-
-}  // namespace
-
-namespace {
 
 // Rank 0, once every rank's files are complete: metadata, rename into place, latest, pruning.
 void publish(const std::string& root, int64_t step, const std::string& tmp_dir,
@@ -147,7 +150,8 @@ std::string CheckpointWriter::save(Trainer& trainer) {
   json index = json::array();
   {
     at::NoGradGuard no_grad;
-    for (const Entry& e : state_entries(trainer, comm_.rank())) {
+    for (const StateTensor& t : training_state(trainer.parallel(), trainer.optimizer())) {
+      const Entry e = entry_to_write(t, comm_.rank(), comm_.size());
       at::Tensor host = e.tensor.detach().to(at::kCPU, at::kFloat).contiguous();
       index.push_back({{"name", e.name}, {"global_shape", e.global_shape}, {"row_start", e.row_start},
                        {"rows", e.rows}, {"offset", bytes->size()}, {"numel", host.numel()}});
@@ -157,8 +161,7 @@ std::string CheckpointWriter::save(Trainer& trainer) {
   json meta;
   if (comm_.rank() == 0) {
     json shapes = json::object();
-    for (const auto& np : trainer.engine().sharded_parameters())
-      shapes[np.name] = trainer.engine().param(np.name)->full_shape;
+    for (const ShardedParameter& p : trainer.parallel().parameters()) shapes[p.name] = p.global_shape;
     const ModelArgs& a = trainer.model_args();
     meta = {
         {"format", "zeroband-cpp checkpoint"},
@@ -183,9 +186,17 @@ std::string CheckpointWriter::save(Trainer& trainer) {
   const int64_t rank = comm_.rank(), world = comm_.size(), keep = config_.ckpt.keep;
   const std::string done_key = "zb/ckpt/" + std::to_string(step) + "/written";
   const std::string complete_key = "zb/ckpt/" + std::to_string(step) + "/complete";
+  // For tests: the writer of this step's save stops for good after its data file, so that a
+  // test can kill the run inside a save on purpose.
+  const char* pause_at = std::getenv("ZB_TEST_PAUSE_SAVE_AT_STEP");
+  const bool pause = pause_at && std::to_string(step) == pause_at;
   writer_ = std::thread([=] {
     try {
       write_all(tmp_dir + "/" + rank_name(rank, "bin"), *bytes);
+      if (pause) {
+        log::warn(strf("checkpoint: writer paused inside the save of step %ld (ZB_TEST_PAUSE_SAVE_AT_STEP)", step));
+        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+      }
       write_all(tmp_dir + "/" + rank_name(rank, "json"), index.dump());
       if (store) {
         // The last rank to finish announces it; rank 0 waits for that, then publishes.
@@ -198,6 +209,15 @@ std::string CheckpointWriter::save(Trainer& trainer) {
     }
   });
   return final_dir;
+}
+
+std::optional<std::string> CheckpointWriter::save_if_due(Trainer& trainer, bool stopping) {
+  const auto& c = config_.ckpt;
+  const int64_t step = trainer.step();
+  if (c.path.empty()) return std::nullopt;
+  if (!(stopping || step == config_.optim.total_steps || (c.interval > 0 && step % c.interval == 0)))
+    return std::nullopt;
+  return save(trainer);
 }
 
 std::string resolve_checkpoint(const Config& config, const std::string& spec) {
@@ -222,17 +242,17 @@ void load_checkpoint(const std::string& dir, Trainer& trainer, Communicator& com
     throw fail("unknown format or version");
   // Same model: every parameter with the same global shape.
   const json& shapes = meta["shapes"];
-  for (const auto& np : trainer.engine().sharded_parameters()) {
-    const auto& want = trainer.engine().param(np.name)->full_shape;
-    if (!shapes.contains(np.name)) throw fail("it holds no parameter " + np.name + " (another model?)");
-    const std::vector<int64_t> have = shapes[np.name];
-    if (have != want)
-      throw fail(np.name + " has shape " + json(have).dump() + " there but " + json(want).dump() +
+  const std::vector<ShardedParameter> params = trainer.parallel().parameters();
+  for (const ShardedParameter& p : params) {
+    if (!shapes.contains(p.name)) throw fail("it holds no parameter " + p.name + " (another model?)");
+    const std::vector<int64_t> have = shapes[p.name];
+    if (have != p.global_shape)
+      throw fail(p.name + " has shape " + json(have).dump() + " there but " + json(p.global_shape).dump() +
                  " in this model (another model?)");
   }
-  if (shapes.size() != trainer.engine().sharded_parameters().size())
+  if (shapes.size() != params.size())
     throw fail("it holds " + std::to_string(shapes.size()) + " parameters, this model " +
-               std::to_string(trainer.engine().sharded_parameters().size()));
+               std::to_string(params.size()));
 
   // Every saved rank's index, and its file checked against it.
   const int64_t saved_world = meta["world_size"];
@@ -248,7 +268,7 @@ void load_checkpoint(const std::string& dir, Trainer& trainer, Communicator& com
       throw fail("damaged " + rank_name(s, "json") + ": " + e.what());
     }
     struct stat st {};
-    ::stat(bin_path.c_str(), &st);
+    if (::stat(bin_path.c_str(), &st) != 0) throw fail("cannot stat " + rank_name(s, "bin") + ": " + std::strerror(errno));
     int64_t expected = 0;
     for (const auto& e : indices[s]) expected = std::max<int64_t>(expected, e["offset"].get<int64_t>() + 4 * e["numel"].get<int64_t>());
     if (st.st_size != expected)
@@ -259,34 +279,38 @@ void load_checkpoint(const std::string& dir, Trainer& trainer, Communicator& com
 
   // Read everything first (nothing is modified if anything is missing), then copy in.
   std::vector<std::pair<at::Tensor, at::Tensor>> assignments;  // (destination, loaded value)
-  for (const Entry& e : state_entries(trainer, comm.rank())) {
-    at::Tensor value = at::empty(e.tensor.sizes(), at::kFloat);
+  for (const StateTensor& t : training_state(trainer.parallel(), trainer.optimizer())) {
+    at::Tensor value = at::empty(t.local.sizes(), at::kFloat);
     char* out = static_cast<char*>(value.data_ptr());
+    const bool scalar = t.global_shape.empty();
+    // This rank needs rows [b, b + m) of the whole; every saved rank's overlapping rows are read.
+    const int64_t b = t.row_start, m = scalar ? 0 : t.local.size(0);
+    int64_t rows_read = 0;
     bool found = false;
-    for (int64_t s = 0; s < saved_world && !(found && e.rows < 0); ++s) {
+    for (int64_t s = 0; s < saved_world && !(found && scalar); ++s) {
       for (const auto& ie : indices[s]) {
-        if (ie["name"] != e.name) continue;
+        if (ie["name"] != t.name) continue;
         found = true;
         const int64_t offset = ie["offset"];
-        const int fd = ::open(files[s].c_str(), O_RDONLY);
-        if (e.rows < 0) {  // a scalar: any rank's copy
-          ::pread(fd, out, 4, offset);
+        if (scalar) {  // any rank's copy
+          read_exact(files[s], out, 4, offset);
         } else {
           // Overlap of the saved rows [a, a+n) with mine [b, b+m).
-          const int64_t a = ie["row_start"], n = ie["rows"], b = e.row_start, m = e.rows;
+          const int64_t a = ie["row_start"], n = ie["rows"];
           const int64_t lo = std::max(a, b), hi = std::min(a + n, b + m);
           if (hi > lo) {
             const int64_t rn = ie["numel"].get<int64_t>() / std::max<int64_t>(1, n);
-            ::pread(fd, out + (lo - b) * rn * 4, static_cast<size_t>((hi - lo) * rn * 4),
-                    offset + (lo - a) * rn * 4);
+            read_exact(files[s], out + (lo - b) * rn * 4, (hi - lo) * rn * 4, offset + (lo - a) * rn * 4);
+            rows_read += hi - lo;
           }
         }
-        ::close(fd);
         break;
       }
     }
-    if (!found) throw fail("it holds no " + e.name + " (saved with another optimizer?)");
-    assignments.emplace_back(e.tensor, value);
+    if (!found) throw fail("it holds no " + t.name + " (saved with another optimizer?)");
+    if (!scalar && rows_read != m)
+      throw fail(strf("%s: found %ld of the %ld rows this rank needs", t.name.c_str(), rows_read, m));
+    assignments.emplace_back(t.local, value);
   }
   at::NoGradGuard no_grad;
   for (auto& [dst, value] : assignments) dst.copy_(value.to(dst.device()).view(dst.sizes()));
@@ -301,14 +325,12 @@ void init_from_hf(const std::string& dir, Trainer& trainer) {
   ModelArgs args;
   const TensorMap full = read_hf_model(dir, &args);
   std::vector<std::pair<at::Tensor, at::Tensor>> assignments;
-  for (const auto& np : trainer.engine().sharded_parameters()) {
-    const FSDPParam* p = trainer.engine().param(np.name);
-    const auto it = full.find(np.name);
-    if (it == full.end() || it->second.sizes().vec() != p->full_shape)
-      throw std::runtime_error("model " + dir + ": " + np.name + " is missing or has another shape than " +
-                               json(p->full_shape).dump() + " (another model?)");
-    const int64_t start = std::min(p->rows, trainer.engine().comm().rank() * p->rows_per_rank);
-    assignments.emplace_back(*np.slot, it->second.narrow(0, start, p->local_rows));
+  for (const ShardedParameter& p : trainer.parallel().parameters()) {
+    const auto it = full.find(p.name);
+    if (it == full.end() || it->second.sizes().vec() != p.global_shape)
+      throw std::runtime_error("model " + dir + ": " + p.name + " is missing or has another shape than " +
+                               json(p.global_shape).dump() + " (another model?)");
+    assignments.emplace_back(*p.tensor, it->second.narrow(0, p.row_start, p.tensor->size(0)));
   }
   at::NoGradGuard no_grad;
   for (auto& [dst, value] : assignments) dst.copy_(value);

@@ -1,15 +1,18 @@
 #pragma once
-// Sharded checkpoints. Each rank writes its own rows of every parameter and optimizer state;
-// rank 0 adds the metadata. A checkpoint is written under a temporary name and renamed into
+// Sharded checkpoints of the training state (checkpoint/state.h), in one format whatever the
+// engine: each rank writes its own rows of every parameter and optimizer state (under DDP, where
+// every rank holds everything, each writes the rows it would own if sharded); rank 0 adds the
+// metadata. A checkpoint is written under a temporary name and renamed into
 // place only after every rank has finished, so a crash during a save never damages the last good
 // checkpoint. Loading reshards from the global row layout, so a checkpoint saved on W ranks
-// resumes on any number of ranks.
+// resumes on any number of ranks, under train_fsdp or train_ddp.
 //
 //   <ckpt.path>/step_00000100/meta.json          format, step, tokens, world size, shapes, loader
 //   <ckpt.path>/step_00000100/rank_00003.json    index: name, global shape, first row, rows, offset
 //   <ckpt.path>/step_00000100/rank_00003.bin     the rows, fp32, in index order
 //   <ckpt.path>/latest                           the name of the newest complete checkpoint
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -32,6 +35,9 @@ class CheckpointWriter {
   ~CheckpointWriter();
   // Returns the directory the checkpoint will have.
   std::string save(Trainer& trainer);
+  // The cadence: saves (and returns the directory) every ckpt.interval steps, at the last step,
+  // and when the run is `stopping` (a signal); never without ckpt.path.
+  std::optional<std::string> save_if_due(Trainer& trainer, bool stopping);
   // Waits for the save in flight; rethrows its error, if any.
   void finish();
 

@@ -1,124 +1,130 @@
 #include "ddp/ddp_engine.h"
 
-#include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 #include "optim/clip.h"
+#include "parallel/gradient_group.h"
 
 namespace zb {
 
-struct DDPEngine::Bucket {
-  std::vector<size_t> members;  // indices into masters_
-  std::vector<int64_t> offsets;
-  int64_t numel = 0;
-  at::Tensor accumulated;  // fp32 flat, across micro-batches
-  at::Tensor flat;         // being all-reduced
-  PendingCollective pending;
-};
+// A bucket: consecutive parameters (in backward order) whose gradients are all-reduced as one
+// flat tensor.
+class DDPEngine::Bucket : public GradientGroup {
+ public:
+  Bucket(std::vector<at::Tensor*> members, const bool& sync, Communicator& comm)
+      : members_(std::move(members)), sync_(sync), comm_(comm) {}
 
-namespace {
+  int64_t numel() const {
+    int64_t n = 0;
+    for (const at::Tensor* p : members_) n += p->numel();
+    return n;
+  }
+  void add(at::Tensor* replica) { members_.push_back(replica); }
 
-// Identity from a bucket's parameters to tensors over the same storage; its backward hands the
-// bucket's gradients to the engine, and gives the parameters none itself.
-struct BucketForward : torch::autograd::Function<BucketForward> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                DDPEngine* engine, DDPEngine::Bucket* bucket,
-                                                at::TensorList params) {
-    ctx->saved_data["engine"] = reinterpret_cast<int64_t>(engine);
-    ctx->saved_data["bucket"] = reinterpret_cast<int64_t>(bucket);
-    ctx->saved_data["n"] = static_cast<int64_t>(params.size());
-    torch::autograd::variable_list out;
-    for (const at::Tensor& p : params)
-      out.push_back(at::empty({0}, p.options().requires_grad(false))
-                        .set_(p.storage(), p.storage_offset(), p.sizes(), p.strides()));
+  // The model reads tensors over the replicas' storage, through the bucket's gradient node.
+  void fill_slots(const std::vector<NamedParameter>& slots) {
+    std::vector<at::Tensor> leaves;
+    for (const at::Tensor* p : members_) leaves.push_back(*p);
+    const std::vector<at::Tensor> views = through_gradient_group(*this, leaves);
+    for (size_t j = 0; j < views.size(); ++j) *slots[slot_of[j]].slot = views[j];
+  }
+
+  std::vector<at::Tensor> forward_views() override {
+    std::vector<at::Tensor> out;
+    for (const at::Tensor* p : members_)
+      out.push_back(at::empty({0}, p->options().requires_grad(false))
+                        .set_(p->storage(), p->storage_offset(), p->sizes(), p->strides()));
     return out;
   }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto* engine = reinterpret_cast<DDPEngine*>(ctx->saved_data["engine"].toInt());
-    auto* bucket = reinterpret_cast<DDPEngine::Bucket*>(ctx->saved_data["bucket"].toInt());
-    engine->bucket_ready(*bucket, grads);
-    return torch::autograd::variable_list(static_cast<size_t>(ctx->saved_data["n"].toInt()) + 2);
+
+  void gradients_ready(const std::vector<at::Tensor>& grads) override {
+    at::NoGradGuard no_grad;
+    std::vector<std::vector<int64_t>> shapes;
+    for (const at::Tensor* p : members_) shapes.push_back(p->sizes().vec());
+    const std::vector<at::Tensor> total = accumulator_.add(grads, shapes, members_.front()->device(), sync_);
+    if (!sync_) return;
+    // One flat fp32 tensor in member order (a missing gradient counts as zero).
+    std::vector<at::Tensor> parts;
+    for (size_t j = 0; j < members_.size(); ++j)
+      parts.push_back(j < total.size() && total[j].defined()
+                          ? total[j].reshape({-1}).to(at::kFloat)
+                          : at::zeros({members_[j]->numel()}, members_[j]->options().requires_grad(false)));
+    flat_ = at::cat(parts);
+    divide_for_mean_over_ranks(flat_, comm_.size());
+    pending_ = comm_.all_reduce_sum(flat_);
   }
+
+  // Waits for the all-reduce and adds the averaged gradients to the replicas' .grad().
+  void finish() {
+    if (!flat_.defined()) return;
+    pending_.wait();
+    int64_t offset = 0;
+    for (at::Tensor* p : members_) {
+      at::Tensor g = flat_.narrow(0, offset, p->numel()).view(p->sizes());
+      offset += p->numel();
+      at::Tensor& grad = p->mutable_grad();
+      if (grad.defined()) grad.add_(g);
+      else grad = g;  // a view of the bucket, as DDP's gradient_as_bucket_view
+    }
+    flat_ = at::Tensor();
+  }
+
+  std::vector<size_t> slot_of;  // each member's index in the model's parameter list
+
+ private:
+  std::vector<at::Tensor*> members_;
+  const bool& sync_;
+  Communicator& comm_;
+  GradientAccumulator accumulator_;
+  at::Tensor flat_;  // being all-reduced
+  PendingCollective pending_;
 };
 
-}  // namespace
-
 DDPEngine::DDPEngine(Llama& model, Communicator& comm, double bucket_mb) : model_(model), comm_(comm) {
-  masters_.reserve(model.parameters().size());  // params_ points into it
-  for (const auto& np : model.parameters()) {
-    masters_.push_back(*np.slot);
-    params_.push_back({np.name, &masters_.back()});
-  }
+  replicas_.reserve(model.parameters().size());  // buckets point into it
+  for (const auto& np : model.parameters()) replicas_.push_back(*np.slot);
   // Buckets in reverse model order, each up to bucket_mb of fp32 gradients (a larger parameter
   // gets a bucket of its own).
   const int64_t limit = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * (1 << 20) / 4));
-  for (size_t k = masters_.size(); k-- > 0;) {
-    if (buckets_.empty() || buckets_.back()->numel + masters_[k].numel() > limit)
-      buckets_.push_back(std::make_unique<Bucket>());
-    Bucket& b = *buckets_.back();
-    b.members.push_back(k);
-    b.offsets.push_back(b.numel);
-    b.numel += masters_[k].numel();
+  for (size_t k = replicas_.size(); k-- > 0;) {
+    if (buckets_.empty() || buckets_.back()->numel() + replicas_[k].numel() > limit)
+      buckets_.push_back(std::make_unique<Bucket>(std::vector<at::Tensor*>{}, sync_, comm_));
+    buckets_.back()->add(&replicas_[k]);
+    buckets_.back()->slot_of.push_back(k);
   }
 }
 
 DDPEngine::~DDPEngine() = default;
 
 at::Tensor DDPEngine::forward(const at::Tensor& tokens) {
-  const auto slots = model_.parameters();
-  for (auto& b : buckets_) {
-    std::vector<at::Tensor> members;
-    for (size_t k : b->members) members.push_back(masters_[k]);
-    const auto views = BucketForward::apply(this, b.get(), at::TensorList(members));
-    for (size_t j = 0; j < b->members.size(); ++j) *slots[b->members[j]].slot = views[j];
-  }
+  for (auto& b : buckets_) b->fill_slots(model_.parameters());
   return model_.forward(tokens);
 }
 
-void DDPEngine::bucket_ready(Bucket& b, const std::vector<at::Tensor>& grads) {
-  at::NoGradGuard no_grad;
-  const auto device = masters_.front().device();
-  if (!b.accumulated.defined()) b.accumulated = at::zeros({b.numel}, at::TensorOptions().device(device));
-  for (size_t j = 0; j < b.members.size(); ++j)
-    if (j < grads.size() && grads[j].defined())
-      b.accumulated.narrow(0, b.offsets[j], grads[j].numel()).add_(grads[j].reshape({-1}));
-  if (!sync_) return;
-  // The mean over ranks: pre-divide, then sum (Gloo has no average).
-  b.flat = b.accumulated / static_cast<double>(comm_.size());
-  b.accumulated = at::Tensor();
-  b.pending = comm_.all_reduce_sum(b.flat);
-}
-
 void DDPEngine::finish_backward() {
-  at::NoGradGuard no_grad;
-  for (auto& b : buckets_) {
-    if (!b->flat.defined()) continue;
-    b->pending.wait();
-    for (size_t j = 0; j < b->members.size(); ++j) {
-      at::Tensor& p = masters_[b->members[j]];
-      at::Tensor g = b->flat.narrow(0, b->offsets[j], p.numel()).view(p.sizes());
-      at::Tensor& grad = p.mutable_grad();
-      if (grad.defined()) grad.add_(g);
-      else grad = g;  // a view of the bucket, as DDP's gradient_as_bucket_view
-    }
-    b->flat = at::Tensor();
-  }
+  for (auto& b : buckets_) b->finish();
 }
 
-std::vector<std::vector<int64_t>> DDPEngine::global_shapes() const {
-  std::vector<std::vector<int64_t>> out;
-  for (const auto& m : masters_) out.push_back(m.sizes().vec());
+std::vector<ShardedParameter> DDPEngine::parameters() {
+  std::vector<ShardedParameter> out;
+  const auto& named = model_.parameters();
+  for (size_t k = 0; k < replicas_.size(); ++k)
+    out.push_back({named[k].name, &replicas_[k], replicas_[k].sizes().vec(), 0, /*replicated=*/true});
   return out;
 }
 
-std::vector<at::Tensor> DDPEngine::sharded_tensors() const { return masters_; }
-
 at::Tensor DDPEngine::clip_grad_norm_(double max_norm) {
-  return zb::clip_grad_norm_(masters_, max_norm);  // gradients are identical on every rank
+  return zb::clip_grad_norm_(replicas_, max_norm);  // gradients are identical on every rank
+}
+
+std::vector<std::pair<std::string, at::Tensor>> DDPEngine::gather_full_parameters() {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  const auto& named = model_.parameters();
+  for (size_t k = 0; k < replicas_.size(); ++k) out.emplace_back(named[k].name, replicas_[k].detach().clone());
+  return out;
 }
 
 }  // namespace zb

@@ -5,41 +5,38 @@
 // of backward), and none on micro-batches before the last.
 //
 // Buckets take the parameters in reverse model order (the order backward produces them). Each
-// bucket feeds the model through an identity autograd node whose backward receives the bucket's
-// gradients together: the same mechanism as the sharding engine's units.
+// bucket is a GradientGroup (parallel/gradient_group.h), the same mechanism as the sharding
+// engine's units.
 #include <ATen/core/Tensor.h>
 
 #include <memory>
 #include <vector>
 
 #include "dist/comm.h"
-#include "model/parallel_model.h"
+#include "parallel/parallel_model.h"
 
 namespace zb {
 
 class DDPEngine : public ParallelModel {
  public:
-  struct Bucket;
-
   DDPEngine(Llama& model, Communicator& comm, double bucket_mb);
   ~DDPEngine() override;
 
   at::Tensor forward(const at::Tensor& tokens) override;
   void set_requires_gradient_sync(bool sync) override { sync_ = sync; }
   void finish_backward() override;
-  std::vector<NamedParameter> sharded_parameters() override { return params_; }
-  std::vector<std::vector<int64_t>> global_shapes() const override;
-  std::vector<at::Tensor> sharded_tensors() const override;
+  void reshard() override {}  // nothing is gathered
+  // The replicas: every rank holds every row.
+  std::vector<ShardedParameter> parameters() override;
   at::Tensor clip_grad_norm_(double max_norm) override;
-
-  // Called by a bucket's autograd node.
-  void bucket_ready(Bucket& bucket, const std::vector<at::Tensor>& grads);
+  std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters() override;
 
  private:
+  class Bucket;
+
   Llama& model_;
   Communicator& comm_;
-  std::vector<at::Tensor> masters_;       // the parameters (leaves), in model order
-  std::vector<NamedParameter> params_;    // names -> masters_
+  std::vector<at::Tensor> replicas_;  // the parameters (fp32 leaves), in model order
   std::vector<std::unique_ptr<Bucket>> buckets_;
   bool sync_ = true;
 };

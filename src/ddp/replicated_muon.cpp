@@ -2,8 +2,6 @@
 
 #include <ATen/ops/zeros.h>
 
-#include "fsdp/sharded_muon.h"
-
 namespace zb {
 
 void make_muon_replicated(Muon& muon, Communicator& comm) {

@@ -7,7 +7,11 @@
 //   engine.set_requires_gradient_sync(last micro-batch?)
 //   loss = cross_entropy(engine.forward(tokens), targets); loss.backward();
 //   engine.finish_backward();            // sharded .grad()s are ready after this
-//   engine.clip_grad_norm_(1.0); optimizer.step(...) on engine.sharded_parameters()
+//   engine.clip_grad_norm_(1.0); optimizer.step(...) on engine.parameters()
+//
+// The engine drives each unit through its calls (pre_forward, post_forward, pre_backward from a
+// hook on the block's output gradient; post_backward comes from autograd) and owns the
+// communication context the units share.
 #include <ATen/core/Tensor.h>
 
 #include <memory>
@@ -17,7 +21,7 @@
 #include "fsdp/fsdp_param.h"
 #include "fsdp/fsdp_unit.h"
 #include "model/llama.h"
-#include "model/parallel_model.h"
+#include "parallel/parallel_model.h"
 
 namespace zb {
 
@@ -44,18 +48,15 @@ class FSDPEngine : public ParallelModel {
   // Waits for the outstanding reduce-scatters, fills the sharded gradients and frees every
   // gathered parameter. Call after each backward.
   void finish_backward() override;
+  void reshard() override;
 
-  // The optimizer's view: sharded fp32 parameters under their model names, and the full shapes.
-  std::vector<NamedParameter> sharded_parameters() override;
-  std::vector<std::vector<int64_t>> global_shapes() const override;
-  std::vector<at::Tensor> sharded_tensors() const override;
-  // The parameter of that name (nullptr if none).
-  const FSDPParam* param(const std::string& name) const;
+  // The optimizer's view: sharded fp32 parameters under their model names, with their rows.
+  std::vector<ShardedParameter> parameters() override;
   // Clips the sharded gradients by the global L2 norm over all ranks (one all-reduce) and returns
   // the norm before clipping.
   at::Tensor clip_grad_norm_(double max_norm) override;
-  // The whole fp32 value of every parameter, gathered from the shards (for tests and saving).
-  std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters();
+  // The whole fp32 value of every parameter, gathered from the shards (collective).
+  std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters() override;
 
   const std::vector<std::unique_ptr<FSDPUnit>>& blocks() const { return blocks_; }
   const FSDPUnit& root() const { return *root_; }
@@ -72,7 +73,7 @@ class FSDPEngine : public ParallelModel {
   std::vector<std::unique_ptr<FSDPParam>> params_;  // in model order
   std::vector<std::unique_ptr<FSDPUnit>> blocks_;
   std::unique_ptr<FSDPUnit> root_;
-  FSDPUnit* reducing_ = nullptr;  // the unit whose reduce-scatter is in flight
+  FSDPCommContext context_;  // what the units have in flight
   int64_t blocks_recomputed_ = 0;
 };
 

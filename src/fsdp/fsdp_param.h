@@ -1,17 +1,14 @@
 #pragma once
 // One parameter under the sharding engine (FSDP2's FSDPParam): its fp32 shard, the master copy
 // the optimizer updates, and the storage its gathered full copy lives in while a unit is
-// unsharded.
-//
-// Sharding: dim 0 is split into ceil(rows / W) rows per rank; rank r holds rows
-// [r*rows_per_rank, min(rows, (r+1)*rows_per_rank)), possibly none. In collectives every rank
-// contributes rows_per_rank rows, zero-padded, so all ranks move equal-sized blocks.
+// unsharded. Which rows this rank holds is `shard` (RowShard: rows per rank, padding).
 #include <ATen/core/Tensor.h>
 #include <c10/core/Storage.h>
 
 #include <string>
-#include <utility>
 #include <vector>
+
+#include "fsdp/row_shard.h"
 
 namespace zb {
 
@@ -24,10 +21,11 @@ class FSDPParam {
   const std::string name;
   at::Tensor* const slot;               // the model's slot this parameter feeds
   const std::vector<int64_t> full_shape;
-  const int64_t rows, row_numel, rows_per_rank, local_rows;
+  const RowShard shard;
+  const int64_t rank;
 
-  // Elements each rank puts into a collective: rows_per_rank * row_numel.
-  int64_t block_numel() const { return rows_per_rank * row_numel; }
+  int64_t first_row() const { return shard.first_row(rank); }
+  int64_t local_rows() const { return shard.rows_of(rank); }
 
   // [local_rows, ...] fp32 leaf that requires grad: the optimizer's parameter. Its .grad() is
   // this rank's rows of the gradient of the mean loss over all ranks.
@@ -45,18 +43,7 @@ class FSDPParam {
 
   at::ScalarType compute_dtype() const { return compute_dtype_; }
 
-  // Copies between this parameter's full rows (`full`, [rows, ...]) and its blocks in a unit's
-  // rank-major collective buffer (`blocks`, [W, unit_numel]; rank r's rows at columns
-  // [offset, offset + block_numel())). At most two copies whatever W, where a loop over ranks
-  // would launch W; padding rows in `blocks` are neither read nor written.
-  void copy_rows_from_blocks(const at::Tensor& blocks, int64_t offset, const at::Tensor& full) const;
-  void copy_rows_to_blocks(const at::Tensor& full, const at::Tensor& blocks, int64_t offset) const;
-
  private:
-  // (full-side view, blocks-side view) pairs covering the real rows.
-  std::vector<std::pair<at::Tensor, at::Tensor>> row_views(const at::Tensor& full, const at::Tensor& blocks,
-                                                           int64_t offset) const;
-
   at::ScalarType compute_dtype_;
   c10::Storage storage_;
   size_t unsharded_nbytes_;

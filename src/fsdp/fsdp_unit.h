@@ -1,71 +1,102 @@
 #pragma once
 // A sharding unit (FSDP2's FSDPParamGroup): the parameters of one transformer block, or of the
 // root (embedding, final norm, head), gathered together in one flat all-gather and their
-// gradients reduced in one flat reduce-scatter.
+// gradients reduced in one flat reduce-scatter (layouts in fsdp_collectives.h).
 //
-// States: SHARDED --issue_unshard--> GATHERING --wait_unshard--> UNSHARDED --reshard--> SHARDED.
-// Flat layout of both collectives: rank-major blocks of S elements, S = sum over parameters of
-// rows_per_rank * row_numel; inside a block, parameters in order, each zero-padded to
-// rows_per_rank rows.
+// Two state machines, as in FSDP2:
+//   sharded state   SHARDED --issue_unshard--> GATHERING --wait_unshard--> UNSHARDED --reshard--> SHARDED
+//   training state  IDLE --pre_forward--> FORWARD --post_forward--> IDLE
+//                   IDLE --pre_backward--> PRE_BACKWARD --post_backward--> POST_BACKWARD
+//                   POST_BACKWARD --finish_gradients--> IDLE
+// The engine makes the pre/post forward calls around the block, pre_backward from a hook on the
+// block's output gradient, and post_backward arrives from autograd once all of the unit's
+// gradients are computed (a unit kept unsharded after forward goes straight from IDLE to
+// POST_BACKWARD).
 #include <ATen/core/Tensor.h>
 
-#include <memory>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
 #include "dist/comm.h"
 #include "fsdp/fsdp_param.h"
+#include "parallel/gradient_group.h"
 
 namespace zb {
 
-class FSDPUnit {
+class FSDPUnit;
+
+// What the engine's units have in flight (FSDP2's comm context). Owned by the engine.
+struct FSDPCommContext {
+  // The unit whose reduce-scatter is outstanding. A unit finishes it before issuing its own, so
+  // one unit's gradient buffers are in flight at a time (the collective still overlaps the next
+  // unit's backward).
+  FSDPUnit* reducing = nullptr;
+};
+
+class FSDPUnit : public GradientGroup {
  public:
   enum class State { Sharded, Gathering, Unsharded };
+  enum class TrainingState { Idle, Forward, PreBackward, PostBackward };
 
-  // `reducing` is shared by the engine's units: the unit whose reduce-scatter is in flight. A
-  // unit finishes it before issuing its own, so one unit's gradient buffers are in flight at a
-  // time (the collective still overlaps the next unit's backward).
   FSDPUnit(std::string name, std::vector<FSDPParam*> params, Communicator& comm,
-           bool reshard_after_forward, FSDPUnit** reducing);
+           bool reshard_after_forward, FSDPCommContext& context);
 
   const std::string& name() const { return name_; }
   State state() const { return state_; }
+  TrainingState training_state() const { return training_state_; }
   bool reshard_after_forward() const { return reshard_after_forward_; }
   const std::vector<FSDPParam*>& params() const { return params_; }
 
+  // --- the calls the engine makes ---
+  // Waits for the parameters (gathering them if no prefetch did) and puts tensors into the
+  // model's slots, produced through the unit's gradient node.
+  void pre_forward();
+  // The block ran: free its gathered parameters if the unit reshards after forward.
+  void post_forward();
+  // The gradient of the block's output is ready: gather the parameters again for its backward.
+  void pre_backward();
+  // From autograd: frees the gathered parameters, accumulates the gradients over micro-batches
+  // and, on the last one (`requires_gradient_sync`), starts the reduce-scatter.
+  void post_backward(const std::vector<at::Tensor>& grads);
+  // Waits for the reduce-scatter and adds this rank's rows to each sharded parameter's .grad().
+  void finish_gradients();
+
+  // --- the sharded state ---
   // Casts the shards into the flat input and starts the all-gather (no-op unless SHARDED).
   void issue_unshard();
   // Waits for the all-gather and copies each parameter's rows out into its unsharded storage.
   void wait_unshard();
   // Frees the unsharded storages.
   void reshard();
-
-  // Tensors for the model's slots, produced through an autograd node whose backward hands the
-  // unit's gradients to reduce_gradients() once all of them are computed. Requires UNSHARDED.
-  std::vector<at::Tensor> unsharded_for_forward();
-
-  // Called from that backward. Frees the gathered parameters, accumulates the gradients into fp32
-  // unsharded buffers and, when `sync` is set (the last micro-batch), pre-divides by the world
-  // size and starts the reduce-scatter.
-  void reduce_gradients(const std::vector<at::Tensor>& grads, bool sync);
-  // Waits for the reduce-scatter and adds this rank's rows to each sharded parameter's .grad().
-  void finish_gradients();
+  // Back to IDLE and SHARDED, whatever was in progress (the engine, after evaluation).
+  void reset();
+  // Puts the unsharded parameters into the model's slots through the unit's gradient node
+  // (requires UNSHARDED; pre_forward does it, and an activation-checkpointing recompute).
+  void fill_slots();
 
   bool requires_gradient_sync = true;
 
+  // GradientGroup
+  std::vector<at::Tensor> forward_views() override;
+  void gradients_ready(const std::vector<at::Tensor>& grads) override { post_backward(grads); }
+
  private:
+  void transition(std::initializer_list<TrainingState> from, TrainingState to, const char* call);
+
   std::string name_;
   std::vector<FSDPParam*> params_;
   std::vector<int64_t> offsets_;  // of each parameter inside a rank's block
-  int64_t block_numel_ = 0;       // S
+  int64_t block_numel_ = 0;       // sum over parameters of their padded blocks
   Communicator& comm_;
   bool reshard_after_forward_;
-  FSDPUnit** reducing_;
+  FSDPCommContext& context_;
   State state_ = State::Sharded;
+  TrainingState training_state_ = TrainingState::Idle;
 
   at::Tensor gather_in_, gather_out_;
   PendingCollective gather_;
-  std::vector<at::Tensor> grad_accumulators_;  // fp32 unsharded, across micro-batches
+  GradientAccumulator accumulator_;  // fp32 unsharded sums across micro-batches
   at::Tensor reduce_out_;
   PendingCollective reduce_;
 };

@@ -13,12 +13,8 @@
 
 namespace zb {
 
-// Owner rank of each of muon's matrices, balancing the Newton-Schulz cost
-// (rows * cols * min(rows, cols), global shapes) greedily, largest first; the same on every rank.
-std::vector<int64_t> assign_muon_owners(const Muon& muon, int64_t world_size);
-
 // Installs the sharded orthogonalisation stage on `muon`, whose parameters are this rank's rows
-// (FSDPParam layout: ceil(rows / W) rows per rank) of matrices with the global shapes it was
+// (RowShard layout) of matrices with the global shapes it was
 // given. Every parameter must have a gradient at every step (the engine guarantees it), so that
 // all ranks take part in the same collectives.
 void make_muon_sharded(Muon& muon, Communicator& comm);

@@ -19,7 +19,7 @@ namespace zb {
 
 struct NamedParameter {
   std::string name;  // e.g. "layers.3.attention.wq.weight"
-  at::Tensor* slot;  // the tensor the forward reads
+  at::Tensor* slot;  // the tensor the forward reads (engines fill it; the optimizer's are theirs)
 };
 
 struct TransformerBlockParams {

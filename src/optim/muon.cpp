@@ -10,8 +10,10 @@
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros_like.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <numeric>
 #include <stdexcept>
 
 namespace zb {
@@ -94,6 +96,27 @@ void Muon::step(double lr_multiplier) {
     const double scale = muon_update_scale(hyper_.update_scale, shape[0], shape[1]);
     params[i].add_(updates[i], -lr * scale);
   }
+}
+
+std::vector<int64_t> assign_muon_owners(const Muon& muon, int64_t world_size) {
+  const auto& params = muon.params();
+  std::vector<double> cost(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const double r = static_cast<double>(params[i].global_shape[0]);
+    const double c = static_cast<double>(params[i].global_shape[1]);
+    cost[i] = r * c * std::min(r, c);
+  }
+  std::vector<size_t> order(params.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
+  std::vector<double> load(static_cast<size_t>(world_size), 0.0);
+  std::vector<int64_t> owner(params.size());
+  for (size_t i : order) {
+    const auto least = std::min_element(load.begin(), load.end()) - load.begin();
+    owner[i] = least;
+    load[least] += cost[i];
+  }
+  return owner;
 }
 
 }  // namespace zb

@@ -77,4 +77,10 @@ class Muon {
   mutable int64_t matrices_orthogonalized_ = 0;
 };
 
+// Owner rank of each of muon's matrices when they are orthogonalised once each across
+// `world_size` ranks (sharded and replicated Muon alike): the Newton-Schulz cost
+// (rows * cols * min(rows, cols), global shapes) balanced greedily, largest first; the same on
+// every rank.
+std::vector<int64_t> assign_muon_owners(const Muon& muon, int64_t world_size);
+
 }  // namespace zb

@@ -5,8 +5,7 @@
 
 namespace zb {
 
-Optimizer::Optimizer(const Config& c, const std::vector<NamedParameter>& params,
-                     const std::vector<std::vector<int64_t>>& global_shapes) {
+Optimizer::Optimizer(const Config& c, const std::vector<ShardedParameter>& params) {
   const auto& a = c.optim.adam;
   auto adam = [&](double lr, double wd) {
     AdamWHyper h;
@@ -17,20 +16,14 @@ Optimizer::Optimizer(const Config& c, const std::vector<NamedParameter>& params,
     h.weight_decay = wd;
     return h;
   };
-  auto global_shape = [&](const NamedParameter& p) {
-    for (size_t i = 0; i < params.size(); ++i)
-      if (params[i].slot == p.slot && i < global_shapes.size()) return global_shapes[i];
-    return p.slot->sizes().vec();
-  };
-
   for (const auto& group : group_parameters(params)) {
     std::vector<at::Tensor> tensors;
     std::vector<std::string> names;
     int64_t numel = 0;
     for (const auto& p : group.params) {
-      tensors.push_back(*p.slot);
+      tensors.push_back(*p.tensor);
       names.push_back(p.name);
-      numel += p.slot->numel();
+      numel += p.tensor->numel();
     }
     const std::string what = strf("%zu tensors, %ld parameters", tensors.size(), numel);
     if (group.role == ParamRole::Hidden && c.optim.optim.type == "muon") {
@@ -43,7 +36,7 @@ Optimizer::Optimizer(const Config& c, const std::vector<NamedParameter>& params,
       h.update_scale = c.optim.optim.update_scale;
       h.ns_dtype = c.optim.optim.ns_dtype == "float32" ? at::kFloat : at::kBFloat16;
       muon_.emplace(h);
-      for (const auto& p : group.params) muon_->add_param(p.name, *p.slot, global_shape(p));
+      for (const auto& p : group.params) muon_->add_param(p.name, *p.tensor, p.global_shape);
       descriptions_.push_back(strf("muon: lr %g, wd %g, momentum %g%s, %ld Newton-Schulz steps (%s), scale %s; %s",
                                    h.lr, h.weight_decay, h.momentum, h.nesterov ? " nesterov" : "",
                                    h.ns_steps, c.optim.optim.ns_dtype.c_str(), h.update_scale.c_str(),
@@ -74,15 +67,15 @@ std::vector<std::pair<std::string, double>> Optimizer::learning_rates(double lr_
 
 std::vector<std::string> Optimizer::describe() const { return descriptions_; }
 
-std::vector<NamedTensor> Optimizer::state() const {
-  std::vector<NamedTensor> out;
+std::vector<OptimizerState> Optimizer::state() const {
+  std::vector<OptimizerState> out;
   if (muon_)
-    for (const auto& p : muon_->params()) out.push_back({p.name + ".momentum_buffer", p.momentum_buffer});
+    for (const auto& p : muon_->params()) out.push_back({p.name, "momentum_buffer", p.momentum_buffer});
   for (const auto& g : adamw_.groups())
     for (size_t i = 0; i < g.params.size(); ++i) {
-      out.push_back({g.param_names[i] + ".exp_avg", g.exp_avg[i]});
-      out.push_back({g.param_names[i] + ".exp_avg_sq", g.exp_avg_sq[i]});
-      out.push_back({g.param_names[i] + ".step", g.step[i]});
+      out.push_back({g.param_names[i], "exp_avg", g.exp_avg[i]});
+      out.push_back({g.param_names[i], "exp_avg_sq", g.exp_avg_sq[i]});
+      out.push_back({g.param_names[i], "step", g.step[i]});
     }
   return out;
 }

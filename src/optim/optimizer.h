@@ -10,23 +10,26 @@
 #include <vector>
 
 #include "config/config.h"
-#include "model/llama.h"
 #include "optim/adamw.h"
 #include "optim/muon.h"
+#include "parallel/parallel_model.h"
 
 namespace zb {
 
-struct NamedTensor {
-  std::string name;
+// One tensor of the optimizer's state: `key` of parameter `param` ("momentum_buffer" for Muon;
+// "exp_avg", "exp_avg_sq", "step" for AdamW). Shaped like this rank's part of the parameter,
+// except AdamW's step, a scalar.
+struct OptimizerState {
+  std::string param;
+  std::string key;
   at::Tensor tensor;
 };
 
 class Optimizer {
  public:
-  // `global_shapes[i]` is the whole-matrix shape of params[i] when params are shards (empty: the
-  // tensors are whole).
-  Optimizer(const Config& config, const std::vector<NamedParameter>& params,
-            const std::vector<std::vector<int64_t>>& global_shapes = {});
+  // `params` are this rank's tensors of the parameters (shards or whole), with their global
+  // shapes (Muon's update scale and orthogonalisation need the whole matrix's).
+  Optimizer(const Config& config, const std::vector<ShardedParameter>& params);
 
   void step(double lr_multiplier);
 
@@ -34,9 +37,8 @@ class Optimizer {
   std::vector<std::pair<std::string, double>> learning_rates(double lr_multiplier) const;
   // One line per group, for the start-up log.
   std::vector<std::string> describe() const;
-  // Every state tensor by name: "<param>.momentum_buffer", "<param>.exp_avg", "<param>.exp_avg_sq",
-  // "<param>.step".
-  std::vector<NamedTensor> state() const;
+  // Every state tensor, with the parameter it belongs to (what checkpoints save).
+  std::vector<OptimizerState> state() const;
 
   Muon* muon() { return muon_ ? &*muon_ : nullptr; }
   AdamW& adamw() { return adamw_; }

@@ -22,12 +22,12 @@ ParamRole param_role(const std::string& name, int64_t ndim) {
   return ParamRole::Head;
 }
 
-std::vector<ParamGroup> group_parameters(const std::vector<NamedParameter>& params) {
+std::vector<ParamGroup> group_parameters(const std::vector<ShardedParameter>& params) {
   std::vector<ParamGroup> groups;
   for (ParamRole role : {ParamRole::Hidden, ParamRole::Embedding, ParamRole::Head, ParamRole::Norm}) {
     ParamGroup g{role, {}};
     for (const auto& p : params)
-      if (param_role(p.name, p.slot->dim()) == role) g.params.push_back(p);
+      if (param_role(p.name, static_cast<int64_t>(p.global_shape.size())) == role) g.params.push_back(p);
     if (!g.params.empty()) groups.push_back(std::move(g));
   }
   return groups;

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "model/llama.h"
+#include "parallel/parallel_model.h"
 
 namespace zb {
 
@@ -15,9 +15,9 @@ ParamRole param_role(const std::string& name, int64_t ndim);
 
 struct ParamGroup {
   ParamRole role;
-  std::vector<NamedParameter> params;
+  std::vector<ShardedParameter> params;
 };
 // Groups in a fixed order (hidden, embedding, head, norm); empty groups are left out.
-std::vector<ParamGroup> group_parameters(const std::vector<NamedParameter>& params);
+std::vector<ParamGroup> group_parameters(const std::vector<ShardedParameter>& params);
 
 }  // namespace zb

@@ -1,15 +1,16 @@
 #include "train/trainer.h"
 
 #include <ATen/Context.h>
-#include <array>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/zeros.h>
 
-#include "data/fake_data.h"
-#include "data/token_dataset.h"
+#include <array>
+
+#include "data/sources.h"
 #include "ddp/ddp_engine.h"
 #include "ddp/replicated_muon.h"
+#include "fsdp/fsdp_engine.h"
 #include "fsdp/sharded_muon.h"
 
 namespace zb {
@@ -34,45 +35,17 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
     parallel_ = std::make_unique<DDPEngine>(*model_, comm, config.train.bucket_mb);
   }
 
-  optimizer_ = std::make_unique<Optimizer>(config, parallel_->sharded_parameters(), parallel_->global_shapes());
+  optimizer_ = std::make_unique<Optimizer>(config, parallel_->parameters());
   if (optimizer_->muon() && comm.size() > 1) {
     if (parallelism == Parallelism::FSDP) make_muon_sharded(*optimizer_->muon(), comm);
     else make_muon_replicated(*optimizer_->muon(), comm);
   }
 
-  // Data: token shards, or ZeroBand's fake documents. Shards are checked at start-up.
+  // Data: token shards, or ZeroBand's fake documents.
   const uint64_t seed = static_cast<uint64_t>(config.runtime.seed);
-  const int64_t T = config.data.seq_length, V = model_->args().vocab_size;
-  std::shared_ptr<const SampleSource> train_source;
-  if (config.data.fake) {
-    train_source = std::make_shared<FakeDataset>(seed, T, V);
-    val_source_ = std::make_shared<FakeDataset>(seed + 1, T, V);
-  } else if (config.data.dataset_ratio) {
-    // Several datasets ("a,b") mixed by ratio ("70:30").
-    std::vector<std::shared_ptr<const SampleSource>> parts;
-    std::string paths = config.data.dataset_name_or_paths;
-    for (size_t start = 0, comma; start <= paths.size(); start = comma + 1) {
-      comma = paths.find(',', start);
-      if (comma == std::string::npos) comma = paths.size();
-      parts.push_back(std::make_shared<TokenDataset>(paths.substr(start, comma - start), T, V,
-                                                     config.data.reverse_data_files));
-    }
-    std::vector<double> weights;
-    try {
-      weights = parse_ratio(*config.data.dataset_ratio, parts.size());
-    } catch (const std::invalid_argument& e) {
-      throw ConfigError(config.origin("data.dataset_ratio") + ": " + e.what());
-    }
-    train_source = std::make_shared<MixedSource>(parts, weights, seed);
-    if (config.data.val_dataset_name_or_paths)
-      val_source_ = std::make_shared<TokenDataset>(*config.data.val_dataset_name_or_paths, T, V);
-  } else {
-    train_source = std::make_shared<TokenDataset>(config.data.dataset_name_or_paths, T, V,
-                                                  config.data.reverse_data_files);
-    if (config.data.val_dataset_name_or_paths)
-      val_source_ = std::make_shared<TokenDataset>(*config.data.val_dataset_name_or_paths, T, V);
-  }
-  data_ = std::make_unique<DataLoader>(train_source, seed, config.data.shuffle && !config.data.fake,
+  DataSources sources = make_data_sources(config, model_->args().vocab_size);
+  val_source_ = sources.validation;
+  data_ = std::make_unique<DataLoader>(sources.train, seed, config.data.shuffle && !config.data.fake,
                                        config.optim.batch_size, config.train.micro_bs, comm.rank(),
                                        comm.size());
   // Batches are prepared on a background thread, in pinned memory for asynchronous GPU copies.
@@ -117,7 +90,7 @@ StepStats Trainer::train_step() {
   const double lr_multiplier = schedule_.multiplier(step_);
   optimizer_->step(lr_multiplier);
   const int optimizer_done = clock_.mark();
-  for (at::Tensor p : parallel_->sharded_tensors()) p.mutable_grad().reset();
+  for (const ShardedParameter& p : parallel_->parameters()) p.tensor->mutable_grad().reset();
 
   // The reported loss is the mean over the global batch: average the ranks' means.
   loss_sum /= static_cast<double>(comm_.size());
@@ -135,10 +108,6 @@ StepStats Trainer::train_step() {
   return stats;
 }
 
-}  // namespace zb
-
-namespace zb {
-
 double Trainer::evaluate() {
   TORCH_CHECK(val_source_, "no validation data (data.val_dataset_name_or_paths)");
   // A fresh loader each time: the same batches at every evaluation, split over the ranks.
@@ -150,31 +119,17 @@ double Trainer::evaluate() {
   for (int64_t i = 0; i < config_.data.eval_batches; ++i) {
     Batch b = loader.next();
     sum += cross_entropy(parallel_->forward(b.inputs.to(device_)), b.targets.to(device_));
-    parallel_->finish_backward();  // frees what forward gathered (no gradients to reduce)
+    parallel_->reshard();  // frees what forward gathered
   }
   sum /= static_cast<double>(config_.data.eval_batches * comm_.size());
   comm_.all_reduce_sum(sum).wait();
   return sum.item<double>();
 }
 
-}  // namespace zb
-
-namespace zb {
-
 void Trainer::restore_position(int64_t step, uint64_t seed) {
   step_ = step;
   const int64_t rows = step * accum_ * config_.train.micro_bs;  // this rank's rows per step
   data_->load_state({rows, seed, comm_.size()});
-}
-
-}  // namespace zb
-
-namespace zb {
-
-FSDPEngine& Trainer::engine() {
-  auto* fsdp = dynamic_cast<FSDPEngine*>(parallel_.get());
-  if (!fsdp) throw std::runtime_error("this needs the sharding engine (train_fsdp); not available under DDP");
-  return *fsdp;
 }
 
 }  // namespace zb

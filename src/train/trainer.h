@@ -1,7 +1,8 @@
 #pragma once
-// One training run's components wired together (torchtitan style): the model, the sharding
-// engine that owns its parameters, the optimizer on the shards, the data and the schedule.
-// train_step() is one optimizer step over the global batch.
+// One training run's components wired together (torchtitan style): the model, the parallel
+// engine that owns its parameters (sharded under FSDP, replicated under DDP), the optimizer on
+// this rank's tensors, the data and the schedule. train_step() is one optimizer step over the
+// global batch.
 #include <ATen/core/Tensor.h>
 
 #include <memory>
@@ -12,10 +13,10 @@
 #include "config/config.h"
 #include "data/loader.h"
 #include "dist/comm.h"
-#include "fsdp/fsdp_engine.h"
 #include "model/llama.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
+#include "parallel/parallel_model.h"
 #include "util/device.h"
 
 namespace zb {
@@ -56,8 +57,6 @@ class Trainer {
   int64_t tokens_per_step() const { return config_.optim.batch_size * config_.data.seq_length; }
   const ModelArgs& model_args() const { return model_->args(); }
   at::ScalarType compute_dtype() const { return compute_dtype_; }
-  // The sharding engine (FSDP runs only; checkpoints need it).
-  FSDPEngine& engine();
   ParallelModel& parallel() { return *parallel_; }
   DataLoader& data() { return *data_; }
   Optimizer& optimizer() { return *optimizer_; }

@@ -1,0 +1,25 @@
+#include "checkpoint/state.h"
+
+#include <map>
+#include <stdexcept>
+
+namespace zb {
+
+std::vector<StateTensor> training_state(ParallelModel& parallel, const Optimizer& optimizer) {
+  std::vector<StateTensor> out;
+  std::map<std::string, ShardedParameter> by_name;
+  for (const ShardedParameter& p : parallel.parameters()) {
+    out.push_back({"model/" + p.name, *p.tensor, p.global_shape, p.row_start, p.replicated});
+    by_name.emplace(p.name, p);
+  }
+  for (const OptimizerState& s : optimizer.state()) {
+    const auto it = by_name.find(s.param);
+    if (it == by_name.end()) throw std::logic_error("optimizer state of unknown parameter " + s.param);
+    const std::string name = "optim/" + s.param + "." + s.key;
+    if (s.tensor.dim() == 0) out.push_back({name, s.tensor, {}, 0, true});
+    else out.push_back({name, s.tensor, it->second.global_shape, it->second.row_start, it->second.replicated});
+  }
+  return out;
+}
+
+}  // namespace zb

@@ -1,0 +1,51 @@
+#include "parallel/gradient_group.h"
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace zb {
+
+namespace {
+
+struct GradientGroupNode : torch::autograd::Function<GradientGroupNode> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                GradientGroup* group, at::TensorList leaves) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
+    ctx->saved_data["n"] = static_cast<int64_t>(leaves.size());
+    return group->forward_views();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    reinterpret_cast<GradientGroup*>(ctx->saved_data["group"].toInt())->gradients_ready(grads);
+    // Nothing for the group pointer nor, here, for the leaves.
+    return torch::autograd::variable_list(static_cast<size_t>(ctx->saved_data["n"].toInt()) + 1);
+  }
+};
+
+}  // namespace
+
+std::vector<at::Tensor> through_gradient_group(GradientGroup& group, at::TensorList leaves) {
+  return GradientGroupNode::apply(&group, leaves);
+}
+
+std::vector<at::Tensor> GradientAccumulator::add(const std::vector<at::Tensor>& grads,
+                                                 const std::vector<std::vector<int64_t>>& shapes,
+                                                 c10::Device device, bool sync) {
+  if (sync && sums_.empty()) return grads;  // one micro-batch: nothing to add up
+  at::NoGradGuard no_grad;
+  if (sums_.empty())
+    for (const auto& shape : shapes) sums_.push_back(at::zeros(shape, at::TensorOptions().device(device)));
+  for (size_t i = 0; i < sums_.size() && i < grads.size(); ++i)
+    if (grads[i].defined()) sums_[i].add_(grads[i]);
+  if (!sync) return {};
+  std::vector<at::Tensor> totals;
+  totals.swap(sums_);  // empty again for the next step
+  return totals;
+}
+
+void divide_for_mean_over_ranks(at::Tensor& flat, int64_t world_size) {
+  flat.div_(static_cast<double>(world_size));
+}
+
+}  // namespace zb

@@ -1,0 +1,49 @@
+#pragma once
+// What the trainer, the optimizer and checkpoints need from a model spread over ranks, whichever
+// way it is spread: the sharding engine (FSDPEngine: each rank holds row shards) or data
+// parallelism (DDPEngine: each rank holds everything and gradients are all-reduced).
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/llama.h"
+
+namespace zb {
+
+// One parameter as this rank holds it: the fp32 leaf the optimizer updates and where its rows
+// sit in the whole tensor.
+struct ShardedParameter {
+  std::string name;                   // the model's name, e.g. "layers.3.attention.wq.weight"
+  at::Tensor* tensor;                 // rows [row_start, row_start + size(0)) of the whole
+  std::vector<int64_t> global_shape;  // the whole tensor's shape
+  int64_t row_start = 0;
+  // Every rank holds the same rows (data parallelism): one rank's copy is the value.
+  bool replicated = false;
+};
+
+// Whole tensors (a model on one process, as the tests' references train it).
+std::vector<ShardedParameter> whole_parameters(const std::vector<NamedParameter>& params);
+
+class ParallelModel {
+ public:
+  virtual ~ParallelModel() = default;
+  virtual at::Tensor forward(const at::Tensor& tokens) = 0;
+  // false on micro-batches before the last: gradients accumulate locally, no collective.
+  virtual void set_requires_gradient_sync(bool sync) = 0;
+  // After each backward: the optimizer's tensors have their (averaged) gradients, and everything
+  // gathered for the backward is freed.
+  virtual void finish_backward() = 0;
+  // After a forward without backward (evaluation): frees whatever the forward gathered.
+  virtual void reshard() = 0;
+  // The tensors the optimizer updates, in model order.
+  virtual std::vector<ShardedParameter> parameters() = 0;
+  // Clips by the global L2 norm over all ranks; returns the norm before clipping (0-d fp32, no
+  // host synchronisation).
+  virtual at::Tensor clip_grad_norm_(double max_norm) = 0;
+  // The whole fp32 value of every parameter (collective under sharding; for tests and export).
+  virtual std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters() = 0;
+};
+
+}  // namespace zb

@@ -1,0 +1,104 @@
+#include "train/metrics_logger.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <ctime>
+#include <stdexcept>
+
+#include "util/device.h"
+#include "util/fs.h"
+#include "util/log.h"
+
+namespace zb {
+
+namespace {
+std::string default_metrics_path(const Config& c) {
+  std::time_t now = std::time(nullptr);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
+  return "outputs/" + c.name_model + "-" + stamp + "/metrics.jsonl";
+}
+}  // namespace
+
+std::string with_commas(int64_t n) {
+  std::string s = std::to_string(n);
+  for (int i = static_cast<int>(s.size()) - 3; i > (n < 0 ? 1 : 0); i -= 3) s.insert(i, ",");
+  return s;
+}
+
+CommStats operator-(const CommStats& after, const CommStats& before) {
+  CommStats d;
+  for (size_t k = 0; k < d.bytes.size(); ++k) d.bytes[k] = after.bytes[k] - before.bytes[k];
+  d.wait_seconds = after.wait_seconds - before.wait_seconds;
+  return d;
+}
+
+MetricsLogger::MetricsLogger(const Config& c, const ModelArgs& args, int64_t rank, int64_t world_size,
+                             c10::Device device, bool resumed)
+    : config_(c), rank_(rank), world_size_(world_size), device_(device),
+      tokens_per_step_(c.optim.batch_size * c.data.seq_length),
+      flops_per_token_(flops_per_token(args, c.data.seq_length)),
+      start_(std::chrono::steady_clock::now()) {
+  if (c.runtime.peak_flops > 0) peak_flops_ = c.runtime.peak_flops;
+  else if (device.is_cuda()) peak_flops_ = peak_flops_for_device(device_name(device));
+  meter_.record(0, 0.0);
+  if (rank != 0) return;
+  const std::string path = c.logging.metrics_file.empty() ? default_metrics_path(c) : c.logging.metrics_file;
+  make_directories(parent_directory(path));
+  file_.open(path, resumed ? std::ios::app : std::ios::trunc);
+  if (!file_) throw std::runtime_error("cannot write metrics file " + path);
+  log::info("metrics: " + path);
+}
+
+double MetricsLogger::elapsed_seconds() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
+void MetricsLogger::log_step(const StepStats& s, const CommStats& comm, std::optional<double> val_loss) {
+  const double now = elapsed_seconds();
+  meter_.record(tokens_per_step_, now);
+  if (rank_ != 0) return;
+  const auto tps = meter_.tokens_per_second();
+  const auto sps = meter_.seconds_per_step();
+  std::optional<double> mfu;
+  if (tps && peak_flops_) mfu = mfu_percent(flops_per_token_, *tps, *peak_flops_, world_size_);
+  const int64_t peak_mem = peak_memory_bytes(device_);
+  using json = nlohmann::json;
+  json record = {
+      {"step", s.step},
+      {"loss", s.loss},
+      {"perplexity", std::exp(s.loss)},
+      {"grad_norm", s.grad_norm},
+      {"total_tokens", s.step * tokens_per_step_},
+      {"time", now},
+      {"tokens_per_second", tps ? json(*tps) : json(nullptr)},
+      {"mfu", mfu ? json(*mfu) : json(nullptr)},
+      {"peak_memory_bytes", peak_mem},
+      {"comm_wait_seconds", comm.wait_seconds},
+      {"forward_seconds", s.forward_seconds},
+      {"backward_seconds", s.backward_seconds},
+      {"optimizer_seconds", s.optimizer_seconds},
+  };
+  if (val_loss) record["val_loss"] = *val_loss;
+  for (const auto& [group, lr] : s.learning_rates) record["lr"][group] = lr;
+  for (size_t k = 0; k < static_cast<size_t>(CommKind::Count); ++k)
+    record["comm_bytes"][comm_kind_name(static_cast<CommKind>(k))] = comm.bytes[k];
+  file_ << record.dump() << "\n" << std::flush;
+
+  const int64_t total = config_.optim.total_steps;
+  if (s.step % config_.logging.interval == 0 || s.step == total) {
+    const double eta = sps ? *sps * static_cast<double>(total - s.step) : 0.0;
+    std::string lr_text;
+    for (const auto& [group, lr] : s.learning_rates)
+      lr_text += (lr_text.empty() ? "" : " ") + group + ":" + strf("%.3g", lr);
+    log::info(strf("step %ld/%ld | loss %.4f | lr %s | grad_norm %.3f | tok/s %s | mfu %s | mem %.2f GiB | eta %s",
+                   s.step, total, s.loss, lr_text.c_str(), s.grad_norm,
+                   tps ? with_commas(static_cast<int64_t>(*tps)).c_str() : "-",
+                   mfu ? strf("%.1f%%", *mfu).c_str() : "n/a",
+                   static_cast<double>(peak_mem) / (1 << 30), format_duration(eta).c_str()));
+  }
+  if (val_loss) log::info(strf("step %ld/%ld | val_loss %.4f", s.step, total, *val_loss));
+}
+
+}  // namespace zb

@@ -1,0 +1,51 @@
+#pragma once
+// The run's record of each step: one JSON line in the metrics file and, every logging.interval
+// steps, one console line (rank 0 only). Throughput is measured over the last 10 steps; MFU needs
+// the device's peak (runtime.peak_flops, or known GPUs).
+#include <c10/core/Device.h>
+
+#include <chrono>
+#include <fstream>
+#include <optional>
+#include <string>
+
+#include "config/config.h"
+#include "dist/comm.h"
+#include "model/model_args.h"
+#include "train/metrics.h"
+#include "train/trainer.h"
+
+namespace zb {
+
+class MetricsLogger {
+ public:
+  // Opens the metrics file on rank 0 (logging.metrics_file, by default
+  // outputs/<model>-<time>/metrics.jsonl), appending to it when the run `resumed` (records of
+  // steps repeated after a resume come later in the file: the last record of a step is the one
+  // that counts); the clock starts here.
+  MetricsLogger(const Config& config, const ModelArgs& args, int64_t rank, int64_t world_size,
+                c10::Device device, bool resumed);
+
+  // Records a step: `comm` is what the collectives moved and waited during it.
+  void log_step(const StepStats& step, const CommStats& comm, std::optional<double> val_loss);
+  double elapsed_seconds() const;
+
+ private:
+  const Config& config_;
+  int64_t rank_, world_size_;
+  c10::Device device_;
+  int64_t tokens_per_step_;
+  double flops_per_token_;
+  std::optional<double> peak_flops_;
+  std::chrono::steady_clock::time_point start_;
+  ThroughputMeter meter_{10};
+  std::ofstream file_;
+};
+
+// The difference of two snapshots of a communicator's statistics.
+CommStats operator-(const CommStats& after, const CommStats& before);
+
+// 1234567 -> "1,234,567".
+std::string with_commas(int64_t n);
+
+}  // namespace zb

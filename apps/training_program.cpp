@@ -25,6 +25,7 @@
 #include "dist/comm.h"
 #include "dist/world.h"
 #include "model/llama.h"
+#include "model/model_config.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
 #include "training_program.h"

@@ -2,15 +2,13 @@
 // The run's configuration: ZeroBand's TOML schema (name_model, type_model, project, [train],
 // [optim], [optim.optim], [data]) plus sections of our own ([model], [runtime], [logging]).
 // Every key is declared once in config.cpp's schema; loading, command-line overrides, --help and
-// the unknown-key check all come from that one list.
+// the unknown-key check all come from that one list. The model's shapes: model/model_config.h.
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include "model/model_args.h"
 
 namespace zb {
 
@@ -134,10 +132,6 @@ Config load_config_string(const std::string& text, const std::string& source);
 // Applies one dotted override such as ("optim.optim.lr", "0.01"); for a boolean key an empty
 // value means true. Throws ConfigError naming the key.
 void apply_override(Config& config, const std::string& key, const std::string& value);
-
-// The model's shapes: the size table entry for (type_model, name_model), with [model] overrides,
-// the vocabulary and the sequence length. Throws ConfigError for unknown names.
-ModelArgs resolve_model_args(const Config& config);
 
 // Checks everything that can be checked before work starts, for a run on `world_size` processes:
 // impossible combinations, unknown enumerations, shapes that do not divide. Throws ConfigError.

@@ -11,6 +11,7 @@
 #include "ddp/ddp_engine.h"
 #include "ddp/replicated_muon.h"
 #include "fsdp/sharded_muon.h"
+#include "model/model_config.h"
 
 namespace zb {
 

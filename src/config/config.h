@@ -1,8 +1,9 @@
 #pragma once
 // The run's configuration: ZeroBand's TOML schema (name_model, type_model, project, [train],
 // [optim], [optim.optim], [data]) plus sections of our own ([model], [runtime], [logging]).
-// Every key is declared once in config.cpp's schema; loading, command-line overrides, --help and
-// the unknown-key check all come from that one list. The model's shapes: model/model_config.h.
+// Every key is declared once in schema.cpp; loading, command-line overrides (fields.cpp), --help
+// and the unknown-key check all come from that one list; validate.cpp checks the values. The
+// model's shapes: model/model_config.h.
 #include <cstdint>
 #include <map>
 #include <optional>

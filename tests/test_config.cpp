@@ -221,6 +221,22 @@ TEST(ConfigErrors, ImpossibleCombinations) {
   check(debug + "[train]\nmicro_bs = 1\n", 0, "world size must be >= 1, got 0");
 }
 
+TEST(ConfigErrors, EnumerationsComeFromTheSchema) {
+  // Every enumerated key: its --help type lists the same choices validation accepts.
+  int enumerations = 0;
+  for (const auto& k : config_keys()) {
+    if (k.type.rfind("one of ", 0) != 0) continue;
+    ++enumerations;
+    Config c = load_config_string(kMinimal, "x.toml");
+    apply_override(c, k.key, "bogus");
+    EXPECT_EQ(error_of([&] { validate(c, 1); }), "command line (--" + k.key + "): " + k.key +
+                                                     " = \"bogus\" is not one of " + k.type.substr(7));
+  }
+  EXPECT_EQ(enumerations, 8);
+  EXPECT_NE(help_text("train_fsdp").find("type_model (one of llama2 | llama3, default \"llama3\")"),
+            std::string::npos);
+}
+
 TEST(CommandLine, OverridesInOrderAndForms) {
   CommandLine cl = parse({"--config", kConfigs + "debug/normal.toml", "--optim.optim.lr", "0.01",
                           "--train.micro_bs=4", "--no-data.fake", "--train.ac_ckpt", "true",

@@ -24,6 +24,12 @@ std::string show(double v) {
 }
 std::string show(const std::string& v) { return "\"" + v + "\""; }
 
+std::string join_choices(const std::vector<std::string>& choices) {
+  std::string out;
+  for (const auto& c : choices) out += (out.empty() ? "" : " | ") + c;
+  return out;
+}
+
 namespace {
 
 const char* kind_name(Kind k) {
@@ -230,7 +236,8 @@ std::vector<KeyHelp> config_keys() {
   const Config defaults;
   std::vector<KeyHelp> out;
   for (const auto& f : schema()) {
-    std::string type = f.kind == Kind::Bool ? "bool" : f.kind == Kind::Int ? "int"
+    std::string type = !f.choices.empty() ? "one of " + join_choices(f.choices)
+                     : f.kind == Kind::Bool ? "bool" : f.kind == Kind::Int ? "int"
                      : f.kind == Kind::Float ? "float" : f.kind == Kind::String ? "string"
                      : "bool|int";
     out.push_back({f.key, type, f.get(defaults), f.help});

@@ -1,7 +1,7 @@
 #pragma once
 // The machinery behind config.h, private to src/config: a Field describes one dotted key (its
-// kind, help and how to set and show it in a Config); schema.cpp lists them all, and loading,
-// overrides and --help only ever read that list.
+// kind, help, allowed values and how to set and show it in a Config); schema.cpp lists them all,
+// and loading, overrides, --help and validation only ever read that list.
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -22,6 +22,7 @@ struct Field {
   std::string key;  // dotted: "optim.optim.lr"
   Kind kind;
   std::string help;
+  std::vector<std::string> choices;  // a String field's allowed values; empty = anything
   std::function<void(Config&, const Value&)> set;
   std::function<std::string(const Config&)> get;  // the value as show() writes it
 };
@@ -43,5 +44,8 @@ template <class T>
 std::string show(const std::optional<T>& v) {
   return v ? show(*v) : std::string("none");
 }
+
+// "a | b | c": how both --help and validation's "is not one of" write a field's choices.
+std::string join_choices(const std::vector<std::string>& choices);
 
 }  // namespace zb

@@ -1,14 +1,21 @@
-// The configuration schema: every key of config.h's structs, once, with its kind and help text.
-// Order here is the order of --help.
+// The configuration schema: every key of config.h's structs, once, with its kind, help text and,
+// for enumerations, its allowed values. Order here is the order of --help.
 #include "config/fields.h"
 
 namespace zb {
 
-// One entry per key. The setter receives a value already checked against KIND.
-#define ZB_FIELD(KEY, KIND, CPP, MEMBER, HELP)                                              \
-  Field {                                                                                   \
-    KEY, Kind::KIND, HELP, [](Config& c, const Value& v) { c.MEMBER = std::get<CPP>(v); },  \
-        [](const Config& c) { return show(c.MEMBER); }                                      \
+// ZB_FIELD: a key of any kind; the setter receives a value already checked against KIND.
+// ZB_CHOICE: a string key with its allowed values, which validation enforces and --help lists.
+#define ZB_FIELD(KEY, KIND, CPP, MEMBER, HELP)                                                  \
+  Field {                                                                                       \
+    KEY, Kind::KIND, HELP, {}, [](Config& c, const Value& v) { c.MEMBER = std::get<CPP>(v); },  \
+        [](const Config& c) { return show(c.MEMBER); }                                          \
+  }
+#define ZB_CHOICE(KEY, MEMBER, HELP, ...)                                                       \
+  Field {                                                                                       \
+    KEY, Kind::String, HELP, {__VA_ARGS__},                                                     \
+        [](Config& c, const Value& v) { c.MEMBER = std::get<std::string>(v); },                \
+        [](const Config& c) { return show(c.MEMBER); }                                          \
   }
 
 const std::vector<Field>& schema() {
@@ -16,7 +23,7 @@ const std::vector<Field>& schema() {
       ZB_FIELD("name_model", String, std::string, name_model,
                "model size from the table: debugmodel, 70M, 150M, 271M, 1B, 7B, ... (llama2); "
                "debugmodel, 1B, 8B, ... (llama3)"),
-      ZB_FIELD("type_model", String, std::string, type_model, "size table: llama2 | llama3"),
+      ZB_CHOICE("type_model", type_model, "the size table name_model is from", "llama2", "llama3"),
       ZB_FIELD("project", String, std::string, project, "project name, shown in logs and metrics"),
       ZB_FIELD("wandb", Bool, bool, wandb,
                "accepted for ZeroBand configs; ignored (metrics go to logging.metrics_file)"),
@@ -38,6 +45,7 @@ const std::vector<Field>& schema() {
                "sequences per forward/backward on one rank"),
       Field{"train.ac_ckpt", Kind::BoolOrInt,
             "activation checkpointing: false, true (every block) or N (every N-th block)",
+            {},
             [](Config& c, const Value& v) {
               c.train.ac_ckpt = std::holds_alternative<bool>(v) ? (std::get<bool>(v) ? 1 : 0)
                                                                 : std::get<int64_t>(v);
@@ -50,8 +58,8 @@ const std::vector<Field>& schema() {
 
       ZB_FIELD("train.bucket_mb", Float, double, train.bucket_mb,
                "train_ddp: size of the gradient all-reduce buckets in MiB"),
-      ZB_FIELD("optim.sched_type", String, std::string, optim.sched_type,
-               "learning-rate schedule: cosine | linear | wsd-sqrt"),
+      ZB_CHOICE("optim.sched_type", optim.sched_type, "learning-rate schedule", "cosine", "linear",
+                "wsd-sqrt"),
       ZB_FIELD("optim.warmup_steps", Int, int64_t, optim.warmup_steps, "linear warmup steps"),
       ZB_FIELD("optim.stable_steps", Int, int64_t, optim.stable_steps,
                "wsd-sqrt: step where the decay starts"),
@@ -60,8 +68,9 @@ const std::vector<Field>& schema() {
                "global batch in sequences per optimizer step"),
       ZB_FIELD("optim.max_norm", Float, double, optim.max_norm,
                "clip gradients to this global L2 norm (0 = no clipping)"),
-      ZB_FIELD("optim.optim.type", String, std::string, optim.optim.type,
-               "optimizer for the hidden matrices: muon | adamw"),
+      ZB_CHOICE("optim.optim.type", optim.optim.type,
+                "optimizer for the hidden matrices (adamw: AdamW for everything, the baseline)",
+                "muon", "adamw"),
       ZB_FIELD("optim.optim.lr", Float, double, optim.optim.lr,
                "learning rate of the hidden matrices"),
       ZB_FIELD("optim.optim.wd", Float, double, optim.optim.wd, "decoupled weight decay"),
@@ -70,10 +79,12 @@ const std::vector<Field>& schema() {
                "Muon Newton-Schulz iterations"),
       ZB_FIELD("optim.optim.nesterov", Bool, bool, optim.optim.nesterov,
                "Muon: Nesterov blend of gradient and momentum"),
-      ZB_FIELD("optim.optim.update_scale", String, std::string, optim.optim.update_scale,
-               "Muon lr scale: original = sqrt(max(1, rows/cols)) | match_rms_adamw = 0.2*sqrt(max(rows, cols))"),
-      ZB_FIELD("optim.optim.ns_dtype", String, std::string, optim.optim.ns_dtype,
-               "Muon Newton-Schulz precision: bfloat16 | float32"),
+      ZB_CHOICE("optim.optim.update_scale", optim.optim.update_scale,
+                "Muon lr scale: original is sqrt(max(1, rows/cols)), match_rms_adamw is "
+                "0.2*sqrt(max(rows, cols))",
+                "original", "match_rms_adamw"),
+      ZB_CHOICE("optim.optim.ns_dtype", optim.optim.ns_dtype, "Muon Newton-Schulz precision",
+                "bfloat16", "float32"),
       ZB_FIELD("optim.adam.lr_embedding", Float, double, optim.adam.lr_embedding,
                "AdamW lr of the token embedding"),
       ZB_FIELD("optim.adam.lr_head", Float, double, optim.adam.lr_head, "AdamW lr of the output head"),
@@ -111,9 +122,11 @@ const std::vector<Field>& schema() {
                "validation loss every N steps on data.val_dataset_name_or_paths (0 = never)"),
       ZB_FIELD("data.eval_batches", Int, int64_t, data.eval_batches,
                "micro-batches per rank averaged in each validation"),
-      ZB_FIELD("runtime.device", String, std::string, runtime.device, "auto | cpu | cuda"),
-      ZB_FIELD("runtime.compute_dtype", String, std::string, runtime.compute_dtype,
-               "auto (bf16 on cuda, fp32 on cpu) | float32 | bfloat16"),
+      ZB_CHOICE("runtime.device", runtime.device, "where to run (auto: cuda when available)", "auto",
+                "cpu", "cuda"),
+      ZB_CHOICE("runtime.compute_dtype", runtime.compute_dtype,
+                "compute precision (auto: bfloat16 on cuda, float32 on cpu)", "auto", "float32",
+                "bfloat16"),
       ZB_FIELD("runtime.seed", Int, int64_t, runtime.seed, "seed of initialisation and data"),
       ZB_FIELD("runtime.num_threads", Int, int64_t, runtime.num_threads,
                "CPU threads per process (0 = LibTorch's default)"),
@@ -131,7 +144,7 @@ const std::vector<Field>& schema() {
                "resume from a checkpoint directory, or \"latest\" in ckpt.path"),
       ZB_FIELD("ckpt.init_from", String, std::string, ckpt.init_from,
                "initial weights from a Hugging Face model directory (as export_hf writes)"),
-      ZB_FIELD("logging.level", String, std::string, logging.level, "debug | info | warn | error"),
+      ZB_CHOICE("logging.level", logging.level, "console log level", "debug", "info", "warn", "error"),
       ZB_FIELD("logging.metrics_file", String, std::string, logging.metrics_file,
                "JSON-lines metrics (default outputs/<name_model>-<time>/metrics.jsonl)"),
       ZB_FIELD("logging.interval", Int, int64_t, logging.interval, "console line every N steps"),
@@ -139,6 +152,7 @@ const std::vector<Field>& schema() {
   return fields;
 }
 #undef ZB_FIELD
+#undef ZB_CHOICE
 
 const std::vector<std::string>& schema_sections() {
   static const std::vector<std::string> sections = {

@@ -1,8 +1,10 @@
 // validate(): everything about a run that can be checked before any work starts, so that a bad
 // configuration fails at once with the key and where it was set, not minutes into a launch.
 #include <algorithm>
+#include <stdexcept>
 
 #include "config/fields.h"
+#include "data/loader.h"
 #include "model/model_config.h"
 
 namespace zb {
@@ -64,6 +66,16 @@ void validate(const Config& c, int64_t world_size) {
   positive("data.eval_batches", c.data.eval_batches);
   if (c.data.eval_interval > 0 && !c.data.val_dataset_name_or_paths && !c.data.fake)
     fail("data.eval_interval", "data.eval_interval is set but data.val_dataset_name_or_paths is not");
+  // Mixed datasets: one ratio part per comma-separated path. Fake data reads neither.
+  if (c.data.dataset_ratio && !c.data.fake) {
+    const std::string& paths = c.data.dataset_name_or_paths;
+    const auto n_paths = static_cast<size_t>(1 + std::count(paths.begin(), paths.end(), ','));
+    try {
+      parse_ratio(*c.data.dataset_ratio, n_paths);
+    } catch (const std::invalid_argument& e) {
+      fail("data.dataset_ratio", e.what());
+    }
+  }
 
   // Schedule.
   positive("optim.total_steps", c.optim.total_steps);

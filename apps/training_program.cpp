@@ -23,6 +23,7 @@
 #include "dist/comm.h"
 #include "dist/world.h"
 #include "model/llama.h"
+#include "model/model_config.h"
 #include "train/metrics.h"
 #include "train/metrics_logger.h"
 #include "train/trainer.h"

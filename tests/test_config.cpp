@@ -6,6 +6,7 @@
 
 #include "config/cli.h"
 #include "config/config.h"
+#include "model/model_config.h"
 
 using namespace zb;
 
@@ -218,6 +219,43 @@ TEST(ConfigErrors, ImpossibleCombinations) {
         "x.toml:1: type_model = \"llama4\" is not one of llama2 | llama3");
   // A default value that becomes impossible names the key as a default.
   check(debug + "[train]\nmicro_bs = 1\n", 0, "world size must be >= 1, got 0");
+}
+
+TEST(ConfigErrors, DatasetRatioMatchesThePaths) {
+  const std::string two = "name_model = \"debugmodel\"\ntype_model = \"llama2\"\n[train]\n[data]\n"
+                          "dataset_name_or_paths = \"a,b\"\n";
+  auto with_ratio = [&](const std::string& ratio) {
+    return load_config_string(two + "dataset_ratio = \"" + ratio + "\"\n", "x.toml");
+  };
+  EXPECT_NO_THROW(validate(with_ratio("70:30"), 1));
+  EXPECT_EQ(error_of([&] { validate(with_ratio("1:1:1"), 1); }),
+            "x.toml:6: dataset_ratio \"1:1:1\" has 3 parts for 2 datasets");
+  EXPECT_EQ(error_of([&] { validate(with_ratio("70:x"), 1); }),
+            "x.toml:6: dataset_ratio \"70:x\": 'x' is not a positive number");
+  // From the command line, the origin is the override.
+  Config c = load_config_string(two, "x.toml");
+  apply_override(c, "data.dataset_ratio", "70");
+  EXPECT_EQ(error_of([&] { validate(c, 1); }),
+            "command line (--data.dataset_ratio): dataset_ratio \"70\" has 1 parts for 2 datasets");
+  // Fake data reads no datasets, so neither their ratio (as the trainer does).
+  apply_override(c, "data.fake", "true");
+  EXPECT_NO_THROW(validate(c, 1));
+}
+
+TEST(ConfigErrors, EnumerationsComeFromTheSchema) {
+  // Every enumerated key: its --help type lists the same choices validation accepts.
+  int enumerations = 0;
+  for (const auto& k : config_keys()) {
+    if (k.type.rfind("one of ", 0) != 0) continue;
+    ++enumerations;
+    Config c = load_config_string(kMinimal, "x.toml");
+    apply_override(c, k.key, "bogus");
+    EXPECT_EQ(error_of([&] { validate(c, 1); }), "command line (--" + k.key + "): " + k.key +
+                                                     " = \"bogus\" is not one of " + k.type.substr(7));
+  }
+  EXPECT_EQ(enumerations, 8);
+  EXPECT_NE(help_text("train_fsdp").find("type_model (one of llama2 | llama3, default \"llama3\")"),
+            std::string::npos);
 }
 
 TEST(CommandLine, OverridesInOrderAndForms) {

@@ -15,6 +15,7 @@
 #include "fsdp/row_shard.h"
 #include "fsdp/sharded_muon.h"
 #include "model/llama.h"
+#include "model/model_config.h"
 #include "multiprocess.h"
 #include "optim/clip.h"
 #include "optim/lr_schedule.h"

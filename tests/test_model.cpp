@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <stdexcept>
 
 #include "model/llama.h"
 #include "model/model_args.h"
+#include "model/model_args_json.h"
 #include "optim/adamw.h"
 
 using namespace zb;
@@ -42,6 +44,39 @@ TEST(ModelSizes, MatchZeroBandTable) {
   EXPECT_EQ(lookup_model_args("llama3", "1B").ffn_hidden(), 7168);
   EXPECT_EQ(lookup_model_args("llama3", "8B").ffn_hidden(), 14336);
   EXPECT_EQ(lookup_model_args("llama2", "70B").ffn_hidden(), 28672);
+}
+
+TEST(ModelArgsJson, RoundTripsEveryKeyAndNamesAMissingOne) {
+  ModelArgs a = lookup_model_args("llama3", "1B");
+  a.vocab_size = 1000, a.max_seq_len = 77, a.norm_eps = 2e-6, a.rope_theta = 5e5;
+  const nlohmann::json j = model_args_to_json(a);
+  // The keys of a checkpoint's meta.json "model_args", exactly.
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : j.items()) keys.push_back(k);
+  EXPECT_EQ(keys, (std::vector<std::string>{"dim", "ffn_dim_multiplier", "max_seq_len", "multiple_of",
+                                            "n_heads", "n_kv_heads", "n_layers", "norm_eps",
+                                            "rope_theta", "vocab_size"}));
+  // Through text, as meta.json is.
+  const ModelArgs b = model_args_from_json(nlohmann::json::parse(j.dump()));
+  EXPECT_EQ(b.dim, a.dim);
+  EXPECT_EQ(b.n_layers, a.n_layers);
+  EXPECT_EQ(b.n_heads, a.n_heads);
+  EXPECT_EQ(b.n_kv_heads, a.n_kv_heads);
+  EXPECT_EQ(b.vocab_size, 1000);
+  EXPECT_EQ(b.multiple_of, a.multiple_of);
+  EXPECT_DOUBLE_EQ(b.ffn_dim_multiplier, a.ffn_dim_multiplier);
+  EXPECT_DOUBLE_EQ(b.norm_eps, 2e-6);
+  EXPECT_DOUBLE_EQ(b.rope_theta, 5e5);
+  EXPECT_EQ(b.max_seq_len, 77);
+
+  nlohmann::json missing = j;
+  missing.erase("rope_theta");
+  try {
+    model_args_from_json(missing);
+    ADD_FAILURE() << "expected std::runtime_error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "model_args: missing key 'rope_theta'");
+  }
 }
 
 TEST(ModelSizes, FlopsPerTokenByHand) {

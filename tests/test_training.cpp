@@ -8,6 +8,7 @@
 
 #include "config/config.h"
 #include "model/llama.h"
+#include "model/model_config.h"
 #include "optim/optimizer.h"
 
 using namespace zb;

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "model/model_args_json.h"
 #include "util/fs.h"
 
 namespace zb {
@@ -58,13 +59,7 @@ at::Tensor rope_rows_from_hf(const at::Tensor& w, int64_t heads) {
 
 TensorMap consolidate_checkpoint(const std::string& dir, ModelArgs* args) {
   const json meta = json::parse(read_file(dir + "/meta.json"));
-  if (args) {
-    const json& m = meta.at("model_args");
-    args->dim = m["dim"], args->n_layers = m["n_layers"], args->n_heads = m["n_heads"],
-    args->n_kv_heads = m["n_kv_heads"], args->vocab_size = m["vocab_size"],
-    args->multiple_of = m["multiple_of"], args->ffn_dim_multiplier = m["ffn_dim_multiplier"],
-    args->norm_eps = m["norm_eps"], args->rope_theta = m["rope_theta"], args->max_seq_len = m["max_seq_len"];
-  }
+  if (args) *args = model_args_from_json(meta.at("model_args"));
   TensorMap out;
   for (const auto& [name, shape] : meta.at("shapes").items())
     out[name] = at::zeros(shape.get<std::vector<int64_t>>(), at::kFloat);

@@ -5,16 +5,19 @@
 #include <map>
 #include <sstream>
 
+#include "config/fields.h"
+
 namespace zb {
 namespace {
 
 cxxopts::Options make_options(const std::string& program) {
   cxxopts::Options options(program, "Pretrain a Llama-style model (zeroband-cpp)");
+  const std::string devices = join_choices(find_field("runtime.device")->choices);
   options.add_options()
       ("config", "TOML config file (also: @ FILE)", cxxopts::value<std::string>())
       ("dry-run", "build the model and print sizes and FLOPs, then exit")
       ("print-config", "print the resolved run (model shapes, batch, optimizers) as JSON, then exit")
-      ("device", "shorthand for --runtime.device (auto | cpu | cuda)", cxxopts::value<std::string>())
+      ("device", "shorthand for --runtime.device (" + devices + ")", cxxopts::value<std::string>())
       ("h,help", "print this help");
   options.allow_unrecognised_options();
   return options;

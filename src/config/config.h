@@ -1,16 +1,15 @@
 #pragma once
 // The run's configuration: ZeroBand's TOML schema (name_model, type_model, project, [train],
 // [optim], [optim.optim], [data]) plus sections of our own ([model], [runtime], [logging]).
-// Every key is declared once in config.cpp's schema; loading, command-line overrides, --help and
-// the unknown-key check all come from that one list.
+// Every key is declared once in schema.cpp, with its allowed values where it is an enumeration;
+// loading and overrides (fields.cpp), --help, the unknown-key check and validation
+// (validate.cpp) all come from that one list. The model's shapes: model/model_config.h.
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include "model/model_args.h"
 
 namespace zb {
 
@@ -34,15 +33,15 @@ struct TrainConfig {  // [train]
 };
 
 struct OptimizerConfig {  // [optim.optim]
-  std::string type = "muon";  // hidden matrices: "muon" | "adamw" (everything AdamW: the baseline)
+  std::string type = "muon";  // for the hidden matrices ("adamw": everything AdamW, the baseline)
   double lr = 2e-2;           // the hidden matrices' learning rate
   double wd = 0.01;
   double momentum = 0.95;
   int64_t ns_steps = 5;
   // Ours (Muon's details; ZeroBand's behaviour by default):
   bool nesterov = true;
-  std::string update_scale = "original";  // "original" sqrt(max(1,rows/cols)) | "match_rms_adamw"
-  std::string ns_dtype = "bfloat16";      // Newton-Schulz precision: "bfloat16" | "float32"
+  std::string update_scale = "original";  // Muon's lr scale
+  std::string ns_dtype = "bfloat16";      // Newton-Schulz precision
 };
 
 struct AdamConfig {  // [optim.adam] (ours): the AdamW groups, ZeroBand's values by default
@@ -56,7 +55,7 @@ struct AdamConfig {  // [optim.adam] (ours): the AdamW groups, ZeroBand's values
 };
 
 struct OptimConfig {  // [optim]
-  std::string sched_type = "cosine";  // "cosine" | "linear" | "wsd-sqrt"
+  std::string sched_type = "cosine";
   int64_t warmup_steps = 1000;
   int64_t stable_steps = 80000;
   int64_t total_steps = 88000;
@@ -84,8 +83,8 @@ struct DataConfig {  // [data]
 };
 
 struct RuntimeConfig {  // [runtime]
-  std::string device = "auto";         // "auto" (cuda when available) | "cpu" | "cuda"
-  std::string compute_dtype = "auto";  // "auto" (bf16 on cuda, fp32 on cpu) | "float32" | "bfloat16"
+  std::string device = "auto";         // "auto": cuda when available
+  std::string compute_dtype = "auto";  // "auto": bf16 on cuda, fp32 on cpu
   int64_t seed = 42;
   int64_t num_threads = 0;  // intra-op CPU threads; 0 = LibTorch's default
   double peak_flops = 0;    // per device, for MFU; 0 = from the GPU's name
@@ -135,15 +134,12 @@ Config load_config_string(const std::string& text, const std::string& source);
 // value means true. Throws ConfigError naming the key.
 void apply_override(Config& config, const std::string& key, const std::string& value);
 
-// The model's shapes: the size table entry for (type_model, name_model), with [model] overrides,
-// the vocabulary and the sequence length. Throws ConfigError for unknown names.
-ModelArgs resolve_model_args(const Config& config);
-
 // Checks everything that can be checked before work starts, for a run on `world_size` processes:
 // impossible combinations, unknown enumerations, shapes that do not divide. Throws ConfigError.
 void validate(const Config& config, int64_t world_size);
 
-// One help line per key: (dotted key, type, default, description).
+// One help line per key: (dotted key, type, default, description). An enumeration's type is
+// "one of a | b | c".
 struct KeyHelp {
   std::string key, type, default_value, description;
 };

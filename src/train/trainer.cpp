@@ -12,6 +12,7 @@
 #include "ddp/replicated_muon.h"
 #include "fsdp/fsdp_engine.h"
 #include "fsdp/sharded_muon.h"
+#include "model/model_config.h"
 
 namespace zb {
 

@@ -1,0 +1,163 @@
+// The configuration schema: every key of config.h's structs, once, with its kind, help text and,
+// for enumerations, its allowed values. Order here is the order of --help.
+#include "config/fields.h"
+
+namespace zb {
+
+// ZB_FIELD: a key of any kind; the setter receives a value already checked against KIND.
+// ZB_CHOICE: a string key with its allowed values, which validation enforces and --help lists.
+#define ZB_FIELD(KEY, KIND, CPP, MEMBER, HELP)                                                  \
+  Field {                                                                                       \
+    KEY, Kind::KIND, HELP, {}, [](Config& c, const Value& v) { c.MEMBER = std::get<CPP>(v); },  \
+        [](const Config& c) { return show(c.MEMBER); }                                          \
+  }
+#define ZB_CHOICE(KEY, MEMBER, HELP, ...)                                                       \
+  Field {                                                                                       \
+    KEY, Kind::String, HELP, {__VA_ARGS__},                                                     \
+        [](Config& c, const Value& v) { c.MEMBER = std::get<std::string>(v); },                \
+        [](const Config& c) { return show(c.MEMBER); }                                          \
+  }
+
+const std::vector<Field>& schema() {
+  static const std::vector<Field> fields = {
+      ZB_FIELD("name_model", String, std::string, name_model,
+               "model size from the table: debugmodel, 70M, 150M, 271M, 1B, 7B, ... (llama2); "
+               "debugmodel, 1B, 8B, ... (llama3)"),
+      ZB_CHOICE("type_model", type_model, "the size table name_model is from", "llama2", "llama3"),
+      ZB_FIELD("project", String, std::string, project, "project name, shown in logs and metrics"),
+      ZB_FIELD("wandb", Bool, bool, wandb,
+               "accepted for ZeroBand configs; ignored (metrics go to logging.metrics_file)"),
+
+      ZB_FIELD("model.dim", Int, int64_t, model.dim, "override the table's model width"),
+      ZB_FIELD("model.n_layers", Int, int64_t, model.n_layers, "override the number of blocks"),
+      ZB_FIELD("model.n_heads", Int, int64_t, model.n_heads, "override the attention heads"),
+      ZB_FIELD("model.n_kv_heads", Int, int64_t, model.n_kv_heads,
+               "override the key/value heads (grouped-query attention)"),
+      ZB_FIELD("model.vocab_size", Int, int64_t, model.vocab_size,
+               "vocabulary (default: 1024 for debugmodel on fake data, 32000 llama2, 128256 llama3)"),
+      ZB_FIELD("model.multiple_of", Int, int64_t, model.multiple_of, "FFN size rounding"),
+      ZB_FIELD("model.ffn_dim_multiplier", Float, double, model.ffn_dim_multiplier,
+               "FFN size multiplier"),
+      ZB_FIELD("model.norm_eps", Float, double, model.norm_eps, "RMSNorm epsilon (default 1e-5)"),
+      ZB_FIELD("model.rope_theta", Float, double, model.rope_theta, "RoPE base"),
+
+      ZB_FIELD("train.micro_bs", Int, int64_t, train.micro_bs,
+               "sequences per forward/backward on one rank"),
+      Field{"train.ac_ckpt", Kind::BoolOrInt,
+            "activation checkpointing: false, true (every block) or N (every N-th block)",
+            {},
+            [](Config& c, const Value& v) {
+              c.train.ac_ckpt = std::holds_alternative<bool>(v) ? (std::get<bool>(v) ? 1 : 0)
+                                                                : std::get<int64_t>(v);
+            },
+            [](const Config& c) { return c.train.ac_ckpt == 0 ? std::string("false") : show(c.train.ac_ckpt); }},
+      ZB_FIELD("train.reshard_after_forward", Bool, bool, train.reshard_after_forward,
+               "free gathered block parameters after forward (FSDP)"),
+      ZB_FIELD("train.torch_compile", Bool, bool, train.torch_compile,
+               "accepted for ZeroBand configs; ignored (no compiler in C++)"),
+
+      ZB_FIELD("train.bucket_mb", Float, double, train.bucket_mb,
+               "train_ddp: size of the gradient all-reduce buckets in MiB"),
+      ZB_CHOICE("optim.sched_type", optim.sched_type, "learning-rate schedule", "cosine", "linear",
+                "wsd-sqrt"),
+      ZB_FIELD("optim.warmup_steps", Int, int64_t, optim.warmup_steps, "linear warmup steps"),
+      ZB_FIELD("optim.stable_steps", Int, int64_t, optim.stable_steps,
+               "wsd-sqrt: step where the decay starts"),
+      ZB_FIELD("optim.total_steps", Int, int64_t, optim.total_steps, "optimizer steps to run"),
+      ZB_FIELD("optim.batch_size", Int, int64_t, optim.batch_size,
+               "global batch in sequences per optimizer step"),
+      ZB_FIELD("optim.max_norm", Float, double, optim.max_norm,
+               "clip gradients to this global L2 norm (0 = no clipping)"),
+      ZB_CHOICE("optim.optim.type", optim.optim.type,
+                "optimizer for the hidden matrices (adamw: AdamW for everything, the baseline)",
+                "muon", "adamw"),
+      ZB_FIELD("optim.optim.lr", Float, double, optim.optim.lr,
+               "learning rate of the hidden matrices"),
+      ZB_FIELD("optim.optim.wd", Float, double, optim.optim.wd, "decoupled weight decay"),
+      ZB_FIELD("optim.optim.momentum", Float, double, optim.optim.momentum, "Muon momentum"),
+      ZB_FIELD("optim.optim.ns_steps", Int, int64_t, optim.optim.ns_steps,
+               "Muon Newton-Schulz iterations"),
+      ZB_FIELD("optim.optim.nesterov", Bool, bool, optim.optim.nesterov,
+               "Muon: Nesterov blend of gradient and momentum"),
+      ZB_CHOICE("optim.optim.update_scale", optim.optim.update_scale,
+                "Muon lr scale: original is sqrt(max(1, rows/cols)), match_rms_adamw is "
+                "0.2*sqrt(max(rows, cols))",
+                "original", "match_rms_adamw"),
+      ZB_CHOICE("optim.optim.ns_dtype", optim.optim.ns_dtype, "Muon Newton-Schulz precision",
+                "bfloat16", "float32"),
+      ZB_FIELD("optim.adam.lr_embedding", Float, double, optim.adam.lr_embedding,
+               "AdamW lr of the token embedding"),
+      ZB_FIELD("optim.adam.lr_head", Float, double, optim.adam.lr_head, "AdamW lr of the output head"),
+      ZB_FIELD("optim.adam.lr_norm", Float, double, optim.adam.lr_norm, "AdamW lr of the norm weights"),
+      ZB_FIELD("optim.adam.betas1", Float, double, optim.adam.betas1, "AdamW beta1"),
+      ZB_FIELD("optim.adam.betas2", Float, double, optim.adam.betas2, "AdamW beta2"),
+      ZB_FIELD("optim.adam.eps", Float, double, optim.adam.eps, "AdamW epsilon"),
+      ZB_FIELD("optim.adam.wd", Float, double, optim.adam.wd,
+               "AdamW decoupled weight decay of the embedding, head and norm groups"),
+
+      ZB_FIELD("data.dataset_name_or_paths", String, std::string, data.dataset_name_or_paths,
+               "training data: comma-separated paths"),
+      ZB_FIELD("data.val_dataset_name_or_paths", String, std::string, data.val_dataset_name_or_paths,
+               "validation data"),
+      ZB_FIELD("data.seq_length", Int, int64_t, data.seq_length, "tokens per sequence"),
+      ZB_FIELD("data.fake", Bool, bool, data.fake, "random tokens instead of a dataset"),
+      ZB_FIELD("data.num_workers", Int, int64_t, data.num_workers, "data loading workers"),
+      ZB_FIELD("data.max_train_samples", Int, int64_t, data.max_train_samples,
+               "accepted for ZeroBand configs (unused there too)"),
+      ZB_FIELD("data.max_eval_samples", Int, int64_t, data.max_eval_samples,
+               "accepted for ZeroBand configs (unused there too)"),
+      ZB_FIELD("data.dataset_ratio", String, std::string, data.dataset_ratio,
+               "mixing ratio of the datasets, \"a:b:...\""),
+      ZB_FIELD("data.data_rank", Int, int64_t, data.data_rank, "accepted for ZeroBand configs"),
+      ZB_FIELD("data.data_world_size", Int, int64_t, data.data_world_size,
+               "accepted for ZeroBand configs"),
+      ZB_FIELD("data.reverse_data_files", Bool, bool, data.reverse_data_files,
+               "read the data files in reverse order"),
+      ZB_FIELD("data.split_by_data_rank", Bool, bool, data.split_by_data_rank,
+               "accepted for ZeroBand configs"),
+
+      ZB_FIELD("data.shuffle", Bool, bool, data.shuffle,
+               "visit the samples in a seeded random order, a new one each epoch"),
+      ZB_FIELD("data.eval_interval", Int, int64_t, data.eval_interval,
+               "validation loss every N steps on data.val_dataset_name_or_paths (0 = never)"),
+      ZB_FIELD("data.eval_batches", Int, int64_t, data.eval_batches,
+               "micro-batches per rank averaged in each validation"),
+      ZB_CHOICE("runtime.device", runtime.device, "where to run (auto: cuda when available)", "auto",
+                "cpu", "cuda"),
+      ZB_CHOICE("runtime.compute_dtype", runtime.compute_dtype,
+                "compute precision (auto: bfloat16 on cuda, float32 on cpu)", "auto", "float32",
+                "bfloat16"),
+      ZB_FIELD("runtime.seed", Int, int64_t, runtime.seed, "seed of initialisation and data"),
+      ZB_FIELD("runtime.num_threads", Int, int64_t, runtime.num_threads,
+               "CPU threads per process (0 = LibTorch's default)"),
+      ZB_FIELD("runtime.peak_flops", Float, double, runtime.peak_flops,
+               "peak FLOP/s of one device for MFU (0 = from the GPU's name)"),
+
+      ZB_FIELD("runtime.timeout_s", Int, int64_t, runtime.timeout_s,
+               "seconds before a rendezvous or collective that is not completing fails"),
+      ZB_FIELD("ckpt.path", String, std::string, ckpt.path,
+               "directory of checkpoints (\"\" = none)"),
+      ZB_FIELD("ckpt.interval", Int, int64_t, ckpt.interval,
+               "save every N steps (0 = only at the end and when stopped by SIGTERM/SIGINT)"),
+      ZB_FIELD("ckpt.keep", Int, int64_t, ckpt.keep, "newest checkpoints to keep (0 = all)"),
+      ZB_FIELD("ckpt.resume", String, std::string, ckpt.resume,
+               "resume from a checkpoint directory, or \"latest\" in ckpt.path"),
+      ZB_FIELD("ckpt.init_from", String, std::string, ckpt.init_from,
+               "initial weights from a Hugging Face model directory (as export_hf writes)"),
+      ZB_CHOICE("logging.level", logging.level, "console log level", "debug", "info", "warn", "error"),
+      ZB_FIELD("logging.metrics_file", String, std::string, logging.metrics_file,
+               "JSON-lines metrics (default outputs/<name_model>-<time>/metrics.jsonl)"),
+      ZB_FIELD("logging.interval", Int, int64_t, logging.interval, "console line every N steps"),
+  };
+  return fields;
+}
+#undef ZB_FIELD
+#undef ZB_CHOICE
+
+const std::vector<std::string>& schema_sections() {
+  static const std::vector<std::string> sections = {
+      "model", "train", "optim", "optim.optim", "optim.adam", "data", "runtime", "logging", "ckpt"};
+  return sections;
+}
+
+}  // namespace zb

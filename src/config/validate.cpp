@@ -1,0 +1,122 @@
+// validate(): everything about a run that can be checked before any work starts, so that a bad
+// configuration fails at once with the key and where it was set, not minutes into a launch.
+#include <algorithm>
+#include <stdexcept>
+
+#include "config/fields.h"
+#include "data/loader.h"
+#include "model/model_config.h"
+
+namespace zb {
+
+void validate(const Config& c, int64_t world_size) {
+  auto fail = [&](const std::string& key, const std::string& msg) {
+    throw ConfigError(c.origin(key) + ": " + msg);
+  };
+  auto positive = [&](const std::string& key, double value) {
+    if (!(value > 0)) fail(key, key + " must be > 0, got " + show(value));
+  };
+  auto non_negative = [&](const std::string& key, double value) {
+    if (!(value >= 0)) fail(key, key + " must be >= 0, got " + show(value));
+  };
+
+  if (world_size < 1) throw ConfigError("world size must be >= 1, got " + std::to_string(world_size));
+
+  // Enumerations, from the schema's choices; first, since the model lookup needs a known
+  // type_model. get() and show() both quote strings, so shown values compare like the values.
+  for (const Field& f : schema()) {
+    if (f.choices.empty()) continue;
+    const std::string value = f.get(c);
+    if (std::none_of(f.choices.begin(), f.choices.end(),
+                     [&](const std::string& choice) { return show(choice) == value; }))
+      fail(f.key, f.key + " = " + value + " is not one of " + join_choices(f.choices));
+  }
+
+  // Model shapes.
+  const ModelArgs a = resolve_model_args(c);
+  positive("model.dim", a.dim);
+  positive("model.n_layers", a.n_layers);
+  positive("model.n_heads", a.n_heads);
+  positive("model.n_kv_heads", a.n_kv_heads);
+  positive("model.vocab_size", a.vocab_size);
+  positive("model.multiple_of", a.multiple_of);
+  positive("model.norm_eps", a.norm_eps);
+  positive("model.rope_theta", a.rope_theta);
+  if (a.dim % a.n_heads != 0)
+    fail("model.n_heads", "n_heads (" + show(a.n_heads) + ") must divide dim (" + show(a.dim) + ")");
+  if (a.n_heads % a.n_kv_heads != 0)
+    fail("model.n_kv_heads", "n_kv_heads (" + show(a.n_kv_heads) + ") must divide n_heads (" +
+                                 show(a.n_heads) + ")");
+  if (a.head_dim() % 2 != 0)
+    fail("model.dim", "head dimension dim/n_heads = " + show(a.head_dim()) +
+                              " must be even for rotary embeddings");
+
+  // Training and batch arithmetic.
+  positive("train.micro_bs", c.train.micro_bs);
+  non_negative("train.ac_ckpt", c.train.ac_ckpt);
+  positive("train.bucket_mb", c.train.bucket_mb);
+  positive("optim.batch_size", c.optim.batch_size);
+  if (c.optim.batch_size % (world_size * c.train.micro_bs) != 0)
+    fail("optim.batch_size", "optim.batch_size (" + show(c.optim.batch_size) +
+                                 ") must be divisible by world size (" + show(world_size) +
+                                 ") x train.micro_bs (" + show(c.train.micro_bs) + ")");
+  positive("data.seq_length", c.data.seq_length);
+  non_negative("data.num_workers", c.data.num_workers);
+  non_negative("data.eval_interval", c.data.eval_interval);
+  positive("data.eval_batches", c.data.eval_batches);
+  if (c.data.eval_interval > 0 && !c.data.val_dataset_name_or_paths && !c.data.fake)
+    fail("data.eval_interval", "data.eval_interval is set but data.val_dataset_name_or_paths is not");
+  // Mixed datasets: one ratio part per comma-separated path. Fake data reads neither.
+  if (c.data.dataset_ratio && !c.data.fake) {
+    const std::string& paths = c.data.dataset_name_or_paths;
+    const auto n_paths = static_cast<size_t>(1 + std::count(paths.begin(), paths.end(), ','));
+    try {
+      parse_ratio(*c.data.dataset_ratio, n_paths);
+    } catch (const std::invalid_argument& e) {
+      fail("data.dataset_ratio", e.what());
+    }
+  }
+
+  // Schedule.
+  positive("optim.total_steps", c.optim.total_steps);
+  non_negative("optim.warmup_steps", c.optim.warmup_steps);
+  if (c.optim.sched_type == "wsd-sqrt" &&
+      !(c.optim.warmup_steps <= c.optim.stable_steps && c.optim.stable_steps <= c.optim.total_steps))
+    fail("optim.stable_steps", "wsd-sqrt needs warmup_steps (" + show(c.optim.warmup_steps) +
+                                   ") <= stable_steps (" + show(c.optim.stable_steps) +
+                                   ") <= total_steps (" + show(c.optim.total_steps) + ")");
+  non_negative("optim.max_norm", c.optim.max_norm);
+
+  // Optimizer.
+  positive("optim.optim.lr", c.optim.optim.lr);
+  non_negative("optim.optim.wd", c.optim.optim.wd);
+  if (!(c.optim.optim.momentum >= 0 && c.optim.optim.momentum < 1))
+    fail("optim.optim.momentum", "optim.optim.momentum must be in [0, 1), got " + show(c.optim.optim.momentum));
+  positive("optim.optim.ns_steps", c.optim.optim.ns_steps);
+  non_negative("optim.adam.lr_embedding", c.optim.adam.lr_embedding);
+  non_negative("optim.adam.lr_head", c.optim.adam.lr_head);
+  non_negative("optim.adam.lr_norm", c.optim.adam.lr_norm);
+  for (const char* key : {"optim.adam.betas1", "optim.adam.betas2"}) {
+    const double b = std::string(key) == "optim.adam.betas1" ? c.optim.adam.betas1 : c.optim.adam.betas2;
+    if (!(b >= 0 && b < 1)) fail(key, std::string(key) + " must be in [0, 1), got " + show(b));
+  }
+  positive("optim.adam.eps", c.optim.adam.eps);
+  non_negative("optim.adam.wd", c.optim.adam.wd);
+
+  // Ours.
+  non_negative("runtime.num_threads", c.runtime.num_threads);
+  non_negative("runtime.peak_flops", c.runtime.peak_flops);
+  positive("runtime.timeout_s", c.runtime.timeout_s);
+  non_negative("ckpt.interval", c.ckpt.interval);
+  non_negative("ckpt.keep", c.ckpt.keep);
+  if (c.ckpt.resume == "latest" && c.ckpt.path.empty())
+    fail("ckpt.resume", "ckpt.resume = \"latest\" needs ckpt.path");
+  positive("logging.interval", c.logging.interval);
+}
+
+int64_t grad_accum_steps(const Config& c, int64_t world_size) {
+  // validate() checked that the batch divides.
+  return c.optim.batch_size / (world_size * c.train.micro_bs);
+}
+
+}  // namespace zb

@@ -1,0 +1,33 @@
+#include "model/model_config.h"
+
+#include <stdexcept>
+
+namespace zb {
+
+ModelArgs resolve_model_args(const Config& c) {
+  ModelArgs a;
+  try {
+    a = lookup_model_args(c.type_model, c.name_model);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(c.origin("name_model") + ": " + e.what());
+  }
+  // ZeroBand: the fake tokenizer's vocabulary for the debug model on fake data, else the
+  // tokenizer of the model family (Mistral 32k for llama2, Llama-3 128k for llama3).
+  if (c.data.fake && c.name_model == "debugmodel") a.vocab_size = 1024;
+  else a.vocab_size = c.type_model == "llama2" ? 32000 : 128256;
+  const auto& m = c.model;
+  if (m.dim) a.dim = *m.dim;
+  if (m.n_layers) a.n_layers = *m.n_layers;
+  if (m.n_heads) a.n_heads = *m.n_heads;
+  if (m.n_kv_heads) a.n_kv_heads = *m.n_kv_heads;
+  else if (m.n_heads) a.n_kv_heads = *m.n_heads;
+  if (m.vocab_size) a.vocab_size = *m.vocab_size;
+  if (m.multiple_of) a.multiple_of = *m.multiple_of;
+  if (m.ffn_dim_multiplier) a.ffn_dim_multiplier = *m.ffn_dim_multiplier;
+  if (m.norm_eps) a.norm_eps = *m.norm_eps;
+  if (m.rope_theta) a.rope_theta = *m.rope_theta;
+  a.max_seq_len = c.data.seq_length;
+  return a;
+}
+
+}  // namespace zb

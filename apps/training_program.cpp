@@ -23,6 +23,7 @@
 #include "dist/comm.h"
 #include "dist/world.h"
 #include "model/llama.h"
+#include "model/model_args_json.h"
 #include "model/model_config.h"
 #include "train/metrics.h"
 #include "train/metrics_logger.h"
@@ -73,16 +74,16 @@ void describe_model(const zb::Config& c, const zb::ModelArgs& a, int64_t world_s
 // shapes, batch and optimizer settings. scripts/bench_peer.py builds its PyTorch twin from this.
 nlohmann::json resolved_run(const zb::Config& c) {
   const zb::ModelArgs a = zb::resolve_model_args(c);
+  nlohmann::json model = zb::model_args_to_json(a);
+  model["head_dim"] = a.head_dim();  // derived sizes, so that the peer needs no formula
+  model["ffn_hidden"] = a.ffn_hidden();
   const auto& o = c.optim;
   const c10::Device device = zb::select_device(c.runtime.device, 0);
   const at::ScalarType compute = zb::Trainer::resolve_compute_dtype(c, device);
   return {
       {"name_model", c.name_model},
       {"type_model", c.type_model},
-      {"model", {{"dim", a.dim}, {"n_layers", a.n_layers}, {"n_heads", a.n_heads},
-                 {"n_kv_heads", a.n_kv_heads}, {"head_dim", a.head_dim()}, {"ffn_hidden", a.ffn_hidden()},
-                 {"vocab_size", a.vocab_size}, {"norm_eps", a.norm_eps}, {"rope_theta", a.rope_theta},
-                 {"max_seq_len", a.max_seq_len}}},
+      {"model", model},
       {"num_params", zb::count_params(a)},
       {"flops_per_token", zb::flops_per_token(a, c.data.seq_length)},
       {"seq_length", c.data.seq_length},

@@ -1,6 +1,7 @@
 // The sharding engine on real processes over Gloo (2, 3 and 4 ranks) against an independent
 // single-process training loop on the same global batches, in fp32.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 #include <malloc.h>

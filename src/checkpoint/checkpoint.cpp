@@ -22,6 +22,7 @@
 #include "checkpoint/hf_export.h"
 #include "checkpoint/state.h"
 #include "fsdp/row_shard.h"
+#include "model/model_args_json.h"
 #include "util/fs.h"
 #include "util/log.h"
 
@@ -162,7 +163,6 @@ std::string CheckpointWriter::save(Trainer& trainer) {
   if (comm_.rank() == 0) {
     json shapes = json::object();
     for (const ShardedParameter& p : trainer.parallel().parameters()) shapes[p.name] = p.global_shape;
-    const ModelArgs& a = trainer.model_args();
     meta = {
         {"format", "zeroband-cpp checkpoint"},
         {"version", kCheckpointFormatVersion},
@@ -174,11 +174,7 @@ std::string CheckpointWriter::save(Trainer& trainer) {
         {"type_model", config_.type_model},
         {"seed", config_.runtime.seed},
         {"shapes", shapes},
-        {"model_args", {{"dim", a.dim}, {"n_layers", a.n_layers}, {"n_heads", a.n_heads},
-                        {"n_kv_heads", a.n_kv_heads}, {"vocab_size", a.vocab_size},
-                        {"multiple_of", a.multiple_of}, {"ffn_dim_multiplier", a.ffn_dim_multiplier},
-                        {"norm_eps", a.norm_eps}, {"rope_theta", a.rope_theta},
-                        {"max_seq_len", a.max_seq_len}}},
+        {"model_args", model_args_to_json(trainer.model_args())},
         {"data_rows_consumed_per_rank", trainer.data().state().rows_consumed},
     };
   }

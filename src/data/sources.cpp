@@ -1,6 +1,5 @@
 #include "data/sources.h"
 
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -28,13 +27,7 @@ DataSources make_data_sources(const Config& config, int64_t V) {
       parts.push_back(std::make_shared<TokenDataset>(paths.substr(start, comma - start), T, V,
                                                      config.data.reverse_data_files));
     }
-    std::vector<double> weights;
-    try {
-      weights = parse_ratio(*config.data.dataset_ratio, parts.size());
-    } catch (const std::invalid_argument& e) {
-      throw ConfigError(config.origin("data.dataset_ratio") + ": " + e.what());
-    }
-    out.train = std::make_shared<MixedSource>(parts, weights, seed);
+    out.train = std::make_shared<MixedSource>(parts, parse_ratio(*config.data.dataset_ratio, parts.size()), seed);
   } else {
     out.train = std::make_shared<TokenDataset>(config.data.dataset_name_or_paths, T, V,
                                                config.data.reverse_data_files);

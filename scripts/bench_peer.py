@@ -122,12 +122,45 @@ class Llama(nn.Module):
 
 
 # --- communication meter ---------------------------------------------------------------------------
-class CommMeter:
-    """Wraps the collectives FSDP2 and DTensor call: bytes by kind (sent + received by this rank,
-    train_fsdp's convention) and host seconds spent waiting."""
+# Bytes per rank as train_fsdp counts them, sent + received by this rank for the ring / chain
+# algorithm of each collective: these mirror src/dist/comm.h (where the convention is stated) and
+# comm.cpp, formula for formula; keep them in step. n: bytes; the group is the whole world (the
+# peer's one mesh dimension spans every rank).
+def all_gather_bytes(W, n_in):
+    return 2 * (W - 1) * n_in
 
-    def __init__(self, world):
-        self.W = world
+
+def reduce_scatter_bytes(W, n_out):
+    return 2 * (W - 1) * n_out
+
+
+def all_reduce_bytes(W, n):
+    # Ring reduce-scatter + all-gather of W chunks: 4(W-1)/W·n, multiplied out first so that an
+    # uneven split is the mean over ranks rounded down once, as comm.cpp.
+    return 4 * (W - 1) * n // W
+
+
+def broadcast_bytes(W, rank, root, n):
+    # Chain root -> root+1 -> ... -> root-1: the root sends n, the last rank receives n, the ranks
+    # between receive and forward, 2n.
+    if W == 1:
+        return 0
+    return n if rank in (root, (root - 1) % W) else 2 * n
+
+
+def all_to_all_bytes(W, rank, row_bytes, in_rows, out_rows, in_splits, out_splits):
+    # Splits count rows of dim 0 (none: equal parts); this rank's own part stays and is not counted.
+    def to_others(rows, splits):
+        return sum(splits) - splits[rank] if splits else rows // W * (W - 1)
+    return row_bytes * (to_others(in_rows, in_splits) + to_others(out_rows, out_splits))
+
+
+class CommMeter:
+    """Wraps the collectives FSDP2 and DTensor call: bytes by kind (train_fsdp's convention, the
+    functions above) and host seconds spent waiting."""
+
+    def __init__(self, world, rank):
+        self.W, self.rank = world, rank
         self.bytes = {k: 0 for k in ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all")}
         self.wait_seconds = 0.0
         self._wrap()
@@ -142,29 +175,45 @@ class CommMeter:
         return call
 
     def _wrap(self):
-        W, nbytes = self.W, lambda t: t.numel() * t.element_size()
+        W, rank = self.W, self.rank
+
+        def nbytes(t):
+            return t.numel() * t.element_size()
+
+        def row_bytes(t):  # of dim 0, from the shape (a rank may send no rows)
+            return math.prod(t.shape[1:]) * t.element_size()
 
         def counted(module, name, kind, size_of):
             fn = getattr(module, name)
             signature = inspect.signature(fn)
 
             def call(*a, **k):
-                arg = signature.bind(*a, **k).arguments  # positional or keyword alike
-                self.bytes[kind] += size_of(arg)
+                bound = signature.bind(*a, **k)
+                bound.apply_defaults()
+                self.bytes[kind] += size_of(bound.arguments)  # positional or keyword alike
                 return fn(*a, **k)  # the waiting is timed in Work.wait / wait_tensor below
             setattr(module, name, call)
 
+        def root_of(a):
+            return a["src"] if a["src"] is not None else a["group_src"]
+
         # torch.distributed: the output of an all-gather / input of a reduce-scatter is W parts.
-        counted(dist, "all_gather_into_tensor", "all_gather", lambda a: nbytes(a["input_tensor"]) * (W - 1) * 2)
-        counted(dist, "reduce_scatter_tensor", "reduce_scatter", lambda a: nbytes(a["output"]) * (W - 1) * 2)
-        counted(dist, "all_reduce", "all_reduce", lambda a: nbytes(a["tensor"]) * (W - 1) * 2)
-        counted(dist, "broadcast", "broadcast", lambda a: nbytes(a["tensor"]) * (W - 1))
-        counted(dist, "all_to_all_single", "all_to_all", lambda a: 2 * nbytes(a["input"]) * (W - 1) // W)
-        # Functional collectives (DTensor): launched here, waited on in wait_tensor.
-        counted(funcol, "all_gather_tensor", "all_gather", lambda a: nbytes(a["self"]) * (W - 1) * 2)
-        counted(funcol, "reduce_scatter_tensor", "reduce_scatter", lambda a: nbytes(a["self"]) // W * (W - 1) * 2)
-        counted(funcol, "all_reduce", "all_reduce", lambda a: nbytes(a["self"]) * (W - 1) * 2)
-        counted(funcol, "all_to_all_single", "all_to_all", lambda a: 2 * nbytes(a["self"]) * (W - 1) // W)
+        counted(dist, "all_gather_into_tensor", "all_gather", lambda a: all_gather_bytes(W, nbytes(a["input_tensor"])))
+        counted(dist, "reduce_scatter_tensor", "reduce_scatter", lambda a: reduce_scatter_bytes(W, nbytes(a["output"])))
+        counted(dist, "all_reduce", "all_reduce", lambda a: all_reduce_bytes(W, nbytes(a["tensor"])))
+        counted(dist, "broadcast", "broadcast", lambda a: broadcast_bytes(W, rank, root_of(a), nbytes(a["tensor"])))
+        counted(dist, "all_to_all_single", "all_to_all", lambda a: all_to_all_bytes(
+            W, rank, row_bytes(a["input"]), a["input"].size(0), a["output"].size(0),
+            a["input_split_sizes"], a["output_split_sizes"]))
+        # Functional collectives (DTensor): launched here, waited on in wait_tensor. Their outputs
+        # are allocated inside: a reduce-scatter's is 1/W of the input (W divides it, or it fails).
+        counted(funcol, "all_gather_tensor", "all_gather", lambda a: all_gather_bytes(W, nbytes(a["self"])))
+        counted(funcol, "reduce_scatter_tensor", "reduce_scatter", lambda a: reduce_scatter_bytes(W, nbytes(a["self"]) // W))
+        counted(funcol, "all_reduce", "all_reduce", lambda a: all_reduce_bytes(W, nbytes(a["self"])))
+        counted(funcol, "all_to_all_single", "all_to_all", lambda a: all_to_all_bytes(
+            W, rank, row_bytes(a["self"]), a["self"].size(0),
+            sum(a["output_split_sizes"]) if a["output_split_sizes"] else a["self"].size(0),
+            a["input_split_sizes"], a["output_split_sizes"]))
         # Host time blocked on a collective: torch.distributed's calls (synchronous ones too) end
         # in Work.wait from Python; functional collectives in wait_tensor.
         funcol.wait_tensor = self._timed(funcol.wait_tensor)
@@ -243,7 +292,7 @@ def main():
         torch.set_num_threads(args.num_threads)
     dist.init_process_group("nccl" if device == "cuda" else "gloo")
     rank, W = dist.get_rank(), dist.get_world_size()
-    meter = CommMeter(W)
+    meter = CommMeter(W, rank)
     compute = torch.bfloat16 if run["resolved_compute_dtype"] == "bfloat16" else torch.float32
 
     torch.manual_seed(run["runtime"]["seed"])

@@ -2,6 +2,10 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <map>
+#include <numeric>
+#include <utility>
+
 #include "dist/comm.h"
 #include "dist/world.h"
 #include "multiprocess.h"
@@ -78,6 +82,148 @@ TEST_P(Collectives, AllGatherReduceScatterAllReduceOverGloo) {
     EXPECT_EQ(b[1].item<float>(), static_cast<float>(W - 1));
     comm.barrier();
     EXPECT_EQ(comm.stats().bytes[static_cast<size_t>(CommKind::AllGather)], 5 * 4 * (W - 1) * 2);
+  });
+}
+
+
+// The bytes each collective counts (comm.h: sent + received by this rank, ring / chain
+// algorithms), checked against the algorithms written out step by step here.
+namespace {
+
+int64_t counted(Communicator& comm, CommKind kind) {
+  return comm.stats().bytes[static_cast<size_t>(kind)];
+}
+
+// A ring all-reduce of `elements` elements split into W chunks as evenly as possible (the first
+// elements % W chunks one larger): in reduce-scatter step k rank r sends chunk (r-k) mod W and
+// receives chunk (r-k-1) mod W; then it holds chunk (r+1) mod W reduced, and in all-gather step k
+// sends chunk (r+1-k) mod W and receives chunk (r-k) mod W. Returns what rank r sends + receives,
+// in elements.
+int64_t ring_all_reduce_elements(int64_t elements, int64_t W, int64_t r) {
+  auto chunk = [&](int64_t c) {
+    c = ((c % W) + W) % W;
+    return elements / W + (c < elements % W ? 1 : 0);
+  };
+  int64_t moved = 0;
+  for (int64_t k = 0; k < W - 1; ++k) moved += chunk(r - k) + chunk(r - k - 1);          // reduce-scatter
+  for (int64_t k = 0; k < W - 1; ++k) moved += chunk(r + 1 - k) + chunk(r - k);      // all-gather
+  return moved;
+}
+
+}  // namespace
+
+TEST(CommBytes, RingAllReduceModelAddsUp) {
+  // The model's sum over ranks is 4(W-1) x elements however the chunks fall, which is why comm.h
+  // can count each rank the mean.
+  for (int64_t W : {2, 3, 4, 5, 8})
+    for (int64_t e : {0, 1, 2, 3, 5, 7, 12, 1000, 1001}) {
+      int64_t sum = 0;
+      for (int64_t r = 0; r < W; ++r) sum += ring_all_reduce_elements(e, W, r);
+      EXPECT_EQ(sum, 4 * (W - 1) * e) << "W " << W << " elements " << e;
+    }
+}
+
+TEST(CommBytes, OneProcessMovesNothing) {
+  Communicator comm(detect_world(std::map<std::string, std::string>{}), c10::Device(c10::kCPU),
+                    std::chrono::seconds(5));
+  at::Tensor in = at::arange(6, at::kFloat), out = at::empty({6}, at::kFloat);
+  comm.all_gather(out, in).wait();
+  comm.reduce_scatter_sum(out, in).wait();
+  comm.all_reduce_sum(in).wait();
+  comm.broadcast(in, 0).wait();
+  comm.all_to_all(out, in, {6}, {6}).wait();
+  for (int64_t b : comm.stats().bytes) EXPECT_EQ(b, 0);
+}
+
+TEST_P(Collectives, CountsTheBytesEachRankMoves) {
+  const int W = GetParam();
+  multiprocess::run_ranks(W, [W](int rank) {
+    Communicator comm(detect_world(), c10::Device(c10::kCPU), std::chrono::seconds(60));
+    // Runs one collective and returns the bytes it added to `kind` (and to no other kind).
+    auto delta = [&](CommKind kind, const std::function<void()>& collective) {
+      const CommStats before = comm.stats();
+      collective();
+      for (size_t k = 0; k < before.bytes.size(); ++k)
+        if (k != static_cast<size_t>(kind))
+          EXPECT_EQ(comm.stats().bytes[k], before.bytes[k]) << comm_kind_name(static_cast<CommKind>(k));
+      return counted(comm, kind) - before.bytes[static_cast<size_t>(kind)];
+    };
+
+    // all_gather of 7 floats per rank (28 bytes): a ring of W-1 steps, each sending one rank's
+    // block on and receiving the next.
+    {
+      at::Tensor in = at::full({7}, static_cast<float>(rank), at::kFloat);
+      at::Tensor out = at::empty({7 * W}, at::kFloat);
+      const int64_t sent = (W - 1) * 28, received = (W - 1) * 28;
+      EXPECT_EQ(delta(CommKind::AllGather, [&] { comm.all_gather(out, in).wait(); }), sent + received);
+      EXPECT_EQ(out[7 * (W - 1)].item<float>(), static_cast<float>(W - 1));
+    }
+    // reduce_scatter to 5 doubles per rank (40 bytes out, 40·W in): W-1 steps of one 40-byte
+    // partial sum each way.
+    {
+      at::Tensor in = at::ones({5 * W}, at::kDouble);
+      at::Tensor out = at::empty({5}, at::kDouble);
+      const int64_t sent = (W - 1) * 40, received = (W - 1) * 40;
+      EXPECT_EQ(delta(CommKind::ReduceScatter, [&] { comm.reduce_scatter_sum(out, in).wait(); }),
+                sent + received);
+      EXPECT_DOUBLE_EQ(out[4].item<double>(), W);
+    }
+    // all_reduce, W dividing the elements (12·W floats): exactly 4(W-1)/W of the 48·W bytes, the
+    // same on every rank.
+    {
+      at::Tensor t = at::ones({12 * W}, at::kFloat);
+      const int64_t n = 48 * W;
+      EXPECT_EQ(ring_all_reduce_elements(12 * W, W, rank) * 4, 4 * (W - 1) * n / W);
+      EXPECT_EQ(delta(CommKind::AllReduce, [&] { comm.all_reduce_sum(t).wait(); }), 4 * (W - 1) * 48);
+      EXPECT_EQ(t[0].item<float>(), static_cast<float>(W));
+    }
+    // all_reduce, W not dividing the elements (13 doubles, and one float): the mean over ranks of
+    // the ring with the real, uneven chunks, rounded down to a byte.
+    for (auto [elements, size] : {std::pair<int64_t, int64_t>{13, 8}, {1, 4}}) {
+      at::Tensor t = at::ones({elements}, size == 8 ? at::kDouble : at::kFloat);
+      int64_t all_ranks = 0;
+      for (int64_t r = 0; r < W; ++r) all_ranks += ring_all_reduce_elements(elements, W, r) * size;
+      EXPECT_EQ(delta(CommKind::AllReduce, [&] { comm.all_reduce_sum(t).wait(); }), all_ranks / W)
+          << elements << " elements of " << size << " bytes";
+    }
+    // broadcast of 3 floats (12 bytes) from every root in turn: along the chain root, root+1, ...,
+    // root-1 every rank but the last sends 12 bytes on and every rank but the root receives 12.
+    for (int root = 0; root < W; ++root) {
+      at::Tensor t = at::full({3}, static_cast<float>(rank == root ? 100 + root : -1), at::kFloat);
+      const int position = (rank - root + W) % W;  // in the chain
+      const int64_t sent = position < W - 1 ? 12 : 0, received = position > 0 ? 12 : 0;
+      EXPECT_EQ(delta(CommKind::Broadcast, [&] { comm.broadcast(t, root).wait(); }), sent + received)
+          << "root " << root << (rank == root ? " (this rank)" : "");
+      EXPECT_EQ(t[2].item<float>(), static_cast<float>(100 + root));
+    }
+    // all_to_all with uneven splits, some empty: rank s sends rank d count(s, d) floats holding
+    // 1000·s + d. What stays on this rank (count(rank, rank)) moves nowhere.
+    {
+      auto count = [](int s, int d) -> int64_t { return (s + 2 * d) % 4; };
+      std::vector<int64_t> in_splits, out_splits;
+      std::vector<at::Tensor> parts;
+      for (int d = 0; d < W; ++d) {
+        in_splits.push_back(count(rank, d));
+        out_splits.push_back(count(d, rank));
+        parts.push_back(at::full({count(rank, d)}, 1000.0 * rank + d, at::kFloat));
+      }
+      at::Tensor in = at::cat(parts);
+      at::Tensor out = at::empty({std::accumulate(out_splits.begin(), out_splits.end(), int64_t{0})}, at::kFloat);
+      int64_t sent = 0, received = 0;
+      for (int other = 0; other < W; ++other)
+        if (other != rank) {
+          sent += count(rank, other) * 4;
+          received += count(other, rank) * 4;
+        }
+      EXPECT_EQ(delta(CommKind::AllToAll, [&] { comm.all_to_all(out, in, out_splits, in_splits).wait(); }),
+                sent + received);
+      int64_t at_offset = 0;
+      for (int s = 0; s < W; ++s) {
+        for (int64_t j = 0; j < count(s, rank); ++j)
+          EXPECT_EQ(out[at_offset + j].item<float>(), static_cast<float>(1000 * s + rank));
+        at_offset += count(s, rank);
+      }
+    }
   });
 }
 

@@ -89,8 +89,8 @@ Communicator::~Communicator() = default;
 
 PendingCollective Communicator::all_gather(at::Tensor& out, at::Tensor& in) {
   TORCH_CHECK(out.numel() == in.numel() * size(), "all_gather: output must hold size() inputs");
-  const int64_t bytes = in.numel() * in.element_size();
-  count(CommKind::AllGather, bytes * (size() - 1) * 2);  // sends its part, receives the others
+  const int64_t n = in.numel() * in.element_size();
+  count(CommKind::AllGather, 2 * (size() - 1) * n);  // the convention is in comm.h
   if (!backend_) {
     out.copy_(in.view(out.sizes()));
     return {};
@@ -100,8 +100,8 @@ PendingCollective Communicator::all_gather(at::Tensor& out, at::Tensor& in) {
 
 PendingCollective Communicator::reduce_scatter_sum(at::Tensor& out, at::Tensor& in) {
   TORCH_CHECK(in.numel() == out.numel() * size(), "reduce_scatter: input must hold size() outputs");
-  const int64_t bytes = out.numel() * out.element_size();
-  count(CommKind::ReduceScatter, bytes * (size() - 1) * 2);
+  const int64_t n = out.numel() * out.element_size();
+  count(CommKind::ReduceScatter, 2 * (size() - 1) * n);
   if (!backend_) {
     out.copy_(in.view(out.sizes()));
     return {};
@@ -112,7 +112,9 @@ PendingCollective Communicator::reduce_scatter_sum(at::Tensor& out, at::Tensor& 
 }
 
 PendingCollective Communicator::all_reduce_sum(at::Tensor& t) {
-  count(CommKind::AllReduce, t.numel() * t.element_size() * 2 * (size() - 1));
+  // Multiplied out before dividing, so an uneven split is the exact mean, rounded down once.
+  const int64_t bytes = t.numel() * t.element_size();
+  count(CommKind::AllReduce, 4 * (size() - 1) * bytes / size());
   if (!backend_) return {};
   std::vector<at::Tensor> tensors{t};
   c10d::AllreduceOptions opts;
@@ -121,7 +123,12 @@ PendingCollective Communicator::all_reduce_sum(at::Tensor& t) {
 }
 
 PendingCollective Communicator::broadcast(at::Tensor& t, int64_t root) {
-  count(CommKind::Broadcast, t.numel() * t.element_size() * (size() - 1));
+  // A chain root -> root+1 -> ... -> root-1: the root sends, the last rank receives, the ranks
+  // between do both.
+  TORCH_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " is not a rank");
+  const int64_t bytes = t.numel() * t.element_size();
+  const bool last = rank() == (root + size() - 1) % size();
+  count(CommKind::Broadcast, size() == 1 ? 0 : (rank() == root || last) ? bytes : 2 * bytes);
   if (!backend_) return {};
   std::vector<at::Tensor> tensors{t};
   c10d::BroadcastOptions opts;
@@ -132,9 +139,13 @@ PendingCollective Communicator::broadcast(at::Tensor& t, int64_t root) {
 PendingCollective Communicator::all_to_all(at::Tensor& out, at::Tensor& in,
                                            std::vector<int64_t> out_splits,
                                            std::vector<int64_t> in_splits) {
-  int64_t moved = 0;
+  // Empty splits mean equal parts, as in c10d.
+  auto split = [this](const std::vector<int64_t>& splits, const at::Tensor& t, int64_t r) {
+    return splits.empty() ? t.numel() / size() : splits.at(static_cast<size_t>(r));
+  };
+  int64_t moved = 0;  // elements sent to and received from the other ranks
   for (int64_t r = 0; r < size(); ++r)
-    if (r != rank()) moved += in_splits[r] + out_splits[r];
+    if (r != rank()) moved += split(in_splits, in, r) + split(out_splits, out, r);
   count(CommKind::AllToAll, moved * in.element_size());
   if (!backend_) {
     out.copy_(in);

@@ -9,7 +9,10 @@ train_fsdp=$train train_ddp="$(dirname "$train")/train_ddp"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # The debug model at 64 tokens; 24 sequences per step divide over 1, 2, 3 and 4 ranks.
+# Newton-Schulz in fp32: these tests are about checkpoints, and bf16 matrix products on a CPU
+# without native bf16 instructions (AVX2 only) run about 75 times slower than fp32 ones.
 common=(--config "$config" --runtime.device cpu --runtime.num_threads 1 --data.seq_length 64
+        --optim.optim.ns_dtype float32
         --optim.batch_size 24 --train.micro_bs 2 --optim.warmup_steps 2 --optim.total_steps 8)
 
 # run_ranks W LOGPREFIX ARGS...: W processes with torchrun's variables, in the background.

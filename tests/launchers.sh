@@ -8,8 +8,11 @@ what=$1 train=$2 config=$3 bindir=$4
 port=$((20000 + RANDOM % 30000))
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-# A later --logging.metrics_file overrides this one.
-common=(--config "$config" --runtime.device cpu --runtime.num_threads 1 --logging.metrics_file /dev/null)
+# A later --logging.metrics_file overrides this one. Newton-Schulz in fp32: bf16 matrix products
+# on a CPU without native bf16 instructions (AVX2 only) run about 75 times slower, and these tests
+# are about launching, not precision.
+common=(--config "$config" --runtime.device cpu --runtime.num_threads 1 --logging.metrics_file /dev/null
+        --optim.optim.ns_dtype float32)
 
 # The metrics file of a finished run of the preset: one record per step 1..4, finite losses.
 check_run() {

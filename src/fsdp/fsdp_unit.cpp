@@ -77,7 +77,6 @@ void FSDPUnit::post_backward(const std::vector<at::Tensor>& grads) {
 
 void FSDPUnit::finish_gradients() {
   if (context_.reducing == this) context_.reducing = nullptr;
-  if (training_state_ == TrainingState::PostBackward) training_state_ = TrainingState::Idle;
   if (!reduce_out_.defined()) return;
   reduce_.wait();  // also releases the collective's input buffer
   reduce_scatter_copy_out(params_, offsets_, reduce_out_);

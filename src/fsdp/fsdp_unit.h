@@ -7,11 +7,12 @@
 //   sharded state   SHARDED --issue_unshard--> GATHERING --wait_unshard--> UNSHARDED --reshard--> SHARDED
 //   training state  IDLE --pre_forward--> FORWARD --post_forward--> IDLE
 //                   IDLE --pre_backward--> PRE_BACKWARD --post_backward--> POST_BACKWARD
-//                   POST_BACKWARD --finish_gradients--> IDLE
+//                   POST_BACKWARD --reset (the engine's finish_backward)--> IDLE
 // The engine makes the pre/post forward calls around the block, pre_backward from a hook on the
 // block's output gradient, and post_backward arrives from autograd once all of the unit's
 // gradients are computed (a unit kept unsharded after forward goes straight from IDLE to
-// POST_BACKWARD).
+// POST_BACKWARD). A unit's reduce-scatter may be finished (finish_gradients) by the next unit
+// that issues one, or by the engine at the end of backward.
 #include <ATen/core/Tensor.h>
 
 #include <initializer_list>
@@ -59,7 +60,8 @@ class FSDPUnit : public GradientGroup {
   // From autograd: frees the gathered parameters, accumulates the gradients over micro-batches
   // and, on the last one (`requires_gradient_sync`), starts the reduce-scatter.
   void post_backward(const std::vector<at::Tensor>& grads);
-  // Waits for the reduce-scatter and adds this rank's rows to each sharded parameter's .grad().
+  // Waits for the reduce-scatter (if one is in flight) and adds this rank's rows to each sharded
+  // parameter's .grad().
   void finish_gradients();
 
   // --- the sharded state ---

@@ -4,6 +4,8 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <optional>
+
 #include "fsdp/fsdp_collectives.h"
 #include "optim/clip.h"
 
@@ -78,10 +80,9 @@ at::Tensor FSDPEngine::forward(const at::Tensor& tokens) {
     FSDPUnit& unit = *blocks_[i];
     const bool checkpoint = options_.checkpoint_every > 0 && i % options_.checkpoint_every == 0 &&
                             h.requires_grad();
-    if (checkpoint) {
-      at::NoGradGuard no_grad;  // plain views in the slots: the recompute records the graph
-      unit.pre_forward();
-    } else {
+    {
+      std::optional<at::NoGradGuard> plain;  // checkpointed: plain views, the recompute records the graph
+      if (checkpoint) plain.emplace();
       unit.pre_forward();
     }
     if (i + 1 < L) blocks_[i + 1]->issue_unshard();  // prefetch: gathers while this block computes

@@ -64,7 +64,6 @@ class FSDPEngine : public ParallelModel {
   // Block forwards recomputed in backward so far (activation checkpointing).
   int64_t blocks_recomputed() const { return blocks_recomputed_; }
   void count_recompute() { ++blocks_recomputed_; }
-  Communicator& comm() { return comm_; }
 
  private:
   Llama& model_;

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
@@ -42,11 +43,25 @@ using zb::strf;
 volatile std::sig_atomic_t stop_requested = 0;
 void request_stop(int) { stop_requested = 1; }
 
-// Whether any rank got a signal: all ranks stop after the same step (one small all-reduce).
-bool any_rank_asked_to_stop(zb::Communicator& comm, const c10::Device& device) {
-  at::Tensor stop = at::full({1}, stop_requested ? 1.0 : 0.0, at::TensorOptions().device(device));
-  comm.all_reduce_sum(stop).wait();
-  return stop.item<double>() > 0;
+// A step that was not applied because its loss or gradient norm was not finite (every rank saw
+// the same all-reduced values and decides the same): under train.nonfinite = "skip" the run goes
+// on, until max_skipped_steps such steps in a row; otherwise it stops, saving nothing of this
+// state.
+void on_nonfinite_step(const zb::StepStats& s, const zb::Config& cfg, zb::CheckpointWriter& checkpoints) {
+  auto number = [](double v) { return std::isnan(v) ? std::string("nan") : strf("%g", v); };
+  const std::string what = strf("step %ld: the %s is not finite (loss %s, gradient norm %s), the step was not applied",
+                                s.step, s.nonfinite.c_str(), number(s.loss).c_str(), number(s.grad_norm).c_str());
+  const bool skip = cfg.train.nonfinite == "skip";
+  if (skip && s.skipped_in_a_row < cfg.train.max_skipped_steps) {
+    zb::log::warn(strf("%s: skipped (%ld in a row, %ld in all; train.max_skipped_steps = %ld in a row stops the run)",
+                       what.c_str(), s.skipped_in_a_row, s.skipped_total, cfg.train.max_skipped_steps));
+    return;
+  }
+  const std::string good = checkpoints.last_good();
+  throw std::runtime_error(
+      what + (skip ? strf("; %ld such steps in a row (train.max_skipped_steps)", s.skipped_in_a_row)
+                   : std::string("; stopping (train.nonfinite = \"stop\")")) +
+      "; nothing saved; the last good checkpoint is " + (good.empty() ? "none (no checkpoint yet)" : good));
 }
 
 // c10 errors carry a C++ backtrace in what(); users need the message.
@@ -128,6 +143,9 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism) {
   }
 
   // --- processes, device, threads ---------------------------------------------------------------
+  // A file-size limit (ulimit -f, some quotas) would kill the process in the middle of a write;
+  // ignored, the write fails with EFBIG and the error names the file.
+  std::signal(SIGXFSZ, SIG_IGN);
   const c10::Device device = zb::select_device(cfg.runtime.device, world.local_rank);
   zb::configure_allocator(device);
   if (cfg.runtime.num_threads > 0) at::set_num_threads(static_cast<int>(cfg.runtime.num_threads));
@@ -143,6 +161,7 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism) {
                      c10::toString(trainer.compute_dtype()), at::get_num_threads(),
                      cfg.train.reshard_after_forward ? "true" : "false"));
   for (const auto& line : trainer.optimizer().describe()) zb::log::info("optimizer " + line);
+  zb::CheckpointWriter checkpoints(cfg, comm);  // first: fails at once if ckpt.path cannot be written
   if (!cfg.ckpt.init_from.empty()) zb::init_from_hf(cfg.ckpt.init_from, trainer);
   if (!cfg.ckpt.resume.empty())
     zb::load_checkpoint(zb::resolve_checkpoint(cfg, cfg.ckpt.resume), trainer, comm);
@@ -151,7 +170,6 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism) {
 
   // --- the loop ----------------------------------------------------------------------------------
   zb::MetricsLogger metrics(cfg, args, world.rank, world.size, device, /*resumed=*/trainer.step() > 0);
-  zb::CheckpointWriter checkpoints(cfg, comm);
   for (int64_t step = trainer.step() + 1; step <= cfg.optim.total_steps; ++step) {
     const zb::CommStats before = comm.stats();
     zb::StepStats s;
@@ -165,12 +183,19 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism) {
                                : ""));
     }
     std::optional<double> val_loss;
-    if (cfg.data.eval_interval > 0 && trainer.has_validation() &&
+    if (s.nonfinite.empty() && cfg.data.eval_interval > 0 && trainer.has_validation() &&
         (step % cfg.data.eval_interval == 0 || step == cfg.optim.total_steps))
       val_loss = trainer.evaluate();  // every rank takes part
     metrics.log_step(s, comm.stats() - before, val_loss);
+    if (!s.nonfinite.empty()) on_nonfinite_step(s, cfg, checkpoints);  // throws to stop the run
 
-    const bool stopping = any_rank_asked_to_stop(comm, device);
+    // All ranks stop after the same step when any got a signal or saw its save fail.
+    const std::vector<int64_t> ranks_with = comm.count_over_ranks({stop_requested != 0, checkpoints.failed()});
+    if (ranks_with[1] > 0) {
+      checkpoints.finish();  // throws the failure where this rank knows it
+      throw std::runtime_error("saving the checkpoint failed on another rank (see the log of rank 0)");
+    }
+    const bool stopping = ranks_with[0] > 0;
     const auto saved = checkpoints.save_if_due(trainer, stopping);  // written in the background
     if (saved) zb::log::info(strf("saving checkpoint %s", saved->c_str()));
     if (stopping) {

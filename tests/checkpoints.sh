@@ -8,39 +8,7 @@ export_hf="$(dirname "$train")/export_hf"
 train_fsdp=$train train_ddp="$(dirname "$train")/train_ddp"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# The debug model at 64 tokens; 24 sequences per step divide over 1, 2, 3 and 4 ranks.
-# Newton-Schulz in fp32: these tests are about checkpoints, and bf16 matrix products on a CPU
-# without native bf16 instructions (AVX2 only) run about 75 times slower than fp32 ones.
-common=(--config "$config" --runtime.device cpu --runtime.num_threads 1 --data.seq_length 64
-        --optim.optim.ns_dtype float32
-        --optim.batch_size 24 --train.micro_bs 2 --optim.warmup_steps 2 --optim.total_steps 8)
-
-# run_ranks W LOGPREFIX ARGS...: W processes with torchrun's variables, in the background.
-pids=()
-run_ranks() {
-  local w=$1 log=$2; shift 2
-  local port=$((20000 + RANDOM % 30000))
-  pids=()
-  for r in $(seq 0 $((w - 1))); do
-    MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r LOCAL_RANK=$r WORLD_SIZE=$w \
-      "$train" "${common[@]}" "$@" >"$log.$r" 2>&1 &
-    pids+=($!)
-  done
-}
-wait_ranks() { local rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done; return $rc; }
-# compare_losses A.jsonl B.jsonl RTOL LABEL: steps 5-8 of B against A (RTOL 0: bit-identical).
-compare_losses() {
-  python3 - "$@" <<'PY'
-import json, sys
-a = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[1]))}
-b = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[2]))}
-rtol = float(sys.argv[3])
-worst = max(abs(b[s] - a[s]) / abs(a[s]) for s in range(5, 9))
-print(f"{sys.argv[4]}: steps 5-8 {[b[s] for s in range(5, 9)]}, largest relative difference {worst:.2e} (allowed {rtol:g})")
-sys.exit(0 if worst <= rtol else 1)
-PY
-}
-fail() { echo "FAIL: $*"; for f in "$work"/*.log.*; do echo "== $f"; tail -5 "$f"; done; exit 1; }
+source "$(dirname "$0")/ranks.sh"
 
 case $what in
 exact_resume)
@@ -72,14 +40,16 @@ signal)
   [ -f "$work/s/$(cat "$work/s/latest")/meta.json" ] || fail "no checkpoint"
   ;;
 kill_during_save)
-  # Saves every step; the writers of step 5's save stop inside it on purpose (a test-only hook,
-  # after each rank's data file, before its index and the commit) and both ranks are killed with
-  # SIGKILL there. The newest complete checkpoint (step 4) must load, and the resumed run must end
-  # with exactly the losses of a run never interrupted.
+  # Saves every step, keeping one; the writers of step 5's save stop inside it on purpose (a
+  # test-only hook, after each rank's data file, before its index and the commit) and both ranks
+  # are killed with SIGKILL there. The newest complete checkpoint (step 4) must be there and load,
+  # and the resumed run must end with exactly the losses of a run never interrupted. Rotation
+  # deletes only checkpoints older than the one just saved: a newer one left by an earlier run
+  # (step 99 here) stays, and `latest` always names a checkpoint that exists.
   run_ranks 2 "$work/straight.log" --logging.metrics_file "$work/straight.jsonl"
   wait_ranks || fail "straight run"
   export ZB_TEST_PAUSE_SAVE_AT_STEP=5
-  run_ranks 2 "$work/k.log" --ckpt.path "$work/k" --ckpt.interval 1 --ckpt.keep 2 \
+  run_ranks 2 "$work/k.log" --ckpt.path "$work/k" --ckpt.interval 1 --ckpt.keep 1 \
     --logging.metrics_file "$work/k.jsonl"
   unset ZB_TEST_PAUSE_SAVE_AT_STEP
   for _ in $(seq 600); do
@@ -92,11 +62,17 @@ kill_during_save)
   ls -a "$work/k"
   [ -d "$work/k/.tmp-step_00000005" ] || fail "the kill did not land inside the save of step 5"
   [ "$(cat "$work/k/latest")" = step_00000004 ] || fail "latest is $(cat "$work/k/latest"), not step_00000004"
-  run_ranks 2 "$work/r.log" --ckpt.path "$work/k" --ckpt.resume latest --logging.metrics_file "$work/r.jsonl"
+  [ "$(cd "$work/k" && echo step_*)" = step_00000004 ] || fail "keep = 1 left $(cd "$work/k" && echo step_*)"
+  cp -r "$work/k/step_00000004" "$work/k/step_00000099"
+  run_ranks 2 "$work/r.log" --ckpt.path "$work/k" --ckpt.interval 1 --ckpt.keep 1 --ckpt.resume latest \
+    --logging.metrics_file "$work/r.jsonl"
   wait_ranks || fail "could not resume after the kill"
   grep "resumed from" "$work/r.log.0" || fail "no resume"
   compare_losses "$work/straight.jsonl" "$work/r.jsonl" 0 "killed inside the save of step 5, resumed from step 4" \
     || fail "losses differ from the uninterrupted run"
+  ls -a "$work/k"
+  [ "$(cat "$work/k/latest")" = step_00000008 ] && [ -f "$work/k/step_00000008/meta.json" ] || fail "latest after the resumed run"
+  [ "$(cd "$work/k" && echo step_*)" = "step_00000008 step_00000099" ] || fail "rotation kept $(cd "$work/k" && echo step_*)"
   ;;
 ddp_exact_resume)
   # train_ddp saves and resumes, bit-exact on the same world size.

@@ -2,6 +2,8 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/stack.h>
 #include <dirent.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <fcntl.h>
@@ -70,23 +72,56 @@ void read_exact(const std::string& path, char* out, int64_t n, int64_t offset) {
   ::close(fd);
 }
 
+// Writes the whole file and flushes it to disk, or throws naming the file and the OS error (a
+// full disk or a quota shows up as a short write, or only at fsync or close on network file
+// systems).
 void write_all(const std::string& path, const std::string& bytes) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
+  if (fd < 0) throw std::runtime_error("cannot create " + path + ": " + std::strerror(errno));
+  auto fail = [&](const char* what) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    return std::runtime_error(strf("%s %s failed: %s", what, path.c_str(), why.c_str()));
+  };
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n <= 0) {
-      ::close(fd);
-      throw std::runtime_error("write to " + path + " failed: " + std::strerror(errno));
-    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw fail(strf("writing %zu bytes at offset %zu of", bytes.size() - done, done).c_str());
     done += static_cast<size_t>(n);
   }
-  ::fsync(fd);  // on disk before the checkpoint is renamed into place
-  ::close(fd);
+  if (::fsync(fd) != 0) throw fail("fsync of");  // on disk before the checkpoint is renamed into place
+  if (::close(fd) != 0) throw std::runtime_error("closing " + path + " failed: " + std::strerror(errno));
 }
 
-// Rank 0, once every rank's files are complete: metadata, rename into place, latest, pruning.
+// The step_* checkpoints in `root`, oldest first.
+std::vector<std::string> checkpoints_in(const std::string& root) {
+  std::vector<std::string> steps;
+  if (DIR* dir = ::opendir(root.c_str())) {
+    while (dirent* e = ::readdir(dir))
+      if (std::strncmp(e->d_name, "step_", 5) == 0) steps.push_back(e->d_name);
+    ::closedir(dir);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+// Keeps the `keep` newest checkpoints up to `newest` (the one `latest` now names): only older
+// ones go. Newer ones, left by an earlier run that this one resumed behind, are not this
+// rotation's to delete. A victim is renamed away first, so a kill during the deletion never
+// leaves a half-deleted directory that looks like a checkpoint.
+void rotate(const std::string& root, const std::string& newest, int64_t keep) {
+  if (keep <= 0) return;
+  std::vector<std::string> older;
+  for (const std::string& name : checkpoints_in(root))
+    if (name < newest) older.push_back(name);
+  for (size_t i = 0; i + static_cast<size_t>(keep - 1) < older.size(); ++i) {
+    const std::string doomed = root + "/.deleting-" + older[i];
+    if (::rename((root + "/" + older[i]).c_str(), doomed.c_str()) == 0) remove_tree(doomed);
+  }
+}
+
+// Rank 0, once every rank's files are complete: metadata, rename into place, latest, rotation.
 void publish(const std::string& root, int64_t step, const std::string& tmp_dir,
              const std::string& final_dir, const json& meta, int64_t keep) {
   write_all(tmp_dir + "/meta.json", meta.dump(1));
@@ -95,28 +130,43 @@ void publish(const std::string& root, int64_t step, const std::string& tmp_dir,
   if (path_exists(final_dir)) {
     remove_tree(aside);
     if (::rename(final_dir.c_str(), aside.c_str()) != 0)
-      throw std::runtime_error("cannot move " + final_dir + " aside");
+      throw std::runtime_error("cannot move " + final_dir + " aside: " + std::strerror(errno));
   }
   if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0)
-    throw std::runtime_error("cannot rename " + tmp_dir + " to " + final_dir);
+    throw std::runtime_error("cannot rename " + tmp_dir + " to " + final_dir + ": " + std::strerror(errno));
   remove_tree(aside);
   write_all(root + "/latest.tmp", step_name(step) + "\n");
-  ::rename((root + "/latest.tmp").c_str(), (root + "/latest").c_str());
-  if (keep > 0) {
-    std::vector<std::string> steps;
-    if (DIR* dir = ::opendir(root.c_str())) {
-      while (dirent* e = ::readdir(dir))
-        if (std::strncmp(e->d_name, "step_", 5) == 0) steps.push_back(e->d_name);
-      ::closedir(dir);
-    }
-    std::sort(steps.begin(), steps.end());
-    for (size_t i = 0; i + static_cast<size_t>(keep) < steps.size(); ++i) remove_tree(root + "/" + steps[i]);
-  }
+  if (::rename((root + "/latest.tmp").c_str(), (root + "/latest").c_str()) != 0)
+    throw std::runtime_error("cannot rename " + root + "/latest.tmp to latest: " + std::strerror(errno));
+  rotate(root, step_name(step), keep);
 }
 
 }  // namespace
 
+CheckpointWriter::CheckpointWriter(const Config& config, Communicator& comm) : config_(config), comm_(comm) {
+  const std::string& root = config.ckpt.path;
+  if (root.empty()) return;
+  // Hours into a run is no time to learn that checkpoints cannot be written: every rank creates
+  // the directory and writes (and removes) a small file there now.
+  std::string error;
+  try {
+    make_directories(root);
+    const std::string probe = root + "/.write-test-" + rank_name(comm.rank(), "tmp");
+    write_all(probe, std::string(4096, 'x'));
+    ::unlink(probe.c_str());
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const int64_t failing = comm.count_over_ranks({!error.empty()})[0];
+  if (!error.empty()) throw std::runtime_error("checkpoint directory (ckpt.path) is not writable: " + error);
+  if (failing > 0)
+    throw std::runtime_error(strf("checkpoint directory (ckpt.path) %s is not writable from %ld rank(s); "
+                                  "see their logs", root.c_str(), failing));
+}
+
 CheckpointWriter::~CheckpointWriter() {
+  // On an error path the other ranks may never count themselves in: stop waiting for them.
+  abandon_ = true;
   try {
     finish();
   } catch (const std::exception& e) {
@@ -129,8 +179,20 @@ void CheckpointWriter::finish() {
   if (!error_.empty()) {
     const std::string e = error_;
     error_.clear();
+    failed_ = false;
     throw std::runtime_error("saving the checkpoint failed: " + e);
   }
+}
+
+std::string CheckpointWriter::last_good() {
+  try {
+    finish();
+  } catch (const std::exception& e) {
+    log::error(e.what());
+  }
+  if (!config_.ckpt.path.empty() && path_exists(config_.ckpt.path + "/latest"))
+    return resolve_checkpoint(config_, "latest");
+  return config_.ckpt.resume.empty() ? "" : resolve_checkpoint(config_, config_.ckpt.resume);
 }
 
 std::string CheckpointWriter::save(Trainer& trainer) {
@@ -139,6 +201,22 @@ std::string CheckpointWriter::save(Trainer& trainer) {
   const int64_t step = trainer.step();
   const std::string final_dir = root + "/" + step_name(step);
   const std::string tmp_dir = root + "/.tmp-" + step_name(step);
+  const std::vector<StateTensor> state = training_state(trainer.parallel(), trainer.optimizer());
+
+  // Never a checkpoint of a state that is not finite: it would rotate good ones out. (A step whose
+  // loss or gradient norm is not finite is never applied, but an applied update can still
+  // overflow.) One reduction per tensor on the device, one flag over the ranks.
+  {
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> finite;
+    for (const StateTensor& t : state)
+      if (t.local.numel() > 0) finite.push_back(at::isfinite(t.local).all());
+    const bool bad = !finite.empty() && !at::stack(finite).all().item<bool>();
+    if (comm_.count_over_ranks({bad})[0] > 0)
+      throw std::runtime_error(strf("the state after step %ld holds non-finite values (parameters or optimizer "
+                                    "state): no checkpoint written", step));
+  }
+
   if (comm_.rank() == 0) {
     make_directories(root);
     remove_tree(tmp_dir);  // a save that crashed earlier
@@ -151,7 +229,7 @@ std::string CheckpointWriter::save(Trainer& trainer) {
   json index = json::array();
   {
     at::NoGradGuard no_grad;
-    for (const StateTensor& t : training_state(trainer.parallel(), trainer.optimizer())) {
+    for (const StateTensor& t : state) {
       const Entry e = entry_to_write(t, comm_.rank(), comm_.size());
       at::Tensor host = e.tensor.detach().to(at::kCPU, at::kFloat).contiguous();
       index.push_back({{"name", e.name}, {"global_shape", e.global_shape}, {"row_start", e.row_start},
@@ -167,6 +245,7 @@ std::string CheckpointWriter::save(Trainer& trainer) {
         {"format", "zeroband-cpp checkpoint"},
         {"version", kCheckpointFormatVersion},
         {"step", step},
+        {"skipped_steps", trainer.skipped_steps()},
         {"tokens_seen", step * trainer.tokens_per_step()},
         {"world_size", comm_.size()},
         {"config", config_.source},
@@ -180,13 +259,14 @@ std::string CheckpointWriter::save(Trainer& trainer) {
   }
   const auto store = comm_.store();
   const int64_t rank = comm_.rank(), world = comm_.size(), keep = config_.ckpt.keep;
-  const std::string done_key = "zb/ckpt/" + std::to_string(step) + "/written";
-  const std::string complete_key = "zb/ckpt/" + std::to_string(step) + "/complete";
+  const std::string key = "zb/ckpt/" + std::to_string(step);
+  const std::chrono::seconds timeout(config_.runtime.timeout_s);
   // For tests: the writer of this step's save stops for good after its data file, so that a
   // test can kill the run inside a save on purpose.
   const char* pause_at = std::getenv("ZB_TEST_PAUSE_SAVE_AT_STEP");
   const bool pause = pause_at && std::to_string(step) == pause_at;
   writer_ = std::thread([=] {
+    std::string error;
     try {
       write_all(tmp_dir + "/" + rank_name(rank, "bin"), *bytes);
       if (pause) {
@@ -194,14 +274,58 @@ std::string CheckpointWriter::save(Trainer& trainer) {
         for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
       }
       write_all(tmp_dir + "/" + rank_name(rank, "json"), index.dump());
-      if (store) {
-        // The last rank to finish announces it; rank 0 waits for that, then publishes.
-        if (store->add(done_key, 1) == world) store->set(complete_key, std::vector<uint8_t>{1});
-        if (rank == 0) store->wait({complete_key}, std::chrono::hours(24));
-      }
-      if (rank == 0) publish(root, step, tmp_dir, final_dir, meta, keep);
     } catch (const std::exception& e) {
-      error_ = e.what();
+      error = strf("rank %ld: %s", rank, e.what());
+      failed_ = true;
+    }
+    // Waits for `done()` every 20 ms; false when abandoned or past `limit`.
+    auto wait_until = [this](auto done, std::chrono::seconds limit) {
+      const auto deadline = std::chrono::steady_clock::now() + limit;
+      while (!done()) {
+        if (abandon_ || std::chrono::steady_clock::now() > deadline) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      return true;
+    };
+    if (store) {
+      // Every rank counts itself in, failed or not (a failure first leaves its message); the last
+      // one announces that all are done, and every rank then learns whether any failed.
+      try {
+        if (!error.empty()) store->set(key + "/failed", std::vector<uint8_t>(error.begin(), error.end()));
+        if (store->add(key + "/written", 1) == world) store->set(key + "/complete", std::vector<uint8_t>{1});
+        if (!wait_until([&] { return store->check({key + "/complete"}); }, std::chrono::hours(24))) return;
+        if (error.empty() && store->check({key + "/failed"})) {
+          const std::vector<uint8_t> other = store->get(key + "/failed");
+          error = std::string(other.begin(), other.end());
+        }
+      } catch (const std::exception& e) {  // rank 0, which holds the store, is gone
+        if (error.empty()) error = strf("rank %ld: lost the other ranks during the save: %s", rank, e.what());
+      }
+    }
+    if (rank == 0) {
+      try {
+        if (error.empty()) publish(root, step, tmp_dir, final_dir, meta, keep);
+      } catch (const std::exception& e) {
+        error = strf("rank 0: %s", e.what());
+      }
+      if (!error.empty()) {
+        try {
+          remove_tree(tmp_dir);  // the previous checkpoint and latest are untouched
+        } catch (const std::exception& e) {
+          log::error(e.what());
+        }
+      }
+    }
+    if (!error.empty()) failed_ = true;
+    error_ = error;
+    if (store) {
+      // The store lives in rank 0's process: it stays until every rank has read the outcome.
+      try {
+        store->add(key + "/read", 1);
+        if (rank == 0) wait_until([&] { return store->add(key + "/read", 0) == world; }, timeout);
+      } catch (const std::exception&) {
+        // Rank 0 exited as this rank was done: nothing is left to read.
+      }
     }
   });
   return final_dir;
@@ -312,7 +436,8 @@ void load_checkpoint(const std::string& dir, Trainer& trainer, Communicator& com
   for (auto& [dst, value] : assignments) dst.copy_(value.to(dst.device()).view(dst.sizes()));
 
   const int64_t step = meta["step"];
-  trainer.restore_position(step, static_cast<uint64_t>(meta["seed"].get<int64_t>()));
+  trainer.restore_position(step, meta.value("skipped_steps", int64_t{0}),
+                           static_cast<uint64_t>(meta["seed"].get<int64_t>()));
   log::info(strf("resumed from %s: step %ld, saved on %ld rank(s), now on %ld", dir.c_str(), step,
                  saved_world, comm.size()));
 }

@@ -11,6 +11,7 @@
 //   <ckpt.path>/step_00000100/rank_00003.json    index: name, global shape, first row, rows, offset
 //   <ckpt.path>/step_00000100/rank_00003.bin     the rows, fp32, in index order
 //   <ckpt.path>/latest                           the name of the newest complete checkpoint
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -29,23 +30,38 @@ constexpr int kCheckpointFormatVersion = 1;
 // writes them, and rank 0 renames the checkpoint into place once every rank has written (the
 // ranks count themselves in the rendezvous store, off the collectives' path). A save waits for
 // the previous one; finish() waits for the last (call it before exiting).
+//
+// Failures: the constructor checks that every rank can create and write ckpt.path. A state with
+// a non-finite value is never saved. A write that fails on any rank (disk full, quota, EIO) makes
+// the save fail on every rank: its temporary directory is removed, the previous checkpoint and
+// `latest` stay as they were, and failed() turns true so that the loop can stop all ranks.
 class CheckpointWriter {
  public:
-  CheckpointWriter(const Config& config, Communicator& comm) : config_(config), comm_(comm) {}
+  // Collective when ckpt.path is set: throws on every rank if some rank cannot write there.
+  CheckpointWriter(const Config& config, Communicator& comm);
   ~CheckpointWriter();
-  // Returns the directory the checkpoint will have.
+  // Returns the directory the checkpoint will have. Collective. Throws, saving nothing, when a
+  // parameter or optimizer state is not finite on some rank.
   std::string save(Trainer& trainer);
   // The cadence: saves (and returns the directory) every ckpt.interval steps, at the last step,
   // and when the run is `stopping` (a signal); never without ckpt.path.
   std::optional<std::string> save_if_due(Trainer& trainer, bool stopping);
-  // Waits for the save in flight; rethrows its error, if any.
+  // Waits for the save in flight; rethrows its error (every rank throws for a save that failed
+  // on any rank).
   void finish();
+  // Whether the save in flight has already failed, on this rank's knowledge; no waiting.
+  bool failed() const { return failed_; }
+  // The newest complete checkpoint in ckpt.path, else the one the run resumed from, else "".
+  // Waits for the save in flight (without throwing).
+  std::string last_good();
 
  private:
   const Config& config_;
   Communicator& comm_;
   std::thread writer_;
-  std::string error_;
+  std::string error_;                // the writer's failure, read after joining it
+  std::atomic<bool> failed_{false};  // set by the writer as soon as the save is known to fail
+  std::atomic<bool> abandon_{false}; // the destructor on an error path: stop waiting for others
 };
 
 // The directory `spec` names: "latest" (the newest complete checkpoint in ckpt.path) or a path.

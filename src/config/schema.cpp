@@ -56,6 +56,12 @@ const std::vector<Field>& schema() {
       ZB_FIELD("train.torch_compile", Bool, bool, train.torch_compile,
                "accepted for ZeroBand configs; ignored (no compiler in C++)"),
 
+      ZB_CHOICE("train.nonfinite", train.nonfinite,
+                "a step with a non-finite loss or gradient norm is never applied; then stop the "
+                "run (exit 1) or skip the step and go on",
+                "stop", "skip"),
+      ZB_FIELD("train.max_skipped_steps", Int, int64_t, train.max_skipped_steps,
+               "train.nonfinite = \"skip\": stop after this many non-finite steps in a row"),
       ZB_FIELD("train.bucket_mb", Float, double, train.bucket_mb,
                "train_ddp: size of the gradient all-reduce buckets in MiB"),
       ZB_CHOICE("optim.sched_type", optim.sched_type, "learning-rate schedule", "cosine", "linear",

@@ -55,6 +55,7 @@ void validate(const Config& c, int64_t world_size) {
   positive("train.micro_bs", c.train.micro_bs);
   non_negative("train.ac_ckpt", c.train.ac_ckpt);
   positive("train.bucket_mb", c.train.bucket_mb);
+  positive("train.max_skipped_steps", c.train.max_skipped_steps);
   positive("optim.batch_size", c.optim.batch_size);
   if (c.optim.batch_size % (world_size * c.train.micro_bs) != 0)
     fail("optim.batch_size", "optim.batch_size (" + show(c.optim.batch_size) +

@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <cmath>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -159,6 +160,17 @@ void Communicator::barrier() {
   at::Tensor t = at::empty({1}, at::TensorOptions().device(device_));
   PendingCollective p = all_reduce_sum(t);
   p.wait();
+}
+
+std::vector<int64_t> Communicator::count_over_ranks(const std::vector<bool>& flags) {
+  at::Tensor host = at::empty({static_cast<int64_t>(flags.size())}, at::kFloat);
+  for (size_t i = 0; i < flags.size(); ++i) host.data_ptr<float>()[i] = flags[i] ? 1.0f : 0.0f;
+  at::Tensor t = host.to(device_);
+  all_reduce_sum(t).wait();
+  t = t.cpu();
+  std::vector<int64_t> counts;
+  for (size_t i = 0; i < flags.size(); ++i) counts.push_back(std::lround(t.data_ptr<float>()[i]));
+  return counts;
 }
 
 }  // namespace zb

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dist/world.h"
 
@@ -90,6 +91,9 @@ class Communicator {
   PendingCollective all_to_all(at::Tensor& out, at::Tensor& in, std::vector<int64_t> out_splits,
                                std::vector<int64_t> in_splits);
   void barrier();
+  // For agreeing on conditions (a signal, a failed save): how many ranks have each flag set.
+  // One all-reduce and one host read.
+  std::vector<int64_t> count_over_ranks(const std::vector<bool>& flags);
 
   CommStats& stats() { return stats_; }
   // The rendezvous store (null for a single process), for coordination off the collectives'

@@ -69,7 +69,8 @@ void MetricsLogger::log_step(const StepStats& s, const CommStats& comm, std::opt
       {"step", s.step},
       {"loss", s.loss},
       {"perplexity", std::exp(s.loss)},
-      {"grad_norm", s.grad_norm},
+      {"grad_norm", s.grad_norm},  // NaN and infinities are written as null
+      {"skipped_steps", s.skipped_total},  // steps not applied because they were not finite
       {"total_tokens", s.step * tokens_per_step_},
       {"time", now},
       {"tokens_per_second", tps ? json(*tps) : json(nullptr)},
@@ -81,6 +82,7 @@ void MetricsLogger::log_step(const StepStats& s, const CommStats& comm, std::opt
       {"optimizer_seconds", s.optimizer_seconds},
   };
   if (val_loss) record["val_loss"] = *val_loss;
+  if (!s.nonfinite.empty()) record["nonfinite"] = s.nonfinite;  // this step was not applied
   for (const auto& [group, lr] : s.learning_rates) record["lr"][group] = lr;
   for (size_t k = 0; k < static_cast<size_t>(CommKind::Count); ++k)
     record["comm_bytes"][comm_kind_name(static_cast<CommKind>(k))] = comm.bytes[k];

@@ -5,7 +5,15 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/zeros.h>
 
+#include <ATen/ops/cat.h>
+#include <ATen/ops/isfinite.h>
+
+#include <algorithm>
 #include <array>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <sstream>
 
 #include "data/sources.h"
 #include "ddp/ddp_engine.h"
@@ -54,6 +62,13 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
   schedule_ = {config.optim.sched_type, config.optim.warmup_steps, config.optim.stable_steps,
                config.optim.total_steps};
   accum_ = zb::grad_accum_steps(config, comm.size());
+
+  // Test hook: ZB_TEST_NONFINITE_GRAD_STEPS=3,4 puts a NaN into the last rank's gradients at
+  // those steps, after they are reduced, so that only the norm's all-reduce tells the others.
+  if (const char* steps = std::getenv("ZB_TEST_NONFINITE_GRAD_STEPS")) {
+    std::stringstream list(steps);
+    for (std::string item; std::getline(list, item, ',');) poison_steps_.push_back(std::stoll(item));
+  }
 }
 
 at::ScalarType Trainer::resolve_compute_dtype(const Config& config, const c10::Device& device) {
@@ -86,20 +101,43 @@ StepStats Trainer::train_step() {
     micro_marks.push_back({start, forward_done, clock_.mark()});
     loss_sum += loss.detach();
   }
+  if (comm_.rank() == comm_.size() - 1 &&
+      std::find(poison_steps_.begin(), poison_steps_.end(), step_) != poison_steps_.end()) {
+    for (const ShardedParameter& p : parallel_->parameters())
+      if (p.tensor->grad().defined() && p.tensor->numel() > 0) {
+        p.tensor->mutable_grad().view(-1).narrow(0, 0, 1).fill_(std::numeric_limits<float>::quiet_NaN());
+        break;
+      }
+  }
   const int optimizer_start = clock_.mark();
   const at::Tensor grad_norm = parallel_->clip_grad_norm_(config_.optim.max_norm);
-  const double lr_multiplier = schedule_.multiplier(step_);
-  optimizer_->step(lr_multiplier);
+  // One all-reduce: the mean loss over the global batch (the ranks' means averaged) and how many
+  // ranks see a non-finite gradient norm (under DDP each computes it from its own replica), so
+  // that every rank takes the same decision on applying the step.
+  const at::Tensor norm = grad_norm.reshape({1}).to(at::kFloat);
+  at::Tensor reduced = at::cat({loss_sum / static_cast<double>(comm_.size()), at::isfinite(norm).logical_not().to(at::kFloat)});
+  comm_.all_reduce_sum(reduced).wait();
+  // The step's one host synchronisation (the loop adds one more for its stop flags).
+  const at::Tensor host = at::cat({reduced, norm}).cpu();
+  stats.step = step_;
+  stats.loss = host[0].item<double>();
+  stats.grad_norm = host[2].item<double>();
+  if (host[1].item<double>() > 0 && std::isfinite(stats.grad_norm))  // not finite on another rank
+    stats.grad_norm = std::numeric_limits<double>::quiet_NaN();
+  const double lr_multiplier = schedule_.multiplier(step_ - skipped_);  // skipped steps do not count
+  if (std::isfinite(stats.loss) && std::isfinite(stats.grad_norm)) {
+    optimizer_->step(lr_multiplier);
+    skipped_in_a_row_ = 0;
+  } else {  // not applied: parameters, momentum and Adam state stay as they are
+    stats.nonfinite = !std::isfinite(stats.loss) ? (std::isfinite(stats.grad_norm) ? "loss" : "loss and gradient norm")
+                                                 : "gradient norm";
+    ++skipped_;
+    ++skipped_in_a_row_;
+  }
   const int optimizer_done = clock_.mark();
   for (const ShardedParameter& p : parallel_->parameters()) p.tensor->mutable_grad().reset();
-
-  // The reported loss is the mean over the global batch: average the ranks' means.
-  loss_sum /= static_cast<double>(comm_.size());
-  comm_.all_reduce_sum(loss_sum).wait();
-  stats.step = step_;
-  // The step's one host synchronisation (the loop adds one more for its stop flag).
-  stats.loss = loss_sum.item<double>();
-  stats.grad_norm = grad_norm.item<double>();
+  stats.skipped_in_a_row = skipped_in_a_row_;
+  stats.skipped_total = skipped_;
   stats.learning_rates = optimizer_->learning_rates(lr_multiplier);
   for (const auto& [start, forward_done, backward_done] : micro_marks) {
     stats.forward_seconds += clock_.seconds(start, forward_done);
@@ -127,8 +165,10 @@ double Trainer::evaluate() {
   return sum.item<double>();
 }
 
-void Trainer::restore_position(int64_t step, uint64_t seed) {
+void Trainer::restore_position(int64_t step, int64_t skipped, uint64_t seed) {
   step_ = step;
+  skipped_ = skipped;
+  skipped_in_a_row_ = 0;
   const int64_t rows = step * accum_ * config_.train.micro_bs;  // this rank's rows per step
   data_->load_state({rows, seed, comm_.size()});
 }

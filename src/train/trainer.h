@@ -25,6 +25,11 @@ struct StepStats {
   int64_t step = 0;
   double loss = 0;       // mean over the global batch
   double grad_norm = 0;  // before clipping
+  // Which of the loss and the gradient norm was not finite ("" when both were): such a step is
+  // never applied (no update, optimizer state untouched, the schedule does not advance).
+  std::string nonfinite;
+  int64_t skipped_in_a_row = 0;  // non-finite steps up to this one, in a row
+  int64_t skipped_total = 0;     // over the whole run, resumes included
   std::vector<std::pair<std::string, double>> learning_rates;
   // Time of the step's phases on the device, in seconds (forward includes the loss; backward
   // includes waiting for the gradients' collectives; optimizer includes clipping): host clock on
@@ -49,10 +54,14 @@ class Trainer {
   double evaluate();
   bool has_validation() const { return static_cast<bool>(val_source_); }
 
+  // Steps taken, skipped ones included: the data's position and the checkpoint cadence follow it.
   int64_t step() const { return step_; }
-  // After loading a checkpoint: continue after `step` steps, the data at the next global batch
-  // (the loader's position follows from the step, whatever the world size).
-  void restore_position(int64_t step, uint64_t seed);
+  // Steps not applied because they were not finite; the schedule is at step() - skipped_steps().
+  int64_t skipped_steps() const { return skipped_; }
+  // After loading a checkpoint: continue after `step` steps (`skipped` of them not applied), the
+  // data at the next global batch (the loader's position follows from the step, whatever the
+  // world size).
+  void restore_position(int64_t step, int64_t skipped, uint64_t seed);
   int64_t grad_accum_steps() const { return accum_; }
   int64_t tokens_per_step() const { return config_.optim.batch_size * config_.data.seq_length; }
   const ModelArgs& model_args() const { return model_->args(); }
@@ -74,6 +83,8 @@ class Trainer {
   LrSchedule schedule_;
   int64_t accum_ = 1;
   int64_t step_ = 0;
+  int64_t skipped_ = 0, skipped_in_a_row_ = 0;
+  std::vector<int64_t> poison_steps_;  // test hook: see the constructor
   StepClock clock_;  // the phases of the current step
 };
 

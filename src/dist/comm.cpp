@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <cmath>
+#include <exception>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -82,11 +83,21 @@ Communicator::Communicator(const World& world, c10::Device device, std::chrono::
   }
 
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("zb/pg", store_);
-  backend_ = device.is_cuda() ? make_nccl_backend(prefixed, world, timeout)
+  backend_ = device.is_cuda() ? make_nccl_backend(prefixed, world, device, timeout)
                               : make_gloo_backend(prefixed, world, timeout);
 }
 
-Communicator::~Communicator() = default;
+Communicator::~Communicator() {
+  if (!backend_) return;
+  // NCCL's communicators are torn down explicitly: shut down after a normal run, aborted when an
+  // error is unwinding (a peer may be dead, and a clean shutdown would wait for it). No-ops for Gloo.
+  try {
+    if (std::uncaught_exceptions() > 0) backend_->abort();
+    else backend_->shutdown();
+  } catch (const std::exception&) {
+    // Exiting anyway.
+  }
+}
 
 PendingCollective Communicator::all_gather(at::Tensor& out, at::Tensor& in) {
   TORCH_CHECK(out.numel() == in.numel() * size(), "all_gather: output must hold size() inputs");

@@ -118,7 +118,7 @@ c10::intrusive_ptr<c10d::Backend> make_gloo_backend(const c10::intrusive_ptr<c10
                                                     const World& world,
                                                     std::chrono::milliseconds timeout);
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
-                                                    const World& world,
+                                                    const World& world, const c10::Device& device,
                                                     std::chrono::milliseconds timeout);
 
 }  // namespace zb

@@ -1,20 +1,49 @@
 // NCCL for CUDA tensors (compiled when LibTorch has CUDA). The only translation unit that
-// includes ProcessGroupNCCL.hpp (it pulls in CUDA and nccl.h).
+// includes ProcessGroupNCCL.hpp (it pulls in CUDA and nccl.h). nccl.h comes from the NCCL that
+// torch links (the nvidia-nccl wheel next to torch; src/CMakeLists.txt), and the version it
+// declares must be the one running: structures such as ncclConfig_t change between releases, and
+// a mismatch corrupts memory without an error.
 #include <c10/cuda/CUDAFunctions.h>
+#include <nccl.h>
+#include <torch/csrc/distributed/c10d/NCCLUtils.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+
+#include <stdexcept>
+#include <string>
+#include <tuple>
 
 #include "dist/comm.h"
 
 namespace zb {
 
+void check_nccl_version() {
+  const auto [major, minor, patch] = c10d::getNcclVersionTuple();  // the library loaded now
+  if (std::make_tuple(major, minor, patch) != std::make_tuple(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH))
+    throw std::runtime_error(
+        "NCCL: built against nccl.h " + std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + "." +
+        std::to_string(NCCL_PATCH) + " but the library loaded at run time is " + std::to_string(major) + "." +
+        std::to_string(minor) + "." + std::to_string(patch) +
+        " (LD_LIBRARY_PATH or another NCCL installed?); rebuild against the NCCL that torch uses");
+}
+
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
-                                                    const World& world,
+                                                    const World& world, const c10::Device& device,
                                                     std::chrono::milliseconds timeout) {
-  c10::cuda::set_device(static_cast<c10::DeviceIndex>(world.local_rank));
-  auto opts = c10d::ProcessGroupNCCL::Options::create();
+  check_nccl_version();
+  // The device select_device chose for this rank (not local_rank: with one visible GPU per rank,
+  // as SLURM's --gpus-per-task gives, every rank's GPU is cuda:0).
+  c10::cuda::set_device(device.index());
+  // High-priority streams for the collectives, as FSDP2's, so that the gathers the next block
+  // waits for are not queued behind compute kernels.
+  auto opts = c10d::ProcessGroupNCCL::Options::create(/*is_high_priority_stream=*/true);
   opts->timeout = timeout;
-  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, static_cast<int>(world.rank),
-                                                     static_cast<int>(world.size), opts);
+  auto backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, static_cast<int>(world.rank),
+                                                             static_cast<int>(world.size), opts);
+  // Bound to its device, the communicator is created now (every rank does this here), so that a
+  // broken NCCL set-up fails at start rather than in the first step.
+  backend->setBoundDeviceId(device);
+  backend->eagerConnectSingleDevice(device);
+  return backend;
 }
 
 }  // namespace zb

@@ -4,6 +4,7 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <malloc.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstdlib>
 
@@ -24,10 +25,27 @@ void cuda_event_destroy(void* event);
 
 bool cuda_available() { return at::hasCUDA() && at::detail::getCUDAHooks().deviceCount() > 0; }
 
+// Why GPUs look present to a process that cannot use CUDA ("" when nothing says so): a launcher
+// that set CUDA_VISIBLE_DEVICES, or the driver's device files.
+std::string visible_gpus_hint() {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (visible && *visible && std::string(visible) != "-1") return std::string("CUDA_VISIBLE_DEVICES=") + visible;
+  if (::access("/dev/nvidia0", F_OK) == 0) return "/dev/nvidia0 exists";
+  return "";
+}
+
 c10::Device select_device(const std::string& requested, int64_t local_rank) {
   if (requested == "cpu") return c10::Device(c10::kCPU);
   if (requested == "cuda" && !cuda_available())
     throw std::runtime_error("runtime.device = \"cuda\" but no CUDA device is available");
+  // A GPU job that silently trains on the CPU wastes its allocation: "auto" falls back to the
+  // CPU only where no GPU is meant to be.
+  if (requested == "auto" && !cuda_available() && !visible_gpus_hint().empty())
+    throw std::runtime_error(std::string("runtime.device = \"auto\": GPUs should be visible (") + visible_gpus_hint() +
+                             ") but CUDA cannot use any (" +
+                             (at::hasCUDA() ? "no device the driver lets this process use"
+                                            : "this LibTorch has no CUDA") +
+                             "); set runtime.device = \"cpu\" to train on the CPU");
   if (requested == "cuda" || (requested == "auto" && cuda_available())) {
     const int64_t n = at::detail::getCUDAHooks().deviceCount();
     return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % n));

@@ -242,6 +242,48 @@ TEST(ConfigErrors, DatasetRatioMatchesThePaths) {
   EXPECT_NO_THROW(validate(c, 1));
 }
 
+TEST(ConfigErrors, NumbersMustBeFinite) {
+  // TOML's inf and nan literals, and the same words on the command line, for every kind of float
+  // key: refused where they are read, naming the key and its origin.
+  for (const char* literal : {"inf", "-inf", "nan", "+inf"}) {
+    const std::string toml = std::string("[train]\nmicro_bs = 2\n[optim.optim]\nlr = ") + literal + "\n";
+    EXPECT_EQ(error_of([&] { load_config_string(toml, "x.toml"); }),
+              std::string("x.toml:4: key 'optim.optim.lr' must be a finite number, got ") +
+                  (std::string(literal) == "+inf" ? "inf" : literal))
+        << literal;
+  }
+  Config c = load_config_string(kMinimal, "x.toml");
+  for (const char* key : {"optim.adam.eps", "optim.max_norm", "runtime.peak_flops", "model.rope_theta"})
+    for (const char* text : {"inf", "nan", "-inf", "1e999"})
+      EXPECT_EQ(error_of([&] { apply_override(c, key, text); }),
+                std::string("command line (--") + key + "): key '" + key + "' must be a finite number, got " +
+                    (std::string(text) == "1e999" ? "inf" : text))
+          << key << " " << text;
+  // Text that is no number at all keeps its own message.
+  EXPECT_EQ(error_of([&] { apply_override(c, "optim.optim.lr", "fast"); }),
+            "command line (--optim.optim.lr): key 'optim.optim.lr' must be a number, got 'fast'");
+}
+
+TEST(ConfigErrors, NumbersMustBeInRange) {
+  // Learning rates > 0, betas in [0, 1), eps > 0, weight decay and clipping >= 0.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"optim.optim.lr", "0"},          {"optim.adam.lr_embedding", "0"}, {"optim.adam.lr_head", "-1"},
+      {"optim.adam.lr_norm", "0"},      {"optim.adam.betas1", "1"},       {"optim.adam.betas2", "-0.1"},
+      {"optim.adam.eps", "0"},          {"optim.adam.wd", "-0.01"},       {"optim.optim.wd", "-1"},
+      {"optim.max_norm", "-1"},         {"runtime.peak_flops", "-1"},     {"optim.optim.momentum", "1"},
+      {"model.ffn_dim_multiplier", "-1"}, {"train.bucket_mb", "0"}};
+  const std::string base = "name_model = \"debugmodel\"\ntype_model = \"llama2\"\n[train]\nmicro_bs = 2\n";
+  for (const auto& [key, value] : cases) {
+    Config c = load_config_string(base, "x.toml");
+    apply_override(c, key, value);
+    const std::string msg = error_of([&] { validate(c, 1); });
+    EXPECT_EQ(msg.rfind("command line (--" + key + "): " + key + " must be ", 0), 0u) << msg;
+  }
+  // From a file, the line is named.
+  Config c = load_config_string(base + "[optim.adam]\nbetas1 = 1.5\n", "x.toml");
+  EXPECT_EQ(error_of([&] { validate(c, 1); }), "x.toml:6: optim.adam.betas1 must be in [0, 1), got 1.5");
+}
+
 TEST(ConfigErrors, EnumerationsComeFromTheSchema) {
   // Every enumerated key: its --help type lists the same choices validation accepts.
   int enumerations = 0;

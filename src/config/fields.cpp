@@ -108,6 +108,15 @@ Value value_from_toml(const toml::node& node, const Field& f, const std::string&
                     got.str());
 }
 
+// Every value goes in through here, whatever its source: a number must be finite (TOML has inf
+// and nan literals, and strtod reads them), since a NaN learning rate trains on garbage.
+void set_value(Config& c, const Field& f, const Value& v, const std::string& where) {
+  if (const double* d = std::get_if<double>(&v); d && !std::isfinite(*d))
+    throw ConfigError(where + ": key '" + f.key + "' must be a finite number, got " + show(*d));
+  f.set(c, v);
+  c.origins[f.key] = where;
+}
+
 void load_table(const toml::table& table, const std::string& prefix, Config& c) {
   const auto& sections = schema_sections();
   for (auto&& [k, node] : table) {
@@ -121,8 +130,7 @@ void load_table(const toml::table& table, const std::string& prefix, Config& c) 
     }
     const Field* f = find_field(key);
     if (!f) throw unknown_key(key, where);
-    f->set(c, value_from_toml(node, *f, where));
-    c.origins[key] = where;
+    set_value(c, *f, value_from_toml(node, *f, where), where);
   }
 }
 
@@ -150,7 +158,7 @@ bool parse_double(std::string s, double& out) {
   if (s.empty()) return false;
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
-  if (*end != '\0' || !std::isfinite(v)) return false;
+  if (*end != '\0') return false;
   out = v;
   return true;
 }
@@ -228,8 +236,7 @@ void apply_override(Config& c, const std::string& key, const std::string& text) 
   if (!v)
     throw ConfigError(where + ": key '" + key + "' must be " + kind_name(f->kind) + ", got '" +
                       text + "'");
-  f->set(c, *v);
-  c.origins[key] = where;
+  set_value(c, *f, *v, where);
 }
 
 std::vector<KeyHelp> config_keys() {

@@ -40,6 +40,7 @@ void validate(const Config& c, int64_t world_size) {
   positive("model.n_kv_heads", a.n_kv_heads);
   positive("model.vocab_size", a.vocab_size);
   positive("model.multiple_of", a.multiple_of);
+  non_negative("model.ffn_dim_multiplier", a.ffn_dim_multiplier);  // 0: none
   positive("model.norm_eps", a.norm_eps);
   positive("model.rope_theta", a.rope_theta);
   if (a.dim % a.n_heads != 0)
@@ -94,9 +95,9 @@ void validate(const Config& c, int64_t world_size) {
   if (!(c.optim.optim.momentum >= 0 && c.optim.optim.momentum < 1))
     fail("optim.optim.momentum", "optim.optim.momentum must be in [0, 1), got " + show(c.optim.optim.momentum));
   positive("optim.optim.ns_steps", c.optim.optim.ns_steps);
-  non_negative("optim.adam.lr_embedding", c.optim.adam.lr_embedding);
-  non_negative("optim.adam.lr_head", c.optim.adam.lr_head);
-  non_negative("optim.adam.lr_norm", c.optim.adam.lr_norm);
+  positive("optim.adam.lr_embedding", c.optim.adam.lr_embedding);
+  positive("optim.adam.lr_head", c.optim.adam.lr_head);
+  positive("optim.adam.lr_norm", c.optim.adam.lr_norm);
   for (const char* key : {"optim.adam.betas1", "optim.adam.betas2"}) {
     const double b = std::string(key) == "optim.adam.betas1" ? c.optim.adam.betas1 : c.optim.adam.betas2;
     if (!(b >= 0 && b < 1)) fail(key, std::string(key) + " must be in [0, 1), got " + show(b));

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checkpoints end to end with real processes:
-#   checkpoints.sh exact_resume|other_world_size|signal|kill_during_save|bad_checkpoint|hf_export|hf_roundtrip
+#   checkpoints.sh exact_resume|other_world_size|signal|kill_during_save|bad_checkpoint|bad_import|hf_export|hf_roundtrip
 #                  |ddp_exact_resume|ddp_to_fsdp|fsdp_to_ddp  TRAIN_FSDP CONFIG PYTHON
 set -u
 what=$1 train=$2 config=$3 python=${4:-python3}
@@ -123,6 +123,66 @@ hf_export)
   wait_ranks || fail "run"
   "$export_hf" "$work/a/step_00000003" "$work/hf" --check-logits || fail "export"
   "$python" "$(dirname "$0")/reference/hf_check.py" "$work/hf" 2>/dev/null || fail "logits differ"
+  ;;
+bad_import)
+  # Damaged Hugging Face directories and checkpoints: one line naming the file and the problem,
+  # exit 1, before any training (each check below takes well under a second).
+  run_ranks 2 "$work/a.log" --ckpt.path "$work/a" --optim.total_steps 1
+  wait_ranks || fail "run"
+  ck="$work/a/step_00000001"
+  "$export_hf" "$ck" "$work/hf" >/dev/null || fail "export"
+  # damaged NAME PYTHON: a copy of the export, changed by the Python snippet (in the copy's folder).
+  damaged() {
+    rm -rf "$work/$1"; cp -r "$work/hf" "$work/$1"
+    (cd "$work/$1" && python3 -c "$2") || fail "damaging $1"
+  }
+  # refused DIR PATTERN [ARGS...]: init_from DIR fails with exit 1 and PATTERN (grep -E), untrained.
+  refused() {
+    local dir=$1 pattern=$2; shift 2
+    out=$("$train" "${common[@]}" --ckpt.init_from "$dir" "$@" 2>&1); rc=$?
+    echo "$out" | grep -E "error: " | head -1
+    [ $rc -eq 1 ] && echo "$out" | grep -Eq -- "$pattern" && ! echo "$out" | grep -q "step 1/" \
+      || fail "init_from $dir (exit $rc): $out"
+  }
+  # The safetensors header as (length, JSON, data); rewrite() writes a changed header back.
+  st='import json, struct
+b = open("model.safetensors", "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); d = b[8 + n:]
+def rewrite(h):
+    t = json.dumps(h).encode(); t += b" " * (-len(t) % 8)
+    open("model.safetensors", "wb").write(struct.pack("<Q", len(t)) + t + d)
+'
+  damaged nokey 'import json; c = json.load(open("config.json")); del c["hidden_size"]; json.dump(c, open("config.json", "w"))'
+  refused "$work/nokey" "$work/nokey/config.json: missing key 'hidden_size'"
+  damaged notjson 'open("config.json", "a").write("}")'
+  refused "$work/notjson" "$work/notjson/config.json: not valid JSON"
+  damaged truncated 'import os; os.truncate("model.safetensors", os.path.getsize("model.safetensors") - 1000)'
+  refused "$work/truncated" "$work/truncated/model.safetensors: model\.[a-z_.0-9]+: data_offsets \[[0-9]+, [0-9]+\] outside the file's [0-9]+ data bytes \(truncated\?\)"
+  damaged stub 'open("model.safetensors", "wb").write(b"\x10\x00")'
+  refused "$work/stub" "$work/stub/model.safetensors: 2 bytes, shorter than the 8-byte header length"
+  damaged dtype "$st"'
+h["model.norm.weight"]["dtype"] = "F16"; rewrite(h)'
+  refused "$work/dtype" "$work/dtype/model.safetensors: model.norm.weight has dtype F16, expected F32"
+  damaged shape "$st"'
+e = h["model.norm.weight"]; e["shape"] = [e["shape"][0] // 2, 2]; rewrite(h)'
+  refused "$work/shape" "$work/shape/model.safetensors: model.norm.weight has shape \[128,2\], but config.json's model needs \[256\]"
+  damaged missing "$st"'
+del h["lm_head.weight"]; rewrite(h)'
+  refused "$work/missing" "$work/missing/model.safetensors: no tensor lm_head.weight"
+  refused "$work/hf" "model $work/hf: tok_embeddings.weight has shape \[1024,256\] there but \[1024,128\] in this run's model \(a model of another size\?\)" --model.dim 128
+  # export_hf on damaged checkpoints.
+  exported() {
+    out=$("$export_hf" "$1" "$work/out" 2>&1); rc=$?
+    echo "$out"
+    [ $rc -eq 1 ] && echo "$out" | grep -Eq -- "$2" || fail "export_hf $1 (exit $rc): $out"
+  }
+  cp -r "$ck" "$work/c1"; truncate -s 1000 "$work/c1/rank_00001.bin"
+  exported "$work/c1" "export_hf: $work/c1/rank_00001.bin has 1000 bytes, but model/[a-z_.0-9]+'s rows end at byte [0-9]+ \(truncated\?\)"
+  cp -r "$ck" "$work/c2"; rm "$work/c2/meta.json"
+  exported "$work/c2" "export_hf: checkpoint $work/c2: not a complete checkpoint \(no meta.json\)"
+  cp -r "$ck" "$work/c3"; echo '[{"name": ' > "$work/c3/rank_00000.json"
+  exported "$work/c3" "export_hf: $work/c3/rank_00000.json: not valid JSON"
+  cp -r "$ck" "$work/c4"; rm "$work/c4/rank_00001.bin"
+  exported "$work/c4" "export_hf: cannot read $work/c4/rank_00001.bin: No such file or directory"
   ;;
 hf_roundtrip)
   # export -> import as a run's initial weights (2 ranks, one step at lr 0: the linear schedule's

@@ -448,9 +448,11 @@ void init_from_hf(const std::string& dir, Trainer& trainer) {
   std::vector<std::pair<at::Tensor, at::Tensor>> assignments;
   for (const ShardedParameter& p : trainer.parallel().parameters()) {
     const auto it = full.find(p.name);
-    if (it == full.end() || it->second.sizes().vec() != p.global_shape)
-      throw std::runtime_error("model " + dir + ": " + p.name + " is missing or has another shape than " +
-                               json(p.global_shape).dump() + " (another model?)");
+    if (it == full.end()) throw std::runtime_error("model " + dir + ": no " + p.name);
+    if (it->second.sizes().vec() != p.global_shape)
+      throw std::runtime_error("model " + dir + ": " + p.name + " has shape " + json(it->second.sizes().vec()).dump() +
+                               " there but " + json(p.global_shape).dump() +
+                               " in this run's model (a model of another size?)");
     assignments.emplace_back(*p.tensor, it->second.narrow(0, p.row_start, p.tensor->size(0)));
   }
   at::NoGradGuard no_grad;

@@ -9,11 +9,13 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
 #include "model/model_args_json.h"
 #include "util/fs.h"
+#include "util/log.h"
 
 namespace zb {
 namespace {
@@ -38,6 +40,30 @@ std::string hf_name(const std::string& ours) {
   throw std::runtime_error("no Hugging Face name for " + ours);
 }
 
+// A JSON file, or an error naming it.
+json read_json(const std::string& path) {
+  const std::string text = read_file(path);
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    throw std::runtime_error(path + ": not valid JSON (" + e.what() + ")");
+  }
+}
+
+// config.json's number `key`, or its `fallback` when the key is absent and has one.
+template <class T>
+T config_number(const json& c, const std::string& key, const std::string& path, std::optional<T> fallback = {}) {
+  const auto it = c.find(key);
+  if (it == c.end()) {
+    if (fallback) return *fallback;
+    throw std::runtime_error(path + ": missing key '" + key + "'");
+  }
+  if (!it->is_number()) throw std::runtime_error(path + ": key '" + key + "' is not a number (" + it->dump() + ")");
+  return it->get<T>();
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) { return json(shape).dump(); }
+
 bool is_rope_matrix(const std::string& name, int64_t* heads, const ModelArgs& a) {
   if (name.find("attention.wq.weight") != std::string::npos) return *heads = a.n_heads, true;
   if (name.find("attention.wk.weight") != std::string::npos) return *heads = a.n_kv_heads, true;
@@ -58,25 +84,41 @@ at::Tensor rope_rows_from_hf(const at::Tensor& w, int64_t heads) {
 }
 
 TensorMap consolidate_checkpoint(const std::string& dir, ModelArgs* args) {
-  const json meta = json::parse(read_file(dir + "/meta.json"));
-  if (args) *args = model_args_from_json(meta.at("model_args"));
+  const std::string meta_path = dir + "/meta.json";
+  if (!path_exists(meta_path)) throw std::runtime_error("checkpoint " + dir + ": not a complete checkpoint (no meta.json)");
+  const json meta = read_json(meta_path);
   TensorMap out;
-  for (const auto& [name, shape] : meta.at("shapes").items())
-    out[name] = at::zeros(shape.get<std::vector<int64_t>>(), at::kFloat);
-  const int64_t world = meta.at("world_size");
+  int64_t world = 0;
+  try {
+    if (args) *args = model_args_from_json(meta.at("model_args"));
+    for (const auto& [name, shape] : meta.at("shapes").items())
+      out[name] = at::zeros(shape.get<std::vector<int64_t>>(), at::kFloat);
+    world = meta.at("world_size");
+  } catch (const std::exception& e) {
+    throw std::runtime_error(meta_path + ": " + e.what());
+  }
   for (int64_t s = 0; s < world; ++s) {
     char stem[32];
     std::snprintf(stem, sizeof stem, "/rank_%05ld", s);
-    const json index = json::parse(read_file(dir + stem + ".json"));
-    const std::string bytes = read_file(dir + stem + ".bin");
+    const std::string index_path = dir + stem + ".json", bin_path = dir + stem + ".bin";
+    const json index = read_json(index_path);
+    const std::string bytes = read_file(bin_path);
     for (const auto& e : index) {
-      const std::string name = e["name"];
+      const std::string name = e.value("name", "");
       if (name.rfind("model/", 0) != 0) continue;
-      at::Tensor& full = out.at(name.substr(6));
-      const int64_t rows = e["rows"], start = e["row_start"], numel = e["numel"];
+      const auto full_it = out.find(name.substr(6));
+      if (full_it == out.end()) throw std::runtime_error(index_path + ": " + name + " is not in meta.json's shapes");
+      at::Tensor& full = full_it->second;
+      const int64_t rows = e.at("rows"), start = e.at("row_start"), numel = e.at("numel"), offset = e.at("offset");
       if (numel == 0) continue;
-      at::Tensor flat = full.view({full.size(0), -1}).narrow(0, start, rows);
-      std::memcpy(flat.data_ptr<float>(), bytes.data() + e["offset"].get<int64_t>(), numel * sizeof(float));
+      at::Tensor flat = full.view({full.size(0), -1});
+      if (start < 0 || rows < 0 || start + rows > flat.size(0) || numel != rows * flat.size(1))
+        throw std::runtime_error(strf("%s: %s: rows [%ld, %ld) and %ld values do not fit its shape %s", index_path.c_str(),
+                                      name.c_str(), start, start + rows, numel, shape_text(full.sizes().vec()).c_str()));
+      if (offset < 0 || offset + numel * 4 > static_cast<int64_t>(bytes.size()))
+        throw std::runtime_error(strf("%s has %zu bytes, but %s's rows end at byte %ld (truncated?)", bin_path.c_str(),
+                                      bytes.size(), name.c_str(), offset + numel * 4));
+      std::memcpy(flat.narrow(0, start, rows).data_ptr<float>(), bytes.data() + offset, numel * sizeof(float));
     }
   }
   return out;
@@ -122,36 +164,75 @@ void write_hf_model(const std::string& out_dir, const ModelArgs& a, const Tensor
 }
 
 TensorMap read_hf_model(const std::string& dir, ModelArgs* out_args) {
-  const json c = json::parse(read_file(dir + "/config.json"));
+  const std::string config_path = dir + "/config.json";
+  const json c = read_json(config_path);
   ModelArgs a;
-  a.dim = c.at("hidden_size"), a.n_layers = c.at("num_hidden_layers"), a.n_heads = c.at("num_attention_heads");
-  a.n_kv_heads = c.value("num_key_value_heads", a.n_heads), a.vocab_size = c.at("vocab_size");
-  a.norm_eps = c.value("rms_norm_eps", 1e-5), a.rope_theta = c.value("rope_theta", 10000.0);
-  a.max_seq_len = c.value("max_position_embeddings", 4096) / 2;
-  a.multiple_of = c.value("zeroband_multiple_of", 256);
-  a.ffn_dim_multiplier = c.value("zeroband_ffn_dim_multiplier", 0.0);
+  a.dim = config_number<int64_t>(c, "hidden_size", config_path);
+  a.n_layers = config_number<int64_t>(c, "num_hidden_layers", config_path);
+  a.n_heads = config_number<int64_t>(c, "num_attention_heads", config_path);
+  a.n_kv_heads = config_number<int64_t>(c, "num_key_value_heads", config_path, a.n_heads);
+  a.vocab_size = config_number<int64_t>(c, "vocab_size", config_path);
+  a.norm_eps = config_number<double>(c, "rms_norm_eps", config_path, 1e-5);
+  a.rope_theta = config_number<double>(c, "rope_theta", config_path, 10000.0);
+  a.max_seq_len = config_number<int64_t>(c, "max_position_embeddings", config_path, 4096) / 2;
+  a.multiple_of = config_number<int64_t>(c, "zeroband_multiple_of", config_path, 256);
+  a.ffn_dim_multiplier = config_number<double>(c, "zeroband_ffn_dim_multiplier", config_path, 0.0);
+  if (a.dim <= 0 || a.n_layers <= 0 || a.n_heads <= 0 || a.n_kv_heads <= 0 || a.vocab_size <= 0 ||
+      a.dim % a.n_heads != 0 || a.n_heads % a.n_kv_heads != 0)
+    throw std::runtime_error(config_path + ": sizes that make no model (hidden_size " + std::to_string(a.dim) +
+                             ", heads " + std::to_string(a.n_heads) + ", kv heads " + std::to_string(a.n_kv_heads) + ")");
   if (out_args) *out_args = a;
 
-  const std::string bytes = read_file(dir + "/model.safetensors");
+  // safetensors: an 8-byte little-endian header length, the JSON header, then the data; every
+  // size is checked against the file before anything is read.
+  const std::string path = dir + "/model.safetensors";
+  const std::string bytes = read_file(path);
+  auto bad = [&](const std::string& what) { return std::runtime_error(path + ": " + what); };
   uint64_t n = 0;
+  if (bytes.size() < 8) throw bad(strf("%zu bytes, shorter than the 8-byte header length", bytes.size()));
   std::memcpy(&n, bytes.data(), 8);
-  const json header = json::parse(bytes.substr(8, n));
+  if (n > bytes.size() - 8) throw bad(strf("header length %llu exceeds the file's %zu bytes (truncated or not safetensors)",
+                                           static_cast<unsigned long long>(n), bytes.size()));
+  json header;
+  try {
+    header = json::parse(bytes.substr(8, n));
+  } catch (const json::exception& e) {
+    throw bad(std::string("header is not valid JSON (") + e.what() + ")");
+  }
   const char* data = bytes.data() + 8 + n;
+  const int64_t data_bytes = static_cast<int64_t>(bytes.size() - 8 - n);
   TensorMap by_hf;
   for (const auto& [name, e] : header.items()) {
     if (name == "__metadata__") continue;
-    if (e["dtype"] != "F32") throw std::runtime_error(dir + ": " + name + " is not F32");
-    at::Tensor t = at::empty(e["shape"].get<std::vector<int64_t>>(), at::kFloat);
-    const int64_t begin = e["data_offsets"][0], end = e["data_offsets"][1];
+    std::vector<int64_t> shape;
+    int64_t begin = 0, end = 0;
+    try {
+      shape = e.at("shape").get<std::vector<int64_t>>();
+      begin = e.at("data_offsets").at(0), end = e.at("data_offsets").at(1);
+    } catch (const json::exception& x) {
+      throw bad(name + ": malformed entry (" + x.what() + ")");
+    }
+    if (e.value("dtype", "") != "F32") throw bad(name + " has dtype " + e.value("dtype", "?") + ", expected F32");
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    if (begin < 0 || end < begin || end > data_bytes)
+      throw bad(strf("%s: data_offsets [%ld, %ld] outside the file's %ld data bytes (truncated?)", name.c_str(), begin,
+                     end, data_bytes));
+    if (end - begin != numel * 4)
+      throw bad(strf("%s: %ld bytes for shape %s, which needs %ld", name.c_str(), end - begin,
+                     shape_text(shape).c_str(), numel * 4));
+    at::Tensor t = at::empty(shape, at::kFloat);
     std::memcpy(t.data_ptr<float>(), data + begin, static_cast<size_t>(end - begin));
     by_hf[name] = t;
   }
   TensorMap out;
   for (const auto& spec : param_specs(a)) {
-    const auto it = by_hf.find(hf_name(spec.name));
-    if (it == by_hf.end()) throw std::runtime_error(dir + ": missing " + hf_name(spec.name));
+    const std::string name = hf_name(spec.name);
+    const auto it = by_hf.find(name);
+    if (it == by_hf.end()) throw bad("no tensor " + name);
     if (it->second.sizes().vec() != spec.shape)
-      throw std::runtime_error(dir + ": " + it->first + " has the wrong shape");
+      throw bad(name + " has shape " + shape_text(it->second.sizes().vec()) + ", but config.json's model needs " +
+                shape_text(spec.shape));
     int64_t heads = 0;
     out[spec.name] = is_rope_matrix(spec.name, &heads, a) ? rope_rows_from_hf(it->second, heads) : it->second;
   }

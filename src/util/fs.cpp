@@ -37,7 +37,7 @@ bool path_exists(const std::string& path) {
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read " + path);
+  if (!in) throw std::runtime_error("cannot read " + path + ": " + std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();

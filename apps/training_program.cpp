@@ -153,6 +153,15 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism) {
   zb::log::info(strf("world: %ld process(es) via %s, rendezvous %s:%ld; this is rank %ld (local %ld)",
                      world.size, world.launcher.c_str(), world.master_addr.c_str(), world.master_port,
                      world.rank, world.local_rank));
+  // Which device, which physical GPU, on which host, for every rank: a wrong binding shows here.
+  const auto placement = comm.exchange(
+      "placement", strf("rank %ld (local %ld) on %s: %s%s", world.rank, world.local_rank, zb::host_name().c_str(),
+                        device.str().c_str(),
+                        device.is_cuda() ? strf(", %s, PCI %s", zb::device_name(device).c_str(),
+                                                zb::device_pci_bus_id(device).c_str()).c_str()
+                                         : ""));
+  if (world.rank == 0)
+    for (const auto& line : placement) zb::log::info("placement: " + line);
 
   // --- model, sharding engine, optimizer, data ---------------------------------------------------
   zb::Trainer trainer(cfg, comm, device, parallelism);
@@ -171,6 +180,7 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism) {
   // --- the loop ----------------------------------------------------------------------------------
   zb::MetricsLogger metrics(cfg, args, world.rank, world.size, device, /*resumed=*/trainer.step() > 0);
   for (int64_t step = trainer.step() + 1; step <= cfg.optim.total_steps; ++step) {
+    comm.set_phase(strf("step %ld", step));  // a stall from here on is reported as this step's
     const zb::CommStats before = comm.stats();
     zb::StepStats s;
     try {
@@ -185,7 +195,10 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism) {
     std::optional<double> val_loss;
     if (s.nonfinite.empty() && cfg.data.eval_interval > 0 && trainer.has_validation() &&
         (step % cfg.data.eval_interval == 0 || step == cfg.optim.total_steps))
+    {
+      comm.set_phase(strf("the evaluation after step %ld", step));
       val_loss = trainer.evaluate();  // every rank takes part
+    }
     metrics.log_step(s, comm.stats() - before, val_loss);
     if (!s.nonfinite.empty()) on_nonfinite_step(s, cfg, checkpoints);  // throws to stop the run
 
@@ -199,12 +212,14 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism) {
     const auto saved = checkpoints.save_if_due(trainer, stopping);  // written in the background
     if (saved) zb::log::info(strf("saving checkpoint %s", saved->c_str()));
     if (stopping) {
+      comm.set_phase("");  // the writers' waits have their own bound
       checkpoints.finish();
       zb::log::warn(strf("stopped by a signal after step %ld%s", step,
                          saved ? " (checkpoint saved)" : " (no ckpt.path: nothing saved)"));
       return 0;
     }
   }
+  comm.set_phase("");
   checkpoints.finish();  // the last checkpoint is on disk before we exit
   zb::log::info(strf("done: %ld steps, %s tokens in %s", cfg.optim.total_steps,
                      zb::with_commas(cfg.optim.total_steps * trainer.tokens_per_step()).c_str(),

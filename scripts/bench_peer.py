@@ -20,7 +20,6 @@ import inspect
 import json
 import math
 import os
-import resource
 import time
 
 import torch
@@ -238,6 +237,12 @@ def lr_multiplier(s, step):
     return max(0.0, 0.5 * (1 + math.cos(math.pi * p)))
 
 
+def vm_hwm_bytes():
+    """Peak resident memory since the last reset through /proc/self/clear_refs."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
 def build_optimizers(model, run):
     h, a = run["hidden"], run["adam"]
     hidden, groups = [], {"embedding": [], "head": [], "norm": []}
@@ -320,8 +325,12 @@ def main():
     tokens_per_step = run["batch_size"] * T
     gen = torch.Generator().manual_seed(1000 + rank)
     cuda = device == "cuda"
+    # Peak memory counts the steps, not set-up, as train_fsdp's (VmHWM reset on CPU).
     if cuda:
         torch.cuda.reset_peak_memory_stats()
+    else:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
 
     def phase_timer():
         # Host time on CPU; CUDA events on the GPU (no synchronisation inside the step).
@@ -369,7 +378,7 @@ def main():
         grad_norm = grad_norm.full_tensor().item() if hasattr(grad_norm, "full_tensor") else grad_norm.item()
         optimizer_seconds = elapsed(t0, t1)
         comm_after, wait_after = meter.snapshot()
-        peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak = torch.cuda.max_memory_allocated() if cuda else vm_hwm_bytes()
         if out:
             out.write(json.dumps({
                 "step": step, "loss": loss_value, "grad_norm": grad_norm, "time": time.perf_counter() - start,

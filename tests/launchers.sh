@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end runs of train_fsdp: one process, real launchers and real failures.
-#   launchers.sh single_process|torchrun|mpirun|killed_rank|world_size_mismatch|unreachable_master \
+#   launchers.sh single_process|torchrun|mpirun|killed_rank|hung_rank|world_size_mismatch| \
+#                unreachable_master \
 #                TRAIN_FSDP CONFIG PYTHON_BIN_DIR
 # CONFIG is the debug preset (configs/debug/normal.toml: 4 steps, fake data, vocabulary 1024).
 set -u
@@ -109,6 +110,32 @@ killed_rank)
   [ $rc -ne 0 ] || { echo "FAIL: rank 0 exited 0"; exit 1; }
   [ $took -le 40 ] || { echo "FAIL: took longer than the timeout"; exit 1; }
   grep -q "rank 0 failed in step" "$log0" || { echo "FAIL: no clear message"; exit 1; }
+  ;;
+hung_rank)
+  # Rank 1 stops (SIGSTOP) after its first steps and never answers: rank 0 must exit non-zero
+  # within runtime.timeout_s plus a little, naming the step that stalled (the watchdog's path, the
+  # one NCCL runs depend on: their waits do not block the host). Rank 1, once resumed, finds its
+  # own limit long passed and exits non-zero too.
+  export MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2
+  log0=$tmp/hung0.log log1=$tmp/hung1.log
+  RANK=0 LOCAL_RANK=0 "$train" "${common[@]}" --optim.total_steps 100000 --runtime.timeout_s 8 >"$log0" 2>&1 &
+  pid0=$!
+  RANK=1 LOCAL_RANK=1 "$train" "${common[@]}" --optim.total_steps 100000 --runtime.timeout_s 8 >"$log1" 2>&1 &
+  pid1=$!
+  for _ in $(seq 100); do grep -q "step 2/" "$log0" && break; sleep 0.2; done
+  kill -STOP $pid1
+  start=$(date +%s)
+  wait $pid0; rc0=$?
+  took=$(( $(date +%s) - start ))
+  kill -CONT $pid1
+  wait $pid1; rc1=$?
+  cat "$log0" "$log1"
+  echo "rank 0 exited $rc0, ${took}s after rank 1 stopped; rank 1 exited $rc1 once resumed"
+  [ $rc0 -eq 1 ] && [ $rc1 -ne 0 ] || { echo "FAIL: exit codes $rc0 $rc1"; exit 1; }
+  [ $took -le 20 ] || { echo "FAIL: took longer than the timeout and a margin"; exit 1; }
+  grep -qE "rank 0 failed in step [0-9]+: no collective with the other ranks completed for [0-9]+ s \(runtime.timeout_s = 8\)" "$log0" \
+    || { echo "FAIL: no clear message on rank 0"; exit 1; }
+  grep -q "rank 1 failed in step" "$log1" || { echo "FAIL: no clear message on rank 1"; exit 1; }
   ;;
 world_size_mismatch)
   export MASTER_ADDR=127.0.0.1 MASTER_PORT=$port

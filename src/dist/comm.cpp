@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <exception>
 #include <cstdlib>
@@ -37,6 +38,7 @@ void PendingCollective::wait() {
   if (!work_) return;
   const auto start = std::chrono::steady_clock::now();
   work_->wait();
+  if (comm_->watchdog_) comm_->watchdog_->progress();
   comm_->stats_.wait_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   work_.reset();
@@ -82,12 +84,37 @@ Communicator::Communicator(const World& world, c10::Device device, std::chrono::
                                mine + " but rank " + std::to_string(r) + " with " + theirs);
   }
 
+  // The backends' own timeouts come after the watchdog's, which names the stalled step: NCCL's
+  // kills the process without that, Gloo's would race with it.
+  const auto backstop = timeout + std::max<std::chrono::milliseconds>(std::chrono::seconds(10), timeout / 10);
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("zb/pg", store_);
-  backend_ = device.is_cuda() ? make_nccl_backend(prefixed, world, device, timeout)
-                              : make_gloo_backend(prefixed, world, timeout);
+  backend_ = device.is_cuda() ? make_nccl_backend(prefixed, world, device, backstop)
+                              : make_gloo_backend(prefixed, world, backstop);
+  watchdog_ = std::make_unique<Watchdog>(timeout, world.rank, [backend = backend_] {
+    try {
+      backend->abort();  // NCCL: ncclCommAbort releases kernels waiting on a dead peer
+    } catch (const std::exception&) {
+    }
+  });
+}
+
+void Communicator::set_phase(const std::string& phase) {
+  if (watchdog_) watchdog_->set_phase(phase);
+}
+
+std::vector<std::string> Communicator::exchange(const std::string& key, const std::string& mine) {
+  if (!store_) return {mine};
+  store_->set("zb/" + key + "/" + std::to_string(rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::vector<std::string> all;
+  for (int64_t r = 0; r < size(); ++r) {
+    const auto bytes = store_->get("zb/" + key + "/" + std::to_string(r));  // waits up to the timeout
+    all.emplace_back(bytes.begin(), bytes.end());
+  }
+  return all;
 }
 
 Communicator::~Communicator() {
+  watchdog_.reset();  // nothing to watch while tearing down
   if (!backend_) return;
   // NCCL's communicators are torn down explicitly: shut down after a normal run, aborted when an
   // error is unwinding (a peer may be dead, and a clean shutdown would wait for it). No-ops for Gloo.
@@ -178,7 +205,8 @@ std::vector<int64_t> Communicator::count_over_ranks(const std::vector<bool>& fla
   for (size_t i = 0; i < flags.size(); ++i) host.data_ptr<float>()[i] = flags[i] ? 1.0f : 0.0f;
   at::Tensor t = host.to(device_);
   all_reduce_sum(t).wait();
-  t = t.cpu();
+  t = t.cpu();  // where NCCL's result is really waited for
+  if (watchdog_) watchdog_->progress();
   std::vector<int64_t> counts;
   for (size_t i = 0; i < flags.size(); ++i) counts.push_back(std::lround(t.data_ptr<float>()[i]));
   return counts;

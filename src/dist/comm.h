@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/watchdog.h"
 #include "dist/world.h"
 
 namespace c10d {
@@ -71,7 +72,8 @@ class Communicator {
  public:
   // Rendezvous with the other ranks (TCPStore at world.master_addr:master_port) and create the
   // backend for `device`. Every rank checks that all agree on the world size. Throws a
-  // std::runtime_error naming the problem when the rendezvous fails within `timeout`.
+  // std::runtime_error naming the problem when the rendezvous fails within `timeout`, which also
+  // bounds every wait on the other ranks while a phase is set (set_phase).
   Communicator(const World& world, c10::Device device, std::chrono::milliseconds timeout);
   ~Communicator();
 
@@ -91,6 +93,12 @@ class Communicator {
   PendingCollective all_to_all(at::Tensor& out, at::Tensor& in, std::vector<int64_t> out_splits,
                                std::vector<int64_t> in_splits);
   void barrier();
+  // The part of the run now under way ("step 12", "evaluation after step 12"; "" for none), named
+  // when it stalls: while one is set, a rank that sees no collective complete for `timeout`
+  // logs it, aborts the backend and exits with code 1 (dist/watchdog.h).
+  void set_phase(const std::string& phase);
+  // Every rank's `mine`, in rank order, through the store (start-up reports, off the hot path).
+  std::vector<std::string> exchange(const std::string& key, const std::string& mine);
   // For agreeing on conditions (a signal, a failed save): how many ranks have each flag set.
   // One all-reduce and one host read.
   std::vector<int64_t> count_over_ranks(const std::vector<bool>& flags);
@@ -110,6 +118,7 @@ class Communicator {
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> backend_;
   CommStats stats_;
+  std::unique_ptr<Watchdog> watchdog_;  // distributed runs only
 };
 
 // Backends, each in its own translation unit (their headers are heavy and, for Gloo, need

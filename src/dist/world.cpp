@@ -1,5 +1,8 @@
 #include "dist/world.h"
 
+#include <unistd.h>
+
+#include <climits>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -75,6 +78,12 @@ World detect_world() {
     if (eq != std::string::npos) vars[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
   return detect_world(vars);
+}
+
+std::string host_name() {
+  char name[HOST_NAME_MAX + 1] = {};
+  if (gethostname(name, sizeof name - 1) != 0) return "unknown host";
+  return name;
 }
 
 }  // namespace zb

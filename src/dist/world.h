@@ -29,5 +29,7 @@ struct World {
 World detect_world();
 // The same from an explicit environment (for tests).
 World detect_world(const std::map<std::string, std::string>& env);
+// This machine's host name (for reports of where each rank runs).
+std::string host_name();
 
 }  // namespace zb

@@ -43,6 +43,7 @@ MetricsLogger::MetricsLogger(const Config& c, const ModelArgs& args, int64_t ran
   if (c.runtime.peak_flops > 0) peak_flops_ = c.runtime.peak_flops;
   else if (device.is_cuda()) peak_flops_ = peak_flops_for_device(device_name(device));
   meter_.record(0, 0.0);
+  reset_peak_memory(device);  // the steps' peak, not set-up's
   if (rank != 0) return;
   const std::string path = c.logging.metrics_file.empty() ? default_metrics_path(c) : c.logging.metrics_file;
   make_directories(parent_directory(path));

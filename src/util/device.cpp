@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
 
 #include <stdexcept>
 
@@ -15,7 +16,9 @@ namespace zb {
 #ifdef ZB_WITH_CUDA
 // device_cuda.cpp: the only translation unit that includes CUDA headers.
 std::string cuda_device_name(int index);
+std::string cuda_pci_bus_id(int index);
 int64_t cuda_peak_memory_bytes(int index);
+void cuda_reset_peak_memory(int index);
 void configure_cuda_allocator();
 void* cuda_event_create();
 void cuda_event_record(void* event);
@@ -75,13 +78,31 @@ std::string device_name(const c10::Device& device) {
   return device.str();
 }
 
+std::string device_pci_bus_id(const c10::Device& device) {
+#ifdef ZB_WITH_CUDA
+  if (device.is_cuda()) return cuda_pci_bus_id(device.index());
+#endif
+  return "";
+}
+
 int64_t peak_memory_bytes(const c10::Device& device) {
 #ifdef ZB_WITH_CUDA
   if (device.is_cuda()) return cuda_peak_memory_bytes(device.index());
 #endif
+  // VmHWM rather than getrusage's ru_maxrss: only the former can be reset (clear_refs).
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // in kB
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+void reset_peak_memory(const c10::Device& device) {
+#ifdef ZB_WITH_CUDA
+  if (device.is_cuda()) return cuda_reset_peak_memory(device.index());
+#endif
+  std::ofstream("/proc/self/clear_refs") << "5";  // 5: high-water mark := current resident size
 }
 
 }  // namespace zb

@@ -19,9 +19,15 @@ c10::Device select_device(const std::string& requested, int64_t local_rank);
 // the user made in the environment are kept.
 void configure_allocator(const c10::Device& device);
 std::string device_name(const c10::Device& device);  // the GPU's name, or "cpu"
-// Peak memory of this process on `device`: the CUDA caching allocator's peak allocated bytes,
-// or on CPU the peak resident set size.
+// The GPU's PCI address ("0000:18:00.0", as nvidia-smi shows it), "" on the CPU: tells which
+// physical GPU a rank drives whatever CUDA_VISIBLE_DEVICES renumbered.
+std::string device_pci_bus_id(const c10::Device& device);
+// Peak memory of this process on `device` since the last reset_peak_memory(): the CUDA caching
+// allocator's peak allocated bytes, or on CPU the peak resident set size (VmHWM).
 int64_t peak_memory_bytes(const c10::Device& device);
+// Starts the peak from what is in use now, so that the metrics count the training steps and not
+// set-up (a checkpoint read through host memory, the model built before sharding).
+void reset_peak_memory(const c10::Device& device);
 
 // Points on the device's timeline within a step: the host clock on CPU, CUDA events on a GPU
 // (recorded on the current device's current stream without waiting; the NCCL backend makes each

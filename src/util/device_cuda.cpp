@@ -17,6 +17,16 @@ std::string cuda_device_name(int index) {
   return prop.name;
 }
 
+std::string cuda_pci_bus_id(int index) {
+  char id[32] = {};
+  if (cudaDeviceGetPCIBusId(id, sizeof id, index) != cudaSuccess) return "unknown";
+  return id;
+}
+
+void cuda_reset_peak_memory(int index) {
+  c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(index));
+}
+
 int64_t cuda_peak_memory_bytes(int index) {
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
   return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;

@@ -40,10 +40,12 @@ void init(int rank, const std::string& level) {
   auto lvl = spdlog::level::from_str(level);
   if (rank != 0 && lvl < spdlog::level::warn) lvl = spdlog::level::warn;
   l->set_level(lvl);
+  l->flush_on(spdlog::level::warn);  // a process that dies next still leaves its last words
 }
 void debug(const std::string& msg) { logger()->debug(msg); }
 void info(const std::string& msg) { logger()->info(msg); }
 void warn(const std::string& msg) { logger()->warn(msg); }
 void error(const std::string& msg) { logger()->error(msg); }
+void flush() { logger()->flush(); }
 }  // namespace log
 }  // namespace zb

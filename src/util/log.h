@@ -15,5 +15,7 @@ void debug(const std::string& msg);
 void info(const std::string& msg);
 void warn(const std::string& msg);
 void error(const std::string& msg);
+// Warnings and errors are flushed as they are logged; this flushes the rest (before _Exit).
+void flush();
 }  // namespace log
 }  // namespace zb

@@ -154,6 +154,24 @@ TEST(FSDP, UnevenAndEmptyShards) {
   }
 }
 
+TEST(FSDP, ShardedInitialisationEqualsTheWholeModels) {
+  // Under FSDP each parameter is created, initialised and sharded one at a time; gathered back,
+  // every value must equal the whole model's init_weights() from the same seed, bit for bit (3
+  // ranks: uneven shards, and a vocabulary that does not divide).
+  Config c = small_config("muon", "[model]\nvocab_size = 1001\n");
+  multiprocess::run_ranks(3, [&](int) {
+    Trainer trainer(c, communicator(), c10::Device(c10::kCPU));
+    std::map<std::string, at::Tensor> sharded;
+    for (auto& [name, t] : trainer.parallel().gather_full_parameters()) sharded[name] = t;
+    at::manual_seed(static_cast<uint64_t>(c.runtime.seed));
+    Llama whole(resolve_model_args(c), at::TensorOptions());
+    whole.init_weights();
+    ASSERT_EQ(sharded.size(), whole.parameters().size());
+    for (const auto& p : whole.parameters())
+      EXPECT_TRUE(at::equal(sharded.at(p.name), *p.slot)) << p.name;
+  });
+}
+
 TEST(FSDP, GradientAccumulationEqualsOneLargerBatch) {
   // 2 ranks, 8 sequences per step: 4 micro-batches of 1 per rank versus one of 4.
   Config accumulate = small_config("muon");
@@ -312,8 +330,21 @@ TEST(FSDP, OneFiftyMPeakMemoryOnFourRanksStaysWithinTheShardingBound) {
   multiprocess::run_ranks(4, [&](int rank) {
     // Large tensors straight from and back to the kernel, so that RSS follows live memory.
     ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
-    Trainer trainer(c, communicator(), c10::Device(c10::kCPU));  // full model built, sharded, freed
     const double W = 4;
+    Communicator& comm = communicator();
+    const double start = proc_status_kib("VmRSS") * 1024.0;
+    std::ofstream("/proc/self/clear_refs") << "5";
+    Trainer trainer(c, comm, c10::Device(c10::kCPU));  // parameters created and sharded one by one
+    // Set-up holds the shards (and room for AdamW's two moments) and one whole parameter at a
+    // time (the largest is the 32000-row embedding or head), never the whole model (4N bytes).
+    const double largest = static_cast<double>(a.vocab_size) * a.dim;
+    const double setup_peak = proc_status_kib("VmHWM") * 1024.0 - start;
+    const double setup_bound = 4 * (3 * N / W + 2 * largest) + 64.0 * (1 << 20);
+    if (rank == 0)
+      std::printf("150M on 4 ranks: set-up added a peak of %.0f MiB (bound %.0f MiB; the whole model: %.0f MiB)\n",
+                  setup_peak / (1 << 20), setup_bound / (1 << 20), 4 * N / (1 << 20));
+    EXPECT_LT(setup_peak, setup_bound);
+    EXPECT_LT(setup_peak, 4 * N);
     const double before = proc_status_kib("VmRSS") * 1024.0;  // libraries, shards, AdamW moments
     std::ofstream("/proc/self/clear_refs") << "5";               // reset the peak RSS
     for (int s = 0; s < 2; ++s) trainer.train_step();

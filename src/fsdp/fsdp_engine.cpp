@@ -1,6 +1,7 @@
 #include "fsdp/fsdp_engine.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -16,9 +17,19 @@ FSDPEngine::FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& opti
   // One FSDPParam per model parameter, grouped into units: "layers.<i>." -> block i, else root.
   std::vector<std::vector<FSDPParam*>> block_params(model.args().n_layers);
   std::vector<FSDPParam*> root_params;
-  for (const auto& np : model.parameters()) {
-    params_.push_back(std::make_unique<FSDPParam>(np.name, np.slot, *np.slot, comm.rank(),
-                                                  comm.size(), options.compute_dtype));
+  // A parameter on the meta device is created whole, initialised, sharded and freed before the
+  // next: in model order from the same seed on every rank, so every rank draws the model's
+  // initial values and keeps its rows without ever holding more than one parameter unsharded.
+  const auto& named = model.parameters();
+  for (size_t i = 0; i < named.size(); ++i) {
+    const NamedParameter& np = named[i];
+    at::Tensor full = *np.slot;
+    if (full.is_meta()) {
+      full = at::empty(full.sizes(), full.options().device(options.device));
+      model.init_parameter(i, full);
+    }
+    params_.push_back(std::make_unique<FSDPParam>(np.name, np.slot, full, comm.rank(), comm.size(),
+                                                  options.compute_dtype));
     FSDPParam* p = params_.back().get();
     if (np.name.rfind("layers.", 0) == 0) {
       const int64_t layer = std::stoll(np.name.substr(7, np.name.find('.', 7) - 7));

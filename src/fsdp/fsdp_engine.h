@@ -34,6 +34,9 @@ struct FSDPOptions {
   // Activation checkpointing: 0 off; N recomputes the forward of every N-th block (layer % N == 0)
   // during backward instead of keeping its activations (only its input is kept).
   int64_t checkpoint_every = 0;
+  // Where the shards live; parameters the model left on the meta device (Llama's
+  // allocate_parameters = false) are created here one at a time.
+  c10::Device device = c10::kCPU;
 };
 
 class FSDPEngine : public ParallelModel {

@@ -11,12 +11,13 @@
 
 namespace zb {
 
-Llama::Llama(const ModelArgs& args, const at::TensorOptions& options) : args_(args) {
+Llama::Llama(const ModelArgs& args, const at::TensorOptions& options, bool allocate_parameters) : args_(args) {
   // Master weights are fp32 unless the caller asks for float64 (tests compare against float64).
   auto opts = options.dtype(options.has_dtype() && options.dtype() == at::kDouble ? at::kDouble : at::kFloat);
   compute_dtype_ = opts.dtype().toScalarType();
+  const auto param_opts = allocate_parameters ? opts : opts.device(c10::kMeta);
   auto param = [&](std::initializer_list<int64_t> shape) {
-    return at::empty(shape, opts).requires_grad_(true);
+    return at::empty(shape, param_opts).requires_grad_(true);
   };
   const int64_t D = args.dim, hd = args.head_dim(), F = args.ffn_hidden();
   tok_embeddings_ = param({args.vocab_size, D});
@@ -37,23 +38,31 @@ Llama::Llama(const ModelArgs& args, const at::TensorOptions& options) : args_(ar
   // ZeroBand precomputes RoPE for twice the sequence length.
   rope_ = rope_tables(hd, 2 * args.max_seq_len, args.rope_theta, opts);
 
-  // Slots in param_specs() order: embedding, per block (wq wk wv wo w1 w2 w3 norms), norm, head.
-  params_.push_back({"tok_embeddings.weight", &tok_embeddings_});
+  // Slots in param_specs() order: embedding, per block (wq wk wv wo w1 w2 w3 norms), norm, head;
+  // with how each is initialised (see init_weights). torchtitan's trunc_normal_ keeps torch's
+  // default absolute cut at +-2, which at std 0.02 is 100 std away: a plain normal in practice.
+  auto add = [&](std::string name, at::Tensor* slot, Init init) {
+    params_.push_back({std::move(name), slot});
+    init_.push_back(init);
+  };
+  add("tok_embeddings.weight", &tok_embeddings_, {1.0, 0.0});
   for (int64_t i = 0; i < args.n_layers; ++i) {
     const std::string p = "layers." + std::to_string(i) + ".";
     auto& b = layers_[i];
-    params_.push_back({p + "attention.wq.weight", &b.wq});
-    params_.push_back({p + "attention.wk.weight", &b.wk});
-    params_.push_back({p + "attention.wv.weight", &b.wv});
-    params_.push_back({p + "attention.wo.weight", &b.wo});
-    params_.push_back({p + "feed_forward.w1.weight", &b.w1});
-    params_.push_back({p + "feed_forward.w2.weight", &b.w2});
-    params_.push_back({p + "feed_forward.w3.weight", &b.w3});
-    params_.push_back({p + "attention_norm.weight", &b.attention_norm});
-    params_.push_back({p + "ffn_norm.weight", &b.ffn_norm});
+    const double depth_std = 0.02 / std::sqrt(2.0 * static_cast<double>(i + 1));
+    add(p + "attention.wq.weight", &b.wq, {0.02, 2.0});
+    add(p + "attention.wk.weight", &b.wk, {0.02, 2.0});
+    add(p + "attention.wv.weight", &b.wv, {0.02, 2.0});
+    add(p + "attention.wo.weight", &b.wo, {depth_std, 2.0});
+    add(p + "feed_forward.w1.weight", &b.w1, {0.02, 2.0});
+    add(p + "feed_forward.w2.weight", &b.w2, {depth_std, 2.0});
+    add(p + "feed_forward.w3.weight", &b.w3, {depth_std, 2.0});
+    add(p + "attention_norm.weight", &b.attention_norm, {});
+    add(p + "ffn_norm.weight", &b.ffn_norm, {});
   }
-  params_.push_back({"norm.weight", &norm_});
-  params_.push_back({"output.weight", &output_});
+  add("norm.weight", &norm_, {});
+  const double head_std = 1.0 / std::sqrt(static_cast<double>(args.dim));
+  add("output.weight", &output_, {head_std, 3 * head_std});  // cut at 3 std
 }
 
 void trunc_normal_(at::Tensor& t, double mean, double std, double lo, double hi) {
@@ -65,28 +74,18 @@ void trunc_normal_(at::Tensor& t, double mean, double std, double lo, double hi)
 }
 
 void Llama::init_weights() {
-  if (tok_embeddings_.is_meta()) return;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!params_[i].slot->is_meta()) init_parameter(i, *params_[i].slot);
+}
+
+void Llama::init_parameter(size_t i, at::Tensor& t) const {
   at::NoGradGuard no_grad;
-  // torchtitan's trunc_normal_ keeps torch's default absolute cut at +-2, which at std 0.02 is
-  // 100 std away: a plain normal in practice. The head is cut at 3 std.
-  auto normal = [](at::Tensor& t, double std) { trunc_normal_(t, 0.0, std, -2.0, 2.0); };
-  tok_embeddings_.normal_(0.0, 1.0);
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    auto& b = layers_[i];
-    const double depth_std = 0.02 / std::sqrt(2.0 * static_cast<double>(i + 1));
-    normal(b.wq, 0.02);
-    normal(b.wk, 0.02);
-    normal(b.wv, 0.02);
-    normal(b.wo, depth_std);
-    normal(b.w1, 0.02);
-    normal(b.w2, depth_std);
-    normal(b.w3, depth_std);
-    b.attention_norm.fill_(1.0);
-    b.ffn_norm.fill_(1.0);
-  }
-  norm_.fill_(1.0);
-  const double head_std = 1.0 / std::sqrt(static_cast<double>(args_.dim));
-  trunc_normal_(output_, 0.0, head_std, -3 * head_std, 3 * head_std);
+  const Init& init = init_.at(i);
+  TORCH_CHECK(t.sizes() == params_[i].slot->sizes(), "init_parameter: ", params_[i].name, " has shape ",
+              params_[i].slot->sizes(), ", not ", t.sizes());
+  if (init.std == 0) t.fill_(1.0);
+  else if (init.cut == 0) t.normal_(0.0, init.std);
+  else trunc_normal_(t, 0.0, init.std, -init.cut, init.cut);
 }
 
 at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h) const {

@@ -31,13 +31,21 @@ struct TransformerBlockParams {
 class Llama {
  public:
   // Allocates every parameter (fp32 master weights, requires_grad) with `options`' device; on
-  // the meta device nothing is allocated (use it to inspect shapes).
-  Llama(const ModelArgs& args, const at::TensorOptions& options);
+  // the meta device nothing is allocated (use it to inspect shapes). With allocate_parameters =
+  // false the parameters are shapes only (meta) while the rest (RoPE tables) is on `options`'
+  // device: the sharding engine then creates each parameter with init_parameter, keeps its own
+  // rows and frees the rest, so that no rank ever holds the whole model.
+  Llama(const ModelArgs& args, const at::TensorOptions& options, bool allocate_parameters = true);
 
   // ZeroBand's initialisation (uses the global generator: seed it first): embedding N(0, 1);
   // wq, wk, wv, w1 truncated normal std 0.02; wo, w2, w3 std 0.02/sqrt(2*(layer+1)); head
-  // truncated normal std dim^-0.5 cut at 3 std; norms 1.
+  // truncated normal std dim^-0.5 cut at 3 std; norms 1. Parameter by parameter in parameters()
+  // order, each with init_parameter.
   void init_weights();
+  // Fills `t`, a tensor of the shape of parameters()[i], as init_weights() fills that parameter.
+  // Called for every i in order from the same generator state, on the same device, it draws the
+  // same random numbers in the same order: the values equal init_weights()'s.
+  void init_parameter(size_t i, at::Tensor& t) const;
 
   // tokens [B, T] int64 -> logits [B, T, vocab] fp32. Weights are cast to `compute_dtype` where
   // used (a no-op when they already are), so fp32 master weights get fp32 gradients.
@@ -72,6 +80,12 @@ class Llama {
   std::vector<TransformerBlockParams> layers_;
   RopeTables rope_;
   std::vector<NamedParameter> params_;
+  // How each parameter is initialised, in parameters() order: std 0 means "fill with 1" (norms);
+  // cut is where the truncated normal is clipped (0: the plain normal of the embedding).
+  struct Init {
+    double std = 0, cut = 0;
+  };
+  std::vector<Init> init_;
 };
 
 // Mean next-token cross-entropy of logits [B, T, V] against targets [B, T].

@@ -28,14 +28,19 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
     : config_(config), comm_(comm), device_(device), clock_(device) {
   compute_dtype_ = resolve_compute_dtype(config, device);
 
-  // Same seed on every rank: every rank builds the same full model, then keeps its shards.
+  // Same seed on every rank: every rank draws the same initial values. Under FSDP the model's
+  // parameters are shapes only, and the engine creates, initialises and shards them one at a
+  // time (a 7B model would need 27 GB per rank whole); DDP keeps a whole replica anyway.
   at::manual_seed(static_cast<uint64_t>(config.runtime.seed));
-  model_ = std::make_unique<Llama>(resolve_model_args(config), at::TensorOptions().device(device));
-  model_->init_weights();
+  const bool sharded = parallelism == Parallelism::FSDP;
+  model_ = std::make_unique<Llama>(resolve_model_args(config), at::TensorOptions().device(device),
+                                   /*allocate_parameters=*/!sharded);
+  model_->init_weights();  // the parameters it holds: none under FSDP
   model_->set_compute_dtype(compute_dtype_);
 
-  if (parallelism == Parallelism::FSDP) {
+  if (sharded) {
     FSDPOptions fsdp;
+    fsdp.device = device;
     fsdp.compute_dtype = compute_dtype_;
     fsdp.reshard_after_forward = config.train.reshard_after_forward;
     fsdp.checkpoint_every = config.train.ac_ckpt;

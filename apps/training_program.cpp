@@ -170,6 +170,13 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism) {
                      c10::toString(trainer.compute_dtype()), at::get_num_threads(),
                      cfg.train.reshard_after_forward ? "true" : "false"));
   for (const auto& line : trainer.optimizer().describe()) zb::log::info("optimizer " + line);
+  if (trainer.grad_accum_steps() > 1)
+    zb::log::info(trainer.reduces_every_micro_batch()
+                      ? strf("gradients: reduced on each of the %ld micro-batches, summed in fp32 shards",
+                             trainer.grad_accum_steps())
+                      : strf("gradients: summed whole in fp32 over %ld micro-batches, reduced on the last "
+                             "(train.reduce_every_micro_batch = true saves that memory for more traffic)",
+                             trainer.grad_accum_steps()));
   zb::CheckpointWriter checkpoints(cfg, comm);  // first: fails at once if ckpt.path cannot be written
   if (!cfg.ckpt.init_from.empty()) zb::init_from_hf(cfg.ckpt.init_from, trainer);
   if (!cfg.ckpt.resume.empty())

@@ -314,6 +314,20 @@ TEST(CommandLine, OverridesInOrderAndForms) {
   EXPECT_EQ(cl.config.origin("train.micro_bs"), "command line (--train.micro_bs)");
 }
 
+TEST(Config, ReduceEveryMicroBatchIsABooleanOrAuto) {
+  EXPECT_EQ(Config().train.reduce_every_micro_batch, "auto");
+  EXPECT_EQ(load_config_string("[train]\nreduce_every_micro_batch = true\n", "t").train.reduce_every_micro_batch, "true");
+  EXPECT_EQ(load_config_string("[train]\nreduce_every_micro_batch = \"auto\"\n", "t").train.reduce_every_micro_batch, "auto");
+  EXPECT_EQ(error_of([] { load_config_string("[train]\nreduce_every_micro_batch = \"often\"\n", "t"); }),
+            "t:2: key 'train.reduce_every_micro_batch' must be a boolean or \"auto\", got string");
+  const std::string cfg = kConfigs + "debug/normal.toml";
+  EXPECT_EQ(parse({"--config", cfg, "--train.reduce_every_micro_batch", "false"}).config.train.reduce_every_micro_batch, "false");
+  EXPECT_EQ(parse({"--config", cfg, "--train.reduce_every_micro_batch=auto"}).config.train.reduce_every_micro_batch, "auto");
+  EXPECT_EQ(error_of([&] { parse({"--config", cfg, "--train.reduce_every_micro_batch", "2"}); }),
+            "command line (--train.reduce_every_micro_batch): key 'train.reduce_every_micro_batch' must be a "
+            "boolean or \"auto\", got '2'");
+}
+
 TEST(CommandLine, ZeroBandAtForm) {
   CommandLine a = parse({"@", kConfigs + "1B/H100.toml"});
   EXPECT_EQ(a.config.name_model, "1B");

@@ -173,13 +173,21 @@ TEST(FSDP, ShardedInitialisationEqualsTheWholeModels) {
 }
 
 TEST(FSDP, GradientAccumulationEqualsOneLargerBatch) {
-  // 2 ranks, 8 sequences per step: 4 micro-batches of 1 per rank versus one of 4.
+  // 2 ranks, 8 sequences per step: 4 micro-batches of 1 per rank versus one of 4; gradients
+  // summed whole until the last micro-batch, or reduced on every one and summed as shards
+  // (train.reduce_every_micro_batch), under FSDP and DDP.
   Config accumulate = small_config("muon");
   accumulate.optim.batch_size = 8;
   Config whole = accumulate;
   whole.train.micro_bs = 4;
   multiprocess::run_ranks(2, [&](int) {
-    expect_same_run(train_sharded(accumulate, 4), train_sharded(whole, 4), 1e-5);
+    const RunResult want = train_sharded(whole, 4);
+    for (const std::string every : {"false", "true"}) {
+      SCOPED_TRACE("reduce_every_micro_batch = " + every);
+      accumulate.train.reduce_every_micro_batch = every;
+      expect_same_run(train_sharded(accumulate, 4), want, 1e-5);
+      expect_same_run(train_data_parallel(accumulate, 4), want, 1e-5);
+    }
   });
 }
 
@@ -194,7 +202,7 @@ TEST(FSDP, ReshardFreesGatheredParametersAfterForward) {
       model.init_weights();
       FSDPEngine engine(model, comm, {at::kFloat, reshard});
       at::Tensor tokens = at::randint(3, 1024, {2, 32}, at::kLong);
-      at::Tensor loss = cross_entropy(engine.forward(tokens), tokens);
+      at::Tensor loss = engine.loss(tokens, tokens);
       auto allocated = [&](int64_t block) {
         bool all = true;
         for (auto* p : engine.blocks()[block]->params()) all = all && p->unsharded_allocated();
@@ -225,7 +233,7 @@ TEST(FSDP, ReshardFreesGatheredParametersAfterForward) {
       // Evaluation: a forward without backward, then reshard() frees what it gathered.
       {
         at::NoGradGuard no_grad;
-        engine.forward(tokens);
+        engine.loss(tokens, tokens);
       }
       EXPECT_TRUE(allocated(2));
       engine.reshard();

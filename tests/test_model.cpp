@@ -7,6 +7,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "model/chunked_loss.h"
 #include "model/llama.h"
 #include "model/model_args.h"
 #include "model/model_args_json.h"
@@ -209,6 +210,74 @@ TEST(Model, Bf16ComputeKeepsFp32MasterGradients) {
   // bf16 has 8 bits of mantissa: the loss of ~7.4 agrees to a few hundredths.
   EXPECT_NEAR(bf16_loss.item<double>(), fp32_loss.item<double>(), 0.05);
   EXPECT_EQ(model.block(0).wq.grad().scalar_type(), at::kFloat);
+}
+
+TEST(ChunkedLoss, EqualsTheWholeLossAndGradients) {
+  // 37 tokens, a vocabulary of 50: chunks of 1, 7 (uneven last chunk), exactly all, and more than
+  // all, against PyTorch's cross-entropy of the whole fp32 (float64) logits and its autograd. A
+  // backward scale of 0.25 stands for gradient accumulation. Tolerances: float64 to 1e-12; fp32
+  // to 1e-5 (summation order); bf16 to 2% of each gradient's norm (both sides round products to
+  // 8 bits, the chunked side sums the weight's gradient over chunks in fp32).
+  const int64_t N = 37, D = 16, V = 50;
+  for (const auto dtype : {at::kDouble, at::kFloat, at::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    const double tol = dtype == at::kDouble ? 1e-12 : dtype == at::kFloat ? 1e-5 : 2e-2;
+    at::manual_seed(5);
+    const at::Tensor x0 = at::randn({N, D}, at::kDouble).to(dtype);
+    const at::Tensor w0 = (at::randn({V, D}, at::kDouble) * 0.5).to(dtype);
+    const at::Tensor targets = at::randint(0, V, {N}, at::kLong);
+    const auto logits_dtype = dtype == at::kDouble ? at::kDouble : at::kFloat;
+
+    at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+    at::Tensor want = cross_entropy(at::linear(x, w).to(logits_dtype), targets);
+    (want * 0.25).backward();
+    for (int64_t chunk : {int64_t{1}, int64_t{7}, N, N + 5}) {
+      SCOPED_TRACE("chunk " + std::to_string(chunk));
+      at::Tensor xc = x0.clone().requires_grad_(true), wc = w0.clone().requires_grad_(true);
+      at::Tensor got = chunked_cross_entropy(xc, wc, targets, chunk);
+      EXPECT_EQ(got.scalar_type(), logits_dtype);
+      EXPECT_NEAR(got.item<double>(), want.item<double>(), (dtype == at::kBFloat16 ? 1e-5 : tol) * want.item<double>());
+      (got * 0.25).backward();
+      ASSERT_EQ(xc.grad().scalar_type(), dtype);
+      ASSERT_EQ(wc.grad().scalar_type(), dtype);
+      for (const auto& [g, r] : {std::pair{xc.grad(), x.grad()}, std::pair{wc.grad(), w.grad()}})
+        EXPECT_LE((g.to(at::kDouble) - r.to(at::kDouble)).norm().item<double>(),
+                  tol * r.to(at::kDouble).norm().item<double>());
+    }
+  }
+  // Without grad mode: the loss alone.
+  at::NoGradGuard no_grad;
+  at::Tensor x = at::randn({N, D}).requires_grad_(true), w = at::randn({V, D}).requires_grad_(true);
+  at::Tensor targets = at::randint(0, V, {N}, at::kLong);
+  at::Tensor loss = chunked_cross_entropy(x, w, targets, 8);
+  EXPECT_FALSE(loss.requires_grad());
+  EXPECT_NEAR(loss.item<double>(), cross_entropy(at::linear(x, w), targets).item<double>(), 1e-5);
+}
+
+TEST(Model, LossEqualsTheCrossEntropyOfItsLogits) {
+  // Llama::loss (chunked head and loss) against cross_entropy(forward()) (whole logits): the same
+  // loss and the same gradient for every parameter within fp32 summation order.
+  at::manual_seed(6);
+  ModelArgs a = llama2("debugmodel", 1024);
+  a.max_seq_len = 16;
+  Llama model(a, at::TensorOptions());
+  model.init_weights();
+  at::Tensor tokens = at::randint(3, 1024, {2, 16}, at::kLong);
+  at::Tensor targets = at::randint(3, 1024, {2, 16}, at::kLong);
+  at::Tensor want = cross_entropy(model.forward(tokens), targets);
+  want.backward();
+  std::vector<at::Tensor> want_grads;
+  for (auto& p : model.parameter_tensors()) {
+    want_grads.push_back(p.grad().clone());
+    p.mutable_grad().reset();
+  }
+  at::Tensor got = model.loss(tokens, targets);
+  got.backward();
+  EXPECT_NEAR(got.item<double>(), want.item<double>(), 1e-6 * want.item<double>());
+  const auto params = model.parameters();
+  for (size_t i = 0; i < params.size(); ++i)
+    EXPECT_LE((params[i].slot->grad() - want_grads[i]).norm().item<double>(), 1e-5 * want_grads[i].norm().item<double>())
+        << params[i].name;
 }
 
 TEST(Model, DebugModelOverfitsOneBatch) {

@@ -30,6 +30,10 @@ struct TrainConfig {  // [train]
   bool reshard_after_forward = true;
   bool torch_compile = true;  // accepted for ZeroBand files; there is no compiler in C++
   double bucket_mb = 25;      // train_ddp: gradient all-reduce bucket size
+  // Reduce-scatter (all-reduce under DDP) the gradients of every micro-batch and accumulate the
+  // shards, instead of accumulating whole fp32 gradients until the last: "true", "false" or "auto"
+  // (today: false; the memory estimate is to switch it on where the run would not fit otherwise).
+  std::string reduce_every_micro_batch = "auto";
   // A step whose loss or gradient norm is not finite is never applied. "stop": the run stops
   // (exit 1); "skip": it goes on, and stops after max_skipped_steps such steps in a row.
   std::string nonfinite = "stop";

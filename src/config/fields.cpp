@@ -39,6 +39,7 @@ const char* kind_name(Kind k) {
     case Kind::Float: return "a number";
     case Kind::String: return "a string";
     case Kind::BoolOrInt: return "a boolean or an integer";
+    case Kind::BoolOrAuto: return "a boolean or \"auto\"";
   }
   return "?";
 }
@@ -100,6 +101,10 @@ Value value_from_toml(const toml::node& node, const Field& f, const std::string&
     case Kind::BoolOrInt:
       if (auto v = node.value_exact<bool>()) return *v;
       if (auto v = node.value_exact<int64_t>()) return *v;
+      break;
+    case Kind::BoolOrAuto:
+      if (auto v = node.value_exact<bool>()) return *v;
+      if (auto v = node.value_exact<std::string>(); v && *v == "auto") return *v;
       break;
   }
   std::ostringstream got;
@@ -185,6 +190,10 @@ std::optional<Value> value_from_text(const Field& f, const std::string& text) {
       if (parse_int(text, i)) return i;
       break;
     }
+    case Kind::BoolOrAuto:
+      if (text == "auto") return text;
+      if (bool b = false; parse_bool(text, b)) return b;
+      break;
   }
   return std::nullopt;
 }
@@ -246,7 +255,7 @@ std::vector<KeyHelp> config_keys() {
     std::string type = !f.choices.empty() ? "one of " + join_choices(f.choices)
                      : f.kind == Kind::Bool ? "bool" : f.kind == Kind::Int ? "int"
                      : f.kind == Kind::Float ? "float" : f.kind == Kind::String ? "string"
-                     : "bool|int";
+                     : f.kind == Kind::BoolOrAuto ? "bool|\"auto\"" : "bool|int";
     out.push_back({f.key, type, f.get(defaults), f.help});
   }
   return out;

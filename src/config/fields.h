@@ -13,7 +13,7 @@
 
 namespace zb {
 
-enum class Kind { Bool, Int, Float, String, BoolOrInt };
+enum class Kind { Bool, Int, Float, String, BoolOrInt, BoolOrAuto };  // BoolOrAuto: true, false or "auto"
 // A value already checked against its field's Kind (an integer given for a number arrives as a
 // double).
 using Value = std::variant<bool, int64_t, double, std::string>;

@@ -62,6 +62,20 @@ const std::vector<Field>& schema() {
                 "stop", "skip"),
       ZB_FIELD("train.max_skipped_steps", Int, int64_t, train.max_skipped_steps,
                "train.nonfinite = \"skip\": stop after this many non-finite steps in a row"),
+      Field{"train.reduce_every_micro_batch", Kind::BoolOrAuto,
+            "reduce the gradients of every micro-batch and accumulate shards (memory: no whole fp32 "
+            "accumulators; traffic: one reduction per micro-batch) or only the last micro-batch's "
+            "(false); auto: false today",
+            {},
+            [](Config& c, const Value& v) {
+              c.train.reduce_every_micro_batch = std::holds_alternative<bool>(v)
+                                                     ? (std::get<bool>(v) ? "true" : "false")
+                                                     : std::get<std::string>(v);
+            },
+            [](const Config& c) {
+              const std::string& v = c.train.reduce_every_micro_batch;
+              return v == "auto" ? show(v) : v;  // a TOML string or boolean
+            }},
       ZB_FIELD("train.bucket_mb", Float, double, train.bucket_mb,
                "train_ddp: size of the gradient all-reduce buckets in MiB"),
       ZB_CHOICE("optim.sched_type", optim.sched_type, "learning-rate schedule", "cosine", "linear",

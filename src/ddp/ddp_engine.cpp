@@ -99,9 +99,9 @@ DDPEngine::DDPEngine(Llama& model, Communicator& comm, double bucket_mb) : model
 
 DDPEngine::~DDPEngine() = default;
 
-at::Tensor DDPEngine::forward(const at::Tensor& tokens) {
+at::Tensor DDPEngine::loss(const at::Tensor& tokens, const at::Tensor& targets) {
   for (auto& b : buckets_) b->fill_slots(model_.parameters());
-  return model_.forward(tokens);
+  return model_.loss(tokens, targets);
 }
 
 void DDPEngine::finish_backward() {

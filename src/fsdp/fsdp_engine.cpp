@@ -82,7 +82,7 @@ struct CheckpointedBlock : torch::autograd::Function<CheckpointedBlock> {
 
 }  // namespace
 
-at::Tensor FSDPEngine::forward(const at::Tensor& tokens) {
+at::Tensor FSDPEngine::loss(const at::Tensor& tokens, const at::Tensor& targets) {
   const int64_t L = static_cast<int64_t>(blocks_.size());
   root_->pre_forward();
   if (L > 0) blocks_[0]->issue_unshard();  // overlaps the embedding
@@ -111,9 +111,9 @@ at::Tensor FSDPEngine::forward(const at::Tensor& tokens) {
       });
     }
   }
-  at::Tensor logits = model_.head(h);
+  at::Tensor loss = model_.head_loss(h, targets);
   root_->post_forward();  // the root stays gathered until its backward
-  return logits;
+  return loss;
 }
 
 void FSDPEngine::set_requires_gradient_sync(bool sync) {

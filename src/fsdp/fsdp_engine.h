@@ -5,7 +5,7 @@
 // again ahead of its backward and reduce-scattering its gradients as soon as they are complete.
 //
 //   engine.set_requires_gradient_sync(last micro-batch?)
-//   loss = cross_entropy(engine.forward(tokens), targets); loss.backward();
+//   loss = engine.loss(tokens, targets); loss.backward();
 //   engine.finish_backward();            // sharded .grad()s are ready after this
 //   engine.clip_grad_norm_(1.0); optimizer.step(...) on engine.parameters()
 //
@@ -45,7 +45,7 @@ class FSDPEngine : public ParallelModel {
   // full copies; the model's slots are refilled with gathered tensors during forward.
   FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& options);
 
-  at::Tensor forward(const at::Tensor& tokens) override;
+  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets) override;
   // false on the micro-batches before the last: gradients accumulate unsharded, no collective.
   void set_requires_gradient_sync(bool sync) override;
   // Waits for the outstanding reduce-scatters, fills the sharded gradients and frees every

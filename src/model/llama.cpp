@@ -9,6 +9,8 @@
 
 #include <cmath>
 
+#include "model/chunked_loss.h"
+
 namespace zb {
 
 Llama::Llama(const ModelArgs& args, const at::TensorOptions& options, bool allocate_parameters) : args_(args) {
@@ -111,6 +113,18 @@ at::Tensor Llama::head(const at::Tensor& h) const {
   at::Tensor x = rms_norm(h, norm_, args_.norm_eps);
   // fp32 logits for the loss (float64 stays float64).
   return at::linear(x, output_.to(compute_dtype_)).to(compute_dtype_ == at::kDouble ? at::kDouble : at::kFloat);
+}
+
+at::Tensor Llama::head_loss(const at::Tensor& h, const at::Tensor& targets) const {
+  at::Tensor x = rms_norm(h, norm_, args_.norm_eps);
+  return chunked_cross_entropy(x.reshape({-1, args_.dim}), output_.to(compute_dtype_), targets,
+                               loss_chunk_tokens(args_.vocab_size));
+}
+
+at::Tensor Llama::loss(const at::Tensor& tokens, const at::Tensor& targets) const {
+  at::Tensor h = embed(tokens);
+  for (int64_t i = 0; i < args_.n_layers; ++i) h = block_forward(i, h);
+  return head_loss(h, targets);
 }
 
 at::Tensor Llama::forward(const at::Tensor& tokens) const {

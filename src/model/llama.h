@@ -55,6 +55,10 @@ class Llama {
   at::Tensor embed(const at::Tensor& tokens) const;                 // [B, T] -> [B, T, dim]
   at::Tensor block_forward(int64_t layer, const at::Tensor& h) const;  // [B, T, dim] -> same
   at::Tensor head(const at::Tensor& h) const;                       // -> logits [B, T, vocab]
+  // Training's end: the mean next-token cross-entropy of the logits head(h) gives, against
+  // targets [B, T], computed in chunks of tokens without ever holding them all (chunked_loss.h).
+  at::Tensor head_loss(const at::Tensor& h, const at::Tensor& targets) const;
+  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets) const;  // embed..head_loss
 
   void set_compute_dtype(at::ScalarType dtype) { compute_dtype_ = dtype; }
   at::ScalarType compute_dtype() const { return compute_dtype_; }

@@ -67,6 +67,8 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
   schedule_ = {config.optim.sched_type, config.optim.warmup_steps, config.optim.stable_steps,
                config.optim.total_steps};
   accum_ = zb::grad_accum_steps(config, comm.size());
+  // "auto" is false until the memory estimate decides it.
+  reduce_every_micro_batch_ = config.train.reduce_every_micro_batch == "true" && accum_ > 1;
 
   // Test hook: ZB_TEST_NONFINITE_GRAD_STEPS=3,4 puts a NaN into the last rank's gradients at
   // those steps, after they are reduced, so that only the norm's all-reduce tells the others.
@@ -97,9 +99,10 @@ StepStats Trainer::train_step() {
     Batch batch = data_->next();
     at::Tensor inputs = batch.inputs.to(device_, /*non_blocking=*/true);
     at::Tensor targets = batch.targets.to(device_, /*non_blocking=*/true);
-    parallel_->set_requires_gradient_sync(micro == accum_ - 1);
+    // Reduced now, or summed locally until the last micro-batch (the engines' accumulators).
+    parallel_->set_requires_gradient_sync(reduce_every_micro_batch_ || micro == accum_ - 1);
     const int start = clock_.mark();
-    at::Tensor loss = cross_entropy(parallel_->forward(inputs), targets) / static_cast<double>(accum_);
+    at::Tensor loss = parallel_->loss(inputs, targets) / static_cast<double>(accum_);
     const int forward_done = clock_.mark();
     loss.backward();
     parallel_->finish_backward();
@@ -162,7 +165,7 @@ double Trainer::evaluate() {
   at::Tensor sum = at::zeros({1}, at::TensorOptions().device(device_));
   for (int64_t i = 0; i < config_.data.eval_batches; ++i) {
     Batch b = loader.next();
-    sum += cross_entropy(parallel_->forward(b.inputs.to(device_)), b.targets.to(device_));
+    sum += parallel_->loss(b.inputs.to(device_), b.targets.to(device_));
     parallel_->reshard();  // frees what forward gathered
   }
   sum /= static_cast<double>(config_.data.eval_batches * comm_.size());

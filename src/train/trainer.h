@@ -63,6 +63,9 @@ class Trainer {
   // world size).
   void restore_position(int64_t step, int64_t skipped, uint64_t seed);
   int64_t grad_accum_steps() const { return accum_; }
+  // Gradients reduced on every micro-batch into sharded sums (train.reduce_every_micro_batch),
+  // rather than summed whole in fp32 and reduced on the last.
+  bool reduces_every_micro_batch() const { return reduce_every_micro_batch_; }
   int64_t tokens_per_step() const { return config_.optim.batch_size * config_.data.seq_length; }
   const ModelArgs& model_args() const { return model_->args(); }
   at::ScalarType compute_dtype() const { return compute_dtype_; }
@@ -82,6 +85,7 @@ class Trainer {
   std::shared_ptr<const SampleSource> val_source_;
   LrSchedule schedule_;
   int64_t accum_ = 1;
+  bool reduce_every_micro_batch_ = false;
   int64_t step_ = 0;
   int64_t skipped_ = 0, skipped_in_a_row_ = 0;
   std::vector<int64_t> poison_steps_;  // test hook: see the constructor

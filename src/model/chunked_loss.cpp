@@ -1,0 +1,85 @@
+#include "model/chunked_loss.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/full_like.h>
+#include <ATen/ops/gather.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/logsumexp.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+
+namespace zb {
+
+int64_t loss_chunk_tokens(int64_t vocab) {
+  constexpr int64_t kChunkBytes = int64_t{256} << 20;
+  return std::max<int64_t>(1, kChunkBytes / (4 * vocab));
+}
+
+namespace {
+
+struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                                                const at::Tensor& w, const at::Tensor& targets,
+                                                int64_t chunk_tokens, bool want_x_grad, bool want_w_grad) {
+    const int64_t N = x.size(0);
+    const auto logits_dtype = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    at::Tensor loss_sum = at::zeros({}, x.options().dtype(logits_dtype));
+    at::Tensor dx = want_x_grad ? at::empty_like(x) : at::Tensor();
+    at::Tensor dw = want_w_grad ? at::zeros(w.sizes(), w.options().dtype(logits_dtype)) : at::Tensor();
+    for (int64_t start = 0; start < N; start += chunk_tokens) {
+      const int64_t n = std::min(chunk_tokens, N - start);
+      const at::Tensor xc = x.narrow(0, start, n);
+      const at::Tensor tc = targets.narrow(0, start, n).unsqueeze(1);
+      at::Tensor z = at::linear(xc, w).to(logits_dtype);  // [n, V], the only logits alive
+      const at::Tensor lse = at::logsumexp(z, {1}, /*keepdim=*/true);
+      loss_sum += (lse - z.gather(1, tc)).sum();
+      if (!want_x_grad && !want_w_grad) continue;
+      // d(mean loss)/dz = (softmax(z) - onehot(target)) / N, in z's memory.
+      z.sub_(lse).exp_();
+      z.scatter_add_(1, tc, at::full_like(tc, -1, z.options()));
+      z.div_(static_cast<double>(N));
+      const at::Tensor g = z.to(x.scalar_type());  // as the unchunked graph casts it back
+      if (want_x_grad) {
+        at::Tensor rows = dx.narrow(0, start, n);  // contiguous: whole rows
+        at::mm_out(rows, g, w);
+      }
+      if (want_w_grad) {
+        if (g.scalar_type() == dw.scalar_type()) dw.addmm_(g.t(), xc);
+        else dw += at::mm(g.t(), xc);  // bf16 product, summed over chunks in fp32
+      }
+    }
+    ctx->save_for_backward({dx, dw});
+    ctx->saved_data["w_dtype"] = static_cast<int64_t>(w.scalar_type());
+    return {loss_sum / static_cast<double>(N)};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& scale = grads[0];  // a scalar: the loss is the graph's end
+    const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
+    at::Tensor dx = saved[0].defined() ? saved[0] * scale.to(saved[0].scalar_type()) : at::Tensor();
+    at::Tensor dw = saved[1].defined() ? (saved[1] * scale).to(w_dtype) : at::Tensor();
+    return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor chunked_cross_entropy(const at::Tensor& x, const at::Tensor& w, const at::Tensor& targets,
+                                 int64_t chunk_tokens) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1) && targets.numel() == x.size(0),
+              "chunked_cross_entropy: x [N, D], w [V, D], targets [N]");
+  TORCH_CHECK(chunk_tokens > 0, "chunked_cross_entropy: chunk_tokens must be positive");
+  const bool grad = at::GradMode::is_enabled();
+  return ChunkedCrossEntropy::apply(x, w, targets.reshape({-1}), chunk_tokens, grad && x.requires_grad(),
+                                    grad && w.requires_grad())[0];
+}
+
+}  // namespace zb

@@ -30,6 +30,8 @@ build)
   python=$(command -v "${PYTHON:-python3}")
   torch_cmake=$("$python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
   usr=$KIT/root/usr
+  # The test programs run at build time (gtest discovery) and load spdlog and fmt from the kit.
+  export LD_LIBRARY_PATH=$usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   # -isystem: the unpacked headers after LibTorch's own (-I comes first), as /usr/include would be.
   cmake -S "$ROOT" -B "$ROOT/build" -G Ninja -Wno-dev -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$torch_cmake;$usr;$usr/lib/x86_64-linux-gnu/cmake" \

@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# The GPU check, one command for whoever gets a GPU: builds (on a lent machine from the kit that
+# scripts/gpu_kit.sh prepares), runs the CUDA tests (ctest -L cuda), trains the 150M and 1B
+# presets for 30 steps on one GPU and benchmarks train_fsdp against PyTorch FSDP2 eager and
+# compiled (scripts/bench.sh). Leaves OUTDIR/gpu_check.log (every step's output) and
+# OUTDIR/gpu_check.json (what ran, how long, test counts, the presets' tokens/s, MFU and peak
+# memory, bench.json), rewritten after each step so that a run cut short still reports.
+#
+#   scripts/gpu_check.sh OUTDIR              # on a machine with a GPU
+#   scripts/gpu_check.sh --cpu-only OUTDIR   # argument handling, build detection and the report
+#                                            # only: nothing built or run (tests/gpu_check_cpu.sh)
+#
+# Building: ZB_SKIP_BUILD=1 uses build/ as it is; else .gpukit/debs (`scripts/gpu_kit.sh fetch`
+# on a machine with a registry, then .gpukit in the device tool's `carry`) builds with
+# `scripts/gpu_kit.sh build`; else Debian's own packages, if installed, with scripts/build.sh.
+#
+# Exit codes: 0 every step passed (--cpu-only: a build is possible); 1 a step failed, timed out
+# or found no time left (the later steps still run); 2 usage; 3 no GPU here: the GPU parts did
+# not run (the report says so); 4 nothing to build with.
+#
+# Time: meant for the device tool's 10-minute command on one H100 with 16 cores. Every step has
+# a cap and the whole a budget, GPU_CHECK_BUDGET_S (default 540 s); a step that would start with
+# under 30 s left is recorded as not run. Guesses, not yet measured: build 2-4 min (cold, no
+# ccache), CUDA tests under 1 min, the presets about 1.5 min, the benchmark about 3 min. When
+# the build takes the time, run again with ZB_SKIP_BUILD=1 while the machine is warm (it keeps
+# build/) and GPU_CHECK_STEPS naming what is left.
+#
+# Environment: GPU_CHECK_STEPS (default "cuda_tests presets bench"; add "suite" for the rest of
+# ctest), GPU_CHECK_BENCH (bench.sh's arguments), GPU_CHECK_BUDGET_S, GPU_CHECK_COMMIT (the
+# commit to report where the tree has no .git), GPU_CHECK_SYSTEM_DEPS=0 (ignore Debian packages
+# installed here: only the kit or ZB_SKIP_BUILD builds), PYTHON (torch's, for the benchmark's
+# peer; default .venv/bin/python, else python3), JOBS.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+usage() {
+  echo "usage: $0 [--cpu-only] OUTDIR" >&2
+  echo "  runs the GPU check and writes OUTDIR/gpu_check.json and OUTDIR/gpu_check.log (see the script's header)" >&2
+  exit 2
+}
+cpu_only=0
+positional=()
+for arg in "$@"; do
+  case $arg in
+    --cpu-only) cpu_only=1 ;;
+    -*) echo "$0: unknown option $arg" >&2; usage ;;
+    *) positional+=("$arg") ;;
+  esac
+done
+[ ${#positional[@]} -eq 1 ] || usage
+mkdir -p "${positional[0]}"
+out=$(cd "${positional[0]}" && pwd)
+log=$out/gpu_check.log
+: >"$log"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+: >"$work/steps.tsv"
+
+budget=${GPU_CHECK_BUDGET_S:-540}
+selected=" ${GPU_CHECK_STEPS:-cuda_tests presets bench} "
+read -r -a bench_args <<<"${GPU_CHECK_BENCH:-configs/1B/H100.toml 1 20 --train.micro_bs 8 --optim.batch_size 64}"
+now() { date +%s.%N; }
+started=$(now)
+left() { awk -v s="$started" -v n="$(now)" -v b="$budget" 'BEGIN { printf "%d", b - (n - s) }'; }
+say() { echo "$*" | tee -a "$log"; }
+
+commit=${GPU_CHECK_COMMIT:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)}
+mode=$([ $cpu_only = 1 ] && echo cpu-only || echo gpu)
+gpu="" build_how="" message=""
+report() {  # report RESULT: gpu_check.json from what the steps left in $work
+  python3 "$ROOT/scripts/gpu_check_report.py" --work "$work" --out "$out/gpu_check.json" \
+    --set mode="$mode" result="$1" message="$message" gpu="$gpu" build="$build_how" commit="$commit" \
+    date="$(date -u +%Y-%m-%dT%H:%MZ)" cpus="$(nproc)" budget_seconds="$budget" \
+    elapsed_seconds="$(awk -v s="$started" -v n="$(now)" 'BEGIN { printf "%.0f", n - s }')"
+}
+# record NAME STATUS SECONDS NOTE: one step's outcome.
+record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$work/steps.tsv"; }
+# not_run REASON NAMES...: steps that did not run.
+not_run() { local why=$1; shift; for s in "$@"; do record "$s" "not run" 0 "$why"; done; }
+# stop CODE RESULT MESSAGE: the report, the message on stderr, exit CODE.
+stop() { message=$3; report "$2" >/dev/null; echo "$0: $3" | tee -a "$log" >&2; echo "report: $out/gpu_check.json" >&2; exit "$1"; }
+
+say "gpu_check: $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $commit, $mode, budget ${budget}s, output $out"
+
+# How to build. ---------------------------------------------------------------------------------
+debian_packages() {  # the Debian packages scripts/setup.sh installs, all present?
+  [ "${GPU_CHECK_SYSTEM_DEPS:-1}" != 0 ] || return 1
+  local want=(libtomlplusplus-dev libspdlog-dev libfmt-dev libcxxopts-dev nlohmann-json3-dev libgtest-dev libgmock-dev libgloo-dev)
+  [ "$(dpkg-query -W -f='${Status}\n' "${want[@]}" 2>/dev/null | grep -c 'install ok installed')" = ${#want[@]} ]
+}
+gpu_steps=(build cuda_tests preset_150M preset_1B bench)
+if [ "${ZB_SKIP_BUILD:-0}" = 1 ]; then
+  build_how=prebuilt
+  [ -x "$ROOT/build/apps/train_fsdp" ] || { build_how=none; not_run "nothing to build with" "${gpu_steps[@]}";
+    stop 4 "no build" "ZB_SKIP_BUILD=1 but there is no build/apps/train_fsdp to use"; }
+elif compgen -G "$ROOT/.gpukit/debs/*.deb" >/dev/null; then
+  build_how=kit
+elif debian_packages; then
+  build_how=system
+else
+  build_how=none
+  not_run "nothing to build with" "${gpu_steps[@]}"
+  stop 4 "no kit" "nothing to build with: no .gpukit/debs/*.deb (the kit) and not Debian's packages either. On a machine with a package registry run \`scripts/gpu_kit.sh fetch\`, then name .gpukit in the device tool's carry (or build there first and use ZB_SKIP_BUILD=1)"
+fi
+say "build: $build_how"
+# Programs built with the kit load spdlog and fmt from it (scripts/gpu_kit.sh), the build's own
+# test discovery included.
+if [ "$build_how" = kit ] || { [ "$build_how" = prebuilt ] && [ -d "$ROOT/.gpukit/root" ]; }; then
+  export LD_LIBRARY_PATH=$ROOT/.gpukit/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+
+if [ $cpu_only = 1 ]; then
+  not_run "--cpu-only" "${gpu_steps[@]}"
+  message="--cpu-only: nothing built or run; the build would use: $build_how"
+  report "gpu parts not run" | tee -a "$log"
+  exit 0
+fi
+if ! gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1) || [ -z "$gpu" ]; then
+  gpu=""
+  not_run "no GPU" "${gpu_steps[@]}"
+  stop 3 "gpu parts not run" "no GPU here (nvidia-smi finds none): the GPU parts did not run (--cpu-only checks the rest)"
+fi
+say "gpu: $gpu"
+
+# The steps. ------------------------------------------------------------------------------------
+failed=0
+# step NAME CAP COMMAND...: runs COMMAND (output to the log) for at most CAP seconds, or what is
+# left of the budget; records passed / failed / timed out; rewrites the report.
+step() {
+  local name=$1 cap=$2; shift 2
+  local remaining rc=0 t0 took status note=""
+  remaining=$(left)
+  if [ "$remaining" -lt 30 ]; then
+    record "$name" "not run" 0 "out of time (${remaining}s of the budget left)"
+    say "== $name: not run, out of time"; failed=1; report running >/dev/null || true; return 0
+  fi
+  [ "$cap" -gt $((remaining - 5)) ] && cap=$((remaining - 5))
+  { echo; echo "== $name (at most ${cap}s): $*"; } >>"$log"
+  t0=$(now)
+  timeout -k 10 "$cap" "$@" >>"$log" 2>&1 || rc=$?
+  took=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
+  if [ $rc = 0 ]; then status=passed
+  elif [ $rc = 124 ] || [ $rc = 137 ]; then status="timed out"; note="after ${cap}s"; failed=1
+  else status=failed; note="exit $rc"; failed=1; fi
+  record "$name" "$status" "$took" "$note"
+  say "== $name: $status in ${took}s${note:+ ($note)}"
+  report running >/dev/null 2>>"$log" || say "   (the report could not be written: see the end of the log)"
+}
+wanted() { [[ "$selected" == *" $1 "* ]]; }
+
+python=${PYTHON:-$([ -x "$ROOT/.venv/bin/python" ] && echo "$ROOT/.venv/bin/python" || echo python3)}
+case $build_how in
+  kit) step build 360 env JOBS="${JOBS:-$(nproc)}" "$ROOT/scripts/gpu_kit.sh" build ;;
+  system) step build 360 env JOBS="${JOBS:-$(nproc)}" "$ROOT/scripts/build.sh" ;;
+  prebuilt) record build "not run" 0 "ZB_SKIP_BUILD=1: build/ as it is" ;;
+esac
+cd "$ROOT"
+train=(build/apps/train_fsdp --runtime.device cuda --data.fake --optim.total_steps 30 --ckpt.path ""
+       --data.eval_interval 0 --logging.interval 10)
+if wanted cuda_tests; then
+  step cuda_tests 150 ctest --test-dir build -L cuda --output-on-failure --timeout 300 --output-junit "$work/cuda_tests.xml"
+  # On a GPU a skipped CUDA test is a failure: CUDA did not see the device.
+  if grep -q 'status="notrun"' "$work/cuda_tests.xml" 2>/dev/null; then
+    say "   some CUDA tests skipped on a GPU machine (see the log)"; failed=1
+  fi
+else not_run "not in GPU_CHECK_STEPS" cuda_tests; fi
+if wanted presets; then
+  # The presets as configured but for the global batch (128 and 64 sequences: the presets' 512 and
+  # 1024 would take 4 and 16 times as long) and micro-batches that leave memory to spare.
+  step preset_150M 100 "${train[@]}" --config configs/150M/H100.toml --optim.batch_size 128 --train.micro_bs 16 \
+    --logging.metrics_file "$work/preset_150M.jsonl"
+  step preset_1B 150 "${train[@]}" --config configs/1B/H100.toml --optim.batch_size 64 --train.micro_bs 8 \
+    --logging.metrics_file "$work/preset_1B.jsonl"
+else not_run "not in GPU_CHECK_STEPS" preset_150M preset_1B; fi
+if wanted bench; then
+  step bench 270 env OUT="$work/bench" PYTHON="$python" PEER_COMPILE=1 ZB_SKIP_BUILD=1 \
+    scripts/bench.sh "${bench_args[@]}"
+  for f in "$work"/bench/*.log; do  # each side's own output, which bench.sh keeps apart
+    [ -f "$f" ] && { echo; echo "== $(basename "$f"), its last 60 lines"; tail -n 60 "$f"; } >>"$log"
+  done
+else not_run "not in GPU_CHECK_STEPS" bench; fi
+if wanted suite; then
+  step suite 300 ctest --test-dir build -LE cuda -j "$(nproc)" --timeout 300 --output-junit "$work/suite.xml"
+fi
+
+message=$([ $failed = 0 ] && echo "every step passed" || echo "some steps failed, timed out or did not run: see the log")
+echo >>"$log"
+report "$([ $failed = 0 ] && echo passed || echo failed)" | tee -a "$log"
+exit $failed

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Writes scripts/gpu_check.sh's report, OUTDIR/gpu_check.json, from what its steps left in its
+work folder. Python's standard library only: the lent GPU machines have no package registry.
+
+  gpu_check_report.py --work DIR --out gpu_check.json --set key=value ...
+
+Reads from DIR, each when present:
+  steps.tsv           one line per step: name, status, seconds, note (tab-separated)
+  cuda_tests.xml      ctest's JUnit output for `ctest -L cuda`; suite.xml for the rest
+  preset_NAME.jsonl   train_fsdp's metrics file (src/train/metrics_logger.cpp) for preset NAME
+  bench/bench.json    scripts/bench.sh's result (scripts/bench_report.py)
+--set adds top-level fields (mode, result, message, gpu, build, commit, date, cpus, ...).
+Prints one line per step and the headline figures.
+"""
+import argparse
+import glob
+import json
+import os
+import xml.etree.ElementTree as ET
+
+
+def read_steps(path):
+    steps = []
+    if os.path.exists(path):
+        for line in open(path):
+            name, status, seconds, note = (line.rstrip("\n").split("\t") + ["", "", "", ""])[:4]
+            steps.append({"name": name, "status": status, "seconds": float(seconds or 0), "note": note})
+    return steps
+
+
+def read_junit(path):
+    """ctest's JUnit file: counts and the names of the tests that failed or did not run."""
+    if not os.path.exists(path):
+        return None
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    failed, skipped = [], []
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as e:  # ctest stopped while writing it
+        return {**counts, "failed_tests": [], "skipped_tests": [], "error": f"{path}: {e}"}
+    for case in root.iter("testcase"):
+        status = case.get("status", "")
+        name = case.get("name", "?")
+        if status == "fail" or case.find("failure") is not None:
+            counts["failed"] += 1
+            failed.append(name)
+        elif status in ("notrun", "disabled") or case.find("skipped") is not None:
+            counts["skipped"] += 1
+            skipped.append(name)
+        else:
+            counts["passed"] += 1
+    return {**counts, "failed_tests": failed, "skipped_tests": skipped}
+
+
+def read_metrics(path):
+    """The last record of a metrics file (tokens/s there is over the last 10 steps) and the run's
+    losses; None when the run wrote nothing."""
+    records = []
+    for line in open(path):
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            pass  # a line cut off by a killed run
+    if not records:
+        return None
+    last = records[-1]
+    peak = last.get("peak_memory_bytes")
+    return {
+        "steps": last.get("step"),
+        "first_loss": records[0].get("loss"),
+        "final_loss": last.get("loss"),
+        "tokens_per_second": last.get("tokens_per_second"),
+        "mfu_percent": last.get("mfu"),
+        "peak_memory_bytes": peak,
+        "peak_memory_gib": round(peak / 2**30, 2) if isinstance(peak, (int, float)) else None,
+        "forward_seconds": last.get("forward_seconds"),
+        "backward_seconds": last.get("backward_seconds"),
+        "optimizer_seconds": last.get("optimizer_seconds"),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
+    args = ap.parse_args()
+
+    report = {"what": "scripts/gpu_check.sh"}
+    for kv in args.set:
+        key, _, value = kv.partition("=")
+        if key in ("cpus", "budget_seconds", "elapsed_seconds") and value.isdigit():
+            value = int(value)
+        report[key] = value if value != "" else None
+    steps = read_steps(os.path.join(args.work, "steps.tsv"))
+    report["gpu_parts_ran"] = any(s["status"] != "not run" for s in steps if s["name"] != "build")
+    report["steps"] = steps
+    report["tests"] = {}
+    for name in ("cuda_tests", "suite"):
+        junit = read_junit(os.path.join(args.work, name + ".xml"))
+        if junit is not None:
+            report["tests"][name] = junit
+    report["presets"] = {}
+    for path in sorted(glob.glob(os.path.join(args.work, "preset_*.jsonl"))):
+        metrics = read_metrics(path)
+        if metrics is not None:
+            report["presets"][os.path.basename(path)[len("preset_"):-len(".jsonl")]] = metrics
+    bench = os.path.join(args.work, "bench", "bench.json")
+    report["bench"] = None
+    if os.path.exists(bench):
+        try:
+            report["bench"] = json.load(open(bench))
+        except ValueError as e:
+            report["bench"] = {"error": f"bench.json: {e}"}
+    report["log"] = "gpu_check.log"
+
+    tmp = args.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(report, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, args.out)  # a reader never sees half a report
+
+    print(f"gpu_check: {report.get('result')} ({report.get('mode')}, build: {report.get('build')}, gpu: {report.get('gpu')})")
+    for s in steps:
+        note = f" ({s['note']})" if s["note"] else ""
+        print(f"  {s['name']:<12} {s['status']:<10} {s['seconds']:7.1f} s{note}")
+    for name, t in report["tests"].items():
+        print(f"  {name}: {t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped"
+              + (f"; failed: {', '.join(t['failed_tests'])}" if t["failed_tests"] else ""))
+    for name, p in report["presets"].items():
+        mfu = f"{p['mfu_percent']:.1f}%" if isinstance(p["mfu_percent"], (int, float)) else "n/a"
+        tps = f"{p['tokens_per_second']:,.0f}" if isinstance(p["tokens_per_second"], (int, float)) else "n/a"
+        print(f"  {name}: {p['steps']} steps, loss {p['first_loss']} -> {p['final_loss']}, {tps} tokens/s, "
+              f"MFU {mfu}, peak {p['peak_memory_gib']} GiB")
+    if report["bench"]:
+        for pair, r in report["bench"].get("ratios", {}).items():
+            print(f"  bench {pair}: tokens/s x {r.get('tokens_per_second', float('nan')):.2f}")
+    print(f"report: {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# A checkpoint saved by a run on the GPU resumes on the CPU, and one saved there resumes on the
+# GPU: checkpoints hold fp32 rows on the host whatever the device. Exits 77 (ctest: skipped)
+# where there is no GPU; scripts/gpu_check.sh runs it on one (ctest -L cuda).
+#   cuda_checkpoint.sh TRAIN_FSDP CONFIG
+set -u
+train=$1 config=$2
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "SKIP: no GPU here (nvidia-smi -L fails)"
+  exit 77
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/ranks.sh"
+
+# One process; fp32 compute on both devices (bf16 on the GPU would differ from the CPU by far
+# more than a broken resume does), so the runs differ only by the devices' fp32 kernels
+# (summation order; LibTorch leaves TF32 off). Steps 1-4 on the GPU, saved; 5-8 on the CPU from
+# that checkpoint, saving at 6; 7-8 on the GPU again from the CPU's step 6. Each resumed run's
+# first loss is a forward pass of the loaded weights on the same batch: within 1e-4 of the
+# straight GPU run's. The later ones also depend on the loaded optimizer state: within 1e-3.
+fp32=(--runtime.compute_dtype float32 --ckpt.keep 0)
+run_ranks 1 "$work/gpu.log" "${fp32[@]}" --runtime.device cuda --ckpt.path "$work/gpu" --ckpt.interval 4 \
+  --logging.metrics_file "$work/gpu.jsonl"
+wait_ranks || fail "the straight run on the GPU"
+run_ranks 1 "$work/cpu.log" "${fp32[@]}" --runtime.device cpu --ckpt.path "$work/cpu" --ckpt.interval 2 \
+  --ckpt.resume "$work/gpu/step_00000004" --logging.metrics_file "$work/cpu.jsonl"
+wait_ranks || fail "resuming the GPU's checkpoint on the CPU"
+grep -q "resumed from" "$work/cpu.log.0" || fail "the CPU run did not resume"
+run_ranks 1 "$work/back.log" "${fp32[@]}" --runtime.device cuda --ckpt.path "$work/back" \
+  --ckpt.resume "$work/cpu/step_00000006" --logging.metrics_file "$work/back.jsonl"
+wait_ranks || fail "resuming the CPU's checkpoint on the GPU"
+grep -q "resumed from" "$work/back.log.0" || fail "the GPU run did not resume"
+
+compare_losses "$work/gpu.jsonl" "$work/cpu.jsonl" 1e-4 "saved on the GPU, resumed on the CPU" 5 5 || fail "step 5 on the CPU"
+compare_losses "$work/gpu.jsonl" "$work/cpu.jsonl" 1e-3 "saved on the GPU, resumed on the CPU" 5 8 || fail "steps 5-8 on the CPU"
+compare_losses "$work/gpu.jsonl" "$work/back.jsonl" 1e-4 "saved on the CPU, resumed on the GPU" 7 7 || fail "step 7 back on the GPU"
+compare_losses "$work/gpu.jsonl" "$work/back.jsonl" 1e-3 "saved on the CPU, resumed on the GPU" 7 8 || fail "steps 7-8 back on the GPU"
+echo PASS

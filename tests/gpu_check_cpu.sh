@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# The parts of scripts/gpu_check.sh that need no GPU: argument handling, how it decides to build,
+# what it does without a GPU, and its report. Nothing is built or trained on a GPU: the script
+# runs from a scratch copy of the tree's layout (its scripts linked, no build/, no .gpukit/
+# unless a case makes one), with Debian's packages ignored (GPU_CHECK_SYSTEM_DEPS=0) and an
+# nvidia-smi that finds no GPU first on PATH.
+#   gpu_check_cpu.sh usage|cpu_only|no_kit|no_gpu|report TRAIN_FSDP CONFIG
+set -u
+what=$1 train=$2 config=$3
+src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+root=$tmp/root
+mkdir -p "$root/scripts" "$tmp/bin"
+ln -s "$src/scripts/gpu_check.sh" "$src/scripts/gpu_check_report.py" "$root/scripts/"
+printf '#!/bin/sh\necho "NVIDIA-SMI has failed (a stand-in: no GPU)" >&2\nexit 9\n' >"$tmp/bin/nvidia-smi"
+chmod +x "$tmp/bin/nvidia-smi"
+export PATH=$tmp/bin:$PATH GPU_CHECK_SYSTEM_DEPS=0
+unset ZB_SKIP_BUILD GPU_CHECK_STEPS
+check=$root/scripts/gpu_check.sh
+fail() { echo "FAIL: $*"; for f in "$tmp"/*.err "$tmp"/out/gpu_check.log; do [ -f "$f" ] && { echo "== $f"; cat "$f"; }; done; exit 1; }
+# run NAME ARGS...: the script, its exit code in $rc, stdout and stderr in $tmp/NAME.out / .err.
+run() { local name=$1; shift; "$check" "$@" >"$tmp/$name.out" 2>"$tmp/$name.err"; rc=$?; }
+# report EXPR: a Python assertion on the report r (and its steps by name, s).
+report() {
+  python3 - "$tmp/out/gpu_check.json" "$1" <<'PY' || fail "report: $1"
+import json, sys
+r = json.load(open(sys.argv[1]))
+s = {step["name"]: step for step in r["steps"]}
+assert eval(sys.argv[2]), json.dumps(r, indent=1)
+PY
+}
+
+case $what in
+usage)
+  # No argument, two, an unknown option: usage on stderr, nothing on stdout, exit 2, no folder.
+  for args in "" "a b" "--cpu-only" "--bogus $tmp/x"; do
+    run usage $args
+    [ $rc = 2 ] || fail "args '$args': exit $rc, expected 2"
+    grep -q "^usage: .*gpu_check.sh \[--cpu-only\] OUTDIR" "$tmp/usage.err" || fail "args '$args': no usage on stderr"
+    [ -s "$tmp/usage.out" ] && fail "args '$args': wrote to stdout"
+  done
+  grep -q "unknown option --bogus" "$tmp/usage.err" || fail "unknown option not named"
+  [ -e "$tmp/x" ] && fail "made a folder after a usage error"
+  echo "usage errors: exit 2"
+  ;;
+cpu_only)
+  # A kit: it would build with scripts/gpu_kit.sh build; the GPU parts are not run, exit 0.
+  mkdir -p "$root/.gpukit/debs" && : >"$root/.gpukit/debs/libspdlog-dev.deb"
+  run cpu_only --cpu-only "$tmp/out/new"  # the folder is made, parents included
+  [ $rc = 0 ] || fail "--cpu-only with a kit: exit $rc"
+  [ "$(ls "$tmp/out/new" | tr '\n' ' ')" = "gpu_check.json gpu_check.log " ] || fail "left $(ls "$tmp/out/new")"
+  mv "$tmp/out/new/"* "$tmp/out/"
+  grep -q "build: kit" "$tmp/out/gpu_check.log" || fail "log"
+  report 'r["mode"] == "cpu-only" and r["build"] == "kit" and r["gpu_parts_ran"] is False'
+  report 'r["result"] == "gpu parts not run" and all(x["status"] == "not run" for x in r["steps"])'
+  report 'list(s) == ["build", "cuda_tests", "preset_150M", "preset_1B", "bench"] and r["bench"] is None'
+  # A build to use as it is (ZB_SKIP_BUILD=1): "prebuilt".
+  mkdir -p "$root/build/apps" && printf '#!/bin/sh\nexit 1\n' >"$root/build/apps/train_fsdp" && chmod +x "$root/build/apps/train_fsdp"
+  ZB_SKIP_BUILD=1 run cpu_only --cpu-only "$tmp/out"
+  [ $rc = 0 ] || fail "--cpu-only with ZB_SKIP_BUILD=1: exit $rc"
+  report 'r["build"] == "prebuilt"'
+  echo "--cpu-only: kit and prebuilt detected, report says the GPU parts did not run"
+  ;;
+no_kit)
+  # Neither kit nor Debian packages: exit 4 naming the kit's fetch and the device tool's carry.
+  run no_kit --cpu-only "$tmp/out"
+  [ $rc = 4 ] || fail "no kit: exit $rc, expected 4"
+  grep -q 'nothing to build with: no .gpukit/debs/\*.deb' "$tmp/no_kit.err" || fail "no kit: message"
+  grep -q 'scripts/gpu_kit.sh fetch`, then name .gpukit in the device tool.s carry' "$tmp/no_kit.err" || fail "no kit: remedy"
+  report 'r["result"] == "no kit" and r["build"] == "none" and "gpu_kit.sh fetch" in r["message"]'
+  # ZB_SKIP_BUILD=1 without a build: exit 4 too.
+  ZB_SKIP_BUILD=1 run no_build --cpu-only "$tmp/out"
+  [ $rc = 4 ] && grep -q "ZB_SKIP_BUILD=1 but there is no build/apps/train_fsdp" "$tmp/no_build.err" || fail "no build: exit $rc"
+  echo "no kit, no build: exit 4 with the remedy"
+  ;;
+no_gpu)
+  # A kit but no GPU, not --cpu-only: exit 3 before building anything, a report saying so.
+  mkdir -p "$root/.gpukit/debs" && : >"$root/.gpukit/debs/libspdlog-dev.deb"
+  run no_gpu "$tmp/out"
+  [ $rc = 3 ] || fail "no GPU: exit $rc, expected 3"
+  grep -q "no GPU here (nvidia-smi finds none): the GPU parts did not run" "$tmp/no_gpu.err" || fail "no GPU: message"
+  [ -e "$root/.gpukit/root" ] || [ -e "$root/build" ] && fail "built without a GPU"
+  report 'r["mode"] == "gpu" and r["result"] == "gpu parts not run" and r["gpu_parts_ran"] is False'
+  report 's["build"]["status"] == "not run" and s["build"]["note"] == "no GPU" and r["gpu"] is None'
+  echo "no GPU: exit 3, nothing built, the report says the GPU parts did not run"
+  ;;
+report)
+  # The report from what the GPU steps leave: ctest's JUnit (its format for a pass, a failure
+  # and a skip), a real metrics file (two CPU steps of the debug preset; MFU is null on a CPU),
+  # and a bench.json.
+  work=$tmp/work && mkdir -p "$work/bench" "$tmp/out"
+  printf 'build\tpassed\t201.5\t\ncuda_tests\tfailed\t40.2\texit 8\npreset_1B\tnot run\t0\tout of time (12s of the budget left)\n' >"$work/steps.tsv"
+  cat >"$work/cuda_tests.xml" <<'XML'
+<?xml version="1.0" encoding="UTF-8"?>
+<testsuite name="(empty)" tests="3" failures="1" disabled="0" skipped="1" hostname="" time="3">
+	<testcase name="cuda.CudaModel.Bf16ForwardBackwardMatchesFp32OnCpu" classname="cuda.CudaModel.Bf16ForwardBackwardMatchesFp32OnCpu" time="2.1" status="run">
+	</testcase>
+	<testcase name="cuda.CudaNccl.CollectivesInAWorldOfOne" classname="cuda.CudaNccl.CollectivesInAWorldOfOne" time="0.5" status="fail">
+		<failure message="Failed"/>
+	</testcase>
+	<testcase name="cuda.checkpoint_across_devices" classname="cuda.checkpoint_across_devices" time="0.1" status="notrun">
+		<skipped message="SKIP_RETURN_CODE=77"/>
+	</testcase>
+</testsuite>
+XML
+  "$train" --config "$config" --runtime.device cpu --runtime.num_threads 1 --data.seq_length 64 \
+    --optim.batch_size 4 --train.micro_bs 4 --optim.total_steps 2 --optim.optim.ns_dtype float32 --ckpt.path "" \
+    --logging.metrics_file "$work/preset_150M.jsonl" >"$tmp/train.err" 2>&1 || fail "train_fsdp: $(cat "$tmp/train.err")"
+  echo '{"results": {}, "ratios": {"zeroband-cpp / pytorch-eager": {"tokens_per_second": 1.25}}}' >"$work/bench/bench.json"
+  python3 "$src/scripts/gpu_check_report.py" --work "$work" --out "$tmp/out/gpu_check.json" \
+    --set mode=gpu result=failed gpu="NVIDIA H100 80GB HBM3, 81559 MiB, 570.1" commit=0123456 cpus=16 >"$tmp/report.out" \
+    || fail "gpu_check_report.py: $(cat "$tmp/report.out")"
+  cat "$tmp/report.out"
+  report 'r["gpu_parts_ran"] is True and r["commit"] == "0123456" and r["cpus"] == 16'
+  report 's["cuda_tests"]["status"] == "failed" and s["build"]["seconds"] == 201.5 and s["preset_1B"]["note"].startswith("out of time")'
+  report 'r["tests"]["cuda_tests"] == {"passed": 1, "failed": 1, "skipped": 1, "failed_tests": ["cuda.CudaNccl.CollectivesInAWorldOfOne"], "skipped_tests": ["cuda.checkpoint_across_devices"]}'
+  report 'r["presets"]["150M"]["steps"] == 2 and r["presets"]["150M"]["final_loss"] > 0 and r["presets"]["150M"]["mfu_percent"] is None'
+  report 'r["presets"]["150M"]["peak_memory_bytes"] > 0 and r["presets"]["150M"]["tokens_per_second"] > 0'
+  report 'r["bench"]["ratios"]["zeroband-cpp / pytorch-eager"]["tokens_per_second"] == 1.25'
+  grep -q "cuda_tests: 1 passed, 1 failed, 1 skipped; failed: cuda.CudaNccl.CollectivesInAWorldOfOne" "$tmp/report.out" || fail "summary"
+  ;;
+*)
+  echo "unknown case $what"; exit 2 ;;
+esac
+echo PASS

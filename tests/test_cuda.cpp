@@ -1,0 +1,228 @@
+// What only a GPU can check: the model in bf16 on CUDA against fp32 on the CPU, flash attention
+// chosen for the presets' attention shapes, NCCL collectives in a world of one process, and
+// pinned-memory batches reaching the GPU intact. Every test skips where CUDA has no device
+// (zb::cuda_available()); scripts/gpu_check.sh runs them on a lent GPU (ctest -L cuda).
+#include <ATen/ATen.h>
+#include <ATen/SDPBackend.h>
+#include <ATen/core/grad_mode.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/fake_data.h"
+#include "data/loader.h"
+#include "model/layers.h"
+#include "model/llama.h"
+#include "model/model_args.h"
+#include "util/device.h"
+
+#ifdef ZB_WITH_CUDA
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "dist/comm.h"
+#include "dist/world.h"
+#endif
+
+using namespace zb;
+
+#define SKIP_WITHOUT_GPU()                                                                  \
+  if (!cuda_available())                                                                    \
+  GTEST_SKIP() << "no CUDA device here (zb::cuda_available() is false); scripts/gpu_check.sh " \
+                  "runs this on a GPU"
+
+namespace {
+
+const c10::Device kGpu(c10::kCUDA, 0);
+
+// ||a - b|| / ||b||, in float64 on the CPU.
+double relative_error(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor x = a.detach().cpu().to(at::kDouble), y = b.detach().cpu().to(at::kDouble);
+  return (x - y).norm().item<double>() / y.norm().item<double>();
+}
+
+const char* sdp_backend_name(int64_t b) {
+  switch (static_cast<at::SDPBackend>(b)) {
+    case at::SDPBackend::error: return "error (none fits)";
+    case at::SDPBackend::math: return "math (unfused)";
+    case at::SDPBackend::flash_attention: return "flash_attention";
+    case at::SDPBackend::efficient_attention: return "efficient_attention";
+    case at::SDPBackend::cudnn_attention: return "cudnn_attention";
+    case at::SDPBackend::overrideable: return "overrideable";
+  }
+  return "?";
+}
+
+}  // namespace
+
+TEST(CudaModel, Bf16ForwardBackwardMatchesFp32OnCpu) {
+  SKIP_WITHOUT_GPU();
+  // The same fp32 master weights on both devices; the GPU computes in bf16 as training does
+  // (runtime.compute_dtype auto), the CPU in fp32. head_dim 64 as in the 150M preset, so the
+  // GPU's attention is the flash kernel training uses.
+  ModelArgs a = lookup_model_args("llama2", "debugmodel");
+  a.dim = 512, a.n_layers = 4, a.n_heads = 8, a.n_kv_heads = 8, a.vocab_size = 2048, a.max_seq_len = 256;
+  at::manual_seed(0);
+  Llama cpu(a, at::TensorOptions());
+  cpu.init_weights();
+  Llama gpu(a, at::TensorOptions().device(kGpu));
+  {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < cpu.parameters().size(); ++i) gpu.parameters()[i].slot->copy_(*cpu.parameters()[i].slot);
+  }
+  gpu.set_compute_dtype(at::kBFloat16);
+  const at::Tensor tokens = at::randint(3, a.vocab_size, {4, 256}, at::kLong);
+  const at::Tensor targets = at::randint(3, a.vocab_size, {4, 256}, at::kLong);
+  at::Tensor ref = cross_entropy(cpu.forward(tokens), targets);
+  ref.backward();
+  at::Tensor got = gpu.loss(tokens.to(kGpu), targets.to(kGpu));  // training's path: chunked head and loss
+  got.backward();
+
+  // Tolerances. bf16 keeps 8 significant bits (a rounding is off by up to 2^-9 = 0.2%), and
+  // matmuls and attention accumulate in fp32, so the error comes from rounding each op's inputs
+  // and outputs. The loss, a mean over 1,024 tokens, averages it out; a gradient, the product of
+  // the whole backward chain, does not. The same comparison with bf16 on a CPU (this model,
+  // seed and batch, measured once): loss 3e-5 relative, gradients ||g_bf16 - g_fp32|| / ||g_fp32||
+  // from 0.4% (norm.weight) to 1.1% (layers.3.attention.wk.weight). Allowed: 2e-3 on the loss and
+  // 5e-2 per gradient, room for the GPU's other kernels (flash's backward, cuBLAS's bf16
+  // epilogues); a wrong kernel, a lost cast back to fp32 or a bad layout is off by order 1.
+  EXPECT_EQ(got.scalar_type(), at::kFloat);
+  const double loss_error = std::abs(got.item<double>() - ref.item<double>()) / ref.item<double>();
+  std::cout << "loss: fp32 CPU " << ref.item<double>() << ", bf16 GPU " << got.item<double>()
+            << ", relative difference " << loss_error << "\n";
+  EXPECT_LT(loss_error, 2e-3);
+  double worst = 0;
+  std::string worst_name;
+  for (size_t i = 0; i < cpu.parameters().size(); ++i) {
+    const auto& name = cpu.parameters()[i].name;
+    const at::Tensor& g = gpu.parameters()[i].slot->grad();
+    const at::Tensor& ref_g = cpu.parameters()[i].slot->grad();
+    ASSERT_TRUE(g.defined()) << name;
+    EXPECT_EQ(g.scalar_type(), at::kFloat) << name << ": master gradients stay fp32";
+    EXPECT_TRUE(g.is_cuda()) << name;
+    const double e = relative_error(g, ref_g);
+    EXPECT_LT(e, 5e-2) << name << ": gradient norm bf16 GPU " << g.norm().item<double>() << ", fp32 CPU "
+                       << ref_g.norm().item<double>();
+    if (e > worst) worst = e, worst_name = name;
+  }
+  std::cout << "largest relative gradient error " << worst << " (" << worst_name << ")\n";
+}
+
+TEST(CudaAttention, FlashIsChosenForThePresetsShapes) {
+  SKIP_WITHOUT_GPU();
+  // The query/key/value layout causal_attention hands to scaled_dot_product_attention
+  // (src/model/layers.cpp): [B, T, H, Dh] transposed to [B, H, T, Dh], bf16, causal, requiring
+  // gradients as in training. _fused_sdp_choice is the dispatcher's own choice for these inputs.
+  struct Shape { const char* name; int64_t heads, head_dim; };
+  const Shape shapes[] = {{"debugmodel", 8, 32}, {"150M", 16, 64}, {"1B", 16, 128}, {"7B", 32, 128}};
+  const auto props = at::TensorOptions().device(kGpu).dtype(at::kBFloat16);
+  for (const auto& s : shapes) {
+    const int64_t B = 2, T = 1024;
+    at::Tensor q = at::randn({B, T, s.heads, s.head_dim}, props).requires_grad_(true);
+    at::Tensor k = at::randn({B, T, s.heads, s.head_dim}, props).requires_grad_(true);
+    at::Tensor v = at::randn({B, T, s.heads, s.head_dim}, props).requires_grad_(true);
+    const int64_t choice = at::_fused_sdp_choice(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                 /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
+                                                 /*scale=*/std::nullopt, /*enable_gqa=*/false);
+    EXPECT_EQ(choice, static_cast<int64_t>(at::SDPBackend::flash_attention))
+        << s.name << " (" << s.heads << " heads of " << s.head_dim << ") on " << device_name(kGpu)
+        << ": scaled_dot_product_attention would run " << sdp_backend_name(choice);
+
+    // And the kernel computes attention: causal_attention against softmax(q k^T / sqrt(Dh)) v
+    // in fp32 on the same (bf16-rounded) inputs. Flash accumulates in fp32 and rounds its output
+    // to bf16 (2^-9 relative): 1e-2 absolute on outputs of size ~1.
+    at::NoGradGuard no_grad;
+    const at::Tensor out = causal_attention(q, k, v).to(at::kFloat);  // [B, T, H*Dh]
+    const at::Tensor qf = q.transpose(1, 2).to(at::kFloat), kf = k.transpose(1, 2).to(at::kFloat),
+                     vf = v.transpose(1, 2).to(at::kFloat);
+    const at::Tensor mask = at::ones({T, T}, at::TensorOptions().device(kGpu).dtype(at::kBool)).triu(1);
+    const at::Tensor scores = at::matmul(qf, kf.transpose(-2, -1)) / std::sqrt(static_cast<double>(s.head_dim));
+    const at::Tensor ref = at::matmul(at::softmax(scores.masked_fill(mask, -INFINITY), -1), vf)
+                               .transpose(1, 2)
+                               .reshape({B, T, s.heads * s.head_dim});
+    EXPECT_LT((out - ref).abs().max().item<double>(), 1e-2) << s.name;
+  }
+}
+
+TEST(CudaNccl, CollectivesInAWorldOfOne) {
+  SKIP_WITHOUT_GPU();
+#ifndef ZB_WITH_CUDA
+  GTEST_SKIP() << "built against a LibTorch without CUDA: no NCCL backend";
+#else
+  // A single process makes no backend in Communicator (its collectives are local copies), so
+  // the NCCL backend is made here as Communicator makes it for a distributed run (same function:
+  // the nccl.h/libnccl version check, bound device, eager communicator), over an in-memory store.
+  World world;  // rank 0 of 1
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  c10::intrusive_ptr<c10d::Backend> nccl = make_nccl_backend(store, world, kGpu, std::chrono::seconds(60));
+  ASSERT_TRUE(nccl);
+  EXPECT_EQ(nccl->getSize(), 1);
+
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    const auto opts = at::TensorOptions().device(kGpu).dtype(dtype);
+    const at::Tensor expected = at::arange(1000, opts) / 7;
+    // all-reduce (sum over one rank: unchanged), in place.
+    std::vector<at::Tensor> t{expected.clone()};
+    c10d::AllreduceOptions sum;
+    sum.reduceOp = c10d::ReduceOp::SUM;
+    nccl->allreduce(t, sum)->wait();
+    EXPECT_TRUE(at::equal(t[0], expected)) << "all_reduce " << dtype;
+    // all-gather and reduce-scatter into flat buffers, as the sharding engine calls them.
+    at::Tensor in = expected.clone(), out = at::zeros_like(expected);
+    nccl->_allgather_base(out, in)->wait();
+    EXPECT_TRUE(at::equal(out, expected)) << "all_gather " << dtype;
+    out.zero_();
+    c10d::ReduceScatterOptions rs;
+    rs.reduceOp = c10d::ReduceOp::SUM;
+    nccl->_reduce_scatter_base(out, in, rs)->wait();
+    EXPECT_TRUE(at::equal(out, expected)) << "reduce_scatter " << dtype;
+    // broadcast from rank 0 and all-to-all (even and explicit splits), as Muon's owners use it.
+    std::vector<at::Tensor> b{expected.clone()};
+    nccl->broadcast(b)->wait();
+    EXPECT_TRUE(at::equal(b[0], expected)) << "broadcast " << dtype;
+    out.zero_();
+    std::vector<int64_t> even, splits{1000};
+    nccl->alltoall_base(out, in, even, even)->wait();
+    EXPECT_TRUE(at::equal(out, expected)) << "all_to_all " << dtype;
+    out.zero_();
+    nccl->alltoall_base(out, in, splits, splits)->wait();
+    EXPECT_TRUE(at::equal(out, expected)) << "all_to_all with splits " << dtype;
+  }
+  nccl->barrier()->wait();
+  nccl->shutdown();
+#endif
+}
+
+TEST(CudaData, PinnedBatchesReachTheGpuUnchanged) {
+  SKIP_WITHOUT_GPU();
+  // Training's path (Trainer::train_step): batches prefetched into pinned host memory, copied
+  // to the GPU without waiting. The host batches are dropped right after their copies are
+  // queued, so the loader reuses pinned blocks while earlier copies may still be in flight;
+  // every GPU batch must still equal the batch a plain loader (no prefetch, pageable) gives.
+  auto source = std::make_shared<FakeDataset>(5, 512, 32000);
+  DataLoader plain(source, 0, /*shuffle=*/false, /*global_batch=*/16, /*micro_bs=*/4, 0, 1);
+  DataLoader pinned(source, 0, false, 16, 4, 0, 1);
+  pinned.start_prefetch(/*depth=*/2, /*pin_memory=*/true);
+  std::vector<Batch> on_gpu;
+  for (int i = 0; i < 12; ++i) {
+    Batch b = pinned.next();
+    ASSERT_TRUE(b.inputs.is_pinned()) << "batch " << i;
+    ASSERT_TRUE(b.targets.is_pinned()) << "batch " << i;
+    on_gpu.push_back({b.inputs.to(kGpu, /*non_blocking=*/true), b.targets.to(kGpu, /*non_blocking=*/true)});
+  }
+  for (int i = 0; i < 12; ++i) {
+    const Batch expected = plain.next();
+    EXPECT_FALSE(expected.inputs.is_pinned());
+    EXPECT_TRUE(on_gpu[i].inputs.is_cuda());
+    EXPECT_EQ(on_gpu[i].inputs.scalar_type(), at::kLong);
+    EXPECT_TRUE(at::equal(on_gpu[i].inputs.cpu(), expected.inputs)) << "inputs of batch " << i;
+    EXPECT_TRUE(at::equal(on_gpu[i].targets.cpu(), expected.targets)) << "targets of batch " << i;
+  }
+}

@@ -27,6 +27,7 @@
 #include "model/model_args_json.h"
 #include "model/model_config.h"
 #include "train/metrics.h"
+#include "train/memory_estimate.h"
 #include "train/metrics_logger.h"
 #include "train/trainer.h"
 #include "training_program.h"
@@ -125,20 +126,61 @@ nlohmann::json resolved_run(const zb::Config& c) {
   };
 }
 
+// The memory estimate for this run (FSDP only) decides train.reduce_every_micro_batch = "auto"
+// (on when the run fits only that way) and stops a run that will not fit (unless --force).
+void check_memory(zb::Config& cfg, int64_t world_size, const c10::Device& device, bool force, bool dry_run) {
+  const at::ScalarType compute = zb::Trainer::resolve_compute_dtype(cfg, device);
+  // (A dry run may plan for a GPU on a machine without one: then only device_memory_gb says.)
+  const int64_t capacity =
+      zb::device_memory_bytes(cfg, device.is_cuda() && zb::cuda_available() ? zb::device_name(device) : "");
+  const std::string& setting = cfg.train.reduce_every_micro_batch;
+  zb::MemoryEstimate est = zb::estimate_step_memory(cfg, world_size, compute, device.is_cuda(), setting == "true");
+  const int64_t usable = zb::usable_memory_bytes(capacity);
+  if (setting == "auto" && capacity > 0 && est.peak > usable) {
+    zb::MemoryEstimate sharded = zb::estimate_step_memory(cfg, world_size, compute, device.is_cuda(), true);
+    if (sharded.reduce_every_micro_batch && sharded.peak <= usable) {
+      zb::log::info("train.reduce_every_micro_batch = auto: on (the run fits only with sharded gradient sums)");
+      est = sharded;
+    }
+  }
+  if (setting == "auto") cfg.train.reduce_every_micro_batch = est.reduce_every_micro_batch ? "true" : "false";
+  const auto lines = zb::describe_memory(est, capacity);
+  const bool fits = capacity == 0 || est.peak <= usable;
+  if (fits || dry_run || force) {
+    for (const auto& line : lines) (fits ? zb::log::info : zb::log::warn)(line);
+    if (!fits && !dry_run) zb::log::warn("--force: training anyway");
+    return;
+  }
+  std::string table;
+  for (const auto& line : lines) table += "\n" + line;
+  throw zb::ConfigError(strf("the run is predicted not to fit in one device's memory (smaller train.micro_bs, "
+                             "train.ac_ckpt, more ranks; --force to try anyway):") + table);
+}
+
 int run(const zb::CommandLine& cl, zb::Parallelism parallelism) {
-  const zb::Config& cfg = cl.config;
+  zb::Config cfg = cl.config;  // check_memory resolves train.reduce_every_micro_batch = "auto"
   const zb::World world = zb::detect_world();
-  zb::validate(cfg, world.size);
+  const int64_t planned_world = cl.dry_run && cl.world_size > 0 ? cl.world_size : world.size;
+  zb::validate(cfg, planned_world);
   zb::log::init(static_cast<int>(world.rank), cfg.logging.level);
   const zb::ModelArgs args = zb::resolve_model_args(cfg);
   zb::log::info("config: " + cfg.source);
-  describe_model(cfg, args, world.size);
+  describe_model(cfg, args, planned_world);
 
   if (cl.dry_run) {
     // Build the model on the meta device: every shape, no memory.
     zb::Llama model(args, at::TensorOptions().device(c10::kMeta));
     zb::log::info(strf("dry run: built %s parameters on the meta device",
                        zb::with_commas(model.num_params()).c_str()));
+    if (parallelism == zb::Parallelism::FSDP)
+      // The device the config asks for, whether or not this machine has it.
+      check_memory(cfg, planned_world,
+                   cfg.runtime.device == "cuda" || (cfg.runtime.device == "auto" && zb::cuda_available())
+                       ? c10::Device(c10::kCUDA, 0)
+                       : c10::Device(c10::kCPU),
+                   cl.force, /*dry_run=*/true);
+    else
+      zb::log::info("memory estimate: train_fsdp only");
     return 0;
   }
 
@@ -164,6 +206,7 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism) {
     for (const auto& line : placement) zb::log::info("placement: " + line);
 
   // --- model, sharding engine, optimizer, data ---------------------------------------------------
+  if (parallelism == zb::Parallelism::FSDP) check_memory(cfg, world.size, device, cl.force, /*dry_run=*/false);
   zb::Trainer trainer(cfg, comm, device, parallelism);
   zb::log::info(strf("device: %s (%s), compute dtype %s, %d CPU threads, reshard_after_forward %s",
                      device.str().c_str(), zb::device_name(device).c_str(),
@@ -240,6 +283,9 @@ namespace zb {
 
 int training_main(int argc, char** argv, Parallelism parallelism, const char* program) {
   zb::log::init(0, "info");
+  // Before any tensor exists: the measurement of live tensor bytes (util/device.h).
+  if (const char* count = std::getenv("ZB_COUNT_TENSOR_MEMORY"); count && std::string(count) == "1")
+    zb::count_cpu_tensor_memory();
   try {
     const zb::CommandLine cl = zb::parse_command_line(argc, argv);
     if (cl.help) {

@@ -15,7 +15,10 @@ cxxopts::Options make_options(const std::string& program) {
   const std::string devices = join_choices(find_field("runtime.device")->choices);
   options.add_options()
       ("config", "TOML config file (also: @ FILE)", cxxopts::value<std::string>())
-      ("dry-run", "build the model and print sizes and FLOPs, then exit")
+      ("dry-run", "print sizes, FLOPs and the predicted peak memory per rank, then exit")
+      ("world-size", "the number of ranks --dry-run predicts for (default: the launcher's)",
+       cxxopts::value<int64_t>())
+      ("force", "train even where the memory estimate says the run will not fit")
       ("print-config", "print the resolved run (model shapes, batch, optimizers) as JSON, then exit")
       ("device", "shorthand for --runtime.device (" + devices + ")", cxxopts::value<std::string>())
       ("h,help", "print this help");
@@ -60,6 +63,11 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   cl.help = result.count("help") > 0;
   cl.dry_run = result.count("dry-run") > 0;
   cl.print_config = result.count("print-config") > 0;
+  cl.force = result.count("force") > 0;
+  if (result.count("world-size")) {
+    cl.world_size = result["world-size"].as<int64_t>();
+    if (cl.world_size < 1) throw ConfigError("command line: --world-size must be at least 1");
+  }
   if (cl.help) return cl;
   if (!result.count("config"))
     throw ConfigError("command line: no config file given (use --config FILE or @ FILE)");

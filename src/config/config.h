@@ -32,7 +32,7 @@ struct TrainConfig {  // [train]
   double bucket_mb = 25;      // train_ddp: gradient all-reduce bucket size
   // Reduce-scatter (all-reduce under DDP) the gradients of every micro-batch and accumulate the
   // shards, instead of accumulating whole fp32 gradients until the last: "true", "false" or "auto"
-  // (today: false; the memory estimate is to switch it on where the run would not fit otherwise).
+  // (on where the memory estimate says the run fits only that way; train/memory_estimate.h).
   std::string reduce_every_micro_batch = "auto";
   // A step whose loss or gradient norm is not finite is never applied. "stop": the run stops
   // (exit 1); "skip": it goes on, and stops after max_skipped_steps such steps in a row.
@@ -97,6 +97,7 @@ struct RuntimeConfig {  // [runtime]
   int64_t num_threads = 0;  // intra-op CPU threads; 0 = LibTorch's default
   double peak_flops = 0;    // per device, for MFU; 0 = from the GPU's name
   int64_t timeout_s = 300;  // rendezvous and collectives fail after this long
+  double device_memory_gb = 0;  // one device's memory for the fit check; 0: from the GPU's name
 };
 
 struct CheckpointConfig {  // [ckpt]

@@ -155,6 +155,8 @@ const std::vector<Field>& schema() {
 
       ZB_FIELD("runtime.timeout_s", Int, int64_t, runtime.timeout_s,
                "seconds before a rendezvous or collective that is not completing fails"),
+      ZB_FIELD("runtime.device_memory_gb", Float, double, runtime.device_memory_gb,
+               "one device's memory in GB for the memory check before training (0 = from the GPU's name)"),
       ZB_FIELD("ckpt.path", String, std::string, ckpt.path,
                "directory of checkpoints (\"\" = none)"),
       ZB_FIELD("ckpt.interval", Int, int64_t, ckpt.interval,

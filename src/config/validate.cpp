@@ -108,6 +108,7 @@ void validate(const Config& c, int64_t world_size) {
   // Ours.
   non_negative("runtime.num_threads", c.runtime.num_threads);
   non_negative("runtime.peak_flops", c.runtime.peak_flops);
+  non_negative("runtime.device_memory_gb", c.runtime.device_memory_gb);
   positive("runtime.timeout_s", c.runtime.timeout_s);
   non_negative("ckpt.interval", c.ckpt.interval);
   non_negative("ckpt.keep", c.ckpt.keep);

@@ -61,11 +61,12 @@ struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
+    auto saved = ctx->get_saved_variables();
     const at::Tensor& scale = grads[0];  // a scalar: the loss is the graph's end
     const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
-    at::Tensor dx = saved[0].defined() ? saved[0] * scale.to(saved[0].scalar_type()) : at::Tensor();
-    at::Tensor dw = saved[1].defined() ? (saved[1] * scale).to(w_dtype) : at::Tensor();
+    // Scaled in place (nothing else reads them): no second [V, D] buffer.
+    at::Tensor dx = saved[0].defined() ? saved[0].mul_(scale) : at::Tensor();
+    at::Tensor dw = saved[1].defined() ? saved[1].mul_(scale).to(w_dtype) : at::Tensor();
     return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

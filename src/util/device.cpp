@@ -2,10 +2,13 @@
 
 #include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
 #include <malloc.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 
@@ -85,10 +88,58 @@ std::string device_pci_bus_id(const c10::Device& device) {
   return "";
 }
 
+namespace {
+
+// Wraps the CPU allocator and keeps the live and peak bytes of what it handed out.
+class CountingAllocator final : public c10::Allocator {
+ public:
+  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
+
+  c10::DataPtr allocate(size_t n) override {
+    auto* ctx = new Allocation{base_->allocate(n), n, this};
+    const int64_t now = live_ += static_cast<int64_t>(n);
+    for (int64_t peak = peak_; now > peak && !peak_.compare_exchange_weak(peak, now);) {
+    }
+    void* data = ctx->inner.get();
+    return {data, ctx, &release, ctx->inner.device()};
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+  int64_t peak() const { return peak_; }
+  void reset_peak() { peak_ = live_.load(); }
+
+ private:
+  struct Allocation {
+    c10::DataPtr inner;
+    size_t bytes;
+    CountingAllocator* owner;
+  };
+  static void release(void* p) {
+    auto* ctx = static_cast<Allocation*>(p);
+    ctx->owner->live_ -= static_cast<int64_t>(ctx->bytes);
+    delete ctx;  // frees the memory through the wrapped allocator
+  }
+
+  c10::Allocator* base_;
+  std::atomic<int64_t> live_{0}, peak_{0};
+};
+
+CountingAllocator* counting = nullptr;
+
+}  // namespace
+
+void count_cpu_tensor_memory() {
+  if (counting) return;
+  counting = new CountingAllocator(c10::GetCPUAllocator());  // lives as long as the tensors
+  c10::SetCPUAllocator(counting, /*priority=*/100);
+}
+
 int64_t peak_memory_bytes(const c10::Device& device) {
 #ifdef ZB_WITH_CUDA
   if (device.is_cuda()) return cuda_peak_memory_bytes(device.index());
 #endif
+  if (counting) return counting->peak();
   // VmHWM rather than getrusage's ru_maxrss: only the former can be reset (clear_refs).
   std::ifstream status("/proc/self/status");
   for (std::string line; std::getline(status, line);)
@@ -102,6 +153,7 @@ void reset_peak_memory(const c10::Device& device) {
 #ifdef ZB_WITH_CUDA
   if (device.is_cuda()) return cuda_reset_peak_memory(device.index());
 #endif
+  if (counting) counting->reset_peak();
   std::ofstream("/proc/self/clear_refs") << "5";  // 5: high-water mark := current resident size
 }
 

@@ -28,6 +28,11 @@ int64_t peak_memory_bytes(const c10::Device& device);
 // Starts the peak from what is in use now, so that the metrics count the training steps and not
 // set-up (a checkpoint read through host memory, the model built before sharding).
 void reset_peak_memory(const c10::Device& device);
+// Measurement only (ZB_COUNT_TENSOR_MEMORY=1, before any tensor exists): CPU tensors are counted
+// as they are allocated and freed, and peak_memory_bytes on the CPU reports the peak of live
+// tensor bytes instead of the resident set, comparable with the CUDA allocator's figure and with
+// the memory estimate (--dry-run). Costs an atomic add per allocation.
+void count_cpu_tensor_memory();
 
 // Points on the device's timeline within a step: the host clock on CPU, CUDA events on a GPU
 // (recorded on the current device's current stream without waiting; the NCCL backend makes each

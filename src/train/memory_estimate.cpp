@@ -1,0 +1,302 @@
+#include "train/memory_estimate.h"
+
+#include <algorithm>
+#include <map>
+
+#include "fsdp/row_shard.h"
+#include "model/chunked_loss.h"
+#include "model/model_args.h"
+#include "model/model_config.h"
+#include "optim/param_groups.h"
+#include "util/log.h"
+
+namespace zb {
+
+namespace {
+
+// Live bytes by kind as the replay allocates and frees; the kinds at the highest total.
+class Timeline {
+ public:
+  void at(std::string where) { where_ = std::move(where); }
+  void alloc(const std::string& kind, int64_t bytes) {
+    live_[kind] += bytes;
+    total_ += bytes;
+    if (total_ > peak_) {
+      peak_ = total_;
+      at_peak_ = live_;
+      peak_at_ = where_;
+    }
+  }
+  void free(const std::string& kind, int64_t bytes) {
+    live_[kind] -= bytes;
+    total_ -= bytes;
+  }
+  int64_t peak() const { return peak_; }
+  const std::string& peak_at() const { return peak_at_; }
+  const std::map<std::string, int64_t>& at_peak() const { return at_peak_; }
+
+ private:
+  std::map<std::string, int64_t> live_, at_peak_;
+  int64_t total_ = 0, peak_ = 0;
+  std::string where_, peak_at_;
+};
+
+// One sharding unit (a block, or the root: embedding, final norm, head) as rank 0 holds it.
+struct UnitSizes {
+  int64_t full = 0;    // elements of all its parameters
+  int64_t block = 0;   // elements rank 0 puts into a collective (its rows, padded)
+  int64_t local = 0;   // elements of rank 0's shards
+  int64_t hidden_local = 0;  // of those, in Muon's matrices
+  int64_t hidden_full = 0;
+};
+
+}  // namespace
+
+MemoryEstimate estimate_step_memory(const Config& c, int64_t W, at::ScalarType compute_dtype, bool cuda,
+                                    bool reduce_every_micro_batch) {
+  const ModelArgs a = resolve_model_args(c);
+  const int64_t L = a.n_layers, D = a.dim, V = a.vocab_size, H = a.n_heads;
+  const int64_t Q = a.n_heads * a.head_dim(), K = a.n_kv_heads * a.head_dim(), F = a.ffn_hidden();
+  const int64_t N = c.train.micro_bs * c.data.seq_length;  // tokens per micro-batch
+  const int64_t A = grad_accum_steps(c, W);                 // micro-batches per step
+  const int64_t e = at::elementSize(compute_dtype);          // bytes of a gathered weight / activation
+  const bool muon = c.optim.optim.type == "muon";
+  const bool reduce_every = reduce_every_micro_batch && A > 1;
+
+  // Units: blocks 0..L-1, then the root.
+  std::vector<UnitSizes> units(L + 1);
+  for (const ParamSpec& p : param_specs(a)) {
+    const bool in_block = p.name.rfind("layers.", 0) == 0;
+    UnitSizes& u = in_block ? units[std::stoll(p.name.substr(7))] : units[L];
+    const RowShard s = RowShard::of(p.shape, W);
+    u.full += p.numel();
+    u.block += s.block_numel();
+    u.local += s.numel_of(0);
+    if (muon && param_role(p.name, static_cast<int64_t>(p.shape.size())) == ParamRole::Hidden) {
+      u.hidden_local += s.numel_of(0);
+      u.hidden_full += p.numel();
+    }
+  }
+  int64_t local = 0, hidden_local = 0;
+  for (const auto& u : units) {
+    local += u.local;
+    hidden_local += u.hidden_local;
+  }
+
+  // What one block keeps for backward, per token (bytes). An RMSNorm keeps its fp32 rstd, and on
+  // the CPU (composite kernel) also the normalised input before the weight (fp32; for a bf16
+  // input also the input cast to fp32); on CUDA the fused kernel keeps only rstd (its input is
+  // kept anyway). Then: the normed input x of wq/wk/wv (D); q and k after RoPE (Q, K); v (K);
+  // attention's output (Q; its layout is already [B, T, H*Dh], so wo reads it as is) and fp32
+  // log-sum-exp per head (H); the residual h2 (D, kept by the second norm); the normed y of w1/w3
+  // (D); w1's output (SiLU's input), SiLU's output, w3's output and their product (w2's input):
+  // 4 F; and the block's output (D), which the next block keeps as its input.
+  const int64_t norm_keeps = cuda ? 4 : (e == 4 ? 4 * D + 4 : 8 * D + 4);
+  const int64_t block_keeps = 2 * norm_keeps + e * (4 * D + 2 * Q + 2 * K + 4 * F) + 4 * H;
+  const int64_t checkpointed_keeps = e * D;  // its output; its input is the block before's output
+  auto checkpointed = [&](int64_t i) { return c.train.ac_ckpt > 0 && i % c.train.ac_ckpt == 0; };
+
+  Timeline t;
+  // --- held through the step ----------------------------------------------------------------------
+  t.at("start of the step");
+  t.alloc("parameter shards (fp32)", 4 * local);
+  // AdamW: two moments per element; Muon: one momentum buffer per element of its matrices.
+  t.alloc("optimizer state (fp32)", 4 * (2 * (local - hidden_local) + hidden_local));
+  // RoPE table: complex64 for 2 * max_seq_len positions.
+  t.alloc("RoPE table", 8 * 2 * a.max_seq_len * (a.head_dim() / 2));
+  // The loader's prefetched micro-batches (4) and the one in use: inputs and targets, int64.
+  t.alloc("data batches", (4 + 1) * 2 * 8 * N);
+
+  const UnitSizes& root = units[L];
+  auto gather = [&](const UnitSizes& u) {  // issue_unshard + wait_unshard
+    t.alloc("all-gather buffers", e * u.block * (W + 1));
+    t.alloc("gathered parameters", e * u.full);
+    t.free("all-gather buffers", e * u.block * (W + 1));
+  };
+  const UnitSizes* reducing = nullptr;  // the unit whose reduce-scatter is in flight
+  std::vector<bool> has_grad(L + 1, false);  // a unit's shards have their .grad() this step
+  auto finish_reduce = [&] {  // the reduced rows go into the shards' .grad(), made the first time
+    if (!reducing) return;
+    t.free("reduce-scatter buffers", 4 * reducing->block * (W + 1));
+    const size_t u = static_cast<size_t>(reducing - units.data());
+    if (!has_grad[u]) t.alloc("gradient shards (fp32)", 4 * reducing->local);
+    has_grad[u] = true;
+    reducing = nullptr;
+  };
+
+  for (int64_t m = 0; m < A; ++m) {
+    const bool sync = reduce_every || m == A - 1;
+    const std::string mb = A > 1 ? " (micro-batch " + std::to_string(m + 1) + ")" : "";
+    // --- forward ----------------------------------------------------------------------------------
+    t.at("forward" + mb);
+    gather(root);
+    t.alloc("activations", e * D * N);  // the embedding's output, block 0's input
+    int64_t kept = 0;
+    for (int64_t i = 0; i < L; ++i) {
+      t.at("forward of block " + std::to_string(i) + mb);
+      t.alloc("all-gather buffers", e * units[i].block * (W + 1));  // prefetched during block i - 1
+      t.alloc("gathered parameters", e * units[i].full);
+      t.free("all-gather buffers", e * units[i].block * (W + 1));
+      if (i + 1 < L) t.alloc("all-gather buffers", e * units[i + 1].block * (W + 1));  // prefetch
+      const int64_t keeps = (checkpointed(i) ? checkpointed_keeps : block_keeps) * N;
+      t.alloc("activations", keeps);
+      kept += keeps;
+      if (i + 1 < L) t.free("all-gather buffers", e * units[i + 1].block * (W + 1));  // moved on
+      if (c.train.reshard_after_forward && i != L - 1) t.free("gathered parameters", e * units[i].full);
+    }
+    // The loss in chunks (chunked_loss.h): the final norm keeps as a block's norm does, the normed
+    // x [N, D]; the gradient is made in the forward: dx [N, D] and the head's fp32 [V, D]; while a
+    // chunk's logits exist, fp32 [chunk, V] (plus the compute-dtype product and gradient when
+    // that is not fp32).
+    t.at("loss" + mb);
+    const int64_t chunk = std::min(N, loss_chunk_tokens(V));
+    const int64_t head_keeps = (norm_keeps + 2 * e * D) * N + 4 * V * D;
+    t.alloc("activations", head_keeps);
+    // Per chunk: the fp32 logits and log-sum-exp's temporary of their size; in a compute dtype
+    // other than fp32 also the product before the cast, the gradient cast back, and the weight
+    // gradient's product before it is added to the fp32 sum.
+    const int64_t logits = chunk * V * (8 + (e != 4 ? 2 * e : 0)) + (e != 4 ? e * V * D : 0);
+    t.alloc("loss chunk", logits);
+    t.free("loss chunk", logits);
+    // --- backward ---------------------------------------------------------------------------------
+    t.at("backward of the loss" + mb);
+    // The loss's backward scales its saved gradients in place: the fp32 [V, D] becomes the head's
+    // gradient (or is cast to the compute dtype, its fp32 copy then freed), which waits with the
+    // root's others until the embedding's; the final norm hands back [N, D].
+    const int64_t head_grad = e * V * D;
+    if (e != 4) t.alloc("parameter gradients", head_grad);
+    t.free("activations", 4 * V * D);
+    if (e == 4) t.alloc("parameter gradients", head_grad);
+    t.alloc("activation gradients", e * D * N);
+    // Freed: what the loss kept, and the last block's output (only the final norm kept it). From
+    // here each block's backward frees what it kept, its own output excepted (gone already) and
+    // its input included (the same size): what it kept, in all.
+    t.free("activations", head_keeps - 4 * V * D + e * D * N);
+    for (int64_t i = L - 1; i >= 0; --i) {
+      t.at("backward of block " + std::to_string(i) + mb);
+      const bool resharded = c.train.reshard_after_forward && i != L - 1;
+      if (resharded) gather(units[i]);
+      if (i > 0 && c.train.reshard_after_forward) t.alloc("all-gather buffers", e * units[i - 1].block * (W + 1));
+      const int64_t keeps = (checkpointed(i) ? checkpointed_keeps : block_keeps) * N;
+      if (checkpointed(i)) t.alloc("activations", block_keeps * N);  // the recompute
+      // Most memory in the block's backward is at the MLP's product (measured with the counting
+      // allocator: the recompute adds exactly block_keeps, its backward 2 F per token plus w2's
+      // weight gradient). w2's backward hands back the product's gradient [N, F] and w2's weight
+      // gradient [D, F] and frees the product it kept; the product's backward then makes the
+      // gradients of SiLU's and w3's outputs, two more [N, F].
+      t.alloc("activation gradients", e * F * N);
+      t.alloc("parameter gradients", e * D * F);
+      t.free("activations", e * F * N);
+      t.alloc("activation gradients", 2 * e * F * N);
+      t.free("activation gradients", 3 * e * F * N);
+      t.free("activations", keeps - e * F * N + (checkpointed(i) ? block_keeps * N : 0));
+      t.alloc("parameter gradients", e * (units[i].full - D * F));
+      // post_backward: free the gathered block; sum or reduce its gradients.
+      t.free("gathered parameters", e * units[i].full);
+      if (A > 1 && !reduce_every && m == 0) t.alloc("gradient accumulators (fp32)", 4 * units[i].full);
+      if (sync) {
+        t.alloc("reduce-scatter buffers", 4 * W * units[i].block);
+        finish_reduce();
+        t.alloc("reduce-scatter buffers", 4 * units[i].block);
+        reducing = &units[i];
+        if (A > 1 && !reduce_every) t.free("gradient accumulators (fp32)", 4 * units[i].full);
+      }
+      t.free("parameter gradients", e * units[i].full);
+      if (i > 0 && c.train.reshard_after_forward) t.free("all-gather buffers", e * units[i - 1].block * (W + 1));
+    }
+    // The embedding's gradient (dense, [V, D]), then the root's post_backward.
+    t.at("backward of the embedding" + mb);
+    t.alloc("parameter gradients", e * V * D);
+    t.free("activation gradients", e * D * N);
+    t.free("gathered parameters", e * root.full);
+    if (A > 1 && !reduce_every && m == 0) t.alloc("gradient accumulators (fp32)", 4 * root.full);
+    if (sync) {
+      t.alloc("reduce-scatter buffers", 4 * W * root.block);
+      finish_reduce();
+      t.alloc("reduce-scatter buffers", 4 * root.block);
+      reducing = &root;
+      if (A > 1 && !reduce_every) t.free("gradient accumulators (fp32)", 4 * root.full);
+    }
+    t.free("parameter gradients", e * V * D + head_grad);
+    finish_reduce();  // finish_backward
+  }
+
+  // --- optimizer --------------------------------------------------------------------------------
+  t.at("optimizer step");
+  if (muon) {
+    // Nesterov's blend of gradient and momentum (fp32, on the shards). Then, over several ranks
+    // (sharded_muon.cpp), in ns_dtype: each matrix's padded rows gathered into send parts and
+    // their concatenation, the rows received from every rank, the owner's whole matrices (a W-th
+    // of them), and after Newton-Schulz the results, the rows to send back and those returned.
+    // Newton-Schulz runs same-shape matrices as one batch: their stack, the normalised iterate,
+    // X Xᵀ and its polynomial (k m x m for k matrices with m the short side) and the next iterate.
+    const int64_t ns = c.optim.optim.ns_dtype == "float32" ? 4 : 2;
+    std::map<std::pair<int64_t, int64_t>, int64_t> groups;  // shape -> matrices
+    int64_t hidden_full = 0, hidden_block = 0;
+    for (const ParamSpec& p : param_specs(a))
+      if (param_role(p.name, static_cast<int64_t>(p.shape.size())) == ParamRole::Hidden) {
+        ++groups[{p.shape[0], p.shape[1]}];
+        hidden_full += p.numel();
+        hidden_block += RowShard::of(p.shape, W).block_numel();
+      }
+    t.alloc("optimizer work", 4 * hidden_local);  // the blend
+    const int64_t owned = (hidden_full + W - 1) / W;  // size-balanced owners
+    const int64_t in_bytes = W > 1 ? ns : 4;           // what Newton-Schulz is handed
+    if (W > 1) t.alloc("optimizer work", ns * (2 * hidden_block + 2 * owned));  // send, recv, whole
+    for (const auto& [shape, count] : groups) {
+      const int64_t k = (count + W - 1) / W, g = k * shape.first * shape.second;
+      const int64_t m = std::min(shape.first, shape.second);
+      const int64_t temps = in_bytes * g + ns * (2 * g + 2 * k * m * m);
+      t.alloc("optimizer work", temps);
+      t.free("optimizer work", temps);
+      t.alloc("optimizer work", ns * g);  // the result, kept until every group is done
+    }
+    if (W > 1) t.alloc("optimizer work", ns * (owned + hidden_block));  // back, returned
+  }
+
+  MemoryEstimate est;
+  est.peak = t.peak();
+  est.peak_at = t.peak_at();
+  for (const auto& [what, bytes] : t.at_peak())
+    if (bytes > 0) est.at_peak.push_back({what, bytes});
+  std::sort(est.at_peak.begin(), est.at_peak.end(), [](const auto& x, const auto& y) { return x.bytes > y.bytes; });
+  est.activations_without_checkpointing = (block_keeps * L) * N;
+  int64_t kept = 0;
+  for (int64_t i = 0; i < L; ++i) kept += (checkpointed(i) ? checkpointed_keeps : block_keeps) * N;
+  est.activations_per_micro_batch = kept;
+  est.reduce_every_micro_batch = reduce_every;
+  return est;
+}
+
+int64_t device_memory_bytes(const Config& c, const std::string& name) {
+  if (c.runtime.device_memory_gb > 0) return static_cast<int64_t>(c.runtime.device_memory_gb * 1e9);
+  // The total nvidia-smi reports for the SXM parts (the spec sheets' 80 and 141 GB).
+  constexpr int64_t MiB = 1 << 20;
+  if (name.find("H200") != std::string::npos) return 143771 * MiB;
+  if (name.find("H100") != std::string::npos) return 81559 * MiB;
+  return 0;
+}
+
+int64_t usable_memory_bytes(int64_t device_bytes) { return device_bytes / 10 * 9; }
+
+std::vector<std::string> describe_memory(const MemoryEstimate& e, int64_t device_bytes) {
+  auto gib = [](int64_t b) { return strf("%9.2f GiB", static_cast<double>(b) / (1 << 30)); };
+  std::vector<std::string> lines;
+  lines.push_back(strf("predicted peak memory per rank: %s (%ld bytes), at the %s", gib(e.peak).c_str(),
+                       static_cast<long>(e.peak), e.peak_at.c_str()));
+  for (const auto& p : e.at_peak) lines.push_back(strf("  %-32s %s", p.what.c_str(), gib(p.bytes).c_str()));
+  lines.push_back(strf("  saved activations per micro-batch: %s as configured, %s without activation checkpointing",
+                       gib(e.activations_per_micro_batch).c_str(), gib(e.activations_without_checkpointing).c_str()));
+  lines.push_back(std::string("  gradients: ") + (e.reduce_every_micro_batch ? "reduced on every micro-batch (sharded sums)"
+                                                                              : "summed whole until the last micro-batch"));
+  if (device_bytes > 0)
+    lines.push_back(strf("device memory %.2f GiB, of which 90%% usable (%.2f GiB): %s",
+                         static_cast<double>(device_bytes) / (1 << 30),
+                         static_cast<double>(usable_memory_bytes(device_bytes)) / (1 << 30),
+                         e.peak <= usable_memory_bytes(device_bytes) ? "fits" : "DOES NOT FIT"));
+  else
+    lines.push_back("device memory: unknown (runtime.device_memory_gb sets it); not checked");
+  return lines;
+}
+
+}  // namespace zb

@@ -1,0 +1,52 @@
+#pragma once
+// Peak memory per rank of a training step under the sharding engine, predicted before launch
+// (--dry-run, and before training starts) from the config, the world size and the compute dtype.
+//
+// The prediction replays the step's allocations in the order the engine makes them (forward
+// block by block, the chunked loss, backward in reverse, the optimizer) and keeps what is live at
+// the highest point, by kind: parameter shards, optimizer state, gathered blocks and their
+// collective buffers, gradient accumulators, saved activations, the loss's chunks, data batches.
+// Rank 0 is the one predicted (the first ranks hold whole row blocks, the last may hold fewer).
+// What each operation keeps for backward is listed where it is counted (memory_estimate.cpp);
+// the CPU's figures are checked against a count of live tensor bytes (scripts/memory_check.sh).
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+
+namespace zb {
+
+struct MemoryEstimate {
+  struct Part {
+    std::string what;
+    int64_t bytes = 0;
+  };
+  int64_t peak = 0;             // bytes, rank 0
+  std::string peak_at;          // where in the step ("backward of block 3", ...)
+  std::vector<Part> at_peak;    // what is live then, largest first
+  int64_t activations_per_micro_batch = 0;  // saved for backward over all blocks, as configured
+  int64_t activations_without_checkpointing = 0;
+  bool reduce_every_micro_batch = false;
+};
+
+// `cuda`: the device's kernels (fused RMSNorm and flash attention save less than the CPU's).
+MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::ScalarType compute_dtype,
+                                    bool cuda, bool reduce_every_micro_batch);
+
+// The memory one device offers: runtime.device_memory_gb if set, else known GPUs by name (H100
+// and H200 SXM); 0 when unknown (the CPU: nothing is checked).
+int64_t device_memory_bytes(const Config& c, const std::string& device_name);
+
+// What a run may plan to use of a device's memory: 90% of it. The rest is left for what the
+// estimate does not count: the CUDA context, NCCL's buffers, the caching allocator's rounding
+// and fragmentation.
+int64_t usable_memory_bytes(int64_t device_bytes);
+
+// The estimate as a table of lines, with the device's memory and whether the peak fits in its
+// usable part.
+std::vector<std::string> describe_memory(const MemoryEstimate& e, int64_t device_bytes);
+
+}  // namespace zb

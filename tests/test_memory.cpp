@@ -1,0 +1,97 @@
+// The memory estimate's bookkeeping, checked against sizes computed here independently (the
+// measured comparison with real runs is tests' memory.estimate_matches_measured and
+// scripts/memory_check.sh).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "config/config.h"
+#include "model/model_args.h"
+#include "model/model_config.h"
+#include "train/memory_estimate.h"
+
+using namespace zb;
+
+namespace {
+
+const std::string kConfigs = std::string(ZB_SOURCE_DIR) + "/configs/";
+
+int64_t part(const MemoryEstimate& e, const std::string& what) {
+  for (const auto& p : e.at_peak)
+    if (p.what == what) return p.bytes;
+  return 0;
+}
+
+int64_t num_params(const ModelArgs& a) {
+  int64_t n = 0;
+  for (const ParamSpec& p : param_specs(a)) n += p.numel();
+  return n;
+}
+
+}  // namespace
+
+// 7B on 8 ranks (32 micro-batches each): the unsharded fp32 sums of every parameter's gradient
+// are live through the accumulation (4 bytes x 6.7 B parameters); reducing every micro-batch
+// removes them.
+TEST(MemoryEstimate, GradientSumsAreWholeUnlessReducedEveryMicroBatch) {
+  Config c = load_config_file(kConfigs + "7B/H100.toml");
+  const int64_t P = num_params(resolve_model_args(c));
+  const MemoryEstimate whole = estimate_step_memory(c, 8, at::kBFloat16, true, false);
+  const MemoryEstimate sharded = estimate_step_memory(c, 8, at::kBFloat16, true, true);
+  EXPECT_EQ(part(whole, "gradient accumulators (fp32)"), 4 * P);
+  EXPECT_FALSE(whole.reduce_every_micro_batch);
+  EXPECT_EQ(part(sharded, "gradient accumulators (fp32)"), 0);
+  EXPECT_TRUE(sharded.reduce_every_micro_batch);
+  EXPECT_LT(sharded.peak, whole.peak - 4 * P + 4 * P / 8 + (1ll << 30));
+  // One micro-batch per rank: nothing to accumulate either way.
+  c.optim.batch_size = 8 * c.train.micro_bs;
+  EXPECT_FALSE(estimate_step_memory(c, 8, at::kBFloat16, true, true).reduce_every_micro_batch);
+}
+
+// Parameter shards and optimizer state are a world-size-th of the model (rows padded to whole
+// blocks: within a row per matrix), fp32; AdamW keeps two moments per element.
+TEST(MemoryEstimate, ShardsAndAdamStateAreAWorldSizeth) {
+  Config c = load_config_file(kConfigs + "1B/H100.toml");
+  c.optim.optim.type = "adamw";
+  const ModelArgs a = resolve_model_args(c);
+  const int64_t P = num_params(a);
+  int64_t one_row_each = 0;  // rank 0 holds at most one row more of each tensor than P / W
+  for (const ParamSpec& p : param_specs(a)) one_row_each += p.numel() / p.shape[0];
+  for (int64_t W : {1, 4, 8}) {
+    const MemoryEstimate e = estimate_step_memory(c, W, at::kBFloat16, true, false);
+    const double shards = static_cast<double>(part(e, "parameter shards (fp32)"));
+    EXPECT_NEAR(shards, 4.0 * P / W, 4.0 * one_row_each) << W;
+    EXPECT_EQ(part(e, "optimizer state (fp32)"), 2 * part(e, "parameter shards (fp32)")) << W;
+  }
+}
+
+// Activation checkpointing keeps only each checkpointed block's output; every other block keeps
+// what its operations save. The peak of a checkpointed run is lower.
+TEST(MemoryEstimate, CheckpointedBlocksKeepOnlyTheirOutput) {
+  Config c = load_config_file(kConfigs + "1B/H100.toml");
+  const ModelArgs a = resolve_model_args(c);
+  const int64_t N = c.train.micro_bs * c.data.seq_length, bf16 = 2;
+  c.train.ac_ckpt = 0;
+  const MemoryEstimate off = estimate_step_memory(c, 8, at::kBFloat16, true, false);
+  c.train.ac_ckpt = 1;
+  const MemoryEstimate every = estimate_step_memory(c, 8, at::kBFloat16, true, false);
+  c.train.ac_ckpt = 2;
+  const MemoryEstimate half = estimate_step_memory(c, 8, at::kBFloat16, true, false);
+  EXPECT_EQ(every.activations_per_micro_batch, a.n_layers * bf16 * a.dim * N);
+  EXPECT_EQ(off.activations_per_micro_batch, off.activations_without_checkpointing);
+  const int64_t per_block = off.activations_per_micro_batch / a.n_layers;
+  EXPECT_EQ(half.activations_per_micro_batch, a.n_layers / 2 * (per_block + bf16 * a.dim * N));
+  EXPECT_LT(every.peak, half.peak);
+  EXPECT_LT(half.peak, off.peak);
+}
+
+TEST(MemoryEstimate, DeviceMemoryFromTheConfigElseTheGpusName) {
+  Config c = load_config_file(kConfigs + "1B/H100.toml");
+  constexpr int64_t MiB = 1 << 20;
+  EXPECT_EQ(device_memory_bytes(c, "NVIDIA H100 80GB HBM3"), 81559 * MiB);
+  EXPECT_EQ(device_memory_bytes(c, "NVIDIA H200"), 143771 * MiB);
+  EXPECT_EQ(device_memory_bytes(c, "cpu"), 0);
+  c.runtime.device_memory_gb = 40;
+  EXPECT_EQ(device_memory_bytes(c, "NVIDIA H100 80GB HBM3"), 40'000'000'000);
+  EXPECT_EQ(usable_memory_bytes(40'000'000'000), 36'000'000'000);
+}

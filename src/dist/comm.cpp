@@ -69,7 +69,8 @@ Communicator::Communicator(const World& world, c10::Device device, std::chrono::
   const std::string mine = std::to_string(world.size);
   store_->set("zb/world_size_of/" + std::to_string(world.rank),
               std::vector<uint8_t>(mine.begin(), mine.end()));
-  for (int64_t r = 0; r < world.size; ++r) {
+  std::string mismatch;
+  for (int64_t r = 0; r < world.size && mismatch.empty(); ++r) {
     const std::string key = "zb/world_size_of/" + std::to_string(r);
     try {
       store_->wait({key}, timeout);
@@ -80,8 +81,22 @@ Communicator::Communicator(const World& world, c10::Device device, std::chrono::
     const auto bytes = store_->get(key);
     const std::string theirs(bytes.begin(), bytes.end());
     if (theirs != mine)
-      throw std::runtime_error("rank " + std::to_string(world.rank) + " was launched with world size " +
-                               mine + " but rank " + std::to_string(r) + " with " + theirs);
+      mismatch = "rank " + std::to_string(world.rank) + " was launched with world size " + mine + " but rank " +
+                 std::to_string(r) + " with " + theirs;
+  }
+  if (!mismatch.empty()) {
+    // The rank serving the store waits (briefly) until the others have read what they need:
+    // leaving at once would take the store away and give them a connection error instead.
+    store_->set("zb/world_size_read/" + std::to_string(world.rank), std::vector<uint8_t>{1});
+    if (opts.isServer) {
+      for (int64_t r = 1; r < world.size; ++r) {
+        try {
+          store_->wait({"zb/world_size_read/" + std::to_string(r)}, std::chrono::seconds(5));
+        } catch (const std::exception&) {
+        }
+      }
+    }
+    throw std::runtime_error(mismatch);
   }
 
   // The backends' own timeouts come after the watchdog's, which names the stalled step: NCCL's

@@ -4,13 +4,16 @@
 //   export_hf CHECKPOINT_DIR OUT_DIR [--check-logits]
 //
 // --check-logits also writes OUT_DIR/check_tokens.bin (int64) and check_logits.bin (fp32): our
-// model's logits on a fixed token sequence, for comparing with transformers.
+// model's logits on a fixed token sequence, for comparing with transformers; and the same with
+// attention within documents: check_documents.bin (int32 cumulative lengths, as the loader's)
+// and check_logits_documents.bin.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "checkpoint/hf_export.h"
 #include "model/llama.h"
@@ -32,11 +35,19 @@ int main(int argc, char** argv) {
       const int64_t T = std::min<int64_t>(16, args.max_seq_len);
       at::Tensor tokens = ((at::arange(T, at::kLong) * 7 + 3) % args.vocab_size).unsqueeze(0);
       at::Tensor logits = model.forward(tokens).contiguous();
+      // Three documents of 5, 1 and the rest of the tokens.
+      const at::Tensor cu = at::tensor(std::vector<int32_t>{0, 5, 6, static_cast<int32_t>(T)}, at::kInt);
+      const zb::Documents documents = zb::make_documents(cu, T - 6, T, at::kCPU, at::kFloat, /*flash=*/false);
+      at::Tensor masked = model.forward(tokens, documents).contiguous();
       const std::string out = argv[2];
-      std::ofstream(out + "/check_tokens.bin", std::ios::binary)
-          .write(static_cast<const char*>(tokens.data_ptr()), tokens.numel() * 8);
-      std::ofstream(out + "/check_logits.bin", std::ios::binary)
-          .write(static_cast<const char*>(logits.data_ptr()), logits.numel() * 4);
+      auto write = [&](const std::string& name, const at::Tensor& t) {
+        std::ofstream(out + "/" + name, std::ios::binary)
+            .write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
+      };
+      write("check_tokens.bin", tokens);
+      write("check_logits.bin", logits);
+      write("check_documents.bin", cu);
+      write("check_logits_documents.bin", masked);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "export_hf: %s\n", e.what());

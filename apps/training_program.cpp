@@ -78,8 +78,12 @@ void describe_model(const zb::Config& c, const zb::ModelArgs& a, int64_t world_s
   zb::log::info(strf("parameters: %s total, %s without the token embedding",
                      zb::with_commas(zb::count_params(a)).c_str(),
                      zb::with_commas(zb::count_params_without_embedding(a)).c_str()));
-  zb::log::info(strf("FLOPs/token: %.4g (6N + 12*L*H*Dh*T at seq_length %ld)",
-                     zb::flops_per_token(a, c.data.seq_length), c.data.seq_length));
+  zb::log::info(strf("FLOPs/token: %.4g (6N + 12*L*H*Dh*T at seq_length %ld%s)",
+                     zb::flops_per_token(a, c.data.seq_length), c.data.seq_length,
+                     c.model.attention == "document" ? "; attention counted over whole rows, as ZeroBand, "
+                                                       "though the document mask skips pairs: MFU is comparable, "
+                                                       "tokens/s is the measure"
+                                                     : ""));
   zb::log::info(strf("batch: %ld sequences x %ld tokens = %s tokens/step; micro_bs %ld, %ld accumulation steps on %ld rank(s)",
                      c.optim.batch_size, c.data.seq_length,
                      zb::with_commas(c.optim.batch_size * c.data.seq_length).c_str(), c.train.micro_bs,
@@ -100,6 +104,7 @@ nlohmann::json resolved_run(const zb::Config& c) {
       {"name_model", c.name_model},
       {"type_model", c.type_model},
       {"model", model},
+      {"attention", c.model.attention},
       {"num_params", zb::count_params(a)},
       {"flops_per_token", zb::flops_per_token(a, c.data.seq_length)},
       {"seq_length", c.data.seq_length},
@@ -212,6 +217,12 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism) {
                      device.str().c_str(), zb::device_name(device).c_str(),
                      c10::toString(trainer.compute_dtype()), at::get_num_threads(),
                      cfg.train.reshard_after_forward ? "true" : "false"));
+  if (const auto& d = trainer.documents())
+    zb::log::info(strf("attention: within documents, split %s token %ld (%s)", d->opens ? "before" : "after",
+                       static_cast<long>(d->token),
+                       trainer.flash_documents() ? "variable-length flash kernel" : "additive mask through SDPA"));
+  else
+    zb::log::info("attention: causal over whole rows");
   for (const auto& line : trainer.optimizer().describe()) zb::log::info("optimizer " + line);
   if (trainer.grad_accum_steps() > 1)
     zb::log::info(trainer.reduces_every_micro_batch()

@@ -28,8 +28,10 @@ out=${OUT:-outputs/bench-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
 
 # The same overrides for both sides: fake data, a fixed number of steps, no checkpoints or
-# validation; on CPU the ranks share the cores.
-args=(--config "$config" --data.fake --optim.total_steps "$steps" --ckpt.path "" --data.eval_interval 0 "$@")
+# validation; on CPU the ranks share the cores. Attention across whole rows: the peer has no
+# document mask yet (its uniform random tokens have no documents either).
+args=(--config "$config" --data.fake --optim.total_steps "$steps" --ckpt.path "" --data.eval_interval 0
+      --model.attention causal "$@")
 threads=0
 if [ $gpu = 0 ]; then
   threads=$(( $(nproc) / nproc > 0 ? $(nproc) / nproc : 1 ))

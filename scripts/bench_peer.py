@@ -285,6 +285,9 @@ def main():
     with open(args.config_json) as f:
         run = json.load(f)
     m = run["model"]
+    if run.get("attention", "causal") != "causal":
+        raise SystemExit("bench_peer: the peer attends causally across whole rows (no document mask); "
+                         f"this run has model.attention = {run['attention']} (bench.sh passes causal)")
     if run["hidden"]["type"] == "muon" and run["hidden"]["ns_dtype"] != "bfloat16":
         raise SystemExit("bench_peer: torch.optim.Muon orthogonalises in bfloat16 only; "
                          f"this run has optim.optim.ns_dtype = {run['hidden']['ns_dtype']}")

@@ -14,7 +14,8 @@ OUT/tokenizer.json). Documents are separated by the end-of-text token (plus a be
 with --bos). A deterministic --val-fraction of the documents goes to OUT/val, the rest to
 OUT/train, in shards of --shard-tokens tokens, in llm.c's format: a 256 x int32 header (magic
 20240520 and version 1 for uint16 tokens, 20240801 and 7 for uint32; then the token count) and
-the tokens. OUT/meta.json records the counts. Encoding uses every core (the tokenizers library
+the tokens. OUT/meta.json records the counts and the token that ends each document (train_fsdp
+reads it for attention within documents). Encoding uses every core (the tokenizers library
 is multi-threaded).
 """
 import argparse
@@ -170,7 +171,10 @@ def main():
     for w in writers.values():
         w.flush()
     print(file=sys.stderr)
+    # document_token / document_token_position: how train_fsdp finds documents (its default
+    # attention is within documents): the end-of-text token after each one.
     meta = {"vocab_size": vocab, "eos": eos, "bos": bos if args.bos else None,
+            "document_token": eos, "document_token_position": "closes",
             "documents": counts, "tokens": {s: w.tokens for s, w in writers.items()},
             "shards": {s: w.files for s, w in writers.items()}}
     with open(os.path.join(args.out, "meta.json"), "w") as f:

@@ -14,8 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "data/documents.h"
 #include "data/fake_data.h"
 #include "data/loader.h"
+#include "model/attention.h"
 #include "model/layers.h"
 #include "model/llama.h"
 #include "model/model_args.h"
@@ -117,7 +119,7 @@ TEST(CudaModel, Bf16ForwardBackwardMatchesFp32OnCpu) {
 
 TEST(CudaAttention, FlashIsChosenForThePresetsShapes) {
   SKIP_WITHOUT_GPU();
-  // The query/key/value layout causal_attention hands to scaled_dot_product_attention
+  // The query/key/value layout attention hands to scaled_dot_product_attention
   // (src/model/layers.cpp): [B, T, H, Dh] transposed to [B, H, T, Dh], bf16, causal, requiring
   // gradients as in training. _fused_sdp_choice is the dispatcher's own choice for these inputs.
   struct Shape { const char* name; int64_t heads, head_dim; };
@@ -135,11 +137,11 @@ TEST(CudaAttention, FlashIsChosenForThePresetsShapes) {
         << s.name << " (" << s.heads << " heads of " << s.head_dim << ") on " << device_name(kGpu)
         << ": scaled_dot_product_attention would run " << sdp_backend_name(choice);
 
-    // And the kernel computes attention: causal_attention against softmax(q k^T / sqrt(Dh)) v
+    // And the kernel computes attention: attention() against softmax(q k^T / sqrt(Dh)) v
     // in fp32 on the same (bf16-rounded) inputs. Flash accumulates in fp32 and rounds its output
     // to bf16 (2^-9 relative): 1e-2 absolute on outputs of size ~1.
     at::NoGradGuard no_grad;
-    const at::Tensor out = causal_attention(q, k, v).to(at::kFloat);  // [B, T, H*Dh]
+    const at::Tensor out = attention(q, k, v).to(at::kFloat);  // [B, T, H*Dh]
     const at::Tensor qf = q.transpose(1, 2).to(at::kFloat), kf = k.transpose(1, 2).to(at::kFloat),
                      vf = v.transpose(1, 2).to(at::kFloat);
     const at::Tensor mask = at::ones({T, T}, at::TensorOptions().device(kGpu).dtype(at::kBool)).triu(1);
@@ -148,6 +150,44 @@ TEST(CudaAttention, FlashIsChosenForThePresetsShapes) {
                                .transpose(1, 2)
                                .reshape({B, T, s.heads * s.head_dim});
     EXPECT_LT((out - ref).abs().max().item<double>(), 1e-2) << s.name;
+  }
+}
+
+TEST(CudaAttention, VarlenFlashEqualsTheCpuMask) {
+  SKIP_WITHOUT_GPU();
+  // Document attention by the variable-length flash kernel (bf16, the rows flattened) against the
+  // additive-mask path on the CPU in fp32 on the same bf16-rounded inputs: outputs and the
+  // gradients of q, k, v for a fixed output gradient. Rows: many documents, one, and GQA heads.
+  const int64_t B = 3, T = 256, H = 8, Dh = 64;
+  for (int64_t Hkv : {H, int64_t{2}}) {
+    at::manual_seed(5);
+    at::Tensor tokens = at::randint(3, 50, {B, T}, at::kLong);
+    tokens[0].index_put_({at::arange(10, T, 37)}, 1);  // documents of 37 tokens
+    tokens[2].index_put_({at::tensor(std::vector<int64_t>{0, 1, 2, 200, T - 1}, at::kLong)}, 1);  // short ones, an EOS at both ends
+    std::vector<int32_t> cu{0};
+    int64_t max_len = 0;
+    for (int64_t b = 0; b < B; ++b)
+      append_document_bounds(tokens[b].contiguous().data_ptr<int64_t>(), T, {1, false}, cu, max_len);
+    const at::Tensor cu_seqlens = at::tensor(cu, at::kInt);
+    ASSERT_TRUE(varlen_flash_supported(kGpu, at::kBFloat16, Dh));
+    const Documents on_gpu = make_documents(cu_seqlens, max_len, T, kGpu, at::kBFloat16, true);
+    const Documents on_cpu = make_documents(cu_seqlens, max_len, T, at::kCPU, at::kFloat, false);
+    ASSERT_TRUE(on_gpu.cu_seqlens.defined() && !on_gpu.mask.defined());
+    auto make = [](at::IntArrayRef shape) { return at::randn(shape, at::kFloat).to(at::kBFloat16); };
+    const at::Tensor q0 = make({B, T, H, Dh}), k0 = make({B, T, Hkv, Dh}), v0 = make({B, T, Hkv, Dh});
+    const at::Tensor dout = at::randn({B, T, H * Dh}, at::kFloat);
+    auto run = [&](const c10::Device& device, at::ScalarType dtype, const Documents& documents) {
+      at::Tensor q = q0.to(device, dtype).requires_grad_(true), k = k0.to(device, dtype).requires_grad_(true),
+                 v = v0.to(device, dtype).requires_grad_(true);
+      at::Tensor out = attention(q, k, v, documents);
+      out.backward(dout.to(device, dtype));
+      return std::vector<at::Tensor>{out, q.grad(), k.grad(), v.grad()};
+    };
+    const auto gpu = run(kGpu, at::kBFloat16, on_gpu);
+    const auto cpu = run(at::kCPU, at::kFloat, on_cpu);
+    const char* names[] = {"output", "dq", "dk", "dv"};
+    // bf16 outputs and gradients (2^-9 relative rounding, fp32 accumulation in the kernel).
+    for (int i = 0; i < 4; ++i) EXPECT_LT(relative_error(gpu[i], cpu[i]), 2e-2) << names[i] << " Hkv " << Hkv;
   }
 }
 

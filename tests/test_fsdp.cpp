@@ -50,7 +50,8 @@ struct RunResult {
   int64_t blocks_recomputed = 0;
 };
 
-// The reference: no engine, no collectives. The whole global batch in one forward/backward.
+// The reference: no engine, no collectives. The whole global batch in one forward/backward, with
+// attention within the fake documents unless model.attention = "causal".
 RunResult train_single_process(const Config& c, int steps) {
   at::manual_seed(static_cast<uint64_t>(c.runtime.seed));
   Llama model(resolve_model_args(c), at::TensorOptions());
@@ -59,11 +60,14 @@ RunResult train_single_process(const Config& c, int steps) {
   DataLoader data(std::make_shared<FakeDataset>(static_cast<uint64_t>(c.runtime.seed),
                                                 c.data.seq_length, model.args().vocab_size),
                   0, false, c.optim.batch_size, c.optim.batch_size, 0, 1);
+  if (c.model.attention == "document") data.set_documents({FakeDataset::kEos, /*opens=*/false});
   LrSchedule schedule{c.optim.sched_type, c.optim.warmup_steps, c.optim.stable_steps, c.optim.total_steps};
   RunResult run;
   for (int s = 1; s <= steps; ++s) {
     Batch b = data.next();
-    at::Tensor loss = cross_entropy(model.forward(b.inputs), b.targets);
+    const Documents documents =
+        make_documents(b.cu_seqlens, b.max_document, c.data.seq_length, at::kCPU, at::kFloat, false);
+    at::Tensor loss = cross_entropy(model.forward(b.inputs, documents), b.targets);
     loss.backward();
     clip_grad_norm_(model.parameter_tensors(), c.optim.max_norm);
     opt.step(schedule.multiplier(s));
@@ -126,6 +130,20 @@ TEST_P(FSDPMatchesSingleProcess, LossesAndParametersOverTenSteps) {
     expect_same_run(got, want, 1e-5);  // fp32 throughout: only summation order differs
     if (rank == 0) std::printf("W=%d %s: final loss %.6f (single process %.6f)\n", W,
                                optimizer.c_str(), got.losses.back(), want.losses.back());
+  });
+}
+
+// The same with attention across whole rows; and the document mask does change the run.
+TEST(FSDP, CausalAttentionMatchesSingleProcessToo) {
+  Config c = small_config("adamw");
+  c.model.attention = "causal";
+  multiprocess::run_ranks(2, [&](int) {
+    const RunResult causal = train_sharded(c, 5);
+    expect_same_run(causal, train_single_process(c, 5), 1e-5);
+    Config masked = c;
+    masked.model.attention = "document";
+    const RunResult documents = train_sharded(masked, 5);
+    EXPECT_GT(std::abs(documents.losses.back() - causal.losses.back()), 1e-4);
   });
 }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <complex>
 
+#include "model/attention.h"
 #include "model/layers.h"
 
 using namespace zb;
@@ -49,7 +50,7 @@ TEST(Layers, CausalGqaAttentionMatchesNaiveSoftmax) {
   const int64_t B = 2, T = 9, H = 6, Hkv = 2, Dh = 16;
   for (int64_t kv : {Hkv, H}) {  // grouped-query and plain multi-head
     at::Tensor q = randn64({B, T, H, Dh}), k = randn64({B, T, kv, Dh}), v = randn64({B, T, kv, Dh});
-    at::Tensor got = causal_attention(q, k, v);  // [B, T, H*Dh]
+    at::Tensor got = attention(q, k, v);  // [B, T, H*Dh]
 
     auto qa = q.accessor<double, 4>(), ka = k.accessor<double, 4>(), va = v.accessor<double, 4>();
     at::Tensor want = at::zeros({B, T, H * Dh}, at::kDouble);

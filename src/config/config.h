@@ -19,9 +19,12 @@ struct ConfigError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-struct ModelOverrides {  // [model]: optional changes to the size table entry
+struct ModelOverrides {  // [model]: optional changes to the size table entry, and attention
   std::optional<int64_t> dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of;
   std::optional<double> ffn_dim_multiplier, norm_eps, rope_theta;
+  // "document": causal within each document of a packed row (ZeroBand's training mask);
+  // "causal": across the whole row.
+  std::string attention = "document";
 };
 
 struct TrainConfig {  // [train]
@@ -88,6 +91,10 @@ struct DataConfig {  // [data]
   bool shuffle = true;         // a seeded permutation of the samples each epoch
   int64_t eval_interval = 0;   // validation loss every N steps (0 = never); needs val data
   int64_t eval_batches = 4;    // micro-batches per rank in each validation
+  // The token that marks documents in the shards, where their meta.json does not say
+  // (data/documents.h), and whether it "closes" (follows) or "opens" (precedes) each document.
+  std::optional<int64_t> document_token;
+  std::string document_token_position = "closes";
 };
 
 struct RuntimeConfig {  // [runtime]

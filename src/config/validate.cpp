@@ -65,6 +65,12 @@ void validate(const Config& c, int64_t world_size) {
   positive("data.seq_length", c.data.seq_length);
   non_negative("data.num_workers", c.data.num_workers);
   non_negative("data.eval_interval", c.data.eval_interval);
+  if (c.data.document_token) {
+    non_negative("data.document_token", *c.data.document_token);
+    if (*c.data.document_token >= a.vocab_size)
+      fail("data.document_token", "data.document_token (" + show(*c.data.document_token) +
+                                      ") is not below the vocabulary of " + show(a.vocab_size));
+  }
   positive("data.eval_batches", c.data.eval_batches);
   if (c.data.eval_interval > 0 && !c.data.val_dataset_name_or_paths && !c.data.fake)
     fail("data.eval_interval", "data.eval_interval is set but data.val_dataset_name_or_paths is not");

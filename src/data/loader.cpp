@@ -2,6 +2,7 @@
 
 #include <ATen/ops/empty.h>
 
+#include <algorithm>
 #include <numeric>
 #include <random>
 #include <cstdlib>
@@ -50,7 +51,15 @@ Batch DataLoader::make_batch(int64_t first_row, bool pin_memory) const {
   at::Tensor inputs = at::empty({micro_bs_, T}, opts), targets = at::empty({micro_bs_, T}, opts);
   inputs.copy_(rows.slice(1, 0, T));
   targets.copy_(rows.slice(1, 1, T + 1));
-  return {inputs, targets};
+  Batch batch{inputs, targets};
+  if (delimiter_) {
+    std::vector<int32_t> cu{0};
+    for (int64_t j = 0; j < micro_bs_; ++j)
+      append_document_bounds(data + j * (T + 1), T, *delimiter_, cu, batch.max_document);
+    batch.cu_seqlens = at::empty({static_cast<int64_t>(cu.size())}, opts.dtype(at::kInt));
+    std::copy(cu.begin(), cu.end(), batch.cu_seqlens.data_ptr<int32_t>());
+  }
+  return batch;
 }
 
 Batch DataLoader::next() {

@@ -14,15 +14,22 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "data/documents.h"
 
 namespace zb {
 
 struct Batch {
   at::Tensor inputs;   // [micro_bs, seq_len] int64
   at::Tensor targets;  // [micro_bs, seq_len] int64
+  // Where the inputs' documents begin and end (model/attention.h's Documents::cu_seqlens, int32,
+  // on the CPU) and the longest piece; undefined unless the loader was given a delimiter.
+  at::Tensor cu_seqlens;
+  int64_t max_document = 0;
 };
 
 class SampleSource {
@@ -73,6 +80,10 @@ class DataLoader {
   // are the same as without it.
   void start_prefetch(int depth, bool pin_memory);
 
+  // Batches then carry their rows' documents, cut at `delimiter` (data/documents.h); computed
+  // with the batch, on the prefetching thread. Call before start_prefetch.
+  void set_documents(const DocumentDelimiter& delimiter) { delimiter_ = delimiter; }
+
   // The next micro-batch of this rank (CPU tensors).
   Batch next();
   // The sample a global position maps to.
@@ -94,6 +105,7 @@ class DataLoader {
   bool shuffle_;
   int64_t global_batch_, micro_bs_, rank_, world_;
   int64_t rows_ = 0;
+  std::optional<DocumentDelimiter> delimiter_;
   mutable int64_t cached_epoch_ = -1;
   mutable std::vector<int64_t> cached_permutation_;
 

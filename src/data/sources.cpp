@@ -12,9 +12,11 @@ DataSources make_data_sources(const Config& config, int64_t V) {
   const uint64_t seed = static_cast<uint64_t>(config.runtime.seed);
   const int64_t T = config.data.seq_length;
   DataSources out;
+  const bool documents = config.model.attention == "document";
   if (config.data.fake) {
     out.train = std::make_shared<FakeDataset>(seed, T, V);
     out.validation = std::make_shared<FakeDataset>(seed + 1, T, V);
+    if (documents) out.documents = DocumentDelimiter{FakeDataset::kEos, /*opens=*/false};
     return out;
   }
   if (config.data.dataset_ratio) {
@@ -34,6 +36,17 @@ DataSources make_data_sources(const Config& config, int64_t V) {
   }
   if (config.data.val_dataset_name_or_paths)
     out.validation = std::make_shared<TokenDataset>(*config.data.val_dataset_name_or_paths, T, V);
+  if (documents) {
+    out.documents = config.data.document_token
+                        ? DocumentDelimiter{*config.data.document_token, config.data.document_token_position == "opens"}
+                        : delimiter_from_meta(config.data.dataset_name_or_paths);
+    if (!out.documents)
+      throw ConfigError("model.attention = \"document\" needs the token that marks documents, and neither "
+                        "data.document_token nor a meta.json next to " + config.data.dataset_name_or_paths +
+                        " (make_shards writes one) gives it: set data.document_token (with "
+                        "data.document_token_position = \"opens\" for llm.c's GPT-2 shards), or "
+                        "model.attention = \"causal\"");
+  }
   return out;
 }
 

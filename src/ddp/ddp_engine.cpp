@@ -99,9 +99,9 @@ DDPEngine::DDPEngine(Llama& model, Communicator& comm, double bucket_mb) : model
 
 DDPEngine::~DDPEngine() = default;
 
-at::Tensor DDPEngine::loss(const at::Tensor& tokens, const at::Tensor& targets) {
+at::Tensor DDPEngine::loss(const at::Tensor& tokens, const at::Tensor& targets, const Documents& documents) {
   for (auto& b : buckets_) b->fill_slots(model_.parameters());
-  return model_.loss(tokens, targets);
+  return model_.loss(tokens, targets, documents);
 }
 
 void DDPEngine::finish_backward() {

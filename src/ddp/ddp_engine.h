@@ -22,7 +22,7 @@ class DDPEngine : public ParallelModel {
   DDPEngine(Llama& model, Communicator& comm, double bucket_mb);
   ~DDPEngine() override;
 
-  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets) override;
+  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets, const Documents& documents = {}) override;
   void set_requires_gradient_sync(bool sync) override { sync_ = sync; }
   void finish_backward() override;
   void reshard() override {}  // nothing is gathered

@@ -51,38 +51,45 @@ FSDPEngine::FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& opti
 namespace {
 
 // Activation checkpointing of one block: forward runs without recording a graph and keeps only
-// the block's input; backward (after the unit was gathered again by the hook on the output)
-// recomputes the block with a graph and back-propagates through it, which also hands the
-// parameter gradients to the unit.
+// the block's input (and the micro-batch's documents); backward (after the unit was gathered
+// again by the hook on the output) recomputes the block with a graph and back-propagates through
+// it, which also hands the parameter gradients to the unit.
 struct CheckpointedBlock : torch::autograd::Function<CheckpointedBlock> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 FSDPEngine* engine, FSDPUnit* unit, int64_t layer,
-                                                const at::Tensor& h) {
+                                                const Documents* documents, const at::Tensor& h) {
     ctx->saved_data["engine"] = reinterpret_cast<int64_t>(engine);
     ctx->saved_data["unit"] = reinterpret_cast<int64_t>(unit);
     ctx->saved_data["layer"] = layer;
+    if (documents->cu_seqlens.defined()) ctx->saved_data["cu_seqlens"] = documents->cu_seqlens;
+    if (documents->mask.defined()) ctx->saved_data["mask"] = documents->mask;
+    ctx->saved_data["max_len"] = documents->max_len;
     ctx->save_for_backward({h});
-    return {engine->model().block_forward(layer, h)};
+    return {engine->model().block_forward(layer, h, *documents)};
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto* engine = reinterpret_cast<FSDPEngine*>(ctx->saved_data["engine"].toInt());
     auto* unit = reinterpret_cast<FSDPUnit*>(ctx->saved_data["unit"].toInt());
     const int64_t layer = ctx->saved_data["layer"].toInt();
+    Documents documents;
+    if (ctx->saved_data.count("cu_seqlens")) documents.cu_seqlens = ctx->saved_data["cu_seqlens"].toTensor();
+    if (ctx->saved_data.count("mask")) documents.mask = ctx->saved_data["mask"].toTensor();
+    documents.max_len = ctx->saved_data["max_len"].toInt();
     at::Tensor input = ctx->get_saved_variables()[0].detach().requires_grad_(true);
     at::AutoGradMode grad_mode(true);
     unit->pre_backward();
     unit->fill_slots();
-    at::Tensor out = engine->model().block_forward(layer, input);
+    at::Tensor out = engine->model().block_forward(layer, input, documents);
     engine->count_recompute();
     torch::autograd::backward({out}, {grads[0]});
-    return {at::Tensor(), at::Tensor(), at::Tensor(), input.grad()};
+    return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), input.grad()};
   }
 };
 
 }  // namespace
 
-at::Tensor FSDPEngine::loss(const at::Tensor& tokens, const at::Tensor& targets) {
+at::Tensor FSDPEngine::loss(const at::Tensor& tokens, const at::Tensor& targets, const Documents& documents) {
   const int64_t L = static_cast<int64_t>(blocks_.size());
   root_->pre_forward();
   if (L > 0) blocks_[0]->issue_unshard();  // overlaps the embedding
@@ -97,7 +104,7 @@ at::Tensor FSDPEngine::loss(const at::Tensor& tokens, const at::Tensor& targets)
       unit.pre_forward();
     }
     if (i + 1 < L) blocks_[i + 1]->issue_unshard();  // prefetch: gathers while this block computes
-    h = checkpoint ? CheckpointedBlock::apply(this, &unit, i, h)[0] : model_.block_forward(i, h);
+    h = checkpoint ? CheckpointedBlock::apply(this, &unit, i, &documents, h)[0] : model_.block_forward(i, h, documents);
     unit.post_forward();
     if (unit.reshard_after_forward() && h.requires_grad()) {
       // Gradient w.r.t. this block's output is ready just before the block's backward runs:

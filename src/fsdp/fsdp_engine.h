@@ -45,7 +45,7 @@ class FSDPEngine : public ParallelModel {
   // full copies; the model's slots are refilled with gathered tensors during forward.
   FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& options);
 
-  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets) override;
+  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets, const Documents& documents = {}) override;
   // false on the micro-batches before the last: gradients accumulate unsharded, no collective.
   void set_requires_gradient_sync(bool sync) override;
   // Waits for the outstanding reduce-scatters, fills the sharded gradients and frees every

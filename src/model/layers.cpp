@@ -7,7 +7,6 @@
 #include <ATen/ops/outer.h>
 #include <ATen/ops/pow.h>
 #include <ATen/ops/rms_norm.h>
-#include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/silu.h>
 #include <ATen/ops/sin.h>
 #include <ATen/ops/stack.h>
@@ -41,16 +40,6 @@ at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {
   at::Tensor pairs = at::view_as_complex(x.to(work).unflatten(-1, {half, 2}));
   at::Tensor cis = rope.cis.slice(0, 0, T).view({1, T, 1, half});  // broadcast over batch, heads
   return at::view_as_real(pairs * cis).flatten(-2).to(x.scalar_type());
-}
-
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dh = q.size(3);
-  const bool gqa = k.size(2) != H;
-  at::Tensor out = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                                    v.transpose(1, 2), /*attn_mask=*/{},
-                                                    /*dropout_p=*/0.0, /*is_causal=*/true,
-                                                    /*scale=*/std::nullopt, /*enable_gqa=*/gqa);
-  return out.transpose(1, 2).reshape({B, T, H * Dh});
 }
 
 at::Tensor swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,

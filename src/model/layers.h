@@ -22,9 +22,7 @@ RopeTables rope_tables(int64_t head_dim, int64_t max_positions, double theta,
 // (float64 for float64 inputs).
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope);
 
-// Causal grouped-query attention. q [B, T, H, Dh], k and v [B, T, Hkv, Dh] with Hkv dividing H;
-// returns [B, T, H*Dh]. Uses scaled_dot_product_attention (flash / cuDNN on GPU).
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+// Attention: model/attention.h.
 
 // SwiGLU feed-forward: w2(silu(w1 x) * w3 x), no biases.
 at::Tensor swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,

@@ -90,7 +90,7 @@ void Llama::init_parameter(size_t i, at::Tensor& t) const {
   else trunc_normal_(t, 0.0, init.std, -init.cut, init.cut);
 }
 
-at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h) const {
+at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h, const Documents& documents) const {
   const auto& b = layers_[layer];
   const auto dt = compute_dtype_;
   const int64_t B = h.size(0), T = h.size(1), hd = args_.head_dim();
@@ -100,7 +100,7 @@ at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h) const {
   at::Tensor q = at::linear(x, b.wq.to(dt)).view({B, T, args_.n_heads, hd});
   at::Tensor k = at::linear(x, b.wk.to(dt)).view({B, T, args_.n_kv_heads, hd});
   at::Tensor v = at::linear(x, b.wv.to(dt)).view({B, T, args_.n_kv_heads, hd});
-  at::Tensor attn = causal_attention(apply_rope(q, rope_), apply_rope(k, rope_), v);
+  at::Tensor attn = attention(apply_rope(q, rope_), apply_rope(k, rope_), v, documents);
   at::Tensor h2 = h + at::linear(attn, b.wo.to(dt));
   return h2 + swiglu(rms_norm(h2, b.ffn_norm, eps), b.w1.to(dt), b.w2.to(dt), b.w3.to(dt));
 }
@@ -121,15 +121,15 @@ at::Tensor Llama::head_loss(const at::Tensor& h, const at::Tensor& targets) cons
                                loss_chunk_tokens(args_.vocab_size));
 }
 
-at::Tensor Llama::loss(const at::Tensor& tokens, const at::Tensor& targets) const {
+at::Tensor Llama::loss(const at::Tensor& tokens, const at::Tensor& targets, const Documents& documents) const {
   at::Tensor h = embed(tokens);
-  for (int64_t i = 0; i < args_.n_layers; ++i) h = block_forward(i, h);
+  for (int64_t i = 0; i < args_.n_layers; ++i) h = block_forward(i, h, documents);
   return head_loss(h, targets);
 }
 
-at::Tensor Llama::forward(const at::Tensor& tokens) const {
+at::Tensor Llama::forward(const at::Tensor& tokens, const Documents& documents) const {
   at::Tensor h = embed(tokens);
-  for (int64_t i = 0; i < args_.n_layers; ++i) h = block_forward(i, h);
+  for (int64_t i = 0; i < args_.n_layers; ++i) h = block_forward(i, h, documents);
   return head(h);
 }
 

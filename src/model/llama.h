@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "model/attention.h"
 #include "model/layers.h"
 #include "model/model_args.h"
 
@@ -48,17 +49,20 @@ class Llama {
   void init_parameter(size_t i, at::Tensor& t) const;
 
   // tokens [B, T] int64 -> logits [B, T, vocab] fp32. Weights are cast to `compute_dtype` where
-  // used (a no-op when they already are), so fp32 master weights get fp32 gradients.
-  at::Tensor forward(const at::Tensor& tokens) const;
+  // used (a no-op when they already are), so fp32 master weights get fp32 gradients. Attention
+  // is causal within `documents` where given (attention.h), else over each whole row.
+  at::Tensor forward(const at::Tensor& tokens, const Documents& documents = {}) const;
 
   // The three stages forward() chains, for engines that run code between them:
-  at::Tensor embed(const at::Tensor& tokens) const;                 // [B, T] -> [B, T, dim]
-  at::Tensor block_forward(int64_t layer, const at::Tensor& h) const;  // [B, T, dim] -> same
-  at::Tensor head(const at::Tensor& h) const;                       // -> logits [B, T, vocab]
+  at::Tensor embed(const at::Tensor& tokens) const;  // [B, T] -> [B, T, dim]
+  at::Tensor block_forward(int64_t layer, const at::Tensor& h,
+                           const Documents& documents = {}) const;  // [B, T, dim] -> same
+  at::Tensor head(const at::Tensor& h) const;        // -> logits [B, T, vocab]
   // Training's end: the mean next-token cross-entropy of the logits head(h) gives, against
   // targets [B, T], computed in chunks of tokens without ever holding them all (chunked_loss.h).
   at::Tensor head_loss(const at::Tensor& h, const at::Tensor& targets) const;
-  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets) const;  // embed..head_loss
+  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets,
+                  const Documents& documents = {}) const;  // embed..head_loss
 
   void set_compute_dtype(at::ScalarType dtype) { compute_dtype_ = dtype; }
   at::ScalarType compute_dtype() const { return compute_dtype_; }

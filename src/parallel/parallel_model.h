@@ -30,8 +30,8 @@ class ParallelModel {
  public:
   virtual ~ParallelModel() = default;
   // The mean next-token loss of tokens [B, T] against targets [B, T] (Llama::loss, through the
-  // engine's gathering and hooks).
-  virtual at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets) = 0;
+  // engine's gathering and hooks), attention within `documents` where given.
+  virtual at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets, const Documents& documents = {}) = 0;
   // false on micro-batches before the last: gradients accumulate locally, no collective.
   virtual void set_requires_gradient_sync(bool sync) = 0;
   // After each backward: the optimizer's tensors have their (averaged) gradients, and everything

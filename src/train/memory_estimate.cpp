@@ -4,6 +4,7 @@
 #include <map>
 
 #include "fsdp/row_shard.h"
+#include "model/attention.h"
 #include "model/chunked_loss.h"
 #include "model/model_args.h"
 #include "model/model_config.h"
@@ -62,6 +63,11 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t W, at::ScalarType c
   const int64_t e = at::elementSize(compute_dtype);          // bytes of a gathered weight / activation
   const bool muon = c.optim.optim.type == "muon";
   const bool reduce_every = reduce_every_micro_batch && A > 1;
+  // Document attention without the flash kernel reads an additive mask [B, 1, T, T] in the
+  // compute dtype, made once per micro-batch and shared by every block (attention.h).
+  const bool flash = varlen_flash_supported(cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU),
+                                            compute_dtype, a.head_dim());
+  const int64_t mask = c.model.attention == "document" && !flash ? e * c.data.seq_length * N : 0;
 
   // Units: blocks 0..L-1, then the root.
   std::vector<UnitSizes> units(L + 1);
@@ -129,6 +135,7 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t W, at::ScalarType c
     const std::string mb = A > 1 ? " (micro-batch " + std::to_string(m + 1) + ")" : "";
     // --- forward ----------------------------------------------------------------------------------
     t.at("forward" + mb);
+    t.alloc("attention mask", mask);
     gather(root);
     t.alloc("activations", e * D * N);  // the embedding's output, block 0's input
     int64_t kept = 0;
@@ -219,6 +226,7 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t W, at::ScalarType c
     }
     t.free("parameter gradients", e * V * D + head_grad);
     finish_reduce();  // finish_backward
+    t.free("attention mask", mask);
   }
 
   // --- optimizer --------------------------------------------------------------------------------

@@ -59,9 +59,12 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
   const uint64_t seed = static_cast<uint64_t>(config.runtime.seed);
   DataSources sources = make_data_sources(config, model_->args().vocab_size);
   val_source_ = sources.validation;
+  documents_ = sources.documents;
+  flash_documents_ = varlen_flash_supported(device, compute_dtype_, model_->args().head_dim());
   data_ = std::make_unique<DataLoader>(sources.train, seed, config.data.shuffle && !config.data.fake,
                                        config.optim.batch_size, config.train.micro_bs, comm.rank(),
                                        comm.size());
+  if (documents_) data_->set_documents(*documents_);
   // Batches are prepared on a background thread, in pinned memory for asynchronous GPU copies.
   data_->start_prefetch(4, device.is_cuda());
   schedule_ = {config.optim.sched_type, config.optim.warmup_steps, config.optim.stable_steps,
@@ -76,6 +79,11 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
     std::stringstream list(steps);
     for (std::string item; std::getline(list, item, ',');) poison_steps_.push_back(std::stoll(item));
   }
+}
+
+Documents Trainer::documents_of(const Batch& batch) const {
+  return make_documents(batch.cu_seqlens, batch.max_document, batch.inputs.size(1), device_, compute_dtype_,
+                        flash_documents_);
 }
 
 at::ScalarType Trainer::resolve_compute_dtype(const Config& config, const c10::Device& device) {
@@ -102,7 +110,8 @@ StepStats Trainer::train_step() {
     // Reduced now, or summed locally until the last micro-batch (the engines' accumulators).
     parallel_->set_requires_gradient_sync(reduce_every_micro_batch_ || micro == accum_ - 1);
     const int start = clock_.mark();
-    at::Tensor loss = parallel_->loss(inputs, targets) / static_cast<double>(accum_);
+    const Documents documents = documents_of(batch);
+    at::Tensor loss = parallel_->loss(inputs, targets, documents) / static_cast<double>(accum_);
     const int forward_done = clock_.mark();
     loss.backward();
     parallel_->finish_backward();
@@ -161,11 +170,12 @@ double Trainer::evaluate() {
   const int64_t per_rank = config_.data.eval_batches * config_.train.micro_bs;
   DataLoader loader(val_source_, 0, /*shuffle=*/false, per_rank * comm_.size(),
                     config_.train.micro_bs, comm_.rank(), comm_.size());
+  if (documents_) loader.set_documents(*documents_);
   at::NoGradGuard no_grad;
   at::Tensor sum = at::zeros({1}, at::TensorOptions().device(device_));
   for (int64_t i = 0; i < config_.data.eval_batches; ++i) {
     Batch b = loader.next();
-    sum += parallel_->loss(b.inputs.to(device_), b.targets.to(device_));
+    sum += parallel_->loss(b.inputs.to(device_), b.targets.to(device_), documents_of(b));
     parallel_->reshard();  // frees what forward gathered
   }
   sum /= static_cast<double>(config_.data.eval_batches * comm_.size());

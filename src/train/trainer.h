@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -69,6 +70,10 @@ class Trainer {
   int64_t tokens_per_step() const { return config_.optim.batch_size * config_.data.seq_length; }
   const ModelArgs& model_args() const { return model_->args(); }
   at::ScalarType compute_dtype() const { return compute_dtype_; }
+  // The token documents are cut at (model.attention = "document"), and whether the flash kernel
+  // computes attention within them.
+  const std::optional<DocumentDelimiter>& documents() const { return documents_; }
+  bool flash_documents() const { return flash_documents_; }
   ParallelModel& parallel() { return *parallel_; }
   DataLoader& data() { return *data_; }
   Optimizer& optimizer() { return *optimizer_; }
@@ -83,6 +88,8 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<DataLoader> data_;
   std::shared_ptr<const SampleSource> val_source_;
+  std::optional<DocumentDelimiter> documents_;  // model.attention = "document"
+  bool flash_documents_ = false;                // documents by the varlen flash kernel (attention.h)
   LrSchedule schedule_;
   int64_t accum_ = 1;
   bool reduce_every_micro_batch_ = false;
@@ -90,6 +97,9 @@ class Trainer {
   int64_t skipped_ = 0, skipped_in_a_row_ = 0;
   std::vector<int64_t> poison_steps_;  // test hook: see the constructor
   StepClock clock_;  // the phases of the current step
+
+  // The batch's documents as attention reads them on this device (none without documents_).
+  Documents documents_of(const Batch& batch) const;
 };
 
 }  // namespace zb

@@ -11,6 +11,7 @@ void make_directories(const std::string& path);
 // "a/b/c.txt" -> "a/b"; "c.txt" -> "".
 std::string parent_directory(const std::string& path);
 bool path_exists(const std::string& path);
+bool is_directory(const std::string& path);
 // The whole file; throws std::runtime_error naming it when it cannot be read.
 std::string read_file(const std::string& path);
 // rm -rf (no-op for a missing path); throws on failure.

@@ -1,0 +1,91 @@
+#include "model/attention.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/_flash_attention_backward.h>
+#include <ATen/ops/_flash_attention_forward.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+#include <limits>
+#include <tuple>
+
+namespace zb {
+
+bool varlen_flash_supported(const c10::Device& device, at::ScalarType dtype, int64_t head_dim) {
+  return device.is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf) && head_dim % 8 == 0 &&
+         head_dim <= 256;
+}
+
+Documents make_documents(const at::Tensor& cu_seqlens, int64_t max_len, int64_t T, const c10::Device& device,
+                         at::ScalarType dtype, bool flash) {
+  Documents d;
+  if (!cu_seqlens.defined()) return d;
+  at::Tensor cu = cu_seqlens.to(device, /*non_blocking=*/true);
+  if (flash) {
+    d.cu_seqlens = cu;
+    d.max_len = max_len;
+    return d;
+  }
+  // Document ids: a 1 where each piece starts (but the first), summed along the flattened rows.
+  const int64_t N = cu_seqlens[-1].item<int64_t>(), B = N / T;
+  at::Tensor starts = at::zeros({N}, at::TensorOptions().dtype(at::kInt).device(device));
+  starts.index_fill_(0, cu.slice(0, 1, -1).to(at::kLong), 1);
+  at::Tensor doc = starts.cumsum(0).view({B, T});
+  at::Tensor causal = at::ones({T, T}, at::TensorOptions().dtype(at::kBool).device(device)).tril();
+  at::Tensor allowed = (doc.unsqueeze(2) == doc.unsqueeze(1)).logical_and_(causal).unsqueeze(1);  // [B, 1, T, T]
+  d.mask = at::zeros(allowed.sizes(), at::TensorOptions().dtype(dtype).device(device))
+               .masked_fill_(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+  d.max_len = max_len;
+  return d;
+}
+
+namespace {
+
+// The variable-length flash kernels (forward and backward, as LibTorch exposes them) joined into
+// one autograd node. q [N, H, Dh], k and v [N, Hkv, Dh] over the flattened rows; causal within
+// each piece that cu_seqlens delimits. The kernel handles Hkv < H itself.
+struct VarlenFlashAttention : torch::autograd::Function<VarlenFlashAttention> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
+                                                const at::Tensor& k, const at::Tensor& v,
+                                                const at::Tensor& cu_seqlens, int64_t max_len) {
+    auto [out, logsumexp, rng_state, unused, debug_mask] =
+        at::_flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len, /*dropout_p=*/0.0,
+                                     /*is_causal=*/true, /*return_debug_mask=*/false);
+    ctx->save_for_backward({q, k, v, out, logsumexp, cu_seqlens, rng_state, unused});
+    ctx->saved_data["max_len"] = max_len;
+    return {out};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const int64_t max_len = ctx->saved_data["max_len"].toInt();
+    auto [dq, dk, dv] = at::_flash_attention_backward(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], s[5],
+                                                      s[5], max_len, max_len, /*dropout_p=*/0.0,
+                                                      /*is_causal=*/true, s[6], s[7]);
+    return {dq, dk, dv, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Documents& documents) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dh = q.size(3);
+  if (documents.cu_seqlens.defined()) {
+    at::Tensor out = VarlenFlashAttention::apply(q.reshape({B * T, H, Dh}).contiguous(),
+                                                 k.reshape({B * T, k.size(2), Dh}).contiguous(),
+                                                 v.reshape({B * T, v.size(2), Dh}).contiguous(),
+                                                 documents.cu_seqlens, documents.max_len)[0];
+    return out.view({B, T, H * Dh});
+  }
+  const bool gqa = k.size(2) != H;
+  at::Tensor out = at::scaled_dot_product_attention(
+      q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+      documents.mask.defined() ? std::optional<at::Tensor>(documents.mask) : std::nullopt,
+      /*dropout_p=*/0.0, /*is_causal=*/!documents.mask.defined(), /*scale=*/std::nullopt, /*enable_gqa=*/gqa);
+  return out.transpose(1, 2).reshape({B, T, H * Dh});
+}
+
+}  // namespace zb

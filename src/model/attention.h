@@ -1,0 +1,46 @@
+#pragma once
+// The block's attention: causal over each row, or causal within each document of a packed row
+// (ZeroBand's training mask: query q sees key kv when q >= kv and doc[q] == doc[kv]; positions,
+// and so RoPE, run on across documents as ZeroBand's do).
+//
+// Two ways to compute the document mask, one result:
+//   - CUDA, bf16/fp16: the variable-length flash kernel. The micro-batch's rows, flattened, are one
+//     list of sequences given by cumulative lengths: no mask in memory, no padding, and no work
+//     spent on pairs the mask removes.
+//   - elsewhere (the CPU, fp32/float64): a block-diagonal causal mask [B, 1, T, T] added to the
+//     scores in scaled_dot_product_attention (0 or -inf, in the compute dtype: a boolean mask
+//     would be converted to that, and kept for backward, by every block).
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+
+namespace zb {
+
+// The documents of one micro-batch of B rows of T tokens, as attention reads them on its device.
+// Default-constructed: no documents, plain causal attention.
+struct Documents {
+  // Cumulative document lengths over the rows flattened in order: int32 [n + 1] from 0 to B*T,
+  // with every row's start among them (a document that runs from one row into the next counts in
+  // each). The flash kernel's input.
+  at::Tensor cu_seqlens;
+  int64_t max_len = 0;  // tokens of the longest piece
+  // The same as an additive mask (0: attend, -inf: not) where the flash kernel does not run.
+  at::Tensor mask;
+  bool any() const { return cu_seqlens.defined() || mask.defined(); }
+};
+
+// Whether attention on `device` in `dtype` with heads of `head_dim` runs the flash kernel.
+bool varlen_flash_supported(const c10::Device& device, at::ScalarType dtype, int64_t head_dim);
+
+// From the loader's cumulative lengths (CPU int32, rows of T tokens) to what attention reads on
+// `device`: the lengths themselves when `flash`, else the mask in `dtype` (the compute dtype).
+Documents make_documents(const at::Tensor& cu_seqlens, int64_t max_len, int64_t T, const c10::Device& device,
+                         at::ScalarType dtype, bool flash);
+
+// Grouped-query attention: q [B, T, H, Dh], k and v [B, T, Hkv, Dh] with Hkv dividing H; returns
+// [B, T, H*Dh], softmax scale 1/sqrt(Dh). Causal, within `documents` where given.
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const Documents& documents = {});
+
+}  // namespace zb

@@ -1,0 +1,168 @@
+// Document-causal attention: where the loader cuts rows into documents, and attention within them
+// against a float64 softmax written out element by element over an explicit block-diagonal causal
+// mask; gradients against finite differences.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <unistd.h>
+#include <vector>
+
+#include "data/documents.h"
+#include "model/attention.h"
+#include "util/fs.h"
+
+using namespace zb;
+
+namespace {
+
+// Cumulative lengths for rows of tokens, as the loader makes them.
+at::Tensor cu_of(const std::vector<std::vector<int64_t>>& rows, const DocumentDelimiter& d, int64_t& max_len) {
+  std::vector<int32_t> cu{0};
+  max_len = 0;
+  for (const auto& r : rows) append_document_bounds(r.data(), static_cast<int64_t>(r.size()), d, cu, max_len);
+  return at::tensor(cu, at::kInt);
+}
+
+// Element by element: out[b, i, h] = sum_j softmax_j(q_i . k_j / sqrt(Dh)) v_j over the keys j
+// with allowed(b, i, j).
+template <class Allowed>
+at::Tensor naive_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Allowed allowed) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dh = q.size(3), group = H / k.size(2);
+  auto qa = q.accessor<double, 4>(), ka = k.accessor<double, 4>(), va = v.accessor<double, 4>();
+  at::Tensor out = at::zeros({B, T, H * Dh}, at::kDouble);
+  auto oa = out.accessor<double, 3>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < T; ++i) {
+        std::vector<double> w(T, 0.0);
+        double top = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < T; ++j) {
+          if (!allowed(b, i, j)) continue;
+          double s = 0;
+          for (int64_t d = 0; d < Dh; ++d) s += qa[b][i][h][d] * ka[b][j][h / group][d];
+          w[j] = s / std::sqrt(static_cast<double>(Dh));
+          top = std::max(top, w[j]);
+        }
+        for (int64_t j = 0; j < T; ++j) sum += allowed(b, i, j) ? std::exp(w[j] - top) : 0.0;
+        for (int64_t j = 0; j < T; ++j) {
+          if (!allowed(b, i, j)) continue;
+          const double p = std::exp(w[j] - top) / sum;
+          for (int64_t d = 0; d < Dh; ++d) oa[b][i][h * Dh + d] += p * va[b][j][h / group][d];
+        }
+      }
+  return out;
+}
+
+double max_abs_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+constexpr int64_t E = 1;  // the delimiter in these tests
+
+}  // namespace
+
+// Rows cut at the delimiter: closing tokens end their document, opening ones start theirs; every
+// row starts a piece; a delimiter first or last in a row; two in a row; a row without any.
+TEST(Documents, RowsAreCutAtTheDelimiter) {
+  int64_t max_len = 0;
+  const std::vector<std::vector<int64_t>> rows = {{5, 6, E, 7, E, E, 8, 9}, {E, 4, 4, 4, 4, 4, 4, E}, {3, 3, 3, 3, 3, 3, 3, 3}};
+  at::Tensor closes = cu_of(rows, {E, false}, max_len);
+  EXPECT_TRUE(at::equal(closes, at::tensor(std::vector<int32_t>{0, 3, 5, 6, 8, 9, 16, 24}, at::kInt))) << closes;
+  EXPECT_EQ(max_len, 8);
+  at::Tensor opens = cu_of(rows, {E, true}, max_len);
+  EXPECT_TRUE(at::equal(opens, at::tensor(std::vector<int32_t>{0, 2, 4, 5, 8, 15, 16, 24}, at::kInt))) << opens;
+  EXPECT_EQ(max_len, 8);
+}
+
+TEST(Documents, DelimiterFromMakeShardsMetaJson) {
+  const std::string dir = "/tmp/zb_meta_" + std::to_string(::getpid());
+  make_directories(dir + "/train");
+  auto write = [&](const std::string& text) { std::ofstream(dir + "/meta.json") << text; };
+  write(R"({"vocab_size": 1024, "eos": 0, "bos": null})");
+  auto d = delimiter_from_meta((dir + "/train"));
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->token, 0);
+  EXPECT_FALSE(d->opens);
+  write(R"({"eos": 0, "document_token": 50256, "document_token_position": "opens"})");
+  d = delimiter_from_meta((dir + "/train") + "/");
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->token, 50256);
+  EXPECT_TRUE(d->opens);
+  write(R"({"document_token": 3, "document_token_position": "middle"})");
+  try {
+    delimiter_from_meta((dir + "/train"));
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("meta.json: \"document_token_position\" must be"), std::string::npos) << e.what();
+  }
+  remove_tree(dir + "/meta.json");
+  EXPECT_FALSE(delimiter_from_meta((dir + "/train")).has_value());
+  remove_tree(dir);
+}
+
+// Rows with one document, two, many (pieces of one token included), a document continuing from
+// the row before; multi-head and grouped-query.
+TEST(Attention, DocumentMaskEqualsNaiveFloat64) {
+  at::manual_seed(3);
+  const int64_t T = 12, H = 4, Dh = 8;
+  const std::vector<std::vector<int64_t>> rows = {
+      {3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3},  // one document (or the middle of a long one)
+      {3, 3, 3, 3, 3, E, 3, 3, 3, 3, 3, 3},  // two
+      {E, 3, E, E, 3, 3, E, 3, 3, 3, E, 3},  // many, some of one token
+  };
+  const int64_t B = static_cast<int64_t>(rows.size());
+  for (bool opens : {false, true})
+    for (int64_t Hkv : {H, int64_t{2}}) {
+      const DocumentDelimiter delimiter{E, opens};
+      // Document ids by the rule itself: a new document at p when p opens one or p - 1 closed one.
+      std::vector<std::vector<int64_t>> doc(B, std::vector<int64_t>(T, 0));
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t p = 1; p < T; ++p)
+          doc[b][p] = doc[b][p - 1] + ((opens ? rows[b][p] : rows[b][p - 1]) == E ? 1 : 0);
+      at::Tensor q = at::randn({B, T, H, Dh}, at::kDouble), k = at::randn({B, T, Hkv, Dh}, at::kDouble),
+                 v = at::randn({B, T, Hkv, Dh}, at::kDouble);
+      int64_t max_len = 0;
+      const Documents docs = make_documents(cu_of(rows, delimiter, max_len), max_len, T, at::kCPU, at::kDouble, false);
+      at::Tensor got = attention(q, k, v, docs);
+      at::Tensor want = naive_attention(q, k, v, [&](int64_t b, int64_t i, int64_t j) {
+        return j <= i && doc[b][i] == doc[b][j];
+      });
+      EXPECT_LT(max_abs_diff(got, want), 1e-12) << "opens " << opens << " Hkv " << Hkv;
+      // Without documents: causal over the whole row.
+      at::Tensor causal = naive_attention(q, k, v, [](int64_t, int64_t i, int64_t j) { return j <= i; });
+      EXPECT_LT(max_abs_diff(attention(q, k, v), causal), 1e-12);
+      // The one-document row is the same either way; the others are not.
+      EXPECT_LT(max_abs_diff(got[0], causal[0]), 1e-12);
+      EXPECT_GT(max_abs_diff(got[2], causal[2]), 1e-3);
+    }
+}
+
+// d(sum(out * w)) / d(q, k, v) against central differences, float64.
+TEST(Attention, DocumentMaskGradientsEqualFiniteDifferences) {
+  at::manual_seed(4);
+  const int64_t T = 7, H = 4, Hkv = 2, Dh = 4;
+  const std::vector<std::vector<int64_t>> rows = {{3, 3, E, 3, 3, 3, E}, {E, 3, 3, 3, E, 3, 3}};
+  const int64_t B = 2;
+  int64_t max_len = 0;
+  const Documents docs = make_documents(cu_of(rows, {E, false}, max_len), max_len, T, at::kCPU, at::kDouble, false);
+  at::Tensor q = at::randn({B, T, H, Dh}, at::kDouble).requires_grad_(true);
+  at::Tensor k = at::randn({B, T, Hkv, Dh}, at::kDouble).requires_grad_(true);
+  at::Tensor v = at::randn({B, T, Hkv, Dh}, at::kDouble).requires_grad_(true);
+  at::Tensor w = at::randn({B, T, H * Dh}, at::kDouble);
+  (attention(q, k, v, docs) * w).sum().backward();
+  const double h = 1e-6;
+  for (at::Tensor* x : {&q, &k, &v}) {
+    at::Tensor flat = x->detach().view(-1), grad = x->grad().view(-1);
+    for (int64_t i = 0; i < flat.numel(); i += 3) {
+      at::NoGradGuard no_grad;
+      const double saved = flat[i].item<double>();
+      flat[i].fill_(saved + h);
+      const double up = (attention(q, k, v, docs) * w).sum().item<double>();
+      flat[i].fill_(saved - h);
+      const double down = (attention(q, k, v, docs) * w).sum().item<double>();
+      flat[i].fill_(saved);
+      EXPECT_NEAR(grad[i].item<double>(), (up - down) / (2 * h), 1e-7) << i;
+    }
+  }
+}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, one command for whoever gets a GPU: builds (on a lent machine from the kit that
 # scripts/gpu_kit.sh prepares), runs the CUDA tests (ctest -L cuda), trains the 150M and 1B
-# presets for 30 steps on one GPU and benchmarks train_fsdp against PyTorch FSDP2 eager and
+# presets for 30 steps on one GPU (1B also without the document mask, for its cost) and benchmarks train_fsdp against PyTorch FSDP2 eager and
 # compiled (scripts/bench.sh). Leaves OUTDIR/gpu_check.log (every step's output) and
 # OUTDIR/gpu_check.json (what ran, how long, test counts, the presets' tokens/s, MFU and peak
 # memory, bench.json), rewritten after each step so that a run cut short still reports.
@@ -88,7 +88,7 @@ debian_packages() {  # the Debian packages scripts/setup.sh installs, all presen
   local want=(libtomlplusplus-dev libspdlog-dev libfmt-dev libcxxopts-dev nlohmann-json3-dev libgtest-dev libgmock-dev libgloo-dev)
   [ "$(dpkg-query -W -f='${Status}\n' "${want[@]}" 2>/dev/null | grep -c 'install ok installed')" = ${#want[@]} ]
 }
-gpu_steps=(build cuda_tests preset_150M preset_1B bench)
+gpu_steps=(build cuda_tests preset_150M preset_1B preset_1B_causal bench)
 if [ "${ZB_SKIP_BUILD:-0}" = 1 ]; then
   build_how=prebuilt
   [ -x "$ROOT/build/apps/train_fsdp" ] || { build_how=none; not_run "nothing to build with" "${gpu_steps[@]}";
@@ -171,7 +171,10 @@ if wanted presets; then
     --logging.metrics_file "$work/preset_150M.jsonl"
   step preset_1B 150 "${train[@]}" --config configs/1B/H100.toml --optim.batch_size 64 --train.micro_bs 8 \
     --logging.metrics_file "$work/preset_1B.jsonl"
-else not_run "not in GPU_CHECK_STEPS" preset_150M preset_1B; fi
+  # The same without the document mask: what masking costs (the report gives the ratio).
+  step preset_1B_causal 150 "${train[@]}" --config configs/1B/H100.toml --optim.batch_size 64 --train.micro_bs 8 \
+    --model.attention causal --logging.metrics_file "$work/preset_1B_causal.jsonl"
+else not_run "not in GPU_CHECK_STEPS" preset_150M preset_1B preset_1B_causal; fi
 if wanted bench; then
   step bench 270 env OUT="$work/bench" PYTHON="$python" PEER_COMPILE=1 ZB_SKIP_BUILD=1 \
     scripts/bench.sh "${bench_args[@]}"

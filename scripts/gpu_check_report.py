@@ -105,6 +105,11 @@ def main():
         metrics = read_metrics(path)
         if metrics is not None:
             report["presets"][os.path.basename(path)[len("preset_"):-len(".jsonl")]] = metrics
+    # The document mask's cost: the 1B preset's tokens/s with it over without (causal).
+    masked, causal = report["presets"].get("1B"), report["presets"].get("1B_causal")
+    report["document_mask_speed_ratio"] = None
+    if masked and causal and all(isinstance(p["tokens_per_second"], (int, float)) for p in (masked, causal)):
+        report["document_mask_speed_ratio"] = masked["tokens_per_second"] / causal["tokens_per_second"]
     bench = os.path.join(args.work, "bench", "bench.json")
     report["bench"] = None
     if os.path.exists(bench):
@@ -132,6 +137,8 @@ def main():
         tps = f"{p['tokens_per_second']:,.0f}" if isinstance(p["tokens_per_second"], (int, float)) else "n/a"
         print(f"  {name}: {p['steps']} steps, loss {p['first_loss']} -> {p['final_loss']}, {tps} tokens/s, "
               f"MFU {mfu}, peak {p['peak_memory_gib']} GiB")
+    if report["document_mask_speed_ratio"] is not None:
+        print(f"  1B with the document mask / without: tokens/s x {report['document_mask_speed_ratio']:.3f}")
     if report["bench"]:
         for pair, r in report["bench"].get("ratios", {}).items():
             print(f"  bench {pair}: tokens/s x {r.get('tokens_per_second', float('nan')):.2f}")

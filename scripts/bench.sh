@@ -7,9 +7,11 @@
 #   scripts/bench.sh                                    # CPU: configs/bench/cpu.toml, 2 Gloo ranks, 25 steps
 #   scripts/bench.sh configs/1B/H100.toml 1 30 --train.micro_bs 8   # one GPU, bf16
 #
-# Environment: OUT (output folder), WARMUP (first steps left out, default 5), PEER_COMPILE
-# (1: also the torch.compile'd peer; default 1 on GPU, 0 on CPU), ZB_SKIP_BUILD=1 (use the build
-# as is), TRAIN_FSDP (the binary, default build/apps/train_fsdp), PYTHON (default .venv/bin/python).
+# Environment: OUT (output folder), WARMUP (first steps left out, default 5), PEERS (the peers'
+# Muon: "zeroband" = ZeroBand's muon-fsdp2, "torch" = torch.optim.Muon; default both),
+# PEER_COMPILE (1: each peer also torch.compile'd; default 1 on GPU, 0 on CPU), ZB_SKIP_BUILD=1
+# (use the build as is), TRAIN_FSDP (the binary, default build/apps/train_fsdp), PYTHON (default
+# .venv/bin/python). Rows: zeroband-cpp, then pytorch-MUON-eager / pytorch-MUON-compile.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 gpu=0
@@ -55,17 +57,20 @@ echo "== zeroband-cpp train_fsdp, $nproc rank(s): $config"
   > "$out/zeroband-cpp.log" 2>&1 || failed "$out/zeroband-cpp.log"
 grep -E "step [0-9]+/[0-9]+ \|" "$out/zeroband-cpp.log" | tail -1 || true  # progress line, for the eye
 runs=(zeroband-cpp="$out/zeroband-cpp.jsonl")
-peers=(eager)
-[ "$compile" = 1 ] && peers+=(compile)
-for mode in "${peers[@]}"; do
-  echo "== PyTorch FSDP2 ($mode), $nproc rank(s)"
-  extra=()
-  [ "$mode" = compile ] && extra=(--compile)
-  "${torchrun[@]}" scripts/bench_peer.py --config-json "$out/run.json" --steps "$steps" \
-    --num-threads "$threads" --metrics-file "$out/pytorch-$mode.jsonl" "${extra[@]}" \
-    > "$out/pytorch-$mode.log" 2>&1 || failed "$out/pytorch-$mode.log"
-  grep "peer step" "$out/pytorch-$mode.log" | tail -1 || true
-  runs+=(pytorch-"$mode"="$out/pytorch-$mode.jsonl")
+modes=(eager)
+[ "$compile" = 1 ] && modes+=(compile)
+for muon in ${PEERS:-zeroband torch}; do
+  for mode in "${modes[@]}"; do
+    name=pytorch-$muon-$mode
+    echo "== PyTorch FSDP2 with $muon's Muon ($mode), $nproc rank(s)"
+    extra=(--muon "$muon")
+    [ "$mode" = compile ] && extra+=(--compile)
+    "${torchrun[@]}" scripts/bench_peer.py --config-json "$out/run.json" --steps "$steps" \
+      --num-threads "$threads" --metrics-file "$out/$name.jsonl" "${extra[@]}" \
+      > "$out/$name.log" 2>&1 || failed "$out/$name.log"
+    grep "peer step" "$out/$name.log" | tail -1 || true
+    runs+=("$name=$out/$name.jsonl")
+  done
 done
 
 if grep -q '"resolved_device": "cuda"' "$out/run.json"; then

@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """The PyTorch peer of scripts/bench.sh: the same model trained the way a PyTorch user would,
-FSDP2's fully_shard on every block and on the root, torch.optim.Muon for the blocks' matrices
-and AdamW for embedding, head and norms, on fake data.
+FSDP2's fully_shard on every block and on the root, Muon for the blocks' matrices and AdamW for
+embedding, head and norms, on fake data. Muon is ZeroBand's own (--muon zeroband, the default:
+the muon-fsdp2 package, which gathers each matrix's gradient shards to one owner rank, runs its
+compiled Newton-Schulz there and scatters the result back) or torch.optim.Muon (--muon torch,
+which orthogonalises DTensor shards, all-gathering inside every Newton-Schulz iteration).
 
 It reads the run that `train_fsdp --config X --print-config` resolves (shapes, batch, optimizer
 settings), so both sides train the same thing, and writes the same JSON-lines metrics as
 train_fsdp (rank 0). Launched by torchrun, one process per rank:
 
   torchrun --nproc_per_node=2 scripts/bench_peer.py --config-json run.json --steps 20 \
-      --metrics-file peer.jsonl [--compile] [--device cpu|cuda]
+      --metrics-file peer.jsonl [--muon zeroband|torch] [--compile] [--device cpu|cuda]
 
 Communication is measured by wrapping torch.distributed's collectives and the functional
 collectives DTensor uses (Muon's matrices and the clipping norm go through DTensor): bytes with
@@ -147,6 +150,11 @@ def broadcast_bytes(W, rank, root, n):
     return n if rank in (root, (root - 1) % W) else 2 * n
 
 
+def rooted_bytes(W, rank, root, n):
+    # gather / scatter of n bytes per rank: the root receives (or sends) W-1 parts, the others one.
+    return (W - 1) * n if rank == root else n
+
+
 def all_to_all_bytes(W, rank, row_bytes, in_rows, out_rows, in_splits, out_splits):
     # Splits count rows of dim 0 (none: equal parts); this rank's own part stays and is not counted.
     def to_others(rows, splits):
@@ -160,7 +168,8 @@ class CommMeter:
 
     def __init__(self, world, rank):
         self.W, self.rank = world, rank
-        self.bytes = {k: 0 for k in ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all")}
+        self.bytes = {k: 0 for k in ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all",
+                                     "gather", "scatter")}
         self.wait_seconds = 0.0
         self._wrap()
 
@@ -204,6 +213,16 @@ class CommMeter:
         counted(dist, "all_to_all_single", "all_to_all", lambda a: all_to_all_bytes(
             W, rank, row_bytes(a["input"]), a["input"].size(0), a["output"].size(0),
             a["input_split_sizes"], a["output_split_sizes"]))
+        # ZeroBand's Muon (muon-fsdp2) gathers each matrix to its owner and scatters the result
+        # back, through the names it imported from torch.distributed.
+        try:
+            import muon_fsdp2
+            counted(muon_fsdp2, "gather", "gather", lambda a: rooted_bytes(
+                W, rank, a["dst"] if a["dst"] is not None else a["group_dst"], nbytes(a["tensor"])))
+            counted(muon_fsdp2, "scatter", "scatter", lambda a: rooted_bytes(
+                W, rank, a["src"] if a["src"] is not None else a["group_src"], nbytes(a["tensor"])))
+        except ImportError:
+            pass
         # Functional collectives (DTensor): launched here, waited on in wait_tensor. Their outputs
         # are allocated inside: a reduce-scatter's is 1/W of the input (W divides it, or it fails).
         counted(funcol, "all_gather_tensor", "all_gather", lambda a: all_gather_bytes(W, nbytes(a["self"])))
@@ -243,7 +262,7 @@ def vm_hwm_bytes():
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
 
-def build_optimizers(model, run):
+def build_optimizers(model, run, muon):
     h, a = run["hidden"], run["adam"]
     hidden, groups = [], {"embedding": [], "head": [], "norm": []}
     for name, p in model.named_parameters():
@@ -263,7 +282,13 @@ def build_optimizers(model, run):
     # fused=True: one kernel per group on CPU and GPU alike, as train_fsdp's AdamW.
     optimizers = [torch.optim.AdamW(adam_groups, betas=tuple(a["betas"]), eps=a["eps"], weight_decay=a["wd"],
                                     fused=True)]
-    if hidden:
+    if hidden and muon == "zeroband":
+        from muon_fsdp2 import Muon as ZeroBandMuon
+        # Its rms_scale is the "match_rms_adamw" scale; without it, the "original" one.
+        optimizers.append(ZeroBandMuon([dict(params=hidden, lr=h["lr"], momentum=h["momentum"], weight_decay=h["wd"],
+                                             use_muon=True, rms_scale=h["update_scale"] == "match_rms_adamw",
+                                             nesterov=h["nesterov"], ns_steps=h["ns_steps"])]))
+    elif hidden:
         optimizers.append(torch.optim.Muon(hidden, lr=h["lr"], weight_decay=h["wd"], momentum=h["momentum"],
                                            nesterov=h["nesterov"], ns_steps=h["ns_steps"],
                                            adjust_lr_fn=h["update_scale"]))
@@ -280,6 +305,8 @@ def main():
     ap.add_argument("--metrics-file", required=True)
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--compile", action="store_true", help="torch.compile every block")
+    ap.add_argument("--muon", default="zeroband", choices=["zeroband", "torch"],
+                    help="ZeroBand's muon-fsdp2 (default) or torch.optim.Muon")
     ap.add_argument("--num-threads", type=int, default=0)
     args = ap.parse_args()
     with open(args.config_json) as f:
@@ -289,7 +316,7 @@ def main():
         raise SystemExit("bench_peer: the peer attends causally across whole rows (no document mask); "
                          f"this run has model.attention = {run['attention']} (bench.sh passes causal)")
     if run["hidden"]["type"] == "muon" and run["hidden"]["ns_dtype"] != "bfloat16":
-        raise SystemExit("bench_peer: torch.optim.Muon orthogonalises in bfloat16 only; "
+        raise SystemExit("bench_peer: both peers' Muon orthogonalises in bfloat16 only; "
                          f"this run has optim.optim.ns_dtype = {run['hidden']['ns_dtype']}")
 
     # The device and dtype train_fsdp resolved for this run, unless --device overrides.
@@ -320,7 +347,7 @@ def main():
         last = i == len(model.layers) - 1
         fully_shard(block, mp_policy=mp, reshard_after_forward=run["reshard_after_forward"] and not last)
     fully_shard(model, mp_policy=mp, reshard_after_forward=False)
-    optimizers = build_optimizers(model, run)
+    optimizers = build_optimizers(model, run, args.muon)
 
     micro, T, V = run["micro_bs"], run["seq_length"], m["vocab_size"]
     accum = run["batch_size"] // (W * micro)

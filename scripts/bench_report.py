@@ -4,7 +4,7 @@ peers) from their JSON-lines metrics, the ratio ours / PyTorch, as a Markdown ta
 as JSON.
 
   bench_report.py --config-json run.json --world-size 2 --warmup 5 --out bench.json \
-      zeroband-cpp=ours.jsonl pytorch-eager=peer.jsonl [pytorch-compile=peer-compiled.jsonl]
+      zeroband-cpp=ours.jsonl pytorch-zeroband-eager=peer.jsonl [pytorch-torch-eager=... ...]
 
 Steps before --warmup are left out (allocator growth, first-touch, compilation). Throughput is
 tokens over wall time between the first and last kept steps, per rank; the step split is the

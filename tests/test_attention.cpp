@@ -123,7 +123,8 @@ TEST(Attention, DocumentMaskEqualsNaiveFloat64) {
       at::Tensor q = at::randn({B, T, H, Dh}, at::kDouble), k = at::randn({B, T, Hkv, Dh}, at::kDouble),
                  v = at::randn({B, T, Hkv, Dh}, at::kDouble);
       int64_t max_len = 0;
-      const Documents docs = make_documents(cu_of(rows, delimiter, max_len), max_len, T, at::kCPU, at::kDouble, false);
+      const at::Tensor cu = cu_of(rows, delimiter, max_len);
+      const Documents docs = make_documents(cu, max_len, T, at::kCPU, at::kDouble, false);
       at::Tensor got = attention(q, k, v, docs);
       at::Tensor want = naive_attention(q, k, v, [&](int64_t b, int64_t i, int64_t j) {
         return j <= i && doc[b][i] == doc[b][j];
@@ -145,7 +146,8 @@ TEST(Attention, DocumentMaskGradientsEqualFiniteDifferences) {
   const std::vector<std::vector<int64_t>> rows = {{3, 3, E, 3, 3, 3, E}, {E, 3, 3, 3, E, 3, 3}};
   const int64_t B = 2;
   int64_t max_len = 0;
-  const Documents docs = make_documents(cu_of(rows, {E, false}, max_len), max_len, T, at::kCPU, at::kDouble, false);
+  const at::Tensor cu = cu_of(rows, {E, false}, max_len);
+  const Documents docs = make_documents(cu, max_len, T, at::kCPU, at::kDouble, false);
   at::Tensor q = at::randn({B, T, H, Dh}, at::kDouble).requires_grad_(true);
   at::Tensor k = at::randn({B, T, Hkv, Dh}, at::kDouble).requires_grad_(true);
   at::Tensor v = at::randn({B, T, Hkv, Dh}, at::kDouble).requires_grad_(true);

@@ -23,6 +23,13 @@ Documents make_documents(const at::Tensor& cu_seqlens, int64_t max_len, int64_t 
                          at::ScalarType dtype, bool flash) {
   Documents d;
   if (!cu_seqlens.defined()) return d;
+  // The kernel trusts these (a wrong total or longest piece reads out of bounds): checked here,
+  // on the host copy.
+  const int64_t N = cu_seqlens[-1].item<int64_t>();
+  TORCH_CHECK(cu_seqlens.device().is_cpu() && cu_seqlens.scalar_type() == at::kInt && cu_seqlens.numel() >= 2 &&
+                  cu_seqlens[0].item<int64_t>() == 0 && N > 0 && N % T == 0 && max_len >= 1 && max_len <= T,
+              "make_documents: malformed cumulative lengths (first 0, last a multiple of T = ", T,
+              ", longest piece in [1, T]; got last ", N, ", longest ", max_len, ")");
   at::Tensor cu = cu_seqlens.to(device, /*non_blocking=*/true);
   if (flash) {
     d.cu_seqlens = cu;
@@ -30,7 +37,7 @@ Documents make_documents(const at::Tensor& cu_seqlens, int64_t max_len, int64_t 
     return d;
   }
   // Document ids: a 1 where each piece starts (but the first), summed along the flattened rows.
-  const int64_t N = cu_seqlens[-1].item<int64_t>(), B = N / T;
+  const int64_t B = N / T;
   at::Tensor starts = at::zeros({N}, at::TensorOptions().dtype(at::kInt).device(device));
   starts.index_fill_(0, cu.slice(0, 1, -1).to(at::kLong), 1);
   at::Tensor doc = starts.cumsum(0).view({B, T});

@@ -1,10 +1,11 @@
 """Reference trajectories from PyTorch's own optimizers, for the C++ tests.
 
-    python optim_reference.py muon|adamw OUTDIR
+    python optim_reference.py muon|muon_fsdp2|adamw OUTDIR
 
 Writes OUTDIR/manifest.json and one raw little-endian float32 file per tensor: the initial
 parameters, the gradient of every step, and the parameters (and Muon's momentum buffer) after
-every step, computed by torch.optim.Muon / torch.optim.AdamW.
+every step, computed by torch.optim.Muon / torch.optim.AdamW, or (muon_fsdp2) by ZeroBand's own
+distributed Muon, the muon-fsdp2 package, on FSDP2 shards over 2 Gloo processes.
 """
 import json
 import os
@@ -22,12 +23,14 @@ def save(outdir, manifest, name, tensor):
     manifest[name] = {"shape": list(t.shape), "file": fname}
 
 
+MUON_SHAPES = {"square": (64, 64), "wide": (32, 96), "tall": (96, 32)}
+
+
 def muon(outdir, manifest):
     # Square, wide and tall matrices, both update scales, with weight decay.
-    shapes = {"square": (64, 64), "wide": (32, 96), "tall": (96, 32)}
     seed = 0
     for scale in ("original", "match_rms_adamw"):
-        for label, shape in shapes.items():
+        for label, shape in MUON_SHAPES.items():
             case = f"{scale}/{label}"
             seed += 1
             gen = torch.Generator().manual_seed(seed)
@@ -42,6 +45,57 @@ def muon(outdir, manifest):
                 save(outdir, manifest, f"{case}/grad{step}", g)
                 save(outdir, manifest, f"{case}/param{step}", p)
                 save(outdir, manifest, f"{case}/momentum{step}", opt.state[p]["momentum_buffer"])
+
+
+def muon_fsdp2(outdir, manifest):
+    # The same cases as muon() through muon_fsdp2.Muon as ZeroBand uses it: every matrix sharded
+    # by rows over 2 ranks (fully_shard), gathered to an owner for Newton-Schulz (bf16), scattered
+    # back. rms_scale=False is torch's "original" scale, True its "match_rms_adamw".
+    import torch.multiprocessing as mp
+    # Newton-Schulz's loop eagerly (the package compiles it; inductor's fusion would change bf16
+    # roundings only, and compiling costs about a minute here): the ranks read this at import.
+    os.environ["TORCH_COMPILE_DISABLE"] = "1"
+    mp.spawn(_muon_fsdp2_rank, args=(2, outdir), nprocs=2, join=True)
+    manifest.update(json.load(open(os.path.join(outdir, "rank0_manifest.json"))))
+
+
+def _muon_fsdp2_rank(rank, world, outdir):
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from muon_fsdp2 import Muon as MuonFsdp2
+
+    # Rendezvous through a file: no port that a test running alongside could take first.
+    dist.init_process_group("gloo", init_method=f"file://{outdir}/rendezvous", rank=rank, world_size=world)
+    manifest = {}
+    seed = 0
+    for scale in ("original", "match_rms_adamw"):
+        for label, shape in MUON_SHAPES.items():
+            case = f"{scale}/{label}"
+            seed += 1
+            gen = torch.Generator().manual_seed(seed)
+            module = torch.nn.Module()
+            module.w = torch.nn.Parameter(torch.randn(shape, generator=gen) * 0.1)
+            if rank == 0:
+                save(outdir, manifest, f"{case}/param0", module.w)
+            fully_shard(module)  # w becomes a DTensor sharded by rows over the 2 ranks
+            w = module.w
+            opt = MuonFsdp2([dict(params=[w], lr=0.02, momentum=0.95, weight_decay=0.1, use_muon=True,
+                                  rms_scale=scale == "match_rms_adamw", nesterov=True, ns_steps=5)])
+            for step in range(1, STEPS + 1):
+                g = torch.randn(shape, generator=gen)
+                w.grad = distribute_tensor(g.clone(), w.device_mesh, [Shard(0)])
+                opt.step()
+                full = w.full_tensor()
+                momentum = opt.state[w]["momentum_buffer"].full_tensor()
+                if rank == 0:
+                    save(outdir, manifest, f"{case}/grad{step}", g)
+                    save(outdir, manifest, f"{case}/param{step}", full)
+                    save(outdir, manifest, f"{case}/momentum{step}", momentum)
+    if rank == 0:
+        with open(os.path.join(outdir, "rank0_manifest.json"), "w") as f:
+            json.dump(manifest, f)
+    dist.destroy_process_group()
 
 
 def adamw(outdir, manifest):
@@ -69,7 +123,7 @@ def main():
     which, outdir = sys.argv[1], sys.argv[2]
     os.makedirs(outdir, exist_ok=True)
     manifest = {"steps": STEPS, "torch": torch.__version__}
-    {"muon": muon, "adamw": adamw}[which](outdir, manifest)
+    {"muon": muon, "muon_fsdp2": muon_fsdp2, "adamw": adamw}[which](outdir, manifest)
     with open(os.path.join(outdir, "manifest.json"), "w") as f:
         json.dump(manifest, f)
 

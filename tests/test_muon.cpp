@@ -15,9 +15,12 @@ namespace {
 double max_abs(const at::Tensor& t) { return t.abs().max().item<double>(); }
 }  // namespace
 
-// Our Muon, one process, on the reference's parameters and gradients, step by step against its
-// momentum and parameters: both update scales, square, wide and tall matrices, weight decay.
-static void expect_matches_muon_reference(const reference::ReferenceData& ref) {
+// Our Muon, one process, through each of the reference's cases (both update scales; square, wide
+// and tall matrices; lr 0.02, weight decay 0.1, momentum 0.95, Nesterov), step by step on its
+// gradients: check(case, step, hyperparameters, lr x scale, parameters before, parameters, muon)
+// after each step.
+template <class Check>
+void run_muon_cases(const reference::ReferenceData& ref, Check check) {
   const int steps = ref.manifest["steps"];
   for (const std::string scale : {"original", "match_rms_adamw"}) {
     for (const std::string shape : {"square", "wide", "tall"}) {
@@ -32,27 +35,31 @@ static void expect_matches_muon_reference(const reference::ReferenceData& ref) {
       muon.add_param("w", p);
       const double lr_scale = h.lr * muon_update_scale(scale, p.size(0), p.size(1));
       for (int s = 1; s <= steps; ++s) {
-        at::Tensor before = p.detach().clone();
+        const at::Tensor before = p.detach().clone();
         p.mutable_grad() = ref[c + "/grad" + std::to_string(s)].clone();
         muon.step(1.0);
-        // Momentum is plain fp32 arithmetic: the same values as the reference's.
-        const at::Tensor& want_m = ref[c + "/momentum" + std::to_string(s)];
-        EXPECT_LE(max_abs(muon.params()[0].momentum_buffer - want_m), 1e-7 * max_abs(want_m)) << c;
-        // The parameter: Newton-Schulz runs in bf16 (8-bit mantissa) on both sides, with matmuls
-        // that may round differently; the orthogonalised update O has entries of order 0.1-1, and
-        // we allow 1% of its largest entry, times lr*scale.
-        const at::Tensor& want_p = ref[c + "/param" + std::to_string(s)];
-        at::Tensor want_update = (before * (1 - h.lr * h.weight_decay) - want_p) / lr_scale;
-        at::Tensor got_update = (before * (1 - h.lr * h.weight_decay) - p.detach()) / lr_scale;
-        EXPECT_LE(max_abs(got_update - want_update), 1e-2 * max_abs(want_update)) << c << " step " << s;
-        EXPECT_LE(max_abs(p.detach() - want_p), 1e-2 * lr_scale * max_abs(want_update)) << c;
+        check(c, std::to_string(s), h, lr_scale, before, p, muon);
       }
     }
   }
 }
 
 TEST(Muon, MatchesTorchOptimMuon) {
-  expect_matches_muon_reference(reference::run_reference("optim_reference.py", "muon"));
+  const auto ref = reference::run_reference("optim_reference.py", "muon");
+  run_muon_cases(ref, [&](const std::string& c, const std::string& s, const MuonHyper& h, double lr_scale,
+                          const at::Tensor& before, at::Tensor& p, Muon& muon) {
+    // Momentum is plain fp32 arithmetic: the same values as PyTorch's.
+    const at::Tensor& want_m = ref[c + "/momentum" + s];
+    EXPECT_LE(max_abs(muon.params()[0].momentum_buffer - want_m), 1e-7 * max_abs(want_m)) << c;
+    // The parameter: Newton-Schulz runs in bf16 (8-bit mantissa) on both sides, with fused
+    // multiply-adds on both; the orthogonalised update O has entries of order 0.1-1, and we allow
+    // 1% of its largest entry, times lr*scale.
+    const at::Tensor& want_p = ref[c + "/param" + s];
+    at::Tensor want_update = (before * (1 - h.lr * h.weight_decay) - want_p) / lr_scale;
+    at::Tensor got_update = (before * (1 - h.lr * h.weight_decay) - p.detach()) / lr_scale;
+    EXPECT_LE(max_abs(got_update - want_update), 1e-2 * max_abs(want_update)) << c << " step " << s;
+    EXPECT_LE(max_abs(p.detach() - want_p), 1e-2 * lr_scale * max_abs(want_update)) << c;
+  });
 }
 
 // ZeroBand's own optimizer (the muon-fsdp2 package) on FSDP2 shards over 2 Gloo processes: the
@@ -65,43 +72,25 @@ TEST(Muon, MatchesTorchOptimMuon) {
 // parameters, at every step: ours within 2.5%, theirs within 5%.
 TEST(Muon, MatchesZeroBandsMuonFsdp2OnTwoRanks) {
   const auto ref = reference::run_reference("optim_reference.py", "muon_fsdp2");
-  const int steps = ref.manifest["steps"];
   auto relative = [](const at::Tensor& a, const at::Tensor& b) {
     return (a.to(at::kDouble) - b.to(at::kDouble)).norm().item<double>() / b.to(at::kDouble).norm().item<double>();
   };
-  for (const std::string scale : {"original", "match_rms_adamw"}) {
-    for (const std::string shape : {"square", "wide", "tall"}) {
-      const std::string c = scale + "/" + shape;
-      MuonHyper h;
-      h.lr = 0.02;
-      h.weight_decay = 0.1;
-      h.momentum = 0.95;
-      h.update_scale = scale;
-      Muon muon(h);
-      at::Tensor p = ref[c + "/param0"].clone().requires_grad_(true);
-      muon.add_param("w", p);
-      const double lr_scale = h.lr * muon_update_scale(scale, p.size(0), p.size(1));
-      for (int s = 1; s <= steps; ++s) {
-        const std::string n = std::to_string(s);
-        const at::Tensor before = p.detach().clone();
-        const at::Tensor& grad = ref[c + "/grad" + n];
-        p.mutable_grad() = grad.clone();
-        muon.step(1.0);
-        const at::Tensor& momentum = ref[c + "/momentum" + n];
-        EXPECT_LE(max_abs(muon.params()[0].momentum_buffer - momentum), 1e-7 * max_abs(momentum)) << c;
-        // Nesterov: Newton-Schulz of the gradient blended towards the new momentum, exactly.
-        const at::Tensor exact = newton_schulz(grad.to(at::kDouble).lerp(momentum.to(at::kDouble), h.momentum), 5,
-                                               at::kDouble);
-        auto update_of = [&](const at::Tensor& after) { return (before * (1 - h.lr * h.weight_decay) - after) / lr_scale; };
-        const at::Tensor theirs = update_of(ref[c + "/param" + n]), ours = update_of(p.detach());
-        EXPECT_LE(relative(ours, exact), 0.025) << c << " step " << s;
-        EXPECT_LE(relative(theirs, exact), 0.05) << c << " step " << s;
-        // Next step from the same state on both sides.
-        at::NoGradGuard no_grad;
-        p.copy_(ref[c + "/param" + n]);
-      }
-    }
-  }
+  run_muon_cases(ref, [&](const std::string& c, const std::string& s, const MuonHyper& h, double lr_scale,
+                          const at::Tensor& before, at::Tensor& p, Muon& muon) {
+    const at::Tensor& grad = ref[c + "/grad" + s];
+    const at::Tensor& momentum = ref[c + "/momentum" + s];
+    EXPECT_LE(max_abs(muon.params()[0].momentum_buffer - momentum), 1e-7 * max_abs(momentum)) << c;
+    // Nesterov: Newton-Schulz of the gradient blended towards the new momentum, exactly.
+    const at::Tensor exact =
+        newton_schulz(grad.to(at::kDouble).lerp(momentum.to(at::kDouble), h.momentum), 5, at::kDouble);
+    auto update_of = [&](const at::Tensor& after) { return (before * (1 - h.lr * h.weight_decay) - after) / lr_scale; };
+    const at::Tensor& theirs_p = ref[c + "/param" + s];
+    EXPECT_LE(relative(update_of(p.detach()), exact), 0.025) << c << " step " << s;
+    EXPECT_LE(relative(update_of(theirs_p), exact), 0.05) << c << " step " << s;
+    // The next step from the same parameters on both sides.
+    at::NoGradGuard no_grad;
+    p.copy_(theirs_p);
+  });
 }
 
 TEST(Muon, Fp32NewtonSchulzMatchesFloat64) {

@@ -23,28 +23,32 @@ def save(outdir, manifest, name, tensor):
     manifest[name] = {"shape": list(t.shape), "file": fname}
 
 
-MUON_SHAPES = {"square": (64, 64), "wide": (32, 96), "tall": (96, 32)}
+def muon_cases():
+    """Square, wide and tall matrices under both update scales: (case, scale, initial value,
+    the generator that then draws its gradients)."""
+    seed = 0
+    for scale in ("original", "match_rms_adamw"):
+        for label, shape in {"square": (64, 64), "wide": (32, 96), "tall": (96, 32)}.items():
+            seed += 1
+            gen = torch.Generator().manual_seed(seed)
+            yield f"{scale}/{label}", scale, torch.randn(shape, generator=gen) * 0.1, gen
 
 
 def muon(outdir, manifest):
-    # Square, wide and tall matrices, both update scales, with weight decay.
-    seed = 0
-    for scale in ("original", "match_rms_adamw"):
-        for label, shape in MUON_SHAPES.items():
-            case = f"{scale}/{label}"
-            seed += 1
-            gen = torch.Generator().manual_seed(seed)
-            p = torch.nn.Parameter(torch.randn(shape, generator=gen) * 0.1)
-            save(outdir, manifest, f"{case}/param0", p)
-            opt = torch.optim.Muon([p], lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True,
-                                   adjust_lr_fn=scale)
-            for step in range(1, STEPS + 1):
-                g = torch.randn(shape, generator=gen)
-                p.grad = g.clone()
-                opt.step()
-                save(outdir, manifest, f"{case}/grad{step}", g)
-                save(outdir, manifest, f"{case}/param{step}", p)
-                save(outdir, manifest, f"{case}/momentum{step}", opt.state[p]["momentum_buffer"])
+    # With weight decay.
+    for case, scale, value, gen in muon_cases():
+        p = torch.nn.Parameter(value)
+        shape = value.shape
+        save(outdir, manifest, f"{case}/param0", p)
+        opt = torch.optim.Muon([p], lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True,
+                               adjust_lr_fn=scale)
+        for step in range(1, STEPS + 1):
+            g = torch.randn(shape, generator=gen)
+            p.grad = g.clone()
+            opt.step()
+            save(outdir, manifest, f"{case}/grad{step}", g)
+            save(outdir, manifest, f"{case}/param{step}", p)
+            save(outdir, manifest, f"{case}/momentum{step}", opt.state[p]["momentum_buffer"])
 
 
 def muon_fsdp2(outdir, manifest):
@@ -68,30 +72,26 @@ def _muon_fsdp2_rank(rank, world, outdir):
     # Rendezvous through a file: no port that a test running alongside could take first.
     dist.init_process_group("gloo", init_method=f"file://{outdir}/rendezvous", rank=rank, world_size=world)
     manifest = {}
-    seed = 0
-    for scale in ("original", "match_rms_adamw"):
-        for label, shape in MUON_SHAPES.items():
-            case = f"{scale}/{label}"
-            seed += 1
-            gen = torch.Generator().manual_seed(seed)
-            module = torch.nn.Module()
-            module.w = torch.nn.Parameter(torch.randn(shape, generator=gen) * 0.1)
+    for case, scale, value, gen in muon_cases():
+        shape = value.shape
+        module = torch.nn.Module()
+        module.w = torch.nn.Parameter(value)
+        if rank == 0:
+            save(outdir, manifest, f"{case}/param0", module.w)
+        fully_shard(module)  # w becomes a DTensor sharded by rows over the 2 ranks
+        w = module.w
+        opt = MuonFsdp2([dict(params=[w], lr=0.02, momentum=0.95, weight_decay=0.1, use_muon=True,
+                              rms_scale=scale == "match_rms_adamw", nesterov=True, ns_steps=5)])
+        for step in range(1, STEPS + 1):
+            g = torch.randn(shape, generator=gen)
+            w.grad = distribute_tensor(g.clone(), w.device_mesh, [Shard(0)])
+            opt.step()
+            full = w.full_tensor()
+            momentum = opt.state[w]["momentum_buffer"].full_tensor()
             if rank == 0:
-                save(outdir, manifest, f"{case}/param0", module.w)
-            fully_shard(module)  # w becomes a DTensor sharded by rows over the 2 ranks
-            w = module.w
-            opt = MuonFsdp2([dict(params=[w], lr=0.02, momentum=0.95, weight_decay=0.1, use_muon=True,
-                                  rms_scale=scale == "match_rms_adamw", nesterov=True, ns_steps=5)])
-            for step in range(1, STEPS + 1):
-                g = torch.randn(shape, generator=gen)
-                w.grad = distribute_tensor(g.clone(), w.device_mesh, [Shard(0)])
-                opt.step()
-                full = w.full_tensor()
-                momentum = opt.state[w]["momentum_buffer"].full_tensor()
-                if rank == 0:
-                    save(outdir, manifest, f"{case}/grad{step}", g)
-                    save(outdir, manifest, f"{case}/param{step}", full)
-                    save(outdir, manifest, f"{case}/momentum{step}", momentum)
+                save(outdir, manifest, f"{case}/grad{step}", g)
+                save(outdir, manifest, f"{case}/param{step}", full)
+                save(outdir, manifest, f"{case}/momentum{step}", momentum)
     if rank == 0:
         with open(os.path.join(outdir, "rank0_manifest.json"), "w") as f:
             json.dump(manifest, f)

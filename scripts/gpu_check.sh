@@ -26,7 +26,8 @@
 # build/) and GPU_CHECK_STEPS naming what is left.
 #
 # Environment: GPU_CHECK_STEPS (default "cuda_tests presets bench"; add "suite" for the rest of
-# ctest), GPU_CHECK_BENCH (bench.sh's arguments), GPU_CHECK_BUDGET_S, GPU_CHECK_COMMIT (the
+# ctest), GPU_CHECK_BENCH (bench.sh's arguments), GPU_CHECK_PEERS (bench.sh's PEERS, default
+# zeroband), GPU_CHECK_BUDGET_S, GPU_CHECK_COMMIT (the
 # commit to report where the tree has no .git), GPU_CHECK_SYSTEM_DEPS=0 (ignore Debian packages
 # installed here: only the kit or ZB_SKIP_BUILD builds), PYTHON (torch's, for the benchmark's
 # peer; default .venv/bin/python, else python3), JOBS.
@@ -107,6 +108,8 @@ say "build: $build_how"
 # test discovery included.
 if [ "$build_how" = kit ] || { [ "$build_how" = prebuilt ] && [ -d "$ROOT/.gpukit/root" ]; }; then
   export LD_LIBRARY_PATH=$ROOT/.gpukit/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # The kit's Python packages (muon-fsdp2, unpacked by gpu_kit.sh build) for the benchmark's peer.
+  export PYTHONPATH=$ROOT/.gpukit/pylib${PYTHONPATH:+:$PYTHONPATH}
 fi
 
 if [ $cpu_only = 1 ]; then
@@ -176,7 +179,9 @@ if wanted presets; then
     --model.attention causal --logging.metrics_file "$work/preset_1B_causal.jsonl"
 else not_run "not in GPU_CHECK_STEPS" preset_150M preset_1B preset_1B_causal; fi
 if wanted bench; then
-  step bench 270 env OUT="$work/bench" PYTHON="$python" PEER_COMPILE=1 ZB_SKIP_BUILD=1 \
+  # The peer with ZeroBand's own Muon only (GPU_CHECK_PEERS="zeroband torch" adds torch.optim.Muon's,
+  # if the budget allows: each peer runs eager and compiled).
+  step bench 270 env OUT="$work/bench" PYTHON="$python" PEER_COMPILE=1 ZB_SKIP_BUILD=1 PEERS="${GPU_CHECK_PEERS:-zeroband}" \
     scripts/bench.sh "${bench_args[@]}"
   for f in "$work"/bench/*.log; do  # each side's own output, which bench.sh keeps apart
     [ -f "$f" ] && { echo; echo "== $(basename "$f"), its last 60 lines"; tail -n 60 "$f"; } >>"$log"

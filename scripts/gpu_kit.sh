@@ -2,8 +2,10 @@
 # Builds zeroband-cpp on a machine with no package registry: the lent GPU machines have CUDA,
 # CMake, ninja, a compiler and python3 with torch 2.11.0, but not our Debian libraries. Two halves:
 #
-#   scripts/gpu_kit.sh fetch    # here (Debian 12, network): the .deb files into .gpukit/debs
-#   scripts/gpu_kit.sh build    # there: unpack them into .gpukit/root and build into build/
+#   scripts/gpu_kit.sh fetch    # here (Debian 12, network): the .deb files into .gpukit/debs,
+#                               # the benchmark peer's muon-fsdp2 wheel into .gpukit/wheels
+#   scripts/gpu_kit.sh build    # there: unpack them into .gpukit/root (the wheel into
+#                               # .gpukit/pylib, for PYTHONPATH) and build into build/
 #                               # (the tests' reference python: that machine's python3)
 #
 # .gpukit/ is ignored by git: name it in the device tool's `carry`. Programs built there need
@@ -22,11 +24,17 @@ case ${1:-} in
 fetch)
   rm -rf "$KIT/debs" && mkdir -p "$KIT/debs"
   (cd "$KIT/debs" && apt-get download "${PACKAGES[@]}")
-  du -sh "$KIT/debs"
+  # The one Python package the GPU machine's python3 lacks (pure Python), pinned as requirements.txt.
+  rm -rf "$KIT/wheels" && mkdir -p "$KIT/wheels"
+  "${PYTHON:-$ROOT/.venv/bin/python}" -m pip download -q --no-deps -d "$KIT/wheels" \
+    "$(grep -E '^muon-fsdp2==' "$ROOT/requirements.txt")"
+  du -sh "$KIT/debs" "$KIT/wheels"
   ;;
 build)
   rm -rf "$KIT/root" && mkdir -p "$KIT/root"
   for deb in "$KIT"/debs/*.deb; do dpkg -x "$deb" "$KIT/root"; done
+  rm -rf "$KIT/pylib" && mkdir -p "$KIT/pylib"
+  for wheel in "$KIT"/wheels/*.whl; do [ -f "$wheel" ] && python3 -m zipfile -e "$wheel" "$KIT/pylib"; done
   python=$(command -v "${PYTHON:-python3}")
   torch_cmake=$("$python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
   usr=$KIT/root/usr

@@ -101,6 +101,7 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t W, at::ScalarType c
   const int64_t block_keeps = 2 * norm_keeps + e * (4 * D + 2 * Q + 2 * K + 4 * F) + 4 * H;
   const int64_t checkpointed_keeps = e * D;  // its output; its input is the block before's output
   auto checkpointed = [&](int64_t i) { return c.train.ac_ckpt > 0 && i % c.train.ac_ckpt == 0; };
+  auto keeps_of = [&](int64_t i) { return (checkpointed(i) ? checkpointed_keeps : block_keeps) * N; };  // block i
 
   Timeline t;
   // --- held through the step ----------------------------------------------------------------------
@@ -138,16 +139,13 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t W, at::ScalarType c
     t.alloc("attention mask", mask);
     gather(root);
     t.alloc("activations", e * D * N);  // the embedding's output, block 0's input
-    int64_t kept = 0;
     for (int64_t i = 0; i < L; ++i) {
       t.at("forward of block " + std::to_string(i) + mb);
       t.alloc("all-gather buffers", e * units[i].block * (W + 1));  // prefetched during block i - 1
       t.alloc("gathered parameters", e * units[i].full);
       t.free("all-gather buffers", e * units[i].block * (W + 1));
       if (i + 1 < L) t.alloc("all-gather buffers", e * units[i + 1].block * (W + 1));  // prefetch
-      const int64_t keeps = (checkpointed(i) ? checkpointed_keeps : block_keeps) * N;
-      t.alloc("activations", keeps);
-      kept += keeps;
+      t.alloc("activations", keeps_of(i));
       if (i + 1 < L) t.free("all-gather buffers", e * units[i + 1].block * (W + 1));  // moved on
       if (c.train.reshard_after_forward && i != L - 1) t.free("gathered parameters", e * units[i].full);
     }
@@ -184,7 +182,6 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t W, at::ScalarType c
       const bool resharded = c.train.reshard_after_forward && i != L - 1;
       if (resharded) gather(units[i]);
       if (i > 0 && c.train.reshard_after_forward) t.alloc("all-gather buffers", e * units[i - 1].block * (W + 1));
-      const int64_t keeps = (checkpointed(i) ? checkpointed_keeps : block_keeps) * N;
       if (checkpointed(i)) t.alloc("activations", block_keeps * N);  // the recompute
       // Most memory in the block's backward is at the MLP's product (measured with the counting
       // allocator: the recompute adds exactly block_keeps, its backward 2 F per token plus w2's
@@ -196,7 +193,7 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t W, at::ScalarType c
       t.free("activations", e * F * N);
       t.alloc("activation gradients", 2 * e * F * N);
       t.free("activation gradients", 3 * e * F * N);
-      t.free("activations", keeps - e * F * N + (checkpointed(i) ? block_keeps * N : 0));
+      t.free("activations", keeps_of(i) - e * F * N + (checkpointed(i) ? block_keeps * N : 0));
       t.alloc("parameter gradients", e * (units[i].full - D * F));
       // post_backward: free the gathered block; sum or reduce its gradients.
       t.free("gathered parameters", e * units[i].full);
@@ -269,9 +266,7 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t W, at::ScalarType c
     if (bytes > 0) est.at_peak.push_back({what, bytes});
   std::sort(est.at_peak.begin(), est.at_peak.end(), [](const auto& x, const auto& y) { return x.bytes > y.bytes; });
   est.activations_without_checkpointing = (block_keeps * L) * N;
-  int64_t kept = 0;
-  for (int64_t i = 0; i < L; ++i) kept += (checkpointed(i) ? checkpointed_keeps : block_keeps) * N;
-  est.activations_per_micro_batch = kept;
+  for (int64_t i = 0; i < L; ++i) est.activations_per_micro_batch += keeps_of(i);
   est.reduce_every_micro_batch = reduce_every;
   return est;
 }

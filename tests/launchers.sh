@@ -6,7 +6,8 @@
 # CONFIG is the debug preset (configs/debug/normal.toml: 4 steps, fake data, vocabulary 1024).
 set -u
 what=$1 train=$2 config=$3 bindir=$4
-port=$((20000 + RANDOM % 30000))
+# A port the kernel has just handed out free (a random one could be another test's store).
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # A later --logging.metrics_file overrides this one. Newton-Schulz in fp32: bf16 matrix products

@@ -14,7 +14,9 @@ common=(--config "$config" --runtime.device cpu --runtime.num_threads 1 --data.s
 pids=()
 run_ranks() {
   local w=$1 log=$2; shift 2
-  local port=$((20000 + RANDOM % 30000))
+  # A port the kernel has just handed out free (a random one could be another test's store).
+  local port
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   pids=()
   for r in $(seq 0 $((w - 1))); do
     (

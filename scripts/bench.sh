@@ -9,7 +9,8 @@
 #
 # Environment: OUT (output folder), WARMUP (first steps left out, default 5), PEERS (the peers'
 # Muon: "zeroband" = ZeroBand's muon-fsdp2, "torch" = torch.optim.Muon; default both),
-# PEER_COMPILE (1: each peer also torch.compile'd; default 1 on GPU, 0 on CPU), ZB_SKIP_BUILD=1
+# PEER_COMPILE (1: each peer also torch.compile'd; default 1 on GPU, 0 on CPU), PEER_MASK (the
+# peers' document mask: auto, flex or sdpa; see bench_peer.py --mask-kernel), ZB_SKIP_BUILD=1
 # (use the build as is), TRAIN_FSDP (the binary, default build/apps/train_fsdp), PYTHON (default
 # .venv/bin/python). Rows: zeroband-cpp, then pytorch-MUON-eager / pytorch-MUON-compile.
 set -euo pipefail
@@ -30,10 +31,10 @@ out=${OUT:-outputs/bench-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
 
 # The same overrides for both sides: fake data, a fixed number of steps, no checkpoints or
-# validation; on CPU the ranks share the cores. Attention across whole rows: the peer has no
-# document mask yet (its uniform random tokens have no documents either).
-args=(--config "$config" --data.fake --optim.total_steps "$steps" --ckpt.path "" --data.eval_interval 0
-      --model.attention causal "$@")
+# validation; on CPU the ranks share the cores. The peers mask documents as ZeroBand does (flex
+# attention on CUDA, SDPA with a dense mask on CPU, where flex cannot train); `--model.attention
+# causal` runs every side across whole rows.
+args=(--config "$config" --data.fake --optim.total_steps "$steps" --ckpt.path "" --data.eval_interval 0 "$@")
 threads=0
 if [ $gpu = 0 ]; then
   threads=$(( $(nproc) / nproc > 0 ? $(nproc) / nproc : 1 ))
@@ -65,10 +66,10 @@ for muon in ${PEERS:-zeroband torch}; do
     echo "== PyTorch FSDP2 with $muon's Muon ($mode), $nproc rank(s)"
     extra=(--muon "$muon")
     [ "$mode" = compile ] && extra+=(--compile)
-    "${torchrun[@]}" scripts/bench_peer.py --config-json "$out/run.json" --steps "$steps" \
+    "${torchrun[@]}" scripts/bench_peer.py --mask-kernel "${PEER_MASK:-auto}" --config-json "$out/run.json" --steps "$steps" \
       --num-threads "$threads" --metrics-file "$out/$name.jsonl" "${extra[@]}" \
       > "$out/$name.log" 2>&1 || failed "$out/$name.log"
-    grep "peer step" "$out/$name.log" | tail -1 || true
+    grep -E "peer step|not run" "$out/$name.log" | tail -1 || true
     runs+=("$name=$out/$name.jsonl")
   done
 done

@@ -8,10 +8,15 @@ which orthogonalises DTensor shards, all-gathering inside every Newton-Schulz it
 
 It reads the run that `train_fsdp --config X --print-config` resolves (shapes, batch, optimizer
 settings), so both sides train the same thing, and writes the same JSON-lines metrics as
-train_fsdp (rank 0). Launched by torchrun, one process per rank:
+train_fsdp (rank 0). Its fake data are train_fsdp's random documents; with model.attention =
+"document" it masks them as ZeroBand does, flex attention with a BlockMask made per batch
+(on CUDA; PyTorch cannot train flex attention on CPU, where it uses SDPA with the same mask as
+dense booleans). A run the peer cannot train as asked (see why_not) leaves one record saying why,
+which the report prints instead of numbers. Launched by torchrun, one process per rank:
 
   torchrun --nproc_per_node=2 scripts/bench_peer.py --config-json run.json --steps 20 \
-      --metrics-file peer.jsonl [--muon zeroband|torch] [--compile] [--device cpu|cuda]
+      --metrics-file peer.jsonl [--muon zeroband|torch] [--compile] [--device cpu|cuda] \
+      [--mask-kernel auto|flex|sdpa]
 
 Communication is measured by wrapping torch.distributed's collectives and the functional
 collectives DTensor uses (Muon's matrices and the clipping norm go through DTensor): bytes with
@@ -31,6 +36,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 
 # --- the model: a Llama of torchtitan's layout (the names train_fsdp uses) -------------------------
@@ -43,14 +49,18 @@ class Attention(nn.Module):
         self.wv = nn.Linear(m["dim"], self.n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(self.n_heads * self.head_dim, m["dim"], bias=False)
 
-    def forward(self, x, freqs_cis):
+    def forward(self, x, freqs_cis, mask):
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
         q, k = rotate(q, freqs_cis), rotate(k, freqs_cis)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                             is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        gqa = self.n_kv_heads != self.n_heads
+        if isinstance(mask, BlockMask):
+            out = flex_attention_kernel(q, k, v, block_mask=mask, enable_gqa=gqa)
+        else:  # a dense boolean mask, or None: causal over whole rows
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
         return self.wo(out.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -81,8 +91,8 @@ class Block(nn.Module):
         self.attention_norm = nn.RMSNorm(m["dim"], eps=m["norm_eps"])
         self.ffn_norm = nn.RMSNorm(m["dim"], eps=m["norm_eps"])
 
-    def forward(self, h, freqs_cis):
-        h = h + self.attention(self.attention_norm(h), freqs_cis)
+    def forward(self, h, freqs_cis, mask):
+        h = h + self.attention(self.attention_norm(h), freqs_cis, mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -116,11 +126,62 @@ class Llama(nn.Module):
         std = self.output.weight.shape[1] ** -0.5
         nn.init.trunc_normal_(self.output.weight, std=std, a=-3 * std, b=3 * std)
 
-    def forward(self, tokens):
+    def forward(self, tokens, mask=None):
         h = self.tok_embeddings(tokens)
         for block in self.layers:
-            h = block(h, self.freqs_cis)
+            h = block(h, self.freqs_cis, mask)
         return self.output(self.norm(h)).float()
+
+
+# --- ZeroBand's fake documents and its document mask ------------------------------------------------
+EOS, FIRST_TOKEN = 1, 3  # train_fsdp's fake data (src/data/fake_data.h): EOS closes each document
+
+
+def fake_documents(rows, T, V, gen):
+    """Rows of T + 1 tokens packed with documents of length U[1, T], tokens uniform in [3, 1024)
+    (clipped to the vocabulary), each followed by EOS: train_fsdp's fake data, from another RNG."""
+    out = torch.randint(FIRST_TOKEN, min(1024, V), (rows, T + 1), generator=gen)
+    for r in range(rows):
+        n = 0
+        while True:
+            n += int(torch.randint(1, T + 1, (), generator=gen)) + 1  # a document, then its EOS
+            if n > T + 1:  # the document runs to the end of the row without its EOS
+                break
+            out[r, n - 1] = EOS
+    return out
+
+
+def document_ids(tokens):
+    """Each position's document number within its row: EOS is the last token of its document."""
+    closes = (tokens == EOS).int()
+    return torch.cumsum(closes, dim=1) - closes
+
+
+def dense_document_mask(docs):
+    """(B, 1, T, T) booleans: causal and within one document."""
+    T = docs.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=docs.device).tril()
+    return (docs[:, None, :, None] == docs[:, None, None, :]) & causal
+
+
+def flex_document_mask(docs):
+    """ZeroBand's BlockMask: the same rule as a mask_mod over 128-token blocks (T if shorter)."""
+    def mask_mod(b, h, q, kv):
+        return (q >= kv) & (docs[b, q] == docs[b, kv])
+    B, T = docs.shape
+    block = min(128, T)
+    return create_block_mask(mask_mod, B, None, T, T, device=docs.device, BLOCK_SIZE=block,
+                             _compile=docs.is_cuda)
+
+
+def compiled_flex_attention():
+    # As ZeroBand: flex attention compiled on its own, outside the blocks' compilation, with
+    # max-autotune unless PRIME_DEBUG is set.
+    mode = None if "PRIME_DEBUG" in os.environ else "max-autotune-no-cudagraphs"
+    return torch.compiler.disable(torch.compile(flex_attention, dynamic=False, mode=mode))
+
+
+flex_attention_kernel = None  # compiled_flex_attention(), set by main() when the peer uses flex
 
 
 # --- communication meter ---------------------------------------------------------------------------
@@ -262,6 +323,37 @@ def vm_hwm_bytes():
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
 
+def mask_kernel_of(run, device, choice):
+    """How the peer attends: "causal" (whole rows), or with the document mask "flex" (ZeroBand's)
+    or "sdpa" (a dense boolean mask)."""
+    if run["attention"] == "causal":
+        return "causal"
+    if choice == "auto":
+        return "flex" if device == "cuda" else "sdpa"
+    return choice
+
+
+def why_not(run, world, device, muon, kernel):
+    """The reason the peer cannot train this run as asked, or None. Checked, not assumed, so a
+    later PyTorch or package that can do it is let through."""
+    m = run["model"]
+    if muon == "zeroband" and run["hidden"]["type"] == "muon" and world > 1:
+        # muon-fsdp2 gathers the matrices' FSDP2 shards into equal-size buffers: every matrix's
+        # rows must divide evenly between the ranks.
+        rows = {"wq": m["n_heads"] * m["head_dim"], "wk/wv": m["n_kv_heads"] * m["head_dim"],
+                "wo/w2": m["dim"], "w1/w3": m["ffn_hidden"]}
+        uneven = [f"{name} ({n} rows)" for name, n in rows.items() if n % world]
+        if uneven:
+            return (f"muon-fsdp2 needs equal shards: {', '.join(uneven)} not divisible by {world} ranks")
+    if kernel == "flex":
+        q = torch.zeros(1, 1, 16, 16, device=device, requires_grad=True)
+        try:
+            flex_attention(q, q, q).sum().backward()
+        except (NotImplementedError, RuntimeError) as e:
+            return f"flex attention cannot train on {device} in PyTorch {torch.__version__}: {e}"
+    return None
+
+
 def build_optimizers(model, run, muon):
     h, a = run["hidden"], run["adam"]
     hidden, groups = [], {"embedding": [], "head": [], "norm": []}
@@ -307,20 +399,32 @@ def main():
     ap.add_argument("--compile", action="store_true", help="torch.compile every block")
     ap.add_argument("--muon", default="zeroband", choices=["zeroband", "torch"],
                     help="ZeroBand's muon-fsdp2 (default) or torch.optim.Muon")
+    ap.add_argument("--mask-kernel", default="auto", choices=["auto", "flex", "sdpa"],
+                    help="with model.attention = document: ZeroBand's flex attention (auto: on CUDA) "
+                         "or SDPA with a dense boolean mask (auto: on CPU)")
     ap.add_argument("--num-threads", type=int, default=0)
     args = ap.parse_args()
     with open(args.config_json) as f:
         run = json.load(f)
     m = run["model"]
-    if run.get("attention", "causal") != "causal":
-        raise SystemExit("bench_peer: the peer attends causally across whole rows (no document mask); "
-                         f"this run has model.attention = {run['attention']} (bench.sh passes causal)")
     if run["hidden"]["type"] == "muon" and run["hidden"]["ns_dtype"] != "bfloat16":
         raise SystemExit("bench_peer: both peers' Muon orthogonalises in bfloat16 only; "
                          f"this run has optim.optim.ns_dtype = {run['hidden']['ns_dtype']}")
 
     # The device and dtype train_fsdp resolved for this run, unless --device overrides.
     device = args.device if args.device != "auto" else run["resolved_device"]
+    kernel = mask_kernel_of(run, device, args.mask_kernel)
+    reason = why_not(run, int(os.environ["WORLD_SIZE"]), device, args.muon, kernel)
+    if reason:
+        # The report shows the reason in place of this peer's numbers.
+        if int(os.environ["RANK"]) == 0:
+            with open(args.metrics_file, "w") as f:
+                f.write(json.dumps({"unsupported": reason}) + "\n")
+        print(f"bench_peer: not run: {reason}", flush=True)
+        return
+    if kernel == "flex":
+        global flex_attention_kernel
+        flex_attention_kernel = compiled_flex_attention()
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     if args.num_threads > 0:
@@ -380,12 +484,16 @@ def main():
         marks = []  # (before forward, after forward, after backward) per micro-batch
         loss_sum = torch.zeros((), device=device)
         for i in range(accum):
-            # Uniform random tokens: throughput does not depend on the values (train_fsdp's fake
-            # data are random documents, so the two loss curves are alike but not comparable).
-            batch = torch.randint(V, (micro, T + 1), generator=gen).to(device, non_blocking=True)
+            # Random documents as train_fsdp's fake data, from another RNG: the loss curves are
+            # alike but not comparable. The mask is made here, as ZeroBand makes it per batch.
+            batch = fake_documents(micro, T, V, gen).to(device, non_blocking=True)
+            mask = None
+            if kernel != "causal":
+                docs = document_ids(batch[:, :-1])
+                mask = flex_document_mask(docs) if kernel == "flex" else dense_document_mask(docs)
             model.set_requires_gradient_sync(i == accum - 1)
             t0 = phase_timer()
-            loss = F.cross_entropy(model(batch[:, :-1]).flatten(0, 1), batch[:, 1:].flatten()) / accum
+            loss = F.cross_entropy(model(batch[:, :-1], mask).flatten(0, 1), batch[:, 1:].flatten()) / accum
             t1 = phase_timer()
             loss.backward()
             marks.append((t0, t1, phase_timer()))
@@ -415,7 +523,7 @@ def main():
                 "peak_memory_bytes": peak, "comm_wait_seconds": wait_after - wait_before,
                 "forward_seconds": fwd, "backward_seconds": bwd, "optimizer_seconds": optimizer_seconds,
                 "comm_bytes": {k: comm_after[k] - comm_before[k] for k in comm_after},
-                "total_tokens": step * tokens_per_step,
+                "total_tokens": step * tokens_per_step, "attention_kernel": kernel,
             }) + "\n")
             out.flush()
             print(f"peer step {step}/{args.steps} | loss {loss_value:.4f} | {time.perf_counter() - start:.1f}s", flush=True)

@@ -29,6 +29,8 @@ def peak_flops_of(name):
 
 def summarise(path, run, world, warmup, peak):
     rows = [json.loads(line) for line in open(path) if line.strip()]
+    if rows and "unsupported" in rows[0]:  # a peer that cannot train this run says why
+        return {"unsupported": rows[0]["unsupported"]}
     kept = rows[warmup:] if len(rows) > warmup + 1 else rows
     first, last = kept[0], kept[-1]
     # Wall time from the end of the first kept step to the end of the last one.
@@ -50,6 +52,7 @@ def summarise(path, run, world, warmup, peak):
         "peak_memory_bytes": max(r["peak_memory_bytes"] for r in rows),
         "comm_bytes_per_step": comm,
         "final_loss": last["loss"],
+        "attention_kernel": last.get("attention_kernel"),
     }
 
 
@@ -72,8 +75,9 @@ def main():
 
     names = list(results)
     ours = results[names[0]]
+    ran = {name: r for name, r in results.items() if "unsupported" not in r}
     ratios = {}
-    for peer in names[1:]:
+    for peer in list(ran)[1:]:
         p = results[peer]
         ratios[f"{names[0]} / {peer}"] = {
             "tokens_per_second": ours["tokens_per_second_per_rank"] / p["tokens_per_second_per_rank"],
@@ -84,12 +88,19 @@ def main():
 
     fmt = lambda v, f: "n/a" if v is None else f.format(v)
     print(f"{run['name_model']} ({run['num_params']:,} parameters), {args.world_size} rank(s), "
-          f"batch {run['batch_size']} x {run['seq_length']}, micro_bs {run['micro_bs']}, device {args.device or '?'}")
+          f"batch {run['batch_size']} x {run['seq_length']}, micro_bs {run['micro_bs']}, device {args.device or '?'}, "
+          f"attention {run['attention']}")
+    kernels = {name: r["attention_kernel"] for name, r in ran.items() if r.get("attention_kernel")}
+    if kernels:
+        print("peers' attention kernels: " + ", ".join(f"{name} {k}" for name, k in kernels.items()))
     print()
     print("| run | tokens/s/rank | MFU | step s | forward s | backward s | optimizer s | exposed comm s "
           "| peak mem GiB/rank | comm MB/step/rank | final loss |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
+        if "unsupported" in r:
+            print(f"| {name} | not run: {r['unsupported']} " + "| " * 9 + "|")
+            continue
         mb = sum(r["comm_bytes_per_step"].values()) / 1e6
         print(f"| {name} | {r['tokens_per_second_per_rank']:,.0f} | {fmt(r['mfu_percent'], '{:.1f}%')} "
               f"| {r['step_seconds']:.3f} | {r['forward_seconds']:.3f} | {r['backward_seconds']:.3f} "
@@ -99,7 +110,7 @@ def main():
     for label, q in ratios.items():
         print(f"{label}: tokens/s x{q['tokens_per_second']:.2f}, peak memory x{q['peak_memory']:.2f}, "
               f"bytes communicated {fmt(q['comm_bytes'], 'x{:.2f}')}")
-    for name, r in results.items():
+    for name, r in ran.items():
         kinds = ", ".join(f"{k} {v / 1e6:.1f}" for k, v in r["comm_bytes_per_step"].items() if v)
         print(f"{name} comm MB/step by kind: {kinds}")
 

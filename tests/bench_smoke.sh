@@ -4,7 +4,9 @@
 # row with real numbers, that all sides moved the same number of bytes in their gradient
 # reduce-scatters (the same parameters sharded by rows in fp32): an independent check of our
 # communication accounting against PyTorch's collectives; and that ZeroBand's Muon gathered and
-# scattered each matrix once (its bytes per step from the matrices' sizes).
+# scattered each matrix once (its bytes per step from the matrices' sizes). Then a peer that
+# cannot run (muon-fsdp2 with 3 ranks: 256 rows do not split evenly) gives its reason in the
+# report in place of numbers.
 # (TORCH_COMPILE_DISABLE: muon-fsdp2's Newton-Schulz eagerly; compiling it takes a minute here.)
 #   bench_smoke.sh TRAIN_FSDP PYTHON
 set -u
@@ -38,4 +40,11 @@ assert peer["comm_bytes_per_step"]["scatter"] == half, (peer["comm_bytes_per_ste
 ratio = b["ratios"]["zeroband-cpp / pytorch-zeroband-eager"]["tokens_per_second"]
 assert ratio == ours["tokens_per_second_per_rank"] / peer["tokens_per_second_per_rank"]
 PY
+RANK=0 WORLD_SIZE=3 "$python" "$root/scripts/bench_peer.py" --config-json "$out/run.json" --steps 2 \
+  --metrics-file "$out/uneven.jsonl" > "$out/uneven.log" 2>&1 || { echo "FAIL: bench_peer exited $?"; cat "$out/uneven.log"; exit 1; }
+"$python" "$root/scripts/bench_report.py" --config-json "$out/run.json" --world-size 2 --warmup 1 \
+  --out "$out/uneven.json" zeroband-cpp="$out/zeroband-cpp.jsonl" pytorch-zeroband-eager="$out/uneven.jsonl" \
+  > "$out/uneven_report.txt" || { echo "FAIL: bench_report exited $?"; exit 1; }
+grep -q "| pytorch-zeroband-eager | not run: muon-fsdp2 needs equal shards: wq (256 rows)" "$out/uneven_report.txt" \
+  || { echo "FAIL: no reason in the report"; cat "$out/uneven_report.txt"; exit 1; }
 echo PASS

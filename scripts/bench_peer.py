@@ -177,7 +177,7 @@ def flex_document_mask(docs):
 def compiled_flex_attention():
     # As ZeroBand: flex attention compiled on its own, outside the blocks' compilation, with
     # max-autotune unless PRIME_DEBUG is set.
-    mode = None if "PRIME_DEBUG" in os.environ else "max-autotune-no-cudagraphs"
+    mode = None if os.environ.get("PRIME_DEBUG") else "max-autotune-no-cudagraphs"
     return torch.compiler.disable(torch.compile(flex_attention, dynamic=False, mode=mode))
 
 

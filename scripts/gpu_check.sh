@@ -180,8 +180,10 @@ if wanted presets; then
 else not_run "not in GPU_CHECK_STEPS" preset_150M preset_1B preset_1B_causal; fi
 if wanted bench; then
   # The peer with ZeroBand's own Muon only (GPU_CHECK_PEERS="zeroband torch" adds torch.optim.Muon's,
-  # if the budget allows: each peer runs eager and compiled).
+  # if the budget allows: each peer runs eager and compiled). The peers' flex attention compiles
+  # without max-autotune (ZeroBand's PRIME_DEBUG): its search could take minutes of the budget.
   step bench 270 env OUT="$work/bench" PYTHON="$python" PEER_COMPILE=1 ZB_SKIP_BUILD=1 PEERS="${GPU_CHECK_PEERS:-zeroband}" \
+    PRIME_DEBUG="${PRIME_DEBUG-1}" \
     scripts/bench.sh "${bench_args[@]}"
   for f in "$work"/bench/*.log; do  # each side's own output, which bench.sh keeps apart
     [ -f "$f" ] && { echo; echo "== $(basename "$f"), its last 60 lines"; tail -n 60 "$f"; } >>"$log"

@@ -1,5 +1,6 @@
 // export_hf: a sharded checkpoint (from any number of ranks) as a Hugging Face model directory
-// (model.safetensors + config.json) that transformers' LlamaForCausalLM loads.
+// (model.safetensors + config.json) that transformers' LlamaForCausalLM loads, and the run's
+// tokenizer where the checkpoint has one (AutoTokenizer loads it).
 //
 //   export_hf CHECKPOINT_DIR OUT_DIR [--check-logits]
 //
@@ -17,6 +18,7 @@
 
 #include "checkpoint/hf_export.h"
 #include "model/llama.h"
+#include "util/fs.h"
 
 int main(int argc, char** argv) {
   if (argc < 3) {
@@ -28,6 +30,11 @@ int main(int argc, char** argv) {
     const zb::TensorMap params = zb::consolidate_checkpoint(argv[1], &args);
     zb::write_hf_model(argv[2], args, params);
     std::printf("export_hf: %zu tensors of %s written to %s\n", params.size(), argv[1], argv[2]);
+    const std::string tokenizer = std::string(argv[1]) + "/tokenizer.json";
+    if (zb::path_exists(tokenizer)) {
+      zb::write_hf_tokenizer(tokenizer, argv[2], args.max_seq_len);
+      std::printf("export_hf: the run's tokenizer too (tokenizer.json, tokenizer_config.json)\n");
+    }
     if (argc > 3 && std::string(argv[3]) == "--check-logits") {
       zb::Llama model(args, at::TensorOptions());
       at::NoGradGuard no_grad;

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <optional>
 
@@ -28,6 +29,7 @@
 #include "model/model_config.h"
 #include "train/metrics.h"
 #include "train/memory_estimate.h"
+#include "train/metrics_follower.h"
 #include "train/metrics_logger.h"
 #include "train/trainer.h"
 #include "training_program.h"
@@ -103,6 +105,7 @@ nlohmann::json resolved_run(const zb::Config& c) {
   return {
       {"name_model", c.name_model},
       {"type_model", c.type_model},
+      {"project", c.project},
       {"model", model},
       {"attention", c.model.attention},
       {"num_params", zb::count_params(a)},
@@ -240,6 +243,12 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism) {
 
   // --- the loop ----------------------------------------------------------------------------------
   zb::MetricsLogger metrics(cfg, args, world.rank, world.size, device, /*resumed=*/trainer.step() > 0);
+  if (world.rank == 0) {
+    // The resolved run beside its metrics (plots, samples and the W&B run's config read it).
+    const std::string dir = zb::parent_directory(metrics.path());
+    std::ofstream((dir.empty() ? std::string(".") : dir) + "/config.json") << resolved_run(cfg).dump(2) << "\n";
+    zb::start_metrics_follower(cfg, metrics.path());
+  }
   for (int64_t step = trainer.step() + 1; step <= cfg.optim.total_steps; ++step) {
     comm.set_phase(strf("step %ld", step));  // a stall from here on is reported as this step's
     const zb::CommStats before = comm.stats();

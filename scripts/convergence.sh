@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The DDP-vs-FSDP convergence reproduction: trains the same config, data and seed with
-# train_fsdp and with train_ddp on NPROC processes, then writes both metrics files, a CSV and a
-# PNG of the two loss curves, and prints the largest and the final difference.
+# train_fsdp and with train_ddp on NPROC processes, then writes both metrics files, a CSV of the
+# two loss curves, a PNG of both runs (scripts/plot_runs.py), and prints the largest and the final
+# difference.
 #
 #   scripts/convergence.sh [CONFIG] [NPROC] [extra train arguments...]
 #   scripts/convergence.sh                                    # CPU: configs/debug/convergence.toml, 2 ranks
@@ -33,3 +34,4 @@ for app in train_fsdp train_ddp; do
     | grep -E "step [0-9]+/[0-9]+ \| (loss|val)|done|error|resumed" | awk 'NR % 5 == 1 || /val|done|error|resumed/'
 done
 .venv/bin/python scripts/compare_runs.py "$out/train_fsdp.jsonl" "$out/train_ddp.jsonl" "$out"
+.venv/bin/python scripts/plot_runs.py "$out/train_fsdp.jsonl" "$out/train_ddp.jsonl" --names FSDP DDP -o "$out/losses.png"

@@ -4,19 +4,21 @@
     make_shards.py OUT INPUT... [--tokenizer tokenizer.json | --train-vocab N]
                    [--val-fraction 0.01] [--shard-tokens 10000000] [--bos]
 
-INPUT: files or directories (searched recursively). By extension: .jsonl/.json are JSON lines
-with a "text" field (one document per line); .parquet has a "text" column (needs pyarrow);
-anything else is plain text, one document per file.
+INPUT: files or directories (searched recursively), as datasets are kept: by extension, .jsonl/
+.json are JSON lines with a "text" field (one document per line); .parquet has a "text" column
+(fineweb-edu's layout: a directory of parquet files); anything else is plain text, one document
+per file. A directory that a Hugging Face `datasets` dataset was saved to (save_to_disk) is read
+with datasets.load_from_disk: its "text" column, every split in turn.
 
 Tokenizer: a Hugging Face tokenizer.json (e.g. the Mistral/Llama-2 one), or, with --train-vocab,
-a byte-level BPE of that vocabulary size trained on the inputs themselves (saved as
-OUT/tokenizer.json). Documents are separated by the end-of-text token (plus a beginning token
+a byte-level BPE of that vocabulary size trained on the inputs themselves; either way it is kept
+as OUT/tokenizer.json, which checkpoints of runs on these shards copy (for sampling and export). Documents are separated by the end-of-text token (plus a beginning token
 with --bos). A deterministic --val-fraction of the documents goes to OUT/val, the rest to
 OUT/train, in shards of --shard-tokens tokens, in llm.c's format: a 256 x int32 header (magic
 20240520 and version 1 for uint16 tokens, 20240801 and 7 for uint32; then the token count) and
 the tokens. OUT/meta.json records the counts and the token that ends each document (train_fsdp
 reads it for attention within documents). Encoding uses every core (the tokenizers library
-is multi-threaded).
+encodes each batch of documents in parallel); a progress bar shows documents and tokens/s.
 """
 import argparse
 import hashlib
@@ -27,15 +29,29 @@ import time
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tqdm import tqdm
 
 EOS = "<|endoftext|>"
 BOS = "<|begin_of_text|>"
 
 
+def is_saved_dataset(directory):
+    # What datasets' save_to_disk leaves: dataset_dict.json (several splits) or state.json with
+    # dataset_info.json (one).
+    has = lambda name: os.path.exists(os.path.join(directory, name))
+    return has("dataset_dict.json") or (has("state.json") and has("dataset_info.json"))
+
+
 def iter_files(inputs):
+    """Files to read, in a stable order; a saved `datasets` dataset comes as its directory."""
     for item in inputs:
         if os.path.isdir(item):
-            for root, _, files in sorted(os.walk(item)):
+            for root, dirs, files in os.walk(item):
+                dirs.sort()
+                if is_saved_dataset(root):
+                    dirs[:] = []  # its files are the dataset's, read as one
+                    yield root
+                    continue
                 for name in sorted(files):
                     yield os.path.join(root, name)
         elif os.path.exists(item):
@@ -44,9 +60,26 @@ def iter_files(inputs):
             sys.exit(f"make_shards: input {item} does not exist")
 
 
+def iter_saved_dataset(directory):
+    try:
+        import datasets
+    except ImportError:
+        sys.exit(f"make_shards: {directory} is a saved Hugging Face dataset; reading it needs the "
+                 "datasets package (pip install datasets)")
+    loaded = datasets.load_from_disk(directory)
+    splits = loaded.values() if isinstance(loaded, datasets.DatasetDict) else [loaded]
+    for split in splits:
+        if "text" not in split.column_names:
+            sys.exit(f"make_shards: {directory}: no \"text\" column (it has {split.column_names})")
+        for batch in split.select_columns(["text"]).iter(batch_size=1000):
+            yield from batch["text"]
+
+
 def iter_documents(inputs):
     for path in iter_files(inputs):
-        if path.endswith((".jsonl", ".json")):
+        if os.path.isdir(path):
+            yield from iter_saved_dataset(path)
+        elif path.endswith((".jsonl", ".json")):
             with open(path, encoding="utf-8") as f:
                 for n, line in enumerate(f, 1):
                     if line.strip():
@@ -124,7 +157,7 @@ def main():
     ap.add_argument("--val-fraction", type=float, default=0.01)
     ap.add_argument("--shard-tokens", type=int, default=10_000_000)
     ap.add_argument("--bos", action="store_true", help="also put the beginning token before each document")
-    ap.add_argument("--batch", type=int, default=256, help="documents encoded together")
+    ap.add_argument("--batch", type=int, default=1024, help="documents encoded together (in parallel)")
     args = ap.parse_args()
     if bool(args.tokenizer) == bool(args.train_vocab):
         sys.exit("make_shards: give exactly one of --tokenizer and --train-vocab")
@@ -132,9 +165,9 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     if args.train_vocab:
         tok = train_tokenizer(iter_documents(args.inputs), args.train_vocab)
-        tok.save(os.path.join(args.out, "tokenizer.json"))
     else:
         tok = Tokenizer.from_file(args.tokenizer)
+    tok.save(os.path.join(args.out, "tokenizer.json"))
     eos = special_id(tok, [EOS, "</s>", "<|end_of_text|>", "<eos>"])
     bos = special_id(tok, [BOS, "<s>", "<bos>"])
     if eos is None:
@@ -145,10 +178,10 @@ def main():
     wide = vocab > 65536
     writers = {s: ShardWriter(os.path.join(args.out, s), args.shard_tokens, wide) for s in ("train", "val")}
     counts = {"train": 0, "val": 0}
-    start, done, batch = time.time(), 0, []
+    start, batch = time.time(), []
+    progress = tqdm(unit=" documents", desc="make_shards", file=sys.stderr, mininterval=1)
 
     def encode(batch):
-        nonlocal done
         for index, text, enc in zip((i for i, _ in batch), (t for _, t in batch),
                                     tok.encode_batch([t for _, t in batch], add_special_tokens=False)):
             ids = ([bos] if args.bos else []) + enc.ids + [eos]
@@ -157,9 +190,9 @@ def main():
             split = "val" if h < args.val_fraction else "train"
             writers[split].add(ids)
             counts[split] += 1
-        done += len(batch)
         rate = sum(w.tokens + w.count for w in writers.values()) / max(1e-9, time.time() - start)
-        print(f"\rmake_shards: {done} documents, {rate:,.0f} tokens/s", end="", file=sys.stderr, flush=True)
+        progress.set_postfix_str(f"{rate:,.0f} tokens/s", refresh=False)
+        progress.update(len(batch))
 
     for i, text in enumerate(iter_documents(args.inputs)):
         batch.append((i, text))
@@ -170,7 +203,11 @@ def main():
         encode(batch)
     for w in writers.values():
         w.flush()
-    print(file=sys.stderr)
+    progress.close()
+    seconds = time.time() - start
+    total = sum(w.tokens for w in writers.values())
+    print(f"make_shards: {total:,} tokens in {seconds:.1f} s, {total / max(seconds, 1e-9):,.0f} tokens/s "
+          f"({os.cpu_count()} cores)", file=sys.stderr)
     # document_token / document_token_position: how train_fsdp finds documents (its default
     # attention is within documents): the end-of-text token after each one.
     meta = {"vocab_size": vocab, "eos": eos, "bos": bos if args.bos else None,

@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
 # Sets up (when needed), builds, and trains. With no --config / @ FILE argument it runs the
-# embedded default, configs/debug/quickstart.toml; every argument goes to train_fsdp.
+# embedded default, configs/debug/quickstart.toml, and ends by printing a sample of what the model
+# writes (scripts/sample.py on its checkpoint); every argument goes to train_fsdp.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$ROOT/scripts/build.sh" >/dev/null
 args=("$@")
+quickstart=0
 if [[ " ${args[*]-} " != *" --config "* && " ${args[*]-} " != *" @"* && " ${args[*]-} " != *" --help "* ]]; then
   args=(--config "$ROOT/configs/debug/quickstart.toml" "${args[@]}")
+  quickstart=1
 fi
 cd "$ROOT"
-exec "${BUILD_DIR:-$ROOT/build}/apps/train_fsdp" "${args[@]}"
+bin=${BUILD_DIR:-$ROOT/build}/apps
+[ $quickstart = 1 ] || exec "$bin/train_fsdp" "${args[@]}"
+"$bin/train_fsdp" "${args[@]}"
+ckpt=outputs/quickstart/ckpt
+if [ -f "$ckpt/latest" ]; then
+  echo "== a sample from $ckpt/$(cat "$ckpt/latest") (scripts/sample.py; plots: scripts/plot_runs.py outputs/quickstart -o quickstart.png)"
+  .venv/bin/python scripts/sample.py "$ckpt/$(cat "$ckpt/latest")" --prompt "The " --max-new-tokens 60 --export-hf "$bin/export_hf"
+fi

@@ -23,6 +23,7 @@
 
 #include "checkpoint/hf_export.h"
 #include "checkpoint/state.h"
+#include "data/documents.h"
 #include "fsdp/row_shard.h"
 #include "model/model_args_json.h"
 #include "util/fs.h"
@@ -125,6 +126,17 @@ void rotate(const std::string& root, const std::string& newest, int64_t keep) {
 void publish(const std::string& root, int64_t step, const std::string& tmp_dir,
              const std::string& final_dir, const json& meta, int64_t keep) {
   write_all(tmp_dir + "/meta.json", meta.dump(1));
+  // The tokenizer the run's data were made with: samples and the HF export decode with it. One
+  // gone since the start costs the checkpoint its tokenizer, not the run.
+  if (meta.contains("tokenizer_source")) {
+    std::string tokenizer;
+    try {
+      tokenizer = read_file(meta["tokenizer_source"].get<std::string>());
+    } catch (const std::exception& e) {
+      log::warn(std::string("checkpoint without its tokenizer: ") + e.what());
+    }
+    if (!tokenizer.empty()) write_all(tmp_dir + "/tokenizer.json", tokenizer);
+  }
   // Into place: an older checkpoint of the same step moves aside first and goes only after.
   const std::string aside = root + "/.old-" + step_name(step);
   if (path_exists(final_dir)) {
@@ -256,6 +268,9 @@ std::string CheckpointWriter::save(Trainer& trainer) {
         {"model_args", model_args_to_json(trainer.model_args())},
         {"data_rows_consumed_per_rank", trainer.data().state().rows_consumed},
     };
+    if (const std::string t = config_.data.fake ? "" : tokenizer_of_dataset(config_.data.dataset_name_or_paths);
+        !t.empty())
+      meta["tokenizer_source"] = t;
   }
   const auto store = comm_.store();
   const int64_t rank = comm_.rank(), world = comm_.size(), keep = config_.ckpt.keep;

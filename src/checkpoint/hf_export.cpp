@@ -163,6 +163,32 @@ void write_hf_model(const std::string& out_dir, const ModelArgs& a, const Tensor
   std::ofstream(out_dir + "/config.json") << config.dump(1) << "\n";
 }
 
+void write_hf_tokenizer(const std::string& tokenizer_json, const std::string& out_dir, int64_t max_length) {
+  const std::string text = read_file(tokenizer_json);
+  json tokenizer;
+  try {
+    tokenizer = json::parse(text);
+  } catch (const json::exception& e) {
+    throw std::runtime_error(tokenizer_json + ": not valid JSON (" + e.what() + ")");
+  }
+  std::ofstream(out_dir + "/tokenizer.json", std::ios::binary) << text;
+  // The special tokens, looked for under the names make_shards knows, in its order.
+  auto special = [&](std::initializer_list<const char*> names) -> json {
+    for (const char* name : names)
+      for (const json& t : tokenizer.value("added_tokens", json::array()))
+        if (t.value("content", "") == name) return name;
+    return nullptr;
+  };
+  const json config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                       {"eos_token", special({"<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>"})},
+                       {"bos_token", special({"<|begin_of_text|>", "<s>", "<bos>"})},
+                       {"model_max_length", max_length},
+                       {"clean_up_tokenization_spaces", false}};
+  std::ofstream f(out_dir + "/tokenizer_config.json");
+  f << config.dump(1) << "\n";
+  if (!f) throw std::runtime_error("cannot write " + out_dir + "/tokenizer_config.json");
+}
+
 TensorMap read_hf_model(const std::string& dir, ModelArgs* out_args) {
   const std::string config_path = dir + "/config.json";
   const json c = read_json(config_path);

@@ -25,6 +25,9 @@ TensorMap consolidate_checkpoint(const std::string& ckpt_dir, ModelArgs* args);
 
 // Writes OUT/model.safetensors (fp32, tensors in name order) and OUT/config.json.
 void write_hf_model(const std::string& out_dir, const ModelArgs& args, const TensorMap& params);
+// Copies a checkpoint's tokenizer.json into OUT with a tokenizer_config.json, so that
+// transformers' AutoTokenizer loads it (its end/beginning-of-text tokens by make_shards' names).
+void write_hf_tokenizer(const std::string& tokenizer_json, const std::string& out_dir, int64_t max_length);
 // Reads such a directory back into our names and layout; fills `args` from config.json.
 TensorMap read_hf_model(const std::string& dir, ModelArgs* args);
 

@@ -119,13 +119,14 @@ struct LoggingConfig {  // [logging]
   std::string level = "info";
   std::string metrics_file;  // JSON lines; "" = outputs/<name_model>-<time>/metrics.jsonl
   int64_t interval = 1;      // console line every N steps
+  std::string tensorboard_dir;  // "" = none; else the metrics follower writes event files there
 };
 
 struct Config {
   std::string name_model = "150M";
   std::string type_model = "llama3";
   std::string project = "prime_simple";
-  bool wandb = true;  // accepted for ZeroBand files; metrics go to a JSON-lines file instead
+  bool wandb = true;  // ZeroBand's default: the metrics follower sends the run to W&B
   ModelOverrides model;
   TrainConfig train;
   OptimConfig optim;

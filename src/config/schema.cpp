@@ -26,7 +26,8 @@ const std::vector<Field>& schema() {
       ZB_CHOICE("type_model", type_model, "the size table name_model is from", "llama2", "llama3"),
       ZB_FIELD("project", String, std::string, project, "project name, shown in logs and metrics"),
       ZB_FIELD("wandb", Bool, bool, wandb,
-               "accepted for ZeroBand configs; ignored (metrics go to logging.metrics_file)"),
+               "send the metrics to Weights & Biases (rank 0 starts scripts/follow_metrics.py; "
+               "offline without credentials or network)"),
 
       ZB_FIELD("model.dim", Int, int64_t, model.dim, "override the table's model width"),
       ZB_FIELD("model.n_layers", Int, int64_t, model.n_layers, "override the number of blocks"),
@@ -178,6 +179,8 @@ const std::vector<Field>& schema() {
       ZB_FIELD("logging.metrics_file", String, std::string, logging.metrics_file,
                "JSON-lines metrics (default outputs/<name_model>-<time>/metrics.jsonl)"),
       ZB_FIELD("logging.interval", Int, int64_t, logging.interval, "console line every N steps"),
+      ZB_FIELD("logging.tensorboard_dir", String, std::string, logging.tensorboard_dir,
+               "write TensorBoard event files here (rank 0 starts scripts/follow_metrics.py)"),
   };
   return fields;
 }

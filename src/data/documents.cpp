@@ -53,18 +53,27 @@ std::optional<DocumentDelimiter> read_meta(const std::string& file) {
 
 }  // namespace
 
+std::vector<std::string> beside_dataset(std::string path, const std::string& name) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();  // "dir/"
+  const std::string dir = is_directory(path) ? path : parent_directory(path);
+  const std::string up = parent_directory(dir.empty() ? "." : dir);
+  return {(dir.empty() ? "" : dir + "/") + name, (up.empty() ? "" : up + "/") + name};
+}
+
+std::string tokenizer_of_dataset(const std::string& paths) {
+  if (paths.empty()) return "";
+  for (const std::string& candidate : beside_dataset(paths.substr(0, paths.find(',')), "tokenizer.json"))
+    if (path_exists(candidate)) return candidate;
+  return "";
+}
+
 std::optional<DocumentDelimiter> delimiter_from_meta(const std::string& paths) {
   std::optional<DocumentDelimiter> found;
   std::string found_in;
   for (size_t start = 0, comma; start <= paths.size(); start = comma + 1) {
     comma = paths.find(',', start);
     if (comma == std::string::npos) comma = paths.size();
-    std::string p = paths.substr(start, comma - start);
-    while (p.size() > 1 && p.back() == '/') p.pop_back();  // "dir/"
-    const std::string dir = is_directory(p) ? p : parent_directory(p);
-    const std::string up = parent_directory(dir.empty() ? "." : dir);
-    for (const std::string& candidate : {(dir.empty() ? "" : dir + "/") + "meta.json",
-                                         (up.empty() ? "" : up + "/") + "meta.json"}) {
+    for (const std::string& candidate : beside_dataset(paths.substr(start, comma - start), "meta.json")) {
       std::optional<DocumentDelimiter> d = read_meta(candidate);
       if (!d) continue;
       if (found && (found->token != d->token || found->opens != d->opens))

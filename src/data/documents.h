@@ -34,4 +34,10 @@ void append_document_bounds(const int64_t* row, int64_t T, const DocumentDelimit
 // when one is unreadable or two disagree.
 std::optional<DocumentDelimiter> delimiter_from_meta(const std::string& paths);
 
+// Where a dataset's companion files (meta.json, tokenizer.json) are looked for: the shards'
+// directory, then its parent (make_shards writes them in OUT, the shards in OUT/train and OUT/val).
+std::vector<std::string> beside_dataset(std::string path, const std::string& name);
+// The tokenizer the first dataset of `paths` was made with ("" if none is found or no paths).
+std::string tokenizer_of_dataset(const std::string& paths);
+
 }  // namespace zb

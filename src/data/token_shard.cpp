@@ -11,6 +11,9 @@
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
+#include <vector>
+
+#include "util/fs.h"
 
 namespace zb {
 
@@ -117,6 +120,36 @@ void write_token_shard(const std::string& path, const std::vector<int64_t>& toke
   if (std::fclose(f) != 0) throw shard_error(path, "write failed");
 }
 
+namespace {
+bool ends_with(const std::string& s, const char* tail) {
+  const size_t n = std::strlen(tail);
+  return s.size() >= n && s.compare(s.size() - n, n, tail) == 0;
+}
+
+// The first file under `dir` (3 levels deep at most) that make_shards could turn into shards:
+// text as users keep it (fineweb-edu's parquet, JSON lines, plain text) or a Hugging Face
+// dataset saved to disk. "" if there is none.
+std::string raw_data_in(const std::string& dir, int depth = 0) {
+  std::string found;
+  std::vector<std::string> subdirs;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name, path = dir + "/" + name;
+      if (name[0] == '.') continue;
+      if (ends_with(name, ".parquet") || ends_with(name, ".jsonl") || ends_with(name, ".txt") ||
+          ends_with(name, ".arrow") || name == "dataset_info.json" || name == "dataset_dict.json")
+        found = path;
+      else if (depth < 2 && is_directory(path))
+        subdirs.push_back(path);
+      if (!found.empty()) break;
+    }
+    ::closedir(d);
+  }
+  for (size_t i = 0; found.empty() && i < subdirs.size(); ++i) found = raw_data_in(subdirs[i], depth + 1);
+  return found;
+}
+}  // namespace
+
 std::vector<std::string> list_shards(const std::string& paths) {
   std::vector<std::string> out;
   size_t start = 0;
@@ -142,7 +175,20 @@ std::vector<std::string> list_shards(const std::string& paths) {
       }
       ::closedir(dir);
     }
-    if (files.empty()) throw std::runtime_error("dataset directory " + entry + " holds no *.bin token shard");
+    if (files.empty()) {
+      const std::string raw = raw_data_in(entry);
+      if (raw.empty()) throw std::runtime_error("dataset directory " + entry + " holds no *.bin token shard");
+      std::string out = entry;
+      while (out.size() > 1 && out.back() == '/') out.pop_back();
+      out += "-shards";
+      const std::string src = ZB_SOURCE_DIR;
+      throw std::runtime_error(
+          "dataset directory " + entry + " holds no *.bin token shard but holds data to make them from (" + raw +
+          "): train_fsdp trains on token shards. Make them with\n  " + src + "/.venv/bin/python " + src +
+          "/scripts/make_shards.py " + out + " " + entry +
+          " --tokenizer TOKENIZER.json   (or --train-vocab 32000)\nthen train with --data.dataset_name_or_paths " +
+          out + "/train --data.val_dataset_name_or_paths " + out + "/val");
+    }
     std::sort(files.begin(), files.end());
     out.insert(out.end(), files.begin(), files.end());
   }

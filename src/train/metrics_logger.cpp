@@ -45,11 +45,11 @@ MetricsLogger::MetricsLogger(const Config& c, const ModelArgs& args, int64_t ran
   meter_.record(0, 0.0);
   reset_peak_memory(device);  // the steps' peak, not set-up's
   if (rank != 0) return;
-  const std::string path = c.logging.metrics_file.empty() ? default_metrics_path(c) : c.logging.metrics_file;
-  make_directories(parent_directory(path));
-  file_.open(path, resumed ? std::ios::app : std::ios::trunc);
-  if (!file_) throw std::runtime_error("cannot write metrics file " + path);
-  log::info("metrics: " + path);
+  path_ = c.logging.metrics_file.empty() ? default_metrics_path(c) : c.logging.metrics_file;
+  make_directories(parent_directory(path_));
+  file_.open(path_, resumed ? std::ios::app : std::ios::trunc);
+  if (!file_) throw std::runtime_error("cannot write metrics file " + path_);
+  log::info("metrics: " + path_);
 }
 
 double MetricsLogger::elapsed_seconds() const {

@@ -29,6 +29,8 @@ class MetricsLogger {
   // Records a step: `comm` is what the collectives moved and waited during it.
   void log_step(const StepStats& step, const CommStats& comm, std::optional<double> val_loss);
   double elapsed_seconds() const;
+  // The metrics file (rank 0; "" elsewhere).
+  const std::string& path() const { return path_; }
 
  private:
   const Config& config_;
@@ -39,6 +41,7 @@ class MetricsLogger {
   std::optional<double> peak_flops_;
   std::chrono::steady_clock::time_point start_;
   ThroughputMeter meter_{10};
+  std::string path_;
   std::ofstream file_;
 };
 

@@ -30,11 +30,12 @@ python=${PYTHON:-.venv/bin/python}
 out=${OUT:-outputs/bench-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
 
-# The same overrides for both sides: fake data, a fixed number of steps, no checkpoints or
-# validation; on CPU the ranks share the cores. The peers mask documents as ZeroBand does (flex
+# The same overrides for both sides: fake data, a fixed number of steps, no checkpoints,
+# validation or metrics follower; on CPU the ranks share the cores. The peers mask documents as ZeroBand does (flex
 # attention on CUDA, SDPA with a dense mask on CPU, where flex cannot train); `--model.attention
 # causal` runs every side across whole rows.
-args=(--config "$config" --data.fake --optim.total_steps "$steps" --ckpt.path "" --data.eval_interval 0 "$@")
+args=(--config "$config" --data.fake --optim.total_steps "$steps" --ckpt.path "" --data.eval_interval 0
+      --wandb false "$@")
 threads=0
 if [ $gpu = 0 ]; then
   threads=$(( $(nproc) / nproc > 0 ? $(nproc) / nproc : 1 ))

@@ -158,7 +158,7 @@ case $build_how in
   prebuilt) record build "not run" 0 "ZB_SKIP_BUILD=1: build/ as it is" ;;
 esac
 cd "$ROOT"
-train=(build/apps/train_fsdp --runtime.device cuda --data.fake --optim.total_steps 30 --ckpt.path ""
+train=(build/apps/train_fsdp --runtime.device cuda --data.fake --optim.total_steps 30 --ckpt.path "" --wandb false
        --data.eval_interval 0 --logging.interval 10)
 if wanted cuda_tests; then
   step cuda_tests 150 ctest --test-dir build -L cuda --output-on-failure --timeout 300 --output-junit "$work/cuda_tests.xml"

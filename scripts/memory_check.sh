@@ -29,7 +29,7 @@ for model in ${MODELS:-debug 70M 150M}; do
         *) shape=(--config configs/150M/H100.toml --name_model "$model" --data.seq_length 256 --train.micro_bs 2
                   --optim.batch_size $((W * 4))) ;;
       esac
-      args=("${shape[@]}" --train.ac_ckpt "$ac" --data.fake --runtime.device cpu --optim.optim.ns_dtype float32
+      args=("${shape[@]}" --wandb false --train.ac_ckpt "$ac" --data.fake --runtime.device cpu --optim.optim.ns_dtype float32
             --ckpt.path "" --data.eval_interval 0 --optim.total_steps 2 --optim.warmup_steps 1)
       predicted=$(RANK=0 WORLD_SIZE=1 "$train" "${args[@]}" --dry-run --world-size "$W" 2>&1 |
                   sed -n 's/.*(\([0-9]*\) bytes), at the \(.*\)/\1\t\2/p')

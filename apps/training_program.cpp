@@ -165,15 +165,35 @@ void check_memory(zb::Config& cfg, int64_t world_size, const c10::Device& device
                              "train.ac_ckpt, more ranks; --force to try anyway):") + table);
 }
 
-int run(const zb::CommandLine& cl, zb::Parallelism parallelism) {
+// train_hsdp: one shard group per node, replicated across nodes (the config's [parallel] keys,
+// where set, win). One node has nothing to replicate across: train_fsdp is the program for it.
+void shard_by_node(zb::Config& cfg, const zb::World& world) {
+  const bool layout_given = cfg.parallel.dp_shard != -1 || cfg.parallel.dp_replicate != 1;
+  if (!layout_given && world.local_size >= world.size)
+    throw zb::ConfigError(strf("train_hsdp shards within a node and replicates across nodes, but all %ld rank(s) "
+                               "are on one node (LOCAL_WORLD_SIZE = WORLD_SIZE = %ld): use train_fsdp",
+                               world.size, world.size));
+  if (!layout_given) {
+    cfg.parallel.dp_shard = world.local_size;
+    cfg.parallel.dp_replicate = world.size / world.local_size;
+  }
+}
+
+int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes) {
   zb::Config cfg = cl.config;  // check_memory resolves train.reduce_every_micro_batch = "auto"
   const zb::World world = zb::detect_world();
+  if (over_nodes && !cl.dry_run) shard_by_node(cfg, world);
   const int64_t planned_world = cl.dry_run && cl.world_size > 0 ? cl.world_size : world.size;
   zb::validate(cfg, planned_world);
   zb::log::init(static_cast<int>(world.rank), cfg.logging.level);
   const zb::ModelArgs args = zb::resolve_model_args(cfg);
   zb::log::info("config: " + cfg.source);
   describe_model(cfg, args, planned_world);
+  if (const zb::ShardLayout layout = zb::shard_layout(cfg, planned_world);
+      parallelism == zb::Parallelism::FSDP && layout.replicate > 1)
+    zb::log::info(strf("hybrid sharding: parameters sharded over groups of %ld consecutive ranks, replicated "
+                       "%ld times (gradients: reduce-scatter in the group, then all-reduce over the replicas)",
+                       layout.shard, layout.replicate));
 
   if (cl.dry_run) {
     // Build the model on the meta device: every shape, no memory.
@@ -244,10 +264,10 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism) {
   // --- the loop ----------------------------------------------------------------------------------
   zb::MetricsLogger metrics(cfg, args, world.rank, world.size, device, /*resumed=*/trainer.step() > 0);
   if (world.rank == 0) {
-    // The resolved run beside its metrics (plots, samples and the W&B run's config read it).
-    const std::string dir = zb::parent_directory(metrics.path());
-    std::ofstream((dir.empty() ? std::string(".") : dir) + "/config.json") << resolved_run(cfg).dump(2) << "\n";
-    zb::start_metrics_follower(cfg, metrics.path());
+    // The resolved run beside its metrics (<stem>.config.json; the W&B run's config).
+    if (const std::string path = zb::run_config_path(metrics.path()); !path.empty())
+      std::ofstream(path) << resolved_run(cfg).dump(2) << "\n";
+    zb::start_metrics_follower(cfg, metrics.path(), /*resumed=*/trainer.step() > 0);
   }
   for (int64_t step = trainer.step() + 1; step <= cfg.optim.total_steps; ++step) {
     comm.set_phase(strf("step %ld", step));  // a stall from here on is reported as this step's
@@ -301,7 +321,7 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism) {
 
 namespace zb {
 
-int training_main(int argc, char** argv, Parallelism parallelism, const char* program) {
+int training_main(int argc, char** argv, Parallelism parallelism, const char* program, bool over_nodes) {
   zb::log::init(0, "info");
   // Before any tensor exists: the measurement of live tensor bytes (util/device.h).
   if (const char* count = std::getenv("ZB_COUNT_TENSOR_MEMORY"); count && std::string(count) == "1")
@@ -317,7 +337,7 @@ int training_main(int argc, char** argv, Parallelism parallelism, const char* pr
       std::cout << resolved_run(cl.config).dump(2) << "\n";
       return 0;
     }
-    return run(cl, parallelism);
+    return run(cl, parallelism, over_nodes);
   } catch (const zb::ConfigError& e) {
     zb::log::error(std::string("config error: ") + e.what());
     return 2;

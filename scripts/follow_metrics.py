@@ -11,22 +11,28 @@ Every number of a step record becomes a scalar at that step: loss, val_loss, lr/
 grad_norm, tokens_per_second, mfu, peak_memory_bytes, the phase times, comm_bytes/<collective>,
 and the rest. TensorBoard gets them as float64 (read back exactly); W&B as its history, under
 the config's `project`, named after the metrics file's directory, with the resolved run (the
-config.json train_fsdp writes beside the metrics) as the run's config. W&B runs offline (files
-under the metrics directory, `wandb sync` uploads them) when WANDB_MODE=offline, when there are
-no credentials, or when api.wandb.ai cannot be reached.
+<stem>.config.json train_fsdp writes beside metrics file <stem>.jsonl) as the run's config. W&B
+runs offline (files under the metrics directory, `wandb sync` uploads them) when
+WANDB_MODE=offline, when there are no credentials, or when its server (WANDB_BASE_URL, else
+api.wandb.ai) cannot be reached. Each metrics file is its own W&B run; with --resumed (the
+trainer passes it when it resumed) the run continues the one recorded in <stem>.wandb_id.
 
 With --follow it waits for the file to appear and for new lines, and stops at the run's final
-step (schedule.total_steps of config.json, or --total-steps), when the --pid process has ended,
-or after --idle-timeout seconds without a new record. Steps a resumed run repeats are sent again
-to TensorBoard (which keeps both); W&B keeps the first, as it takes steps in increasing order.
+step (schedule.total_steps of the config, or --total-steps; with --follow only a record written
+after the follower started counts, as a resumed run's file already holds earlier ones), when
+the --pid process has ended, after --idle-timeout seconds without a new record, or on SIGTERM;
+it closes its outputs cleanly in every case. Steps a resumed run repeats are sent again to
+TensorBoard (which keeps both); W&B keeps the first, as it takes steps in increasing order.
 """
 import argparse
-import hashlib
 import json
 import os
+import signal
 import socket
 import sys
 import time
+import urllib.parse
+import uuid
 
 
 console = None  # --console-fd: the trainer's stderr, where warnings also go
@@ -55,9 +61,14 @@ def scalars(record):
     return out
 
 
-def records(path, follow, pid, total_steps, idle_timeout, poll=0.5):
-    """Yields the file's records in order; with `follow`, as they are written."""
+def records(path, follow, pid, total_steps, idle_timeout, on_idle=None, poll=0.5):
+    """Yields the file's records in order; with `follow`, as they are written. `on_idle` is
+    called whenever the reader has caught up with the file."""
     f, pending, last_new = None, "", time.monotonic()
+    # With --follow, what the file already holds is a resumed run's past: its final step is not
+    # this run's end.
+    final_from = os.path.getsize(path) if follow and os.path.exists(path) else 0
+    read = 0  # bytes of complete lines handed out
     while True:
         if f is None and os.path.exists(path):
             f = open(path)
@@ -66,14 +77,17 @@ def records(path, follow, pid, total_steps, idle_timeout, poll=0.5):
             pending += chunk
             *lines, pending = pending.split("\n")  # a line still being written stays pending
             for line in lines:
+                read += len(line.encode()) + 1
                 if not line.strip():
                     continue
                 record = json.loads(line)
                 yield record
-                if total_steps and record.get("step", 0) >= total_steps:
+                if total_steps and record.get("step", 0) >= total_steps and read > final_from:
                     return
             last_new = time.monotonic()
             continue
+        if on_idle:
+            on_idle()
         if not follow:
             return
         if pid and not process_alive(pid):
@@ -98,11 +112,14 @@ def process_alive(pid):
 class TensorBoardSink:
     def __init__(self, logdir):
         from torch.utils.tensorboard import SummaryWriter
-        self.writer = SummaryWriter(log_dir=logdir)
+        self.writer = SummaryWriter(log_dir=logdir, flush_secs=10)
 
     def send(self, step, values):
         for tag, v in values.items():
             self.writer.add_scalar(tag, v, global_step=step, new_style=True, double_precision=True)
+
+    def flush(self):
+        self.writer.flush()
 
     def close(self):
         self.writer.close()
@@ -111,32 +128,39 @@ class TensorBoardSink:
 def wandb_mode():
     if os.environ.get("WANDB_MODE"):
         return os.environ["WANDB_MODE"]
+    url = urllib.parse.urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai")
+    host, port = url.hostname or "api.wandb.ai", url.port or (80 if url.scheme == "http" else 443)
     netrc = os.path.expanduser("~/.netrc")
     has_key = bool(os.environ.get("WANDB_API_KEY")) or (
-        os.path.exists(netrc) and "api.wandb.ai" in open(netrc, errors="replace").read())
+        os.path.exists(netrc) and host in open(netrc, errors="replace").read())
     if not has_key:
         return "offline"
     try:
-        socket.create_connection(("api.wandb.ai", 443), timeout=3).close()
+        socket.create_connection((host, port), timeout=3).close()
         return "online"
     except OSError:
         return "offline"
 
 
 class WandbSink:
-    def __init__(self, wandb, project, name, run_dir, config):
+    def __init__(self, wandb, project, name, run_dir, config, id_file, resumed):
         mode = wandb_mode()
-        self.wandb, self.last_step = wandb, 0
-        # One W&B run per metrics file: a resumed training continues it.
-        run_id = hashlib.sha256(run_dir.encode()).hexdigest()[:16]
+        self.last_step = 0
+        # One W&B run per metrics file; a resumed training continues the one it started.
+        run_id = open(id_file).read().strip() if resumed and os.path.exists(id_file) else uuid.uuid4().hex[:16]
         self.run = wandb.init(project=project, name=name, id=run_id, resume="allow", dir=run_dir,
                               config=config, mode=mode)
-        print(f"follow_metrics: W&B run {name} in project {project} ({mode})", flush=True)
+        with open(id_file, "w") as f:
+            f.write(run_id + "\n")
+        print(f"follow_metrics: W&B run {name} ({run_id}) in project {project} ({mode})", flush=True)
 
     def send(self, step, values):
         if step > self.last_step:
             self.run.log(values, step=step)
             self.last_step = step
+
+    def flush(self):
+        pass  # wandb sends in the background
 
     def close(self):
         self.run.finish()
@@ -149,7 +173,8 @@ def main():
     ap.add_argument("--wandb", action="store_true", help="send to Weights & Biases")
     ap.add_argument("--project", help="W&B project (default: the config's `project`)")
     ap.add_argument("--name", help="W&B run name (default: the metrics file's directory)")
-    ap.add_argument("--config", help="the resolved run (default: config.json beside the metrics)")
+    ap.add_argument("--config", help="the resolved run (default: <stem>.config.json beside <stem>.jsonl)")
+    ap.add_argument("--resumed", action="store_true", help="the run resumed: continue its W&B run")
     ap.add_argument("--follow", action="store_true", help="wait for the file and for new records")
     ap.add_argument("--pid", type=int, default=0, help="with --follow: stop once this process has ended")
     ap.add_argument("--total-steps", type=int, default=0, help="the final step (default: from the config)")
@@ -168,7 +193,8 @@ def main():
     os.environ.setdefault("WANDB_SILENT", "true")  # its progress lines are not ours to print
 
     run_dir = os.path.dirname(os.path.abspath(args.metrics))
-    config_path = args.config or os.path.join(run_dir, "config.json")
+    stem = os.path.splitext(os.path.abspath(args.metrics))[0]
+    config_path = args.config or stem + ".config.json"
     if args.follow and not args.config:  # the trainer writes it as it starts
         deadline = time.monotonic() + 60
         while not os.path.exists(config_path) and time.monotonic() < deadline and (
@@ -192,21 +218,31 @@ def main():
                  "(pip install wandb, or set wandb = false)")
         if wandb is not None:
             project = args.project or config.get("project") or "zeroband-cpp"
-            sinks.append(WandbSink(wandb, project, args.name or os.path.basename(run_dir), run_dir, config))
+            try:
+                sinks.append(WandbSink(wandb, project, args.name or os.path.basename(run_dir), run_dir, config,
+                                       stem + ".wandb_id", args.resumed))
+            except Exception as e:  # credentials, permissions, a server that does not answer
+                warn(f"W&B could not start ({type(e).__name__}: {e}); not sending to Weights & Biases")
     if console:  # set-up's warnings are out: let go of the trainer's stderr (pipes through tee end with it)
         console.close()
+        console = None
     if not sinks:
         return 0
 
+    # A SIGTERM (a job's end) closes the outputs as the end of the run does.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     count = 0
-    for record in records(args.metrics, args.follow, args.pid, total_steps, args.idle_timeout):
-        values = scalars(record)
+    try:
+        flush = lambda: [sink.flush() for sink in sinks]
+        for record in records(args.metrics, args.follow, args.pid, total_steps, args.idle_timeout, flush):
+            values = scalars(record)
+            for sink in sinks:
+                sink.send(record["step"], values)
+            count += 1
+    finally:
         for sink in sinks:
-            sink.send(record["step"], values)
-        count += 1
-    for sink in sinks:
-        sink.close()
-    print(f"follow_metrics: done, {count} records from {args.metrics}", flush=True)
+            sink.close()
+        print(f"follow_metrics: done, {count} records from {args.metrics}", flush=True)
     return 0
 
 

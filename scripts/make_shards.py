@@ -43,7 +43,8 @@ def is_saved_dataset(directory):
 
 
 def iter_files(inputs):
-    """Files to read, in a stable order; a saved `datasets` dataset comes as its directory."""
+    """Files to read, in a stable order (depth first, names sorted at each level: a directory's
+    files, then its subdirectories'); a saved `datasets` dataset comes as its directory."""
     for item in inputs:
         if os.path.isdir(item):
             for root, dirs, files in os.walk(item):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checkpoints end to end with real processes:
 #   checkpoints.sh exact_resume|other_world_size|signal|kill_during_save|bad_checkpoint|bad_import|hf_export|hf_roundtrip
-#                  |ddp_exact_resume|ddp_to_fsdp|fsdp_to_ddp  TRAIN_FSDP CONFIG PYTHON
+#                  |ddp_exact_resume|ddp_to_fsdp|fsdp_to_ddp|hsdp_layouts  TRAIN_FSDP CONFIG PYTHON
 set -u
 what=$1 train=$2 config=$3 python=${4:-python3}
 export_hf="$(dirname "$train")/export_hf"
@@ -96,6 +96,36 @@ ddp_to_fsdp|fsdp_to_ddp)
   grep "resumed from" "$work/b.log.0" || fail "no resume"
   compare_losses "$work/a.jsonl" "$work/b.jsonl" 1e-4 \
     "saved by $(basename "$first") on 2 ranks, resumed by $(basename "$second") on 3" || fail "losses differ"
+  ;;
+hsdp_layouts)
+  # Hybrid sharding's checkpoints are the same format: HSDP 2x2 -> FSDP on 4 -> FSDP on 3 ->
+  # HSDP 2x2, each resuming the one before two steps on; the losses follow the straight run.
+  hsdp=(--parallel.dp_shard 2 --parallel.dp_replicate 2)
+  run_ranks 4 "$work/a.log" "${hsdp[@]}" --ckpt.path "$work/a" --ckpt.interval 2 --ckpt.keep 0 \
+    --logging.metrics_file "$work/a.jsonl"
+  wait_ranks || fail "HSDP 2x2"
+  grep -q "hybrid sharding: parameters sharded over groups of 2" "$work/a.log.0" || fail "not hybrid"
+  # The second replica (ranks 2 and 3) saves no rows: each shard is written once.
+  "$python" - "$work/a/step_00000002" <<'PY' || fail "replicas wrote rows twice"
+import json, sys
+for r in range(4):
+    index = json.load(open(f"{sys.argv[1]}/rank_{r:05d}.json"))
+    rows = sum(1 for e in index if e["global_shape"])
+    print(f"rank {r}: {rows} row entries, {len(index) - rows} scalars")
+    assert (rows > 0) == (r < 2), f"rank {r} saved {rows} row entries"
+PY
+  run_ranks 4 "$work/b.log" --ckpt.path "$work/b" --ckpt.interval 2 --ckpt.keep 0 \
+    --ckpt.resume "$work/a/step_00000002" --logging.metrics_file "$work/b.jsonl"
+  wait_ranks || fail "FSDP on 4 from HSDP"
+  run_ranks 3 "$work/c.log" --ckpt.path "$work/c" --ckpt.interval 2 --ckpt.keep 0 \
+    --ckpt.resume "$work/b/step_00000004" --logging.metrics_file "$work/c.jsonl"
+  wait_ranks || fail "FSDP on 3"
+  run_ranks 4 "$work/d.log" "${hsdp[@]}" --ckpt.path "$work/d" --ckpt.resume "$work/c/step_00000006" \
+    --logging.metrics_file "$work/d.jsonl"
+  wait_ranks || fail "HSDP 2x2 from FSDP on 3"
+  compare_losses "$work/a.jsonl" "$work/b.jsonl" 1e-4 "HSDP 2x2 -> FSDP 4" 3 8 || fail "FSDP 4"
+  compare_losses "$work/a.jsonl" "$work/c.jsonl" 1e-4 "-> FSDP 3" 5 8 || fail "FSDP 3"
+  compare_losses "$work/a.jsonl" "$work/d.jsonl" 1e-4 "-> HSDP 2x2" 7 8 || fail "HSDP again"
   ;;
 bad_checkpoint)
   run_ranks 2 "$work/a.log" --ckpt.path "$work/a" --optim.total_steps 2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end runs of train_fsdp: one process, real launchers and real failures.
-#   launchers.sh single_process|torchrun|mpirun|killed_rank|hung_rank|world_size_mismatch| \
-#                unreachable_master \
+#   launchers.sh single_process|torchrun|mpirun|hsdp_torchrun|killed_rank|hung_rank| \
+#                world_size_mismatch|unreachable_master \
 #                TRAIN_FSDP CONFIG PYTHON_BIN_DIR
 # CONFIG is the debug preset (configs/debug/normal.toml: 4 steps, fake data, vocabulary 1024).
 set -u
@@ -29,6 +29,39 @@ PY
 }
 
 case $what in
+hsdp_torchrun)
+  # train_hsdp on two "nodes" of two ranks: two torchrun agents on loopback, started as two
+  # machines would start them (static rendezvous at node 0's address). Shard groups are the
+  # nodes, replicas across them; the run must equal one process on the same global batches.
+  hsdp=$(dirname "$train")/train_hsdp
+  small=(--data.seq_length 128 --optim.batch_size 8 --train.micro_bs 2)
+  "$train" "${common[@]}" "${small[@]}" --logging.metrics_file "$tmp/single.jsonl" >"$tmp/single.log" 2>&1 \
+    || { cat "$tmp/single.log"; echo "FAIL: the single process"; exit 1; }
+  for node in 0 1; do
+    "$bindir/torchrun" --nnodes 2 --node_rank $node --nproc_per_node 2 --master_addr 127.0.0.1 \
+      --master_port "$port" --no-python "$hsdp" "${common[@]}" "${small[@]}" \
+      --logging.metrics_file "$tmp/hsdp.jsonl" >"$tmp/node$node.log" 2>&1 &
+    pids[$node]=$!
+  done
+  wait "${pids[0]}"; rc0=$?
+  wait "${pids[1]}"; rc1=$?
+  cat "$tmp/node0.log" | grep -v "^W[0-9]" | grep -E "hybrid|world:|step 4/4|error" | head
+  [ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] || { tail -20 "$tmp/node0.log" "$tmp/node1.log"; echo "FAIL: exit codes $rc0 $rc1"; exit 1; }
+  grep -q "hybrid sharding: parameters sharded over groups of 2 consecutive ranks, replicated 2 times" "$tmp/node0.log" \
+    || { echo "FAIL: not sharded by node"; exit 1; }
+  "$bindir/python" - "$tmp/single.jsonl" "$tmp/hsdp.jsonl" <<'PY' || { echo "FAIL: losses differ"; exit 1; }
+import json, sys
+one, hsdp = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:3])
+assert len(one) == len(hsdp) == 4, (one, hsdp)
+for step, (a, b) in enumerate(zip(one, hsdp), 1):
+    print(f"step {step}: loss {a!r} on 1 process, {b!r} under HSDP 2x2, relative difference {abs(a - b) / abs(a):.1e}")
+    assert abs(a - b) <= 1e-5 * abs(a), f"step {step}: {a} vs {b}"
+PY
+  # One node has nothing to replicate across.
+  out=$("$bindir/torchrun" --standalone --nproc_per_node 2 --no-python "$hsdp" "${common[@]}" "${small[@]}" 2>&1)
+  echo "$out" | grep -q "all 2 rank(s) are on one node (LOCAL_WORLD_SIZE = WORLD_SIZE = 2): use train_fsdp" \
+    || { echo "$out" | tail -5; echo "FAIL: one node was not refused"; exit 1; }
+  ;;
 single_process)
   # The preset trains on one process, as a user runs it (the cli.debug_preset_trains test).
   "$train" "${common[@]}" --logging.metrics_file "$tmp/metrics.jsonl"

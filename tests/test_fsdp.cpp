@@ -133,6 +133,29 @@ TEST_P(FSDPMatchesSingleProcess, LossesAndParametersOverTenSteps) {
   });
 }
 
+// Hybrid sharding on 4 ranks: shard groups of 2 replicated twice, groups of 1 (every rank a
+// replica: data parallelism through the engine) and one group of 4 (FSDP), all equal to the
+// single process. Each layout's trainer makes its own shard and replicate groups.
+class HSDPMatchesSingleProcess : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HSDPMatchesSingleProcess, EveryLayoutOfFourRanks) {
+  const std::string optimizer = GetParam();
+  multiprocess::run_ranks(4, [&](int rank) {
+    const RunResult want = train_single_process(small_config(optimizer), 10);
+    for (const auto& [shard, replicate] : std::vector<std::pair<int, int>>{{2, 2}, {1, 4}, {4, 1}}) {
+      const Config c = small_config(optimizer, "[parallel]\ndp_shard = " + std::to_string(shard) +
+                                                   "\ndp_replicate = " + std::to_string(replicate) + "\n");
+      SCOPED_TRACE("HSDP " + std::to_string(shard) + "x" + std::to_string(replicate));
+      const RunResult got = train_sharded(c, 10);
+      expect_same_run(got, want, 1e-5);
+      if (rank == 0) std::printf("HSDP %dx%d %s: final loss %.6f (single process %.6f)\n", shard, replicate,
+                                 optimizer.c_str(), got.losses.back(), want.losses.back());
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, HSDPMatchesSingleProcess, ::testing::Values("adamw", "muon"));
+
 // The same with attention across whole rows; and the document mask does change the run.
 TEST(FSDP, CausalAttentionMatchesSingleProcessToo) {
   Config c = small_config("adamw");

@@ -241,7 +241,9 @@ std::string CheckpointWriter::save(Trainer& trainer) {
   json index = json::array();
   {
     at::NoGradGuard no_grad;
+    const bool another_replica = trainer.parallel().replica() != 0;  // hybrid sharding: copy 0 saves the rows
     for (const StateTensor& t : state) {
+      if (another_replica && !t.replicated && !t.global_shape.empty()) continue;
       const Entry e = entry_to_write(t, comm_.rank(), comm_.size());
       at::Tensor host = e.tensor.detach().to(at::kCPU, at::kFloat).contiguous();
       index.push_back({{"name", e.name}, {"global_shape", e.global_shape}, {"row_start", e.row_start},

@@ -43,6 +43,15 @@ struct TrainConfig {  // [train]
   int64_t max_skipped_steps = 5;
 };
 
+struct ParallelConfig {  // [parallel]
+  // Hybrid sharding (HSDP): parameters are sharded over groups of dp_shard consecutive ranks (a
+  // node, under torchrun or SLURM) and replicated over dp_replicate such groups. Their product is
+  // the world size; dp_shard = -1 is "the rest" (world size / dp_replicate). The default is
+  // FSDP: one group of every rank.
+  int64_t dp_shard = -1;
+  int64_t dp_replicate = 1;
+};
+
 struct OptimizerConfig {  // [optim.optim]
   std::string type = "muon";  // for the hidden matrices ("adamw": everything AdamW, the baseline)
   double lr = 2e-2;           // the hidden matrices' learning rate
@@ -129,6 +138,7 @@ struct Config {
   bool wandb = true;  // ZeroBand's default: the metrics follower sends the run to W&B
   ModelOverrides model;
   TrainConfig train;
+  ParallelConfig parallel;
   OptimConfig optim;
   DataConfig data;
   RuntimeConfig runtime;
@@ -164,5 +174,15 @@ std::vector<KeyHelp> config_keys();
 
 // Training arithmetic shared by the loop and the logs.
 int64_t grad_accum_steps(const Config& config, int64_t world_size);
+
+// The hybrid-sharding layout of `world_size` ranks (validate() checked it): rank r is member
+// r % shard of shard group r / shard, and member r / shard of replicate group r % shard.
+struct ShardLayout {
+  int64_t shard = 1, replicate = 1;
+  int64_t shard_group_of(int64_t rank) const { return rank / shard; }  // also its replica number
+  std::vector<int64_t> shard_group_ranks(int64_t rank) const;     // consecutive
+  std::vector<int64_t> replicate_group_ranks(int64_t rank) const;  // strided by `shard`
+};
+ShardLayout shard_layout(const Config& config, int64_t world_size);
 
 }  // namespace zb

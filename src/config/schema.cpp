@@ -45,6 +45,11 @@ const std::vector<Field>& schema() {
                 "document: causal within each packed document (ZeroBand's mask); causal: across the row",
                 "document", "causal"),
 
+      ZB_FIELD("parallel.dp_shard", Int, int64_t, parallel.dp_shard,
+               "hybrid sharding: ranks per shard group, consecutive (a node); -1 = world size / "
+               "dp_replicate"),
+      ZB_FIELD("parallel.dp_replicate", Int, int64_t, parallel.dp_replicate,
+               "hybrid sharding: shard groups holding replicas (1 = FSDP over every rank)"),
       ZB_FIELD("train.micro_bs", Int, int64_t, train.micro_bs,
                "sequences per forward/backward on one rank"),
       Field{"train.ac_ckpt", Kind::BoolOrInt,
@@ -189,7 +194,7 @@ const std::vector<Field>& schema() {
 
 const std::vector<std::string>& schema_sections() {
   static const std::vector<std::string> sections = {
-      "model", "train", "optim", "optim.optim", "optim.adam", "data", "runtime", "logging", "ckpt"};
+      "model", "train", "optim", "optim.optim", "optim.adam", "data", "runtime", "logging", "ckpt", "parallel"};
   return sections;
 }
 

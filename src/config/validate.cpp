@@ -62,6 +62,14 @@ void validate(const Config& c, int64_t world_size) {
     fail("optim.batch_size", "optim.batch_size (" + show(c.optim.batch_size) +
                                  ") must be divisible by world size (" + show(world_size) +
                                  ") x train.micro_bs (" + show(c.train.micro_bs) + ")");
+  positive("parallel.dp_replicate", c.parallel.dp_replicate);
+  if (c.parallel.dp_shard != -1) positive("parallel.dp_shard", c.parallel.dp_shard);
+  if (world_size % c.parallel.dp_replicate != 0 ||
+      (c.parallel.dp_shard != -1 && c.parallel.dp_shard * c.parallel.dp_replicate != world_size))
+    fail(c.parallel.dp_shard != -1 ? "parallel.dp_shard" : "parallel.dp_replicate",
+         "parallel.dp_shard (" + (c.parallel.dp_shard == -1 ? std::string("-1, the rest") : show(c.parallel.dp_shard)) +
+             ") x parallel.dp_replicate (" + show(c.parallel.dp_replicate) + ") must equal the world size (" +
+             show(world_size) + ")");
   positive("data.seq_length", c.data.seq_length);
   non_negative("data.num_workers", c.data.num_workers);
   non_negative("data.eval_interval", c.data.eval_interval);
@@ -121,6 +129,25 @@ void validate(const Config& c, int64_t world_size) {
   if (c.ckpt.resume == "latest" && c.ckpt.path.empty())
     fail("ckpt.resume", "ckpt.resume = \"latest\" needs ckpt.path");
   positive("logging.interval", c.logging.interval);
+}
+
+ShardLayout shard_layout(const Config& c, int64_t world_size) {
+  ShardLayout l;
+  l.replicate = c.parallel.dp_replicate;
+  l.shard = c.parallel.dp_shard == -1 ? world_size / l.replicate : c.parallel.dp_shard;
+  return l;
+}
+
+std::vector<int64_t> ShardLayout::shard_group_ranks(int64_t rank) const {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < shard; ++i) out.push_back(shard_group_of(rank) * shard + i);
+  return out;
+}
+
+std::vector<int64_t> ShardLayout::replicate_group_ranks(int64_t rank) const {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < replicate; ++i) out.push_back(i * shard + rank % shard);
+  return out;
 }
 
 int64_t grad_accum_steps(const Config& c, int64_t world_size) {

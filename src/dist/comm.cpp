@@ -38,10 +38,36 @@ void PendingCollective::wait() {
   if (!work_) return;
   const auto start = std::chrono::steady_clock::now();
   work_->wait();
-  if (comm_->watchdog_) comm_->watchdog_->progress();
-  comm_->stats_.wait_seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  comm_->waited(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   work_.reset();
+}
+
+void Communicator::waited(double seconds) {
+  if (watchdog_) watchdog_->progress();
+  stats_.wait_seconds += seconds;
+  if (parent_) parent_->waited(seconds);
+}
+
+Communicator::Communicator(const World& world, c10::Device device, std::chrono::milliseconds timeout,
+                           Communicator* parent, const std::string& name)
+    : world_(world), device_(device), timeout_(timeout), store_(parent->store_), parent_(parent) {
+  if (!world.distributed()) return;
+  const auto backstop = timeout + std::max<std::chrono::milliseconds>(std::chrono::seconds(10), timeout / 10);
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("zb/pg/" + name, store_);
+  backend_ = device.is_cuda() ? make_nccl_backend(prefixed, world, device, backstop)
+                              : make_gloo_backend(prefixed, world, backstop);
+}
+
+std::unique_ptr<Communicator> Communicator::subgroup(const std::string& name, const std::vector<int64_t>& ranks) {
+  const auto me = std::find(ranks.begin(), ranks.end(), rank());
+  TORCH_CHECK(me != ranks.end(), "subgroup ", name, ": rank ", rank(), " is not a member");
+  World sub = world_;
+  sub.rank = me - ranks.begin();
+  sub.size = static_cast<int64_t>(ranks.size());
+  // Numbered, so that a later group of the same name (another trainer in the same process) never
+  // meets an earlier one's keys in the store: every rank creates its groups in the same order.
+  const std::string unique = name + "." + std::to_string(subgroups_created_++);
+  return std::unique_ptr<Communicator>(new Communicator(sub, device_, timeout_, this, unique));
 }
 
 Communicator::Communicator(const World& world, c10::Device device, std::chrono::milliseconds timeout)

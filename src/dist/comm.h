@@ -77,6 +77,14 @@ class Communicator {
   Communicator(const World& world, c10::Device device, std::chrono::milliseconds timeout);
   ~Communicator();
 
+  // A communicator over some of this one's ranks (`ranks`, in their new order; this rank among
+  // them), for hybrid sharding's shard and replicate groups. Every member calls it with the same
+  // `name` and ranks; groups of different names may share ranks. It has its own backend over the
+  // same store; its collectives count in its own statistics and in this one's (so the step
+  // record's totals stay whole), and progress on it satisfies this one's watchdog. A group of
+  // one rank is local. Must not outlive this communicator.
+  std::unique_ptr<Communicator> subgroup(const std::string& name, const std::vector<int64_t>& ranks);
+
   int64_t rank() const { return world_.rank; }
   int64_t size() const { return world_.size; }
   const World& world() const { return world_; }
@@ -110,7 +118,13 @@ class Communicator {
 
  private:
   friend class PendingCollective;
-  void count(CommKind kind, int64_t bytes) { stats_.bytes[static_cast<size_t>(kind)] += bytes; }
+  Communicator(const World& world, c10::Device device, std::chrono::milliseconds timeout, Communicator* parent,
+               const std::string& name);
+  void count(CommKind kind, int64_t bytes) {
+    stats_.bytes[static_cast<size_t>(kind)] += bytes;
+    if (parent_) parent_->count(kind, bytes);
+  }
+  void waited(double seconds);
 
   World world_;
   c10::Device device_;
@@ -118,7 +132,9 @@ class Communicator {
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> backend_;
   CommStats stats_;
-  std::unique_ptr<Watchdog> watchdog_;  // distributed runs only
+  std::unique_ptr<Watchdog> watchdog_;  // distributed runs only; a subgroup uses its parent's
+  Communicator* parent_ = nullptr;       // a subgroup's
+  int64_t subgroups_created_ = 0;
 };
 
 // Backends, each in its own translation unit (their headers are heavy and, for Gloo, need

@@ -70,14 +70,14 @@ void all_gather_copy_out(const std::vector<FSDPParam*>& params, const std::vecto
 
 at::Tensor reduce_scatter_input(const std::vector<FSDPParam*>& params, const std::vector<int64_t>& offsets,
                                 const std::vector<at::Tensor>& grads, int64_t block_numel,
-                                int64_t world_size) {
+                                int64_t world_size, int64_t replicas) {
   at::NoGradGuard no_grad;
   const auto device = params.front()->sharded.device();
   at::Tensor blocks = at::zeros({world_size, block_numel}, at::TensorOptions().device(device));
   for (size_t i = 0; i < params.size(); ++i)
     if (i < grads.size() && grads[i].defined())
       copy_full_to_blocks(params[i]->shard, grads[i], blocks, offsets[i]);  // casts to fp32
-  blocks.div_(static_cast<double>(world_size));
+  blocks.div_(static_cast<double>(world_size * replicas));
   return blocks.view({-1});
 }
 

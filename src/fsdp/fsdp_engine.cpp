@@ -12,8 +12,8 @@
 
 namespace zb {
 
-FSDPEngine::FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& options)
-    : model_(model), comm_(comm), options_(options) {
+FSDPEngine::FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& options, Communicator* replicas)
+    : model_(model), comm_(comm), replicas_(replicas), options_(options) {
   // One FSDPParam per model parameter, grouped into units: "layers.<i>." -> block i, else root.
   std::vector<std::vector<FSDPParam*>> block_params(model.args().n_layers);
   std::vector<FSDPParam*> root_params;
@@ -43,9 +43,9 @@ FSDPEngine::FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& opti
   for (int64_t i = 0; i < L; ++i) {
     const bool reshard = options.reshard_after_forward && i != L - 1;
     blocks_.push_back(std::make_unique<FSDPUnit>("layers." + std::to_string(i),
-                                                 std::move(block_params[i]), comm, reshard, context_));
+                                                 std::move(block_params[i]), comm, reshard, context_, replicas));
   }
-  root_ = std::make_unique<FSDPUnit>("root", std::move(root_params), comm, false, context_);
+  root_ = std::make_unique<FSDPUnit>("root", std::move(root_params), comm, false, context_, replicas);
 }
 
 namespace {
@@ -148,7 +148,8 @@ std::vector<ShardedParameter> FSDPEngine::parameters() {
 at::Tensor FSDPEngine::clip_grad_norm_(double max_norm) {
   std::vector<at::Tensor> shards;
   for (const auto& p : params_) shards.push_back(p->sharded);
-  // Shards do not overlap: the global sum of squares is the sum of the ranks' sums.
+  // Shards do not overlap: the global sum of squares is the sum of the shard group's (every
+  // replica holds the same gradients and computes the same norm).
   return zb::clip_grad_norm_(shards, max_norm, &comm_);
 }
 

@@ -41,9 +41,11 @@ struct FSDPOptions {
 
 class FSDPEngine : public ParallelModel {
  public:
-  // Shards every parameter of `model` (whose values must be identical on all ranks) and frees the
-  // full copies; the model's slots are refilled with gathered tensors during forward.
-  FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& options);
+  // Shards every parameter of `model` (whose values must be identical on all ranks) over `comm`
+  // and frees the full copies; the model's slots are refilled with gathered tensors during
+  // forward. Hybrid sharding (HSDP): `comm` is this rank's shard group and `replicas` the ranks
+  // holding the same shards in the other groups, over which the reduced gradients are summed.
+  FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& options, Communicator* replicas = nullptr);
 
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets, const Documents& documents = {}) override;
   // false on the micro-batches before the last: gradients accumulate unsharded, no collective.
@@ -60,6 +62,7 @@ class FSDPEngine : public ParallelModel {
   at::Tensor clip_grad_norm_(double max_norm) override;
   // The whole fp32 value of every parameter, gathered from the shards (collective).
   std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters() override;
+  int64_t replica() const override { return replicas_ ? replicas_->rank() : 0; }
 
   const std::vector<std::unique_ptr<FSDPUnit>>& blocks() const { return blocks_; }
   const FSDPUnit& root() const { return *root_; }
@@ -71,6 +74,7 @@ class FSDPEngine : public ParallelModel {
  private:
   Llama& model_;
   Communicator& comm_;
+  Communicator* replicas_;
   FSDPOptions options_;
   std::vector<std::unique_ptr<FSDPParam>> params_;  // in model order
   std::vector<std::unique_ptr<FSDPUnit>> blocks_;

@@ -22,8 +22,8 @@ const char* state_name(FSDPUnit::TrainingState s) {
 }  // namespace
 
 FSDPUnit::FSDPUnit(std::string name, std::vector<FSDPParam*> params, Communicator& comm,
-                   bool reshard_after_forward, FSDPCommContext& context)
-    : name_(std::move(name)), params_(std::move(params)), comm_(comm),
+                   bool reshard_after_forward, FSDPCommContext& context, Communicator* replicas)
+    : name_(std::move(name)), params_(std::move(params)), comm_(comm), replicas_(replicas),
       reshard_after_forward_(reshard_after_forward), context_(context) {
   for (FSDPParam* p : params_) {
     offsets_.push_back(block_numel_);
@@ -68,19 +68,40 @@ void FSDPUnit::post_backward(const std::vector<at::Tensor>& grads) {
       accumulator_.add(grads, shapes, params_.front()->sharded.device(), requires_gradient_sync);
   if (!requires_gradient_sync) return;
 
-  at::Tensor reduce_in = reduce_scatter_input(params_, offsets_, total, block_numel_, comm_.size());
-  if (context_.reducing && context_.reducing != this) context_.reducing->finish_gradients();
+  at::Tensor reduce_in = reduce_scatter_input(params_, offsets_, total, block_numel_, comm_.size(),
+                                              replicas_ ? replicas_->size() : 1);
+  if (context_.reducing && context_.reducing != this) context_.reducing->advance_gradients();
   context_.reducing = this;
   reduce_out_ = at::empty({block_numel_}, reduce_in.options());
   reduce_ = comm_.reduce_scatter_sum(reduce_out_, reduce_in);
+  grad_state_ = GradState::Reducing;
+}
+
+void FSDPUnit::advance_gradients() {
+  if (grad_state_ != GradState::Reducing) return;
+  if (context_.reducing == this) context_.reducing = nullptr;
+  reduce_.wait();  // also releases the collective's input buffer
+  if (!replicas_) {
+    reduce_scatter_copy_out(params_, offsets_, reduce_out_);
+    reduce_out_ = at::Tensor();
+    grad_state_ = GradState::None;
+    return;
+  }
+  // Every replica reduced the same rows over its own samples: their sum is the global mean.
+  if (context_.replicating && context_.replicating != this) context_.replicating->finish_gradients();
+  context_.replicating = this;
+  replicate_ = replicas_->all_reduce_sum(reduce_out_);
+  grad_state_ = GradState::Replicating;
 }
 
 void FSDPUnit::finish_gradients() {
-  if (context_.reducing == this) context_.reducing = nullptr;
-  if (!reduce_out_.defined()) return;
-  reduce_.wait();  // also releases the collective's input buffer
+  advance_gradients();
+  if (grad_state_ != GradState::Replicating) return;
+  if (context_.replicating == this) context_.replicating = nullptr;
+  replicate_.wait();
   reduce_scatter_copy_out(params_, offsets_, reduce_out_);
   reduce_out_ = at::Tensor();
+  grad_state_ = GradState::None;
 }
 
 // --- the sharded state ----------------------------------------------------------------------------

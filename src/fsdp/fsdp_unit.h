@@ -11,8 +11,12 @@
 // The engine makes the pre/post forward calls around the block, pre_backward from a hook on the
 // block's output gradient, and post_backward arrives from autograd once all of the unit's
 // gradients are computed (a unit kept unsharded after forward goes straight from IDLE to
-// POST_BACKWARD). A unit's reduce-scatter may be finished (finish_gradients) by the next unit
-// that issues one, or by the engine at the end of backward.
+// POST_BACKWARD). A unit's reduce-scatter may be finished (advance_gradients) by the next unit
+// that issues one, or by the engine at the end of backward (finish_gradients). Under hybrid
+// sharding a third step follows it, the all-reduce of the reduced rows over the replicas:
+//   gradients   NONE --post_backward--> REDUCING --advance--> REPLICATING --finish--> NONE
+// (without replicas advance goes straight back to NONE), so one unit's reduce-scatter and the
+// unit before's all-reduce are in flight while the next blocks compute their backward.
 #include <ATen/core/Tensor.h>
 
 #include <initializer_list>
@@ -29,10 +33,12 @@ class FSDPUnit;
 
 // What the engine's units have in flight (FSDP2's comm context). Owned by the engine.
 struct FSDPCommContext {
-  // The unit whose reduce-scatter is outstanding. A unit finishes it before issuing its own, so
+  // The unit whose reduce-scatter is outstanding. A unit advances it before issuing its own, so
   // one unit's gradient buffers are in flight at a time (the collective still overlaps the next
   // unit's backward).
   FSDPUnit* reducing = nullptr;
+  // Hybrid sharding: the unit whose all-reduce over the replicas is outstanding (the one before).
+  FSDPUnit* replicating = nullptr;
 };
 
 class FSDPUnit : public GradientGroup {
@@ -40,8 +46,10 @@ class FSDPUnit : public GradientGroup {
   enum class State { Sharded, Gathering, Unsharded };
   enum class TrainingState { Idle, Forward, PreBackward, PostBackward };
 
+  // `comm`: the ranks the parameters are sharded over; `replicas`: the group that holds the same
+  // shards under hybrid sharding (null for FSDP).
   FSDPUnit(std::string name, std::vector<FSDPParam*> params, Communicator& comm,
-           bool reshard_after_forward, FSDPCommContext& context);
+           bool reshard_after_forward, FSDPCommContext& context, Communicator* replicas = nullptr);
 
   const std::string& name() const { return name_; }
   State state() const { return state_; }
@@ -60,8 +68,10 @@ class FSDPUnit : public GradientGroup {
   // From autograd: frees the gathered parameters, accumulates the gradients over micro-batches
   // and, on the last one (`requires_gradient_sync`), starts the reduce-scatter.
   void post_backward(const std::vector<at::Tensor>& grads);
-  // Waits for the reduce-scatter (if one is in flight) and adds this rank's rows to each sharded
-  // parameter's .grad().
+  // Waits for the reduce-scatter (if one is in flight), then adds this rank's rows to each sharded
+  // parameter's .grad(), or, with replicas, starts their all-reduce.
+  void advance_gradients();
+  // All of that, and waits for the all-reduce: the sharded .grad()s are complete.
   void finish_gradients();
 
   // --- the sharded state ---
@@ -91,6 +101,7 @@ class FSDPUnit : public GradientGroup {
   std::vector<int64_t> offsets_;  // of each parameter inside a rank's block
   int64_t block_numel_ = 0;       // sum over parameters of their padded blocks
   Communicator& comm_;
+  Communicator* replicas_;
   bool reshard_after_forward_;
   FSDPCommContext& context_;
   State state_ = State::Sharded;
@@ -99,8 +110,10 @@ class FSDPUnit : public GradientGroup {
   at::Tensor gather_in_, gather_out_;
   PendingCollective gather_;
   GradientAccumulator accumulator_;  // fp32 unsharded sums across micro-batches
+  enum class GradState { None, Reducing, Replicating };
+  GradState grad_state_ = GradState::None;
   at::Tensor reduce_out_;
-  PendingCollective reduce_;
+  PendingCollective reduce_, replicate_;
 };
 
 }  // namespace zb

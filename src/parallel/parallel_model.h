@@ -46,6 +46,9 @@ class ParallelModel {
   virtual at::Tensor clip_grad_norm_(double max_norm) = 0;
   // The whole fp32 value of every parameter (collective under sharding; for tests and export).
   virtual std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters() = 0;
+  // Which copy of the sharded state this rank holds: under hybrid sharding each shard group is a
+  // replica (0, 1, ...); otherwise 0. Checkpoints save copy 0's rows only.
+  virtual int64_t replica() const { return 0; }
 };
 
 }  // namespace zb

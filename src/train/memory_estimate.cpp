@@ -53,13 +53,17 @@ struct UnitSizes {
 
 }  // namespace
 
-MemoryEstimate estimate_step_memory(const Config& c, int64_t W, at::ScalarType compute_dtype, bool cuda,
+MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::ScalarType compute_dtype, bool cuda,
                                     bool reduce_every_micro_batch) {
+  // Parameters are sharded over the shard group (every rank under FSDP; a node's ranks under
+  // hybrid sharding). Not counted under hybrid sharding: the unit whose reduced rows are being
+  // all-reduced over the replicas keeps them one unit longer (a W-th of a block, in place).
+  const int64_t W = shard_layout(c, world_size).shard;
   const ModelArgs a = resolve_model_args(c);
   const int64_t L = a.n_layers, D = a.dim, V = a.vocab_size, H = a.n_heads;
   const int64_t Q = a.n_heads * a.head_dim(), K = a.n_kv_heads * a.head_dim(), F = a.ffn_hidden();
   const int64_t N = c.train.micro_bs * c.data.seq_length;  // tokens per micro-batch
-  const int64_t A = grad_accum_steps(c, W);                 // micro-batches per step
+  const int64_t A = grad_accum_steps(c, world_size);        // micro-batches per step
   const int64_t e = at::elementSize(compute_dtype);          // bytes of a gathered weight / activation
   const bool muon = c.optim.optim.type == "muon";
   const bool reduce_every = reduce_every_micro_batch && A > 1;

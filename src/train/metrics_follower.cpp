@@ -1,6 +1,7 @@
 #include "train/metrics_follower.h"
 
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,7 +20,15 @@ std::string follower_python() {
   return path_exists(ZB_BUILD_PYTHON) ? ZB_BUILD_PYTHON : "python3";
 }
 
-bool start_metrics_follower(const Config& c, const std::string& metrics_path) {
+std::string run_config_path(const std::string& metrics_path) {
+  struct stat st {};
+  if (::stat(metrics_path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "";
+  const size_t slash = metrics_path.rfind('/'), dot = metrics_path.rfind('.');
+  const bool has_extension = dot != std::string::npos && (slash == std::string::npos || dot > slash);
+  return (has_extension ? metrics_path.substr(0, dot) : metrics_path) + ".config.json";
+}
+
+bool start_metrics_follower(const Config& c, const std::string& metrics_path, bool resumed) {
   if (!c.wandb && c.logging.tensorboard_dir.empty()) return false;
   const std::string script = std::string(ZB_SOURCE_DIR) + "/scripts/follow_metrics.py";
   const std::string dir = parent_directory(metrics_path);
@@ -34,6 +43,7 @@ bool start_metrics_follower(const Config& c, const std::string& metrics_path) {
                                    follower_python(), script, metrics_path, "--follow",
                                    "--pid", std::to_string(getpid()), "--console-fd", "3"};
   if (c.wandb) args.push_back("--wandb");
+  if (resumed) args.push_back("--resumed");
   if (!c.logging.tensorboard_dir.empty()) {
     args.push_back("--tensorboard");
     args.push_back(c.logging.tensorboard_dir);
@@ -41,8 +51,15 @@ bool start_metrics_follower(const Config& c, const std::string& metrics_path) {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // Nothing of ours but stdin/stdout/stderr goes with it: an inherited socket of the collectives
+  // would keep a connection open after this process died, and its peers would not see it go.
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addclosefrom_np(&actions, 3);
   pid_t pid = 0;
-  if (posix_spawn(&pid, "/bin/sh", nullptr, nullptr, argv.data(), environ) != 0) {
+  const int failed = posix_spawn(&pid, "/bin/sh", &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (failed != 0) {
     log::warn("metrics follower: could not start /bin/sh; no W&B / TensorBoard for this run");
     return false;
   }

@@ -14,7 +14,12 @@ namespace zb {
 // The Python that runs the follower: $ZB_PYTHON, else the project's environment found by the build.
 std::string follower_python();
 
-// Starts the follower for `metrics_path` when the config asks for one; returns whether it started.
-bool start_metrics_follower(const Config& c, const std::string& metrics_path);
+// Where the resolved run is written beside a metrics file: <stem>.config.json for <stem>.jsonl
+// ("" for a metrics path that is not a regular file, such as /dev/null).
+std::string run_config_path(const std::string& metrics_path);
+
+// Starts the follower for `metrics_path` when the config asks for one (`resumed`: the run
+// continues an earlier one, whose W&B run it continues); returns whether it started.
+bool start_metrics_follower(const Config& c, const std::string& metrics_path, bool resumed);
 
 }  // namespace zb

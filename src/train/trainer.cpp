@@ -38,22 +38,34 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
   model_->init_weights();  // the parameters it holds: none under FSDP
   model_->set_compute_dtype(compute_dtype_);
 
+  // Hybrid sharding: shard within groups of consecutive ranks, replicate across them.
+  Communicator* shard_comm = &comm;
+  const ShardLayout layout = shard_layout(config, comm.size());
+  if (sharded && layout.replicate > 1) {
+    shard_comm_ = comm.subgroup("shard" + std::to_string(layout.shard_group_of(comm.rank())),
+                                layout.shard_group_ranks(comm.rank()));
+    replicate_comm_ = comm.subgroup("replicate" + std::to_string(comm.rank() % layout.shard),
+                                    layout.replicate_group_ranks(comm.rank()));
+    shard_comm = shard_comm_.get();
+  }
   if (sharded) {
     FSDPOptions fsdp;
     fsdp.device = device;
     fsdp.compute_dtype = compute_dtype_;
     fsdp.reshard_after_forward = config.train.reshard_after_forward;
     fsdp.checkpoint_every = config.train.ac_ckpt;
-    parallel_ = std::make_unique<FSDPEngine>(*model_, comm, fsdp);
+    parallel_ = std::make_unique<FSDPEngine>(*model_, *shard_comm, fsdp, replicate_comm_.get());
   } else {
     parallel_ = std::make_unique<DDPEngine>(*model_, comm, config.train.bucket_mb);
   }
 
   optimizer_ = std::make_unique<Optimizer>(config, parallel_->parameters());
-  if (optimizer_->muon() && comm.size() > 1) {
-    if (parallelism == Parallelism::FSDP) make_muon_sharded(*optimizer_->muon(), comm);
-    else make_muon_replicated(*optimizer_->muon(), comm);
-  }
+  // Sharded Muon: matrices' owners inside the shard group; every replica orthogonalises the same
+  // (already all-reduced) momentum, which keeps the replicas equal without more traffic.
+  if (optimizer_->muon() && parallelism == Parallelism::FSDP && shard_comm->size() > 1)
+    make_muon_sharded(*optimizer_->muon(), *shard_comm);
+  else if (optimizer_->muon() && parallelism == Parallelism::DDP && comm.size() > 1)
+    make_muon_replicated(*optimizer_->muon(), comm);
 
   // Data: token shards, or ZeroBand's fake documents.
   const uint64_t seed = static_cast<uint64_t>(config.runtime.seed);

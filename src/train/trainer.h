@@ -83,6 +83,9 @@ class Trainer {
   Communicator& comm_;
   c10::Device device_;
   at::ScalarType compute_dtype_;
+  // Hybrid sharding's groups (both null for FSDP over every rank and for DDP): before the engine,
+  // which uses them, so that they outlive it.
+  std::unique_ptr<Communicator> shard_comm_, replicate_comm_;
   std::unique_ptr<Llama> model_;
   std::unique_ptr<ParallelModel> parallel_;
   std::unique_ptr<Optimizer> optimizer_;

@@ -24,14 +24,16 @@ def fail(text):
 
 
 def expected(metrics):
-    """(step, tag) -> value for every number of every record, as follow_metrics names them."""
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
-    from follow_metrics import scalars
+    """(step, tag) -> value for every number of every record: top-level numbers by name, the
+    numbers of a nested object (lr, comm_bytes) as "object/key"; nulls, text and the step skipped."""
     out = {}
     for line in open(metrics):
         r = json.loads(line)
-        for tag, v in scalars(r).items():
-            out[(r["step"], tag)] = float(v)
+        for key, v in r.items():
+            items = [(f"{key}/{k}", x) for k, x in v.items()] if isinstance(v, dict) else [(key, v)]
+            for tag, x in items:
+                if key != "step" and type(x) in (int, float):
+                    out[(r["step"], tag)] = float(x)
     steps = {s for s, _ in out}
     if len(steps) < 2 or not any(t == "val_loss" for _, t in out) or not any(t.startswith("lr/") for _, t in out):
         fail(f"{metrics}: too little to check ({len(steps)} steps)")
@@ -101,10 +103,10 @@ def wandb(metrics, run_dir):
         if record.HasField("run") and record.run.config.update:
             config = {i.key: json.loads(i.value_json) for i in record.run.config.update}
     compare(expected(metrics), got, f"W&B {files[0]}")
-    resolved = json.load(open(os.path.join(run_dir, "config.json")))
+    resolved = json.load(open(os.path.join(run_dir, "metrics.config.json")))
     if not config or config.get("model") != resolved["model"] or config.get("project") != resolved["project"]:
         fail(f"the W&B run's config is not the resolved run: {config}")
-    print("W&B config: the resolved run (config.json)")
+    print("W&B config: the resolved run (metrics.config.json)")
 
 
 def png(path):

@@ -272,6 +272,8 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes)
   for (int64_t step = trainer.step() + 1; step <= cfg.optim.total_steps; ++step) {
     comm.set_phase(strf("step %ld", step));  // a stall from here on is reported as this step's
     const zb::CommStats before = comm.stats();
+    std::vector<std::pair<std::string, zb::CommStats>> group_before;
+    for (const auto& [name, group] : trainer.communication_groups()) group_before.emplace_back(name, group->stats());
     zb::StepStats s;
     try {
       s = trainer.train_step();
@@ -289,7 +291,10 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes)
       comm.set_phase(strf("the evaluation after step %ld", step));
       val_loss = trainer.evaluate();  // every rank takes part
     }
-    metrics.log_step(s, comm.stats() - before, val_loss);
+    std::vector<std::pair<std::string, zb::CommStats>> by_group;
+    for (size_t g = 0; g < group_before.size(); ++g)
+      by_group.emplace_back(group_before[g].first, trainer.communication_groups()[g].second->stats() - group_before[g].second);
+    metrics.log_step(s, comm.stats() - before, val_loss, by_group);
     if (!s.nonfinite.empty()) on_nonfinite_step(s, cfg, checkpoints);  // throws to stop the run
 
     // All ranks stop after the same step when any got a signal or saw its save fail.

@@ -40,6 +40,9 @@ def summarise(path, run, world, warmup, peak):
     per_rank = tokens / seconds / world if seconds > 0 else float("nan")
     mean = lambda key: statistics.fmean(r[key] for r in kept[1:] or kept)
     comm = {k: statistics.fmean(r["comm_bytes"][k] for r in kept) for k in last["comm_bytes"]}
+    # Hybrid sharding: the part within the shard groups (a node) and across them, per step.
+    groups = {k[len("comm_bytes_"):]: statistics.fmean(sum(r[k].values()) for r in kept)
+              for k in last if k.startswith("comm_bytes_")}
     return {
         "steps_measured": steps,
         "tokens_per_second_per_rank": per_rank,
@@ -51,6 +54,7 @@ def summarise(path, run, world, warmup, peak):
         "exposed_comm_seconds": mean("comm_wait_seconds"),
         "peak_memory_bytes": max(r["peak_memory_bytes"] for r in rows),
         "comm_bytes_per_step": comm,
+        "comm_bytes_per_step_by_group": groups,
         "final_loss": last["loss"],
         "attention_kernel": last.get("attention_kernel"),
     }
@@ -113,6 +117,9 @@ def main():
     for name, r in ran.items():
         kinds = ", ".join(f"{k} {v / 1e6:.1f}" for k, v in r["comm_bytes_per_step"].items() if v)
         print(f"{name} comm MB/step by kind: {kinds}")
+        if r.get("comm_bytes_per_step_by_group"):
+            groups = ", ".join(f"{k} {v / 1e6:.1f}" for k, v in r["comm_bytes_per_step_by_group"].items())
+            print(f"{name} comm MB/step by group of ranks: {groups}")
 
     record = {"config": run["name_model"], "world_size": args.world_size, "device": args.device,
               "warmup_steps_skipped": args.warmup, "peak_flops": peak, "results": results, "ratios": ratios}

@@ -56,6 +56,20 @@ assert len(one) == len(hsdp) == 4, (one, hsdp)
 for step, (a, b) in enumerate(zip(one, hsdp), 1):
     print(f"step {step}: loss {a!r} on 1 process, {b!r} under HSDP 2x2, relative difference {abs(a - b) / abs(a):.1e}")
     assert abs(a - b) <= 1e-5 * abs(a), f"step {step}: {a} vs {b}"
+# Bytes by group: the gathers, reduce-scatters and Muon's exchange stay inside the shard group
+# (a node); only the all-reduce of the reduced rows crosses to the other replica. The step's
+# totals hold both plus the world's own all-reduces (loss, agreement flags).
+r = json.loads(open(sys.argv[2]).readlines()[-1])
+shard, rep, total = r["comm_bytes_shard_group"], r["comm_bytes_replicate_group"], r["comm_bytes"]
+print("by group:", shard, rep)
+assert shard["all_gather"] > 0 and shard["reduce_scatter"] > 0 and shard["all_to_all"] > 0
+assert rep["all_reduce"] > 0 and rep["all_gather"] == rep["reduce_scatter"] == rep["all_to_all"] == 0
+# What crosses is each unit's reduced rows n (fp32): all-reduced over R = 2 replicas, 4(R-1)/R n
+# = 2n; the reduce-scatter that made them over S = 2 ranks counted 2(S-1) n = 2n as well.
+assert rep["all_reduce"] == shard["reduce_scatter"], (rep, shard)
+for k in total:
+    assert total[k] >= shard[k] + rep[k], k
+assert total["all_gather"] == shard["all_gather"] and total["reduce_scatter"] == shard["reduce_scatter"]
 PY
   # One node has nothing to replicate across.
   out=$("$bindir/torchrun" --standalone --nproc_per_node 2 --no-python "$hsdp" "${common[@]}" "${small[@]}" 2>&1)

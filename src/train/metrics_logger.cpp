@@ -56,7 +56,8 @@ double MetricsLogger::elapsed_seconds() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
 }
 
-void MetricsLogger::log_step(const StepStats& s, const CommStats& comm, std::optional<double> val_loss) {
+void MetricsLogger::log_step(const StepStats& s, const CommStats& comm, std::optional<double> val_loss,
+                             const std::vector<std::pair<std::string, CommStats>>& by_group) {
   const double now = elapsed_seconds();
   meter_.record(tokens_per_step_, now);
   if (rank_ != 0) return;
@@ -87,6 +88,9 @@ void MetricsLogger::log_step(const StepStats& s, const CommStats& comm, std::opt
   for (const auto& [group, lr] : s.learning_rates) record["lr"][group] = lr;
   for (size_t k = 0; k < static_cast<size_t>(CommKind::Count); ++k)
     record["comm_bytes"][comm_kind_name(static_cast<CommKind>(k))] = comm.bytes[k];
+  for (const auto& [group, stats] : by_group)
+    for (size_t k = 0; k < static_cast<size_t>(CommKind::Count); ++k)
+      record["comm_bytes_" + group][comm_kind_name(static_cast<CommKind>(k))] = stats.bytes[k];
   file_ << record.dump() << "\n" << std::flush;
 
   const int64_t total = config_.optim.total_steps;

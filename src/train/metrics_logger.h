@@ -26,8 +26,10 @@ class MetricsLogger {
   MetricsLogger(const Config& config, const ModelArgs& args, int64_t rank, int64_t world_size,
                 c10::Device device, bool resumed);
 
-  // Records a step: `comm` is what the collectives moved and waited during it.
-  void log_step(const StepStats& step, const CommStats& comm, std::optional<double> val_loss);
+  // Records a step: `comm` is what the collectives moved and waited during it (all of them), and
+  // `by_group` the part of it in each named group of ranks (hybrid sharding's; may be empty).
+  void log_step(const StepStats& step, const CommStats& comm, std::optional<double> val_loss,
+                const std::vector<std::pair<std::string, CommStats>>& by_group = {});
   double elapsed_seconds() const;
   // The metrics file (rank 0; "" elsewhere).
   const std::string& path() const { return path_; }

@@ -24,6 +24,11 @@
 
 namespace zb {
 
+std::vector<std::pair<std::string, Communicator*>> Trainer::communication_groups() const {
+  if (!shard_comm_) return {};
+  return {{"shard_group", shard_comm_.get()}, {"replicate_group", replicate_comm_.get()}};
+}
+
 Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, Parallelism parallelism)
     : config_(config), comm_(comm), device_(device), clock_(device) {
   compute_dtype_ = resolve_compute_dtype(config, device);

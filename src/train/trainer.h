@@ -75,6 +75,9 @@ class Trainer {
   const std::optional<DocumentDelimiter>& documents() const { return documents_; }
   bool flash_documents() const { return flash_documents_; }
   ParallelModel& parallel() { return *parallel_; }
+  // Hybrid sharding's groups by name ("shard_group": within a node under train_hsdp,
+  // "replicate_group": across nodes), for the metrics' bytes by group; empty otherwise.
+  std::vector<std::pair<std::string, Communicator*>> communication_groups() const;
   DataLoader& data() { return *data_; }
   Optimizer& optimizer() { return *optimizer_; }
 

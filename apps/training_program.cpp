@@ -115,6 +115,9 @@ nlohmann::json resolved_run(const zb::Config& c) {
       {"batch_size", o.batch_size},
       {"ac_ckpt", c.train.ac_ckpt},
       {"reshard_after_forward", c.train.reshard_after_forward},
+      {"reduce_every_micro_batch", c.train.reduce_every_micro_batch},
+      {"bucket_mb", c.train.bucket_mb},
+      {"parallel", {{"dp_shard", c.parallel.dp_shard}, {"dp_replicate", c.parallel.dp_replicate}}},
       {"max_norm", o.max_norm},
       {"schedule", {{"type", o.sched_type}, {"warmup_steps", o.warmup_steps},
                     {"stable_steps", o.stable_steps}, {"total_steps", o.total_steps}}},
@@ -269,9 +272,9 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes)
       std::ofstream(path) << resolved_run(cfg).dump(2) << "\n";
     zb::start_metrics_follower(cfg, metrics.path(), /*resumed=*/trainer.step() > 0);
   }
+  zb::CommStats before = comm.stats();
   for (int64_t step = trainer.step() + 1; step <= cfg.optim.total_steps; ++step) {
     comm.set_phase(strf("step %ld", step));  // a stall from here on is reported as this step's
-    const zb::CommStats before = comm.stats();
     std::vector<std::pair<std::string, zb::CommStats>> group_before;
     for (const auto& [name, group] : trainer.communication_groups()) group_before.emplace_back(name, group->stats());
     zb::StepStats s;
@@ -295,6 +298,7 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes)
     for (size_t g = 0; g < group_before.size(); ++g)
       by_group.emplace_back(group_before[g].first, trainer.communication_groups()[g].second->stats() - group_before[g].second);
     metrics.log_step(s, comm.stats() - before, val_loss, by_group);
+    before = comm.stats();  // the agreement on stopping below counts in the next step's record
     if (!s.nonfinite.empty()) on_nonfinite_step(s, cfg, checkpoints);  // throws to stop the run
 
     // All ranks stop after the same step when any got a signal or saw its save fail.

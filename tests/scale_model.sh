@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# scripts/scale_model.py's bytes per step against what real runs measure, on 4 Gloo ranks over
+# loopback: FSDP over 4, HSDP 2x2 and train_ddp on 4 (rank 0's record, every kind of collective,
+# by group under HSDP). They must be equal, not close.
+#   scale_model.sh TRAIN_FSDP CONFIG PYTHON
+set -u
+train=$1 config=$2 python=$3
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+train_fsdp=$train train_ddp="$(dirname "$train")/train_ddp"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/ranks.sh"
+short=(--optim.total_steps 2 --wandb false)
+for layout in fsdp hsdp ddp; do
+  extra=()
+  train=$train_fsdp
+  [ $layout = hsdp ] && extra=(--parallel.dp_shard 2 --parallel.dp_replicate 2)
+  [ $layout = ddp ] && train=$train_ddp
+  RANK=0 WORLD_SIZE=4 "$train" "${common[@]}" "${short[@]}" "${extra[@]}" --print-config > "$work/$layout.json" \
+    || fail "print-config $layout"
+  run_ranks 4 "$work/$layout.log" "${short[@]}" "${extra[@]}" --logging.metrics_file "$work/$layout.jsonl"
+  wait_ranks || fail "$layout run"
+  args=(--bytes --world 4)
+  [ $layout = hsdp ] && args+=(--shard 2)
+  [ $layout = ddp ] && args+=(--ddp)
+  "$python" "$root/scripts/scale_model.py" --config-json "$work/$layout.json" "${args[@]}" > "$work/$layout.model.json" \
+    || fail "scale_model $layout"
+  "$python" - "$work/$layout.model.json" "$work/$layout.jsonl" "$layout" <<'PY' || fail "$layout bytes differ"
+import json, sys
+model = json.load(open(sys.argv[1]))
+record = [json.loads(l) for l in open(sys.argv[2])][-1]
+pairs = [("total", "comm_bytes")]
+if sys.argv[3] == "hsdp":
+    pairs += [("shard_group", "comm_bytes_shard_group"), ("replicate_group", "comm_bytes_replicate_group")]
+bad = 0
+for ours, theirs in pairs:
+    measured = {k: v for k, v in record[theirs].items() if v}
+    predicted = {k: v for k, v in model[ours].items() if v}
+    print(f"{sys.argv[3]} {ours}: measured {measured}, model {predicted}")
+    bad += measured != predicted
+sys.exit(1 if bad else 0)
+PY
+done
+echo PASS

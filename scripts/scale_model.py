@@ -63,27 +63,31 @@ def muon_owners(matrices, W):
 
 
 class Counter:
-    """Bytes per kind of collective for rank `rank` of groups, as Communicator::count does."""
+    """One group's collectives for one rank: bytes per kind as Communicator::count counts them,
+    and the calls themselves (kind, group size, the tensor's bytes: the all-gather's input, the
+    reduce-scatter's output, the all-reduce's tensor; for all-to-all the counted bytes)."""
 
     def __init__(self):
-        self.bytes = {}
+        self.bytes, self.calls = {}, []
 
-    def add(self, kind, n):
+    def add(self, kind, n, W=0, payload=0):
         self.bytes[kind] = self.bytes.get(kind, 0) + n
+        self.calls.append((kind, W, payload, n))
 
     def all_gather(self, W, n):
-        self.add("all_gather", 2 * (W - 1) * n)
+        self.add("all_gather", 2 * (W - 1) * n, W, n)
 
     def reduce_scatter(self, W, n):
-        self.add("reduce_scatter", 2 * (W - 1) * n)
+        self.add("reduce_scatter", 2 * (W - 1) * n, W, n)
 
     def all_reduce(self, W, n):
-        self.add("all_reduce", 4 * (W - 1) * n // W)
+        self.add("all_reduce", 4 * (W - 1) * n // W, W, n)
 
 
-def step_bytes(run, world, shard, ddp=False, rank=0):
+def step_bytes(run, world, shard, ddp=False, rank=0, calls=None):
     """{group: {kind: bytes}} for one training step of rank `rank`: "shard_group",
-    "replicate_group" (HSDP only) and "world" (collectives over every rank), and "total"."""
+    "replicate_group" (HSDP only) and "world" (collectives over every rank), and "total".
+    `calls`, a dict, receives each group's list of collectives."""
     m = run["model"]
     root, block, muon = model_shapes(m)
     L = m["n_layers"]
@@ -140,12 +144,15 @@ def step_bytes(run, world, shard, ddp=False, rank=0):
             blocks = [block_numel(s, S) for s in muon]
             mine = sum(b for b, o in zip(blocks, owner) if o == rank % S)
             others = sum(blocks) - mine
-            g.add("all_to_all", 2 * ns_bytes * (others + (S - 1) * mine))
+            for _ in range(2):  # there and back
+                g.add("all_to_all", ns_bytes * (others + (S - 1) * mine), S, ns_bytes * max(blocks) * S)
     # The trainer's own: loss and non-finite flag, and the stop/failed-save flags after the step's
     # record (2 floats each; the flags count in the next step's record, so from step 2 on).
     for _ in range(2):
         groups["world"].all_reduce(W, 8)
 
+    if calls is not None:
+        calls.update({name: c.calls for name, c in groups.items()})
     out = {name: c.bytes for name, c in groups.items()}
     total = {}
     for c in groups.values():

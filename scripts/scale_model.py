@@ -146,6 +146,13 @@ def step_bytes(run, world, shard, ddp=False, rank=0, calls=None):
             others = sum(blocks) - mine
             for _ in range(2):  # there and back
                 g.add("all_to_all", ns_bytes * (others + (S - 1) * mine), S, ns_bytes * max(blocks) * S)
+            if R > 1 and run.get("parallel", {}).get("muon_split_over_replicas", True):
+                # The replicas share the owned matrices' results: one all-reduce of all of them.
+                owned = sum(r * c for (r, c), o in zip(muon, owner) if o == rank % S)
+                groups["replicate_group"].all_reduce(R, ns_bytes * owned)
+        elif muon_on and R > 1 and run.get("parallel", {}).get("muon_split_over_replicas", True):
+            # Shard groups of one: every rank holds whole matrices, as under DDP (replicated Muon).
+            groups["replicate_group"].all_reduce(R, ns_bytes * sum(r * c for r, c in muon))
     # The trainer's own: loss and non-finite flag, and the stop/failed-save flags after the step's
     # record (2 floats each; the flags count in the next step's record, so from step 2 on).
     for _ in range(2):

@@ -65,8 +65,9 @@ print("by group:", shard, rep)
 assert shard["all_gather"] > 0 and shard["reduce_scatter"] > 0 and shard["all_to_all"] > 0
 assert rep["all_reduce"] > 0 and rep["all_gather"] == rep["reduce_scatter"] == rep["all_to_all"] == 0
 # What crosses is each unit's reduced rows n (fp32): all-reduced over R = 2 replicas, 4(R-1)/R n
-# = 2n; the reduce-scatter that made them over S = 2 ranks counted 2(S-1) n = 2n as well.
-assert rep["all_reduce"] == shard["reduce_scatter"], (rep, shard)
+# = 2n, as much as the reduce-scatter that made them over S = 2 ranks counted (2(S-1) n); and
+# Muon's results shared between the replicas (exact counts: test scale.bytes_match_measured).
+assert rep["all_reduce"] > shard["reduce_scatter"], (rep, shard)
 for k in total:
     assert total[k] >= shard[k] + rep[k], k
 assert total["all_gather"] == shard["all_gather"] and total["reduce_scatter"] == shard["reduce_scatter"]

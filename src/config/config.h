@@ -50,6 +50,10 @@ struct ParallelConfig {  // [parallel]
   // FSDP: one group of every rank.
   int64_t dp_shard = -1;
   int64_t dp_replicate = 1;
+  // Muon under hybrid sharding: each replica orthogonalises every R-th of its owned matrices and
+  // an all-reduce over the replicas shares the results (less Newton-Schulz per rank, more traffic
+  // across nodes; measured faster on CPU, docs/BENCHMARKS.md), else every replica does them all.
+  bool muon_split_over_replicas = true;
 };
 
 struct OptimizerConfig {  // [optim.optim]

@@ -11,11 +11,12 @@
 
 namespace zb {
 
-void make_muon_sharded(Muon& muon, Communicator& comm) {
+void make_muon_sharded(Muon& muon, Communicator& comm, Communicator* replicas, bool split_over_replicas) {
   const std::vector<int64_t> owner = assign_muon_owners(muon, comm.size());
+  Communicator* split = split_over_replicas && replicas && replicas->size() > 1 ? replicas : nullptr;
 
-  muon.set_orthogonalizer([&muon, &comm, owner](const std::vector<at::Tensor>& inputs,
-                                                const std::vector<const Muon::Param*>& active) {
+  muon.set_orthogonalizer([&muon, &comm, owner, split](const std::vector<at::Tensor>& inputs,
+                                                       const std::vector<const Muon::Param*>& active) {
     TORCH_CHECK(active.size() == muon.params().size(),
                 "sharded Muon needs a gradient for every matrix on every rank");
     const int64_t W = comm.size(), me = comm.rank();
@@ -56,7 +57,32 @@ void make_muon_sharded(Muon& muon, Communicator& comm) {
       whole.push_back(m);
       offset += shard[i].block_numel();
     }
-    std::vector<at::Tensor> results = muon.orthogonalize_local(whole);
+    std::vector<at::Tensor> results;
+    if (!split) {
+      results = muon.orthogonalize_local(whole);
+    } else {
+      // Replica r orthogonalises matrices r, r + R, ... of the owned ones; the all-reduce gives
+      // every replica all of them (each value is non-zero on exactly one replica).
+      const int64_t R = split->size(), r = split->rank();
+      std::vector<at::Tensor> mine;
+      for (size_t k = static_cast<size_t>(r); k < whole.size(); k += static_cast<size_t>(R)) mine.push_back(whole[k]);
+      const std::vector<at::Tensor> done = muon.orthogonalize_local(mine);
+      int64_t total = 0;
+      for (const at::Tensor& m : whole) total += m.numel();
+      at::Tensor flat = at::zeros({total}, opts);
+      int64_t pos = 0;
+      for (size_t k = 0; k < whole.size(); ++k) {
+        if (static_cast<int64_t>(k) % R == r)
+          flat.narrow(0, pos, whole[k].numel()).copy_(done[k / static_cast<size_t>(R)].reshape({-1}));
+        pos += whole[k].numel();
+      }
+      if (total > 0) split->all_reduce_sum(flat).wait();
+      pos = 0;
+      for (const at::Tensor& m : whole) {
+        results.push_back(flat.narrow(0, pos, m.numel()).view(m.sizes()));
+        pos += m.numel();
+      }
+    }
 
     // 3. Return each rank its rows of every result.
     at::Tensor back = at::zeros({W, mine}, opts);

@@ -212,6 +212,10 @@ def predict(run, nodes, gpus, hsdp, link, efficiency):
     if run["hidden"]["type"] == "muon" and S > 1:
         blocks = [block_numel(s, S) for s in muon]
         exposed += 2 * collective_seconds(ns * 2 * sum(blocks) * (S - 1) / S, S - 1, bw, lat)
+        if R > 1 and run.get("parallel", {}).get("muon_split_over_replicas", True):
+            owner = muon_owners(muon, S)
+            owned = sum(r * c for (r, c), o in zip(muon, owner) if o == 0)
+            exposed += collective_seconds(4 * (R - 1) * ns * owned // R, 2 * (R - 1), link["inter_bw"], link["inter_lat"])
     step = compute + exposed
     mfu = 100 * run["flops_per_token"] * tokens / step / link["peak"]
     comm_bytes = step_bytes(run, W, S)

@@ -99,7 +99,8 @@ ddp_to_fsdp|fsdp_to_ddp)
   ;;
 hsdp_layouts)
   # Hybrid sharding's checkpoints are the same format: HSDP 2x2 -> FSDP on 4 -> FSDP on 3 ->
-  # HSDP 2x2, each resuming the one before two steps on; the losses follow the straight run.
+  # HSDP 2x2, each resuming the one before two steps on, and HSDP -> train_ddp -> HSDP 1x4; the
+  # losses follow the straight run.
   hsdp=(--parallel.dp_shard 2 --parallel.dp_replicate 2)
   run_ranks 4 "$work/a.log" "${hsdp[@]}" --ckpt.path "$work/a" --ckpt.interval 2 --ckpt.keep 0 \
     --logging.metrics_file "$work/a.jsonl"
@@ -126,6 +127,17 @@ PY
   compare_losses "$work/a.jsonl" "$work/b.jsonl" 1e-4 "HSDP 2x2 -> FSDP 4" 3 8 || fail "FSDP 4"
   compare_losses "$work/a.jsonl" "$work/c.jsonl" 1e-4 "-> FSDP 3" 5 8 || fail "FSDP 3"
   compare_losses "$work/a.jsonl" "$work/d.jsonl" 1e-4 "-> HSDP 2x2" 7 8 || fail "HSDP again"
+  # And train_ddp: on 2 ranks from HSDP's step 4, then HSDP 1x4 from DDP's step 6.
+  train=$train_ddp
+  run_ranks 2 "$work/e.log" --ckpt.path "$work/e" --ckpt.interval 2 --ckpt.keep 0 \
+    --ckpt.resume "$work/a/step_00000004" --logging.metrics_file "$work/e.jsonl"
+  wait_ranks || fail "DDP from HSDP"
+  train=$train_fsdp
+  run_ranks 4 "$work/f.log" --parallel.dp_shard 1 --parallel.dp_replicate 4 --ckpt.path "$work/f" \
+    --ckpt.resume "$work/e/step_00000006" --logging.metrics_file "$work/f.jsonl"
+  wait_ranks || fail "HSDP 1x4 from DDP"
+  compare_losses "$work/a.jsonl" "$work/e.jsonl" 1e-4 "HSDP 2x2 -> DDP 2" 5 8 || fail "DDP"
+  compare_losses "$work/a.jsonl" "$work/f.jsonl" 1e-4 "-> HSDP 1x4" 7 8 || fail "HSDP 1x4"
   ;;
 bad_checkpoint)
   run_ranks 2 "$work/a.log" --ckpt.path "$work/a" --optim.total_steps 2

@@ -5,6 +5,8 @@
 #             follower turns every record into TensorBoard events and a W&B run, read back with
 #             tensorboard's event reader and wandb's own record reader, every scalar of every
 #             step exact; the follower run again after the fact gives the same events.
+# resumed     a run resumed from a checkpoint appends to its metrics: its follower reads past the
+#             earlier run's final step to the new records, and continues the same W&B run.
 # no_wandb    wandb = true where the follower's Python has no wandb: one warning, training goes on.
 # plot        plot_runs.py draws two runs into one PNG.
 # sample      sample.py generates from a checkpoint of the quick start and from its HF export with
@@ -46,6 +48,23 @@ follower)
   check wandb "$work/run/metrics.jsonl" "$work/run"
   "$python" "$root/scripts/follow_metrics.py" "$work/run/metrics.jsonl" --tensorboard "$work/tb2" || fail "after the fact"
   check tensorboard "$work/run/metrics.jsonl" "$work/tb2"
+  ;;
+resumed)
+  both=(--wandb true --logging.tensorboard_dir "$work/tb" --logging.metrics_file "$work/run/metrics.jsonl"
+        --optim.total_steps 6 --data.eval_interval 3 --ckpt.path "$work/ckpt" --ckpt.interval 3 --ckpt.keep 0)
+  WANDB_MODE=offline "$train" "${run[@]}" "${both[@]}" > "$work/first.log" 2>&1 || fail "first run: $(tail -3 "$work/first.log")"
+  wait_follower "$work/run"
+  grep -q "done, 6 records" "$work/run/follower.log" || fail "first follower: $(cat "$work/run/follower.log")"
+  first_id=$(cat "$work/run/metrics.wandb_id")
+  mv "$work/run/follower.log" "$work/first_follower.log"
+  WANDB_MODE=offline "$train" "${run[@]}" "${both[@]}" --ckpt.resume "$work/ckpt/step_00000003" > "$work/second.log" 2>&1 \
+    || fail "resumed run: $(tail -3 "$work/second.log")"
+  wait_follower "$work/run"
+  cat "$work/run/follower.log"
+  # 6 records of the first run, then steps 4-6 again: 9, not a stop at the first run's step 6.
+  grep -q "done, 9 records" "$work/run/follower.log" || fail "the resumed run's follower stopped early"
+  [ "$(cat "$work/run/metrics.wandb_id")" = "$first_id" ] || fail "a new W&B run for the resumed training"
+  grep -q "($first_id)" "$work/run/follower.log" || fail "the follower did not continue W&B run $first_id"
   ;;
 no_wandb)
   # The same Python without its site-packages: no wandb there.

@@ -273,11 +273,16 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes)
       std::ofstream(path) << resolved_run(cfg).dump(2) << "\n";
     zb::start_metrics_follower(cfg, metrics.path(), /*resumed=*/trainer.step() > 0);
   }
+  // What the hybrid-sharding groups (if any) have moved so far, by group.
+  const auto group_stats = [&trainer] {
+    std::vector<std::pair<std::string, zb::CommStats>> out;
+    for (const auto& [name, group] : trainer.communication_groups()) out.emplace_back(name, group->stats());
+    return out;
+  };
   zb::CommStats before = comm.stats();
   for (int64_t step = trainer.step() + 1; step <= cfg.optim.total_steps; ++step) {
     comm.set_phase(strf("step %ld", step));  // a stall from here on is reported as this step's
-    std::vector<std::pair<std::string, zb::CommStats>> group_before;
-    for (const auto& [name, group] : trainer.communication_groups()) group_before.emplace_back(name, group->stats());
+    auto by_group = group_stats();
     zb::StepStats s;
     try {
       s = trainer.train_step();
@@ -295,9 +300,8 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes)
       comm.set_phase(strf("the evaluation after step %ld", step));
       val_loss = trainer.evaluate();  // every rank takes part
     }
-    std::vector<std::pair<std::string, zb::CommStats>> by_group;
-    for (size_t g = 0; g < group_before.size(); ++g)
-      by_group.emplace_back(group_before[g].first, trainer.communication_groups()[g].second->stats() - group_before[g].second);
+    const auto groups_after = group_stats();
+    for (size_t g = 0; g < by_group.size(); ++g) by_group[g].second = groups_after[g].second - by_group[g].second;
     metrics.log_step(s, comm.stats() - before, val_loss, by_group);
     before = comm.stats();  // the agreement on stopping below counts in the next step's record
     if (!s.nonfinite.empty()) on_nonfinite_step(s, cfg, checkpoints);  // throws to stop the run

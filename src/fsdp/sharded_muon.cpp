@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "ddp/replicated_muon.h"
 #include "fsdp/fsdp_collectives.h"
 #include "fsdp/row_shard.h"
 
@@ -58,30 +59,13 @@ void make_muon_sharded(Muon& muon, Communicator& comm, Communicator* replicas, b
       offset += shard[i].block_numel();
     }
     std::vector<at::Tensor> results;
-    if (!split) {
-      results = muon.orthogonalize_local(whole);
+    if (split) {
+      // The replicas own the same matrices: replica r orthogonalises matrices r, r + R, ... of them.
+      std::vector<int64_t> replica_of(whole.size());
+      for (size_t k = 0; k < whole.size(); ++k) replica_of[k] = static_cast<int64_t>(k) % split->size();
+      results = orthogonalize_once(muon, whole, replica_of, *split);
     } else {
-      // Replica r orthogonalises matrices r, r + R, ... of the owned ones; the all-reduce gives
-      // every replica all of them (each value is non-zero on exactly one replica).
-      const int64_t R = split->size(), r = split->rank();
-      std::vector<at::Tensor> mine;
-      for (size_t k = static_cast<size_t>(r); k < whole.size(); k += static_cast<size_t>(R)) mine.push_back(whole[k]);
-      const std::vector<at::Tensor> done = muon.orthogonalize_local(mine);
-      int64_t total = 0;
-      for (const at::Tensor& m : whole) total += m.numel();
-      at::Tensor flat = at::zeros({total}, opts);
-      int64_t pos = 0;
-      for (size_t k = 0; k < whole.size(); ++k) {
-        if (static_cast<int64_t>(k) % R == r)
-          flat.narrow(0, pos, whole[k].numel()).copy_(done[k / static_cast<size_t>(R)].reshape({-1}));
-        pos += whole[k].numel();
-      }
-      if (total > 0) split->all_reduce_sum(flat).wait();
-      pos = 0;
-      for (const at::Tensor& m : whole) {
-        results.push_back(flat.narrow(0, pos, m.numel()).view(m.sizes()));
-        pos += m.numel();
-      }
+      results = muon.orthogonalize_local(whole);
     }
 
     // 3. Return each rank its rows of every result.

@@ -67,14 +67,15 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
   optimizer_ = std::make_unique<Optimizer>(config, parallel_->parameters());
   // Sharded Muon: matrices' owners inside the shard group. Replicas own the same matrices (of the
   // same, already all-reduced momentum): they split them, or each does all of them.
-  if (optimizer_->muon() && parallelism == Parallelism::FSDP && shard_comm->size() > 1)
-    make_muon_sharded(*optimizer_->muon(), *shard_comm, replicate_comm_.get(),
-                      config.parallel.muon_split_over_replicas);
-  else if (optimizer_->muon() && parallelism == Parallelism::FSDP && replicate_comm_ &&
-           config.parallel.muon_split_over_replicas)
-    make_muon_replicated(*optimizer_->muon(), *replicate_comm_);  // shard groups of one: whole matrices
-  else if (optimizer_->muon() && parallelism == Parallelism::DDP && comm.size() > 1)
-    make_muon_replicated(*optimizer_->muon(), comm);
+  if (Muon* muon = optimizer_->muon()) {
+    const bool split = config.parallel.muon_split_over_replicas;
+    if (!sharded && comm.size() > 1)
+      make_muon_replicated(*muon, comm);
+    else if (sharded && shard_comm->size() > 1)
+      make_muon_sharded(*muon, *shard_comm, replicate_comm_.get(), split);
+    else if (sharded && replicate_comm_ && split)
+      make_muon_replicated(*muon, *replicate_comm_);  // shard groups of one: whole matrices
+  }
 
   // Data: token shards, or ZeroBand's fake documents.
   const uint64_t seed = static_cast<uint64_t>(config.runtime.seed);

@@ -171,8 +171,12 @@ void check_memory(zb::Config& cfg, int64_t world_size, const c10::Device& device
 
 // train_hsdp: one shard group per node, replicated across nodes (the config's [parallel] keys,
 // where set, win). One node has nothing to replicate across: train_fsdp is the program for it.
-void shard_by_node(zb::Config& cfg, const zb::World& world) {
+// A dry run has no launcher to say what a node is: it needs the keys.
+void shard_by_node(zb::Config& cfg, const zb::World& world, bool dry_run) {
   const bool layout_given = cfg.parallel.dp_shard != -1 || cfg.parallel.dp_replicate != 1;
+  if (!layout_given && dry_run)
+    throw zb::ConfigError("train_hsdp --dry-run: give the layout, --parallel.dp_shard GPUS_PER_NODE "
+                          "--parallel.dp_replicate NODES (no launcher says what a node is)");
   if (!layout_given && world.local_size >= world.size)
     throw zb::ConfigError(strf("train_hsdp shards within a node and replicates across nodes, but all %ld rank(s) "
                                "are on one node (LOCAL_WORLD_SIZE = WORLD_SIZE = %ld): use train_fsdp",
@@ -186,7 +190,7 @@ void shard_by_node(zb::Config& cfg, const zb::World& world) {
 int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes) {
   zb::Config cfg = cl.config;  // check_memory resolves train.reduce_every_micro_batch = "auto"
   const zb::World world = zb::detect_world();
-  if (over_nodes && !cl.dry_run) shard_by_node(cfg, world);
+  if (over_nodes) shard_by_node(cfg, world, cl.dry_run);
   const int64_t planned_world = cl.dry_run && cl.world_size > 0 ? cl.world_size : world.size;
   zb::validate(cfg, planned_world);
   zb::log::init(static_cast<int>(world.rank), cfg.logging.level);

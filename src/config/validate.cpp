@@ -64,12 +64,13 @@ void validate(const Config& c, int64_t world_size) {
                                  ") x train.micro_bs (" + show(c.train.micro_bs) + ")");
   positive("parallel.dp_replicate", c.parallel.dp_replicate);
   if (c.parallel.dp_shard != -1) positive("parallel.dp_shard", c.parallel.dp_shard);
-  if (world_size % c.parallel.dp_replicate != 0 ||
-      (c.parallel.dp_shard != -1 && c.parallel.dp_shard * c.parallel.dp_replicate != world_size))
-    fail(c.parallel.dp_shard != -1 ? "parallel.dp_shard" : "parallel.dp_replicate",
-         "parallel.dp_shard (" + (c.parallel.dp_shard == -1 ? std::string("-1, the rest") : show(c.parallel.dp_shard)) +
+  if (const ShardLayout l = shard_layout(c, world_size); l.shard * l.replicate != world_size) {
+    const bool rest = c.parallel.dp_shard == -1;
+    fail(rest ? "parallel.dp_replicate" : "parallel.dp_shard",
+         "parallel.dp_shard (" + (rest ? std::string("-1, the rest") : show(c.parallel.dp_shard)) +
              ") x parallel.dp_replicate (" + show(c.parallel.dp_replicate) + ") must equal the world size (" +
              show(world_size) + ")");
+  }
   positive("data.seq_length", c.data.seq_length);
   non_negative("data.num_workers", c.data.num_workers);
   non_negative("data.eval_interval", c.data.eval_interval);

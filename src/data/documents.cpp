@@ -53,6 +53,16 @@ std::optional<DocumentDelimiter> read_meta(const std::string& file) {
 
 }  // namespace
 
+std::vector<std::string> split_paths(const std::string& paths) {
+  std::vector<std::string> out;
+  for (size_t start = 0, comma; start <= paths.size(); start = comma + 1) {
+    comma = paths.find(',', start);
+    if (comma == std::string::npos) comma = paths.size();
+    out.push_back(paths.substr(start, comma - start));
+  }
+  return out;
+}
+
 std::vector<std::string> beside_dataset(std::string path, const std::string& name) {
   while (path.size() > 1 && path.back() == '/') path.pop_back();  // "dir/"
   const std::string dir = is_directory(path) ? path : parent_directory(path);
@@ -62,7 +72,7 @@ std::vector<std::string> beside_dataset(std::string path, const std::string& nam
 
 std::string tokenizer_of_dataset(const std::string& paths) {
   if (paths.empty()) return "";
-  for (const std::string& candidate : beside_dataset(paths.substr(0, paths.find(',')), "tokenizer.json"))
+  for (const std::string& candidate : beside_dataset(split_paths(paths).front(), "tokenizer.json"))
     if (path_exists(candidate)) return candidate;
   return "";
 }
@@ -70,10 +80,8 @@ std::string tokenizer_of_dataset(const std::string& paths) {
 std::optional<DocumentDelimiter> delimiter_from_meta(const std::string& paths) {
   std::optional<DocumentDelimiter> found;
   std::string found_in;
-  for (size_t start = 0, comma; start <= paths.size(); start = comma + 1) {
-    comma = paths.find(',', start);
-    if (comma == std::string::npos) comma = paths.size();
-    for (const std::string& candidate : beside_dataset(paths.substr(start, comma - start), "meta.json")) {
+  for (const std::string& path : split_paths(paths)) {
+    for (const std::string& candidate : beside_dataset(path, "meta.json")) {
       std::optional<DocumentDelimiter> d = read_meta(candidate);
       if (!d) continue;
       if (found && (found->token != d->token || found->opens != d->opens))

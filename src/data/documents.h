@@ -34,6 +34,9 @@ void append_document_bounds(const int64_t* row, int64_t T, const DocumentDelimit
 // when one is unreadable or two disagree.
 std::optional<DocumentDelimiter> delimiter_from_meta(const std::string& paths);
 
+// "a,b,c" -> {"a", "b", "c"}: the dataset paths of data.dataset_name_or_paths.
+std::vector<std::string> split_paths(const std::string& paths);
+
 // Where a dataset's companion files (meta.json, tokenizer.json) are looked for: the shards'
 // directory, then its parent (make_shards writes them in OUT, the shards in OUT/train and OUT/val).
 std::vector<std::string> beside_dataset(std::string path, const std::string& name);

@@ -22,13 +22,8 @@ DataSources make_data_sources(const Config& config, int64_t V) {
   if (config.data.dataset_ratio) {
     // Several datasets ("a,b") mixed by ratio ("70:30"; validate() checked the ratio).
     std::vector<std::shared_ptr<const SampleSource>> parts;
-    const std::string& paths = config.data.dataset_name_or_paths;
-    for (size_t start = 0, comma; start <= paths.size(); start = comma + 1) {
-      comma = paths.find(',', start);
-      if (comma == std::string::npos) comma = paths.size();
-      parts.push_back(std::make_shared<TokenDataset>(paths.substr(start, comma - start), T, V,
-                                                     config.data.reverse_data_files));
-    }
+    for (const std::string& path : split_paths(config.data.dataset_name_or_paths))
+      parts.push_back(std::make_shared<TokenDataset>(path, T, V, config.data.reverse_data_files));
     out.train = std::make_shared<MixedSource>(parts, parse_ratio(*config.data.dataset_ratio, parts.size()), seed);
   } else {
     out.train = std::make_shared<TokenDataset>(config.data.dataset_name_or_paths, T, V,

@@ -81,12 +81,7 @@ void FSDPUnit::advance_gradients() {
   if (grad_state_ != GradState::Reducing) return;
   if (context_.reducing == this) context_.reducing = nullptr;
   reduce_.wait();  // also releases the collective's input buffer
-  if (!replicas_) {
-    reduce_scatter_copy_out(params_, offsets_, reduce_out_);
-    reduce_out_ = at::Tensor();
-    grad_state_ = GradState::None;
-    return;
-  }
+  if (!replicas_) return complete_gradients();
   // Every replica reduced the same rows over its own samples: their sum is the global mean.
   if (context_.replicating && context_.replicating != this) context_.replicating->finish_gradients();
   context_.replicating = this;
@@ -99,6 +94,10 @@ void FSDPUnit::finish_gradients() {
   if (grad_state_ != GradState::Replicating) return;
   if (context_.replicating == this) context_.replicating = nullptr;
   replicate_.wait();
+  complete_gradients();
+}
+
+void FSDPUnit::complete_gradients() {
   reduce_scatter_copy_out(params_, offsets_, reduce_out_);
   reduce_out_ = at::Tensor();
   grad_state_ = GradState::None;

@@ -95,6 +95,8 @@ class FSDPUnit : public GradientGroup {
 
  private:
   void transition(std::initializer_list<TrainingState> from, TrainingState to, const char* call);
+  // The reduced rows into each sharded parameter's .grad(); back to NONE.
+  void complete_gradients();
 
   std::string name_;
   std::vector<FSDPParam*> params_;

@@ -12,9 +12,9 @@
 
 namespace zb {
 
-void make_muon_sharded(Muon& muon, Communicator& comm, Communicator* replicas, bool split_over_replicas) {
+void make_muon_sharded(Muon& muon, Communicator& comm, Communicator* split_over) {
   const std::vector<int64_t> owner = assign_muon_owners(muon, comm.size());
-  Communicator* split = split_over_replicas && replicas && replicas->size() > 1 ? replicas : nullptr;
+  Communicator* split = split_over && split_over->size() > 1 ? split_over : nullptr;
 
   muon.set_orthogonalizer([&muon, &comm, owner, split](const std::vector<at::Tensor>& inputs,
                                                        const std::vector<const Muon::Param*>& active) {
@@ -60,10 +60,10 @@ void make_muon_sharded(Muon& muon, Communicator& comm, Communicator* replicas, b
     }
     std::vector<at::Tensor> results;
     if (split) {
-      // The replicas own the same matrices: replica r orthogonalises matrices r, r + R, ... of them.
-      std::vector<int64_t> replica_of(whole.size());
-      for (size_t k = 0; k < whole.size(); ++k) replica_of[k] = static_cast<int64_t>(k) % split->size();
-      results = orthogonalize_once(muon, whole, replica_of, *split);
+      // The replicas own the same matrices: they divide them as ranks divide all of them.
+      std::vector<std::vector<int64_t>> shapes;
+      for (const at::Tensor& m : whole) shapes.push_back(m.sizes().vec());
+      results = orthogonalize_once(muon, whole, assign_owners_by_cost(shapes, split->size()), *split);
     } else {
       results = muon.orthogonalize_local(whole);
     }

@@ -16,11 +16,10 @@ namespace zb {
 // Installs the sharded orthogonalisation stage on `muon`, whose parameters are this rank's rows
 // (RowShard layout over `comm`) of matrices with the global shapes it was
 // given. Every parameter must have a gradient at every step (the engine guarantees it), so that
-// all ranks take part in the same collectives. Hybrid sharding: `replicas` (the ranks holding the
-// same rows in the other shard groups) own the same matrices; with split_over_replicas each
-// orthogonalises every R-th of them and an all-reduce over the replicas completes the set
-// (the same values: a sum with zeros), else each orthogonalises all of them.
-void make_muon_sharded(Muon& muon, Communicator& comm, Communicator* replicas = nullptr,
-                       bool split_over_replicas = false);
+// all ranks take part in the same collectives. Hybrid sharding: the ranks holding the same rows
+// in the other shard groups own the same matrices; given them as `split_over`, the replicas
+// divide those matrices between them (balanced by Newton-Schulz cost) and an all-reduce over
+// them completes the set (the same values: a sum with zeros); else each does all of them.
+void make_muon_sharded(Muon& muon, Communicator& comm, Communicator* split_over = nullptr);
 
 }  // namespace zb

@@ -25,9 +25,12 @@ Documents make_documents(const at::Tensor& cu_seqlens, int64_t max_len, int64_t 
   if (!cu_seqlens.defined()) return d;
   // The kernel trusts these (a wrong total or longest piece reads out of bounds): checked here,
   // on the host copy.
-  const int64_t N = cu_seqlens[-1].item<int64_t>();
-  TORCH_CHECK(cu_seqlens.device().is_cpu() && cu_seqlens.scalar_type() == at::kInt && cu_seqlens.numel() >= 2 &&
-                  cu_seqlens[0].item<int64_t>() == 0 && N > 0 && N % T == 0 && max_len >= 1 && max_len <= T,
+  TORCH_CHECK(cu_seqlens.device().is_cpu() && cu_seqlens.scalar_type() == at::kInt && cu_seqlens.numel() >= 2,
+              "make_documents: cumulative lengths must be int32 on the host, at least two");
+  const at::Tensor host = cu_seqlens.contiguous();  // the loader's already is: no copy
+  const int32_t* c = host.data_ptr<int32_t>();
+  const int64_t N = c[host.numel() - 1];
+  TORCH_CHECK(c[0] == 0 && N > 0 && N % T == 0 && max_len >= 1 && max_len <= T,
               "make_documents: malformed cumulative lengths (first 0, last a multiple of T = ", T,
               ", longest piece in [1, T]; got last ", N, ", longest ", max_len, ")");
   at::Tensor cu = cu_seqlens.to(device, /*non_blocking=*/true);

@@ -99,18 +99,23 @@ void Muon::step(double lr_multiplier) {
 }
 
 std::vector<int64_t> assign_muon_owners(const Muon& muon, int64_t world_size) {
-  const auto& params = muon.params();
-  std::vector<double> cost(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    const double r = static_cast<double>(params[i].global_shape[0]);
-    const double c = static_cast<double>(params[i].global_shape[1]);
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& p : muon.params()) shapes.push_back(p.global_shape);
+  return assign_owners_by_cost(shapes, world_size);
+}
+
+std::vector<int64_t> assign_owners_by_cost(const std::vector<std::vector<int64_t>>& shapes, int64_t world_size) {
+  std::vector<double> cost(shapes.size());
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const double r = static_cast<double>(shapes[i][0]);
+    const double c = static_cast<double>(shapes[i][1]);
     cost[i] = r * c * std::min(r, c);
   }
-  std::vector<size_t> order(params.size());
+  std::vector<size_t> order(shapes.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
   std::vector<double> load(static_cast<size_t>(world_size), 0.0);
-  std::vector<int64_t> owner(params.size());
+  std::vector<int64_t> owner(shapes.size());
   for (size_t i : order) {
     const auto least = std::min_element(load.begin(), load.end()) - load.begin();
     owner[i] = least;

@@ -82,5 +82,7 @@ class Muon {
 // (rows * cols * min(rows, cols), global shapes) balanced greedily, largest first; the same on
 // every rank.
 std::vector<int64_t> assign_muon_owners(const Muon& muon, int64_t world_size);
+// The same for any list of matrix shapes ([rows, cols] each).
+std::vector<int64_t> assign_owners_by_cost(const std::vector<std::vector<int64_t>>& shapes, int64_t world_size);
 
 }  // namespace zb

@@ -48,7 +48,6 @@ struct UnitSizes {
   int64_t block = 0;   // elements rank 0 puts into a collective (its rows, padded)
   int64_t local = 0;   // elements of rank 0's shards
   int64_t hidden_local = 0;  // of those, in Muon's matrices
-  int64_t hidden_full = 0;
 };
 
 }  // namespace
@@ -84,7 +83,6 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
     u.local += s.numel_of(0);
     if (muon && param_role(p.name, static_cast<int64_t>(p.shape.size())) == ParamRole::Hidden) {
       u.hidden_local += s.numel_of(0);
-      u.hidden_full += p.numel();
     }
   }
   int64_t local = 0, hidden_local = 0;

@@ -72,7 +72,7 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
     if (!sharded && comm.size() > 1)
       make_muon_replicated(*muon, comm);
     else if (sharded && shard_comm->size() > 1)
-      make_muon_sharded(*muon, *shard_comm, replicate_comm_.get(), split);
+      make_muon_sharded(*muon, *shard_comm, split ? replicate_comm_.get() : nullptr);
     else if (sharded && replicate_comm_ && split)
       make_muon_replicated(*muon, *replicate_comm_);  // shard groups of one: whole matrices
   }

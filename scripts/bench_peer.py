@@ -334,8 +334,9 @@ def mask_kernel_of(run, device, choice):
 
 
 def why_not(run, world, device, muon, kernel):
-    """The reason the peer cannot train this run as asked, or None. Checked, not assumed, so a
-    later PyTorch or package that can do it is let through."""
+    """The reason the peer cannot train this run as asked, or None. Flex attention is probed (a
+    later PyTorch that can train it is let through); muon-fsdp2's equal shards are its 0.3.0 code's
+    assumption (its gather takes equal-size buffers)."""
     m = run["model"]
     if muon == "zeroband" and run["hidden"]["type"] == "muon" and world > 1:
         # muon-fsdp2 gathers the matrices' FSDP2 shards into equal-size buffers: every matrix's
@@ -413,6 +414,8 @@ def main():
 
     # The device and dtype train_fsdp resolved for this run, unless --device overrides.
     device = args.device if args.device != "auto" else run["resolved_device"]
+    if device == "cuda":  # first: the flex probe in why_not runs on this rank's GPU
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     kernel = mask_kernel_of(run, device, args.mask_kernel)
     reason = why_not(run, int(os.environ["WORLD_SIZE"]), device, args.muon, kernel)
     if reason:
@@ -425,8 +428,6 @@ def main():
     if kernel == "flex":
         global flex_attention_kernel
         flex_attention_kernel = compiled_flex_attention()
-    if device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
     dist.init_process_group("nccl" if device == "cuda" else "gloo")

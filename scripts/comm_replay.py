@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from scale_model import step_bytes  # noqa: E402
+from scale_model import collective_seconds, hops, step_bytes  # noqa: E402
 
 
 def timed(fn, reps):
@@ -57,10 +57,6 @@ def run_call(kind, W, payload, counted, group):
     return lambda: dist.all_to_all_single(out, x, group=group)
 
 
-def hops(kind, W):
-    return 2 * (W - 1) if kind == "all_reduce" else W - 1
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config-json", required=True)
@@ -83,12 +79,12 @@ def main():
             counted = {"all_gather": 2 * (W - 1) * size, "reduce_scatter": 2 * (W - 1) * size,
                        "all_reduce": 4 * (W - 1) * size // W}[kind]
             seconds = timed(run_call(kind, W, size, counted, None), args.reps)
-            rows.append((kind, hops(kind, W), counted / 2, seconds))
+            rows.append((kind, counted, seconds))
             if rank == 0 and os.environ.get("ZB_REPLAY_VERBOSE"):
                 print(kind, size, f"{seconds * 1e3:.3f} ms")
     fit = {}
     for kind in ("all_gather", "reduce_scatter", "all_reduce"):
-        mine = [(h, b, t) for k, h, b, t in rows if k == kind]
+        mine = [(hops(kind, W), counted / 2, t) for k, counted, t in rows if k == kind]
         # Least squares on relative errors (small and large collectives count alike); latency >= 0.
         A = torch.tensor([[h / t, b / t] for h, b, t in mine], dtype=torch.float64)
         y = torch.ones(len(mine), dtype=torch.float64)
@@ -97,14 +93,14 @@ def main():
             latency, inverse_bw = 0.0, torch.linalg.lstsq(A[:, 1:], y).solution.item()
         fit[kind] = (latency, 1 / inverse_bw)
     fit["all_to_all"] = fit["all_gather"]  # point to point as the all-gather's ring
-    model = lambda kind, h, b: h * fit[kind][0] + b / fit[kind][1]
-    fit_error = max(abs(model(k, h, b) - t) / t for k, h, b, t in rows)
+    model = lambda kind, w, counted: collective_seconds(counted, hops(kind, w), fit[kind][1], fit[kind][0])
+    fit_error = max(abs(model(k, W, counted) - t) / t for k, counted, t in rows)
 
     # 2. The step's collectives, replayed in their groups.
     # Rank 0's list on every rank: the ranks' Muon exchanges differ a little in size (which
     # matrices each owns), and a replay needs the same sizes everywhere.
     calls = {}
-    step_bytes(run, W, S, args.ddp, rank=0, calls=calls)
+    step_bytes(run, W, S, args.ddp, calls=calls)
     groups = {"world": None}
     if S < W:
         for g in range(W // S):  # every rank creates every group, in the same order
@@ -117,13 +113,11 @@ def main():
             pg = dist.new_group(ranks)
             if rank in ranks:
                 groups["replicate_group"] = pg
-    else:
-        groups["shard_group"] = None
-    step = [(kind, w, payload, counted, groups[g]) for g, cs in calls.items() for kind, w, payload, counted in cs
-            if cs and w > 1]
+    step = [(kind, w, payload, counted, groups[g]) for g, cs in calls.items() for kind, w, payload, counted, _ in cs
+            if w > 1]
     fns = [run_call(*c) for c in step]
     measured = timed(lambda: [f() for f in fns], args.reps)
-    predicted = sum(model(kind, hops(kind, w), counted / 2) for kind, w, _, counted, _ in step)
+    predicted = sum(model(kind, w, counted) for kind, w, _, counted, _ in step)
     result = {"world": W, "shard": S, "ddp": args.ddp,
               "fit": {k: {"latency_per_hop_s": a, "bandwidth_bytes_per_s": b} for k, (a, b) in fit.items()},
               "fit_largest_relative_error": fit_error, "collectives_per_step": len(step),

@@ -65,23 +65,30 @@ def muon_owners(matrices, W):
 class Counter:
     """One group's collectives for one rank: bytes per kind as Communicator::count counts them,
     and the calls themselves (kind, group size, the tensor's bytes: the all-gather's input, the
-    reduce-scatter's output, the all-reduce's tensor; for all-to-all the counted bytes)."""
+    reduce-scatter's output, the all-reduce's tensor, for all-to-all a block per rank; the
+    counted bytes; and where the step has it: "gather" (a block's, forward), "regather" (again
+    for its backward), "reduce" (a block's gradients), or "exposed" (nothing to hide behind))."""
 
     def __init__(self):
         self.bytes, self.calls = {}, []
 
-    def add(self, kind, n, W=0, payload=0):
+    def add(self, kind, n, W, payload, role):
         self.bytes[kind] = self.bytes.get(kind, 0) + n
-        self.calls.append((kind, W, payload, n))
+        self.calls.append((kind, W, payload, n, role))
 
-    def all_gather(self, W, n):
-        self.add("all_gather", 2 * (W - 1) * n, W, n)
+    def all_gather(self, W, n, role="exposed"):
+        self.add("all_gather", 2 * (W - 1) * n, W, n, role)
 
-    def reduce_scatter(self, W, n):
-        self.add("reduce_scatter", 2 * (W - 1) * n, W, n)
+    def reduce_scatter(self, W, n, role="exposed"):
+        self.add("reduce_scatter", 2 * (W - 1) * n, W, n, role)
 
-    def all_reduce(self, W, n):
-        self.add("all_reduce", 4 * (W - 1) * n // W, W, n)
+    def all_reduce(self, W, n, role="exposed"):
+        self.add("all_reduce", 4 * (W - 1) * n // W, W, n, role)
+
+
+def hops(kind, W):
+    """Ring steps of a collective over W ranks (an all-reduce is a reduce-scatter and a gather)."""
+    return 2 * (W - 1) if kind == "all_reduce" else W - 1
 
 
 def step_bytes(run, world, shard, ddp=False, rank=0, calls=None):
@@ -129,14 +136,17 @@ def step_bytes(run, world, shard, ddp=False, rank=0, calls=None):
         for _ in range(accum):
             g.all_gather(S, compute_bytes * root_block)
             for b in unit_block:
-                g.all_gather(S, compute_bytes * b)
+                g.all_gather(S, compute_bytes * b, "gather")
             for b in unit_block[:regathered]:
-                g.all_gather(S, compute_bytes * b)
+                g.all_gather(S, compute_bytes * b, "regather")
         for _ in range(syncs):
-            for b in unit_block + [root_block]:
-                g.reduce_scatter(S, 4 * b)
+            # Every block's reduction but the last one's (block 0, reduced last) hides behind the
+            # backward of the block below it; the root's is exposed.
+            for i, b in enumerate(unit_block + [root_block]):
+                role = "reduce" if 0 < i < L else "exposed"
+                g.reduce_scatter(S, 4 * b, role)
                 if R > 1:
-                    groups["replicate_group"].all_reduce(R, 4 * b)
+                    groups["replicate_group"].all_reduce(R, 4 * b, role)
         g.all_reduce(S, 4)  # the gradient norm's sum of squares, over the shard group
         if muon_on and S > 1:
             # Sharded Muon: every matrix's padded rows to its owner and back (two all-to-alls).
@@ -145,7 +155,7 @@ def step_bytes(run, world, shard, ddp=False, rank=0, calls=None):
             mine = sum(b for b, o in zip(blocks, owner) if o == rank % S)
             others = sum(blocks) - mine
             for _ in range(2):  # there and back
-                g.add("all_to_all", ns_bytes * (others + (S - 1) * mine), S, ns_bytes * max(blocks) * S)
+                g.add("all_to_all", ns_bytes * (others + (S - 1) * mine), S, ns_bytes * max(blocks) * S, "exposed")
             if R > 1 and run.get("parallel", {}).get("muon_split_over_replicas", True):
                 # The replicas share the owned matrices' results: one all-reduce of all of them.
                 owned = sum(r * c for (r, c), o in zip(muon, owner) if o == rank % S)
@@ -179,51 +189,41 @@ def collective_seconds(counted_bytes, hops, bw, lat):
 
 def predict(run, nodes, gpus, hsdp, link, efficiency):
     """Step time, exposed communication and MFU for `nodes` x `gpus` ranks, each GPU training the
-    sequences it trains on one node (weak scaling: the global batch grows with the nodes)."""
+    sequences it trains on one node (weak scaling: the global batch grows with the nodes). The
+    collectives are step_bytes' list for rank 0, each timed on the link its group spans."""
     W = nodes * gpus
     S = gpus if hsdp else W
-    R = W // S
-    m = run["model"]
-    root, block, muon = model_shapes(m)
-    L = m["n_layers"]
+    L = run["model"]["n_layers"]
     per_gpu = run["batch_size"] // gpus  # sequences per GPU and step, as on one node
     run = dict(run, batch_size=per_gpu * W)
     accum = per_gpu // run["micro_bs"]
     tokens = per_gpu * run["seq_length"]  # per rank per step
     compute = run["flops_per_token"] * tokens / (link["peak"] * efficiency)
-    per_block = compute / max(1, L)  # forward + backward of one block over the step
-    cb = 2 if run["resolved_compute_dtype"] == "bfloat16" else 4
-    crosses = S > gpus  # a shard ring over several nodes runs at the inter-node bandwidth
-    bw, lat = (link["inter_bw"], link["inter_lat"]) if crosses else (link["intra_bw"], link["intra_lat"])
-    ub = sum(block_numel(s, S) for s in block)
-    rb = sum(block_numel(s, S) for s in root)
-    gather = collective_seconds(2 * (S - 1) * cb * ub, S - 1, bw, lat)
-    reduce = collective_seconds(2 * (S - 1) * 4 * ub, S - 1, bw, lat)
-    replicate = collective_seconds(4 * (R - 1) * 4 * ub // R, 2 * (R - 1), link["inter_bw"], link["inter_lat"]) if R > 1 else 0.0
-    regather = 1 if run["reshard_after_forward"] else 0
-    # Per block and micro-batch: gathers (forward, backward again) against its compute; the
-    # reductions on the last micro-batch against the next block's backward (2/3 of its compute).
-    exposed = 0.0
-    for _ in range(accum):
-        exposed += L * max(0.0, gather - per_block / accum / 3) + (L - 1) * regather * max(0.0, gather - per_block / accum * 2 / 3)
-        exposed += collective_seconds(2 * (S - 1) * cb * rb, S - 1, bw, lat)  # the root, first
-    exposed += (L - 1) * max(0.0, reduce + replicate - per_block / accum * 2 / 3) + reduce + replicate  # the last unit's
-    ns = 2 if run["hidden"]["ns_dtype"] == "bfloat16" else 4
-    if run["hidden"]["type"] == "muon" and S > 1:
-        blocks = [block_numel(s, S) for s in muon]
-        exposed += 2 * collective_seconds(ns * 2 * sum(blocks) * (S - 1) / S, S - 1, bw, lat)
-        if R > 1 and run.get("parallel", {}).get("muon_split_over_replicas", True):
-            owner = muon_owners(muon, S)
-            owned = sum(r * c for (r, c), o in zip(muon, owner) if o == 0)
-            exposed += collective_seconds(4 * (R - 1) * ns * owned // R, 2 * (R - 1), link["inter_bw"], link["inter_lat"])
+    # What a block's collective can hide behind, per micro-batch: the forward of the block before
+    # it (a third of a block's compute) for its gather, the backward of the next one (two thirds)
+    # for its gather again and for its reduction.
+    forward = compute / L / accum / 3
+    hide = {"gather": forward, "regather": 2 * forward, "reduce": 2 * forward, "exposed": 0.0}
+    intra, inter = (link["intra_bw"], link["intra_lat"]), (link["inter_bw"], link["inter_lat"])
+    spans = {"shard_group": S > gpus, "replicate_group": True, "world": W > gpus}  # crosses nodes?
+    calls = {}
+    step_bytes(run, W, S, calls=calls)
+    seconds, slots, moved = {}, {}, {False: 0, True: 0}
+    for group, cs in calls.items():
+        bw, lat = inter if spans[group] else intra
+        for kind, w, _, counted, role in cs:
+            if w < 2:
+                continue
+            seconds[role] = seconds.get(role, 0.0) + collective_seconds(counted, hops(kind, w), bw, lat)
+            # One slot per block and micro-batch (a replicated block's all-reduce shares its slot).
+            slots[role] = slots.get(role, 0) + (kind != "all_reduce" or not hsdp)
+            moved[spans[group]] += counted
+    # The blocks are alike: what each exposes beyond its slot, summed, is the total beyond them all.
+    exposed = sum(max(0.0, t - slots[role] * hide[role]) for role, t in seconds.items())
     step = compute + exposed
-    mfu = 100 * run["flops_per_token"] * tokens / step / link["peak"]
-    comm_bytes = step_bytes(run, W, S)
-    return {"nodes": nodes, "world": W, "shard": S, "replicate": R, "accum": accum, "compute_s": compute,
-            "exposed_comm_s": exposed, "step_s": step, "mfu_percent": mfu,
-            "bytes_intra": sum(comm_bytes["shard_group" if R > 1 else "world"].values()) if not crosses else 0,
-            "bytes_inter": (sum(comm_bytes["replicate_group"].values()) if R > 1 else
-                            sum(comm_bytes["world"].values()) if crosses else 0)}
+    return {"world": W, "exposed_comm_s": exposed, "step_s": step,
+            "mfu_percent": 100 * run["flops_per_token"] * tokens / step / link["peak"],
+            "bytes_intra": moved[False], "bytes_inter": moved[True]}
 
 
 def main():

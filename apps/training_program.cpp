@@ -11,6 +11,7 @@
 #include <ATen/ops/full.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -27,6 +28,7 @@
 #include "model/llama.h"
 #include "model/model_args_json.h"
 #include "model/model_config.h"
+#include "optim/optimizer.h"
 #include "train/metrics.h"
 #include "train/memory_estimate.h"
 #include "train/metrics_follower.h"
@@ -102,6 +104,7 @@ nlohmann::json resolved_run(const zb::Config& c) {
   const auto& o = c.optim;
   const c10::Device device = zb::select_device(c.runtime.device, 0);
   const at::ScalarType compute = zb::Trainer::resolve_compute_dtype(c, device);
+  const at::ScalarType ns = zb::resolve_ns_dtype(c, device);
   return {
       {"name_model", c.name_model},
       {"type_model", c.type_model},
@@ -135,38 +138,50 @@ nlohmann::json resolved_run(const zb::Config& c) {
       // What "auto" resolves to on this machine, as the trainer will run it.
       {"resolved_device", device.is_cuda() ? "cuda" : "cpu"},
       {"resolved_compute_dtype", compute == at::kBFloat16 ? "bfloat16" : "float32"},
+      {"resolved_ns_dtype", ns == at::kBFloat16 ? "bfloat16" : "float32"},
   };
 }
 
 // The memory estimate for this run (FSDP only) decides train.reduce_every_micro_batch = "auto"
 // (on when the run fits only that way) and stops a run that will not fit (unless --force).
-void check_memory(zb::Config& cfg, int64_t world_size, const c10::Device& device, bool force, bool dry_run) {
+// Returns the predicted peak in bytes.
+int64_t check_memory(zb::Config& cfg, int64_t world_size, const c10::Device& device, const zb::MemoryBudget& budget,
+                  bool force, bool dry_run) {
   const at::ScalarType compute = zb::Trainer::resolve_compute_dtype(cfg, device);
-  // (A dry run may plan for a GPU on a machine without one: then only device_memory_gb says.)
-  const int64_t capacity =
-      zb::device_memory_bytes(cfg, device.is_cuda() && zb::cuda_available() ? zb::device_name(device) : "");
   const std::string& setting = cfg.train.reduce_every_micro_batch;
   zb::MemoryEstimate est = zb::estimate_step_memory(cfg, world_size, compute, device.is_cuda(), setting == "true");
-  const int64_t usable = zb::usable_memory_bytes(capacity);
-  if (setting == "auto" && capacity > 0 && est.peak > usable) {
+  const bool known = budget.device_bytes > 0;
+  if (setting == "auto" && known && est.peak > budget.usable) {
     zb::MemoryEstimate sharded = zb::estimate_step_memory(cfg, world_size, compute, device.is_cuda(), true);
-    if (sharded.reduce_every_micro_batch && sharded.peak <= usable) {
+    if (sharded.reduce_every_micro_batch && sharded.peak <= budget.usable) {
       zb::log::info("train.reduce_every_micro_batch = auto: on (the run fits only with sharded gradient sums)");
       est = sharded;
     }
   }
   if (setting == "auto") cfg.train.reduce_every_micro_batch = est.reduce_every_micro_batch ? "true" : "false";
-  const auto lines = zb::describe_memory(est, capacity);
-  const bool fits = capacity == 0 || est.peak <= usable;
+  const auto lines = zb::describe_memory(est, budget);
+  const bool fits = !known || est.peak <= budget.usable;
   if (fits || dry_run || force) {
     for (const auto& line : lines) (fits ? zb::log::info : zb::log::warn)(line);
     if (!fits && !dry_run) zb::log::warn("--force: training anyway");
-    return;
+    return est.peak;
   }
   std::string table;
   for (const auto& line : lines) table += "\n" + line;
   throw zb::ConfigError(strf("the run is predicted not to fit in one device's memory (smaller train.micro_bs, "
                              "train.ac_ckpt, more ranks; --force to try anyway):") + table);
+}
+
+// What this rank's device offers: on a GPU (unless runtime.device_memory_gb says) the memory
+// still free once the CUDA context and every communicator exist; else from the config or the
+// GPU's name. A dry run may plan for a GPU on a machine without one: then only the config says.
+zb::MemoryBudget memory_budget(const zb::Config& cfg, const c10::Device& device, bool dry_run) {
+  const bool gpu_here = device.is_cuda() && zb::cuda_available();
+  if (gpu_here && !dry_run && cfg.runtime.device_memory_gb <= 0) {
+    const zb::DeviceMemory m = zb::device_memory(device);
+    return zb::measured_budget(m.available, m.total);
+  }
+  return zb::planned_budget(cfg, gpu_here ? zb::device_name(device) : "");
 }
 
 // train_hsdp: one shard group per node, replicated across nodes (the config's [parallel] keys,
@@ -208,14 +223,14 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes)
     zb::Llama model(args, at::TensorOptions().device(c10::kMeta));
     zb::log::info(strf("dry run: built %s parameters on the meta device",
                        zb::with_commas(model.num_params()).c_str()));
-    if (parallelism == zb::Parallelism::FSDP)
+    if (parallelism == zb::Parallelism::FSDP) {
       // The device the config asks for, whether or not this machine has it.
-      check_memory(cfg, planned_world,
-                   cfg.runtime.device == "cuda" || (cfg.runtime.device == "auto" && zb::cuda_available())
-                       ? c10::Device(c10::kCUDA, 0)
-                       : c10::Device(c10::kCPU),
-                   cl.force, /*dry_run=*/true);
-    else
+      const c10::Device planned = cfg.runtime.device == "cuda" || (cfg.runtime.device == "auto" && zb::cuda_available())
+                                      ? c10::Device(c10::kCUDA, 0)
+                                      : c10::Device(c10::kCPU);
+      check_memory(cfg, planned_world, planned, memory_budget(cfg, planned, /*dry_run=*/true), cl.force,
+                   /*dry_run=*/true);
+    } else
       zb::log::info("memory estimate: train_fsdp only");
     return 0;
   }
@@ -226,7 +241,13 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes)
   std::signal(SIGXFSZ, SIG_IGN);
   const c10::Device device = zb::select_device(cfg.runtime.device, world.local_rank);
   zb::configure_allocator(device);
-  if (cfg.runtime.num_threads > 0) at::set_num_threads(static_cast<int>(cfg.runtime.num_threads));
+  if (cfg.runtime.num_threads > 0) {
+    at::set_num_threads(static_cast<int>(cfg.runtime.num_threads));
+  } else if (!device.is_cuda() && world.local_size > 1 && !std::getenv("OMP_NUM_THREADS")) {
+    // Ranks on one machine's CPU share its cores: LibTorch's default of every core per process
+    // would have them fight over each (torchrun sets OMP_NUM_THREADS=1 itself; mpirun does not).
+    at::set_num_threads(std::max<int>(1, at::get_num_threads() / static_cast<int>(world.local_size)));
+  }
   zb::Communicator comm(world, device, std::chrono::seconds(cfg.runtime.timeout_s));
   zb::log::info(strf("world: %ld process(es) via %s, rendezvous %s:%ld; this is rank %ld (local %ld)",
                      world.size, world.launcher.c_str(), world.master_addr.c_str(), world.master_port,
@@ -242,18 +263,26 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes)
     for (const auto& line : placement) zb::log::info("placement: " + line);
 
   // --- model, sharding engine, optimizer, data ---------------------------------------------------
-  if (parallelism == zb::Parallelism::FSDP) check_memory(cfg, world.size, device, cl.force, /*dry_run=*/false);
-  zb::Trainer trainer(cfg, comm, device, parallelism);
+  // Hybrid sharding's groups first: on a GPU their NCCL communicators hold memory the budget
+  // must see.
+  zb::HybridGroups groups = zb::make_hybrid_groups(cfg, comm, parallelism);
+  const int64_t predicted_peak =
+      parallelism == zb::Parallelism::FSDP
+          ? check_memory(cfg, world.size, device, memory_budget(cfg, device, /*dry_run=*/false), cl.force, false)
+          : 0;
+  zb::Trainer trainer(cfg, comm, device, parallelism, std::move(groups));
   zb::log::info(strf("device: %s (%s), compute dtype %s, %d CPU threads, reshard_after_forward %s",
                      device.str().c_str(), zb::device_name(device).c_str(),
                      c10::toString(trainer.compute_dtype()), at::get_num_threads(),
                      cfg.train.reshard_after_forward ? "true" : "false"));
   if (const auto& d = trainer.documents())
-    zb::log::info(strf("attention: within documents, split %s token %ld (%s)", d->opens ? "before" : "after",
+    zb::log::info(strf("attention: within documents, split %s token %ld (%s), kernel %s", d->opens ? "before" : "after",
                        static_cast<long>(d->token),
-                       trainer.flash_documents() ? "variable-length flash kernel" : "additive mask through SDPA"));
+                       trainer.flash_documents() ? "variable-length flash kernel" : "additive mask through SDPA",
+                       trainer.attention_kernel().c_str()));
   else
-    zb::log::info("attention: causal over whole rows");
+    zb::log::info(strf("attention: causal over whole rows, kernel %s (runtime.sdpa_backend = %s)",
+                       trainer.attention_kernel().c_str(), cfg.runtime.sdpa_backend.c_str()));
   for (const auto& line : trainer.optimizer().describe()) zb::log::info("optimizer " + line);
   if (trainer.grad_accum_steps() > 1)
     zb::log::info(trainer.reduces_every_micro_batch()
@@ -271,6 +300,8 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes)
 
   // --- the loop ----------------------------------------------------------------------------------
   zb::MetricsLogger metrics(cfg, args, world.rank, world.size, device, /*resumed=*/trainer.step() > 0);
+  metrics.set_constant("attention_kernel", trainer.attention_kernel());
+  if (predicted_peak > 0) metrics.set_constant("predicted_peak_memory_bytes", predicted_peak);
   if (world.rank == 0) {
     // The resolved run beside its metrics (<stem>.config.json; the W&B run's config).
     if (const std::string path = zb::run_config_path(metrics.path()); !path.empty())

@@ -34,8 +34,10 @@ mkdir -p "$out"
 # validation or metrics follower; on CPU the ranks share the cores. The peers mask documents as ZeroBand does (flex
 # attention on CUDA, SDPA with a dense mask on CPU, where flex cannot train); `--model.attention
 # causal` runs every side across whole rows.
+# Newton-Schulz in bf16 on every side, the CPU included: both peers' Muon knows no other precision
+# (train_fsdp alone would choose fp32 on a CPU, optim.optim.ns_dtype = auto).
 args=(--config "$config" --data.fake --optim.total_steps "$steps" --ckpt.path "" --data.eval_interval 0
-      --wandb false "$@")
+      --wandb false --optim.optim.ns_dtype bfloat16 "$@")
 threads=0
 if [ $gpu = 0 ]; then
   threads=$(( $(nproc) / nproc > 0 ? $(nproc) / nproc : 1 ))

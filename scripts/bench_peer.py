@@ -408,9 +408,10 @@ def main():
     with open(args.config_json) as f:
         run = json.load(f)
     m = run["model"]
-    if run["hidden"]["type"] == "muon" and run["hidden"]["ns_dtype"] != "bfloat16":
+    if run["hidden"]["type"] == "muon" and run["resolved_ns_dtype"] != "bfloat16":
         raise SystemExit("bench_peer: both peers' Muon orthogonalises in bfloat16 only; "
-                         f"this run has optim.optim.ns_dtype = {run['hidden']['ns_dtype']}")
+                         f"this run resolves optim.optim.ns_dtype to {run['resolved_ns_dtype']} "
+                         "(scripts/bench.sh passes --optim.optim.ns_dtype bfloat16 to every side)")
 
     # The device and dtype train_fsdp resolved for this run, unless --device overrides.
     device = args.device if args.device != "auto" else run["resolved_device"]

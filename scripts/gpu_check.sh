@@ -89,7 +89,7 @@ debian_packages() {  # the Debian packages scripts/setup.sh installs, all presen
   local want=(libtomlplusplus-dev libspdlog-dev libfmt-dev libcxxopts-dev nlohmann-json3-dev libgtest-dev libgmock-dev libgloo-dev)
   [ "$(dpkg-query -W -f='${Status}\n' "${want[@]}" 2>/dev/null | grep -c 'install ok installed')" = ${#want[@]} ]
 }
-gpu_steps=(build cuda_tests preset_150M preset_1B preset_1B_causal bench)
+gpu_steps=(build cuda_tests preset_150M preset_1B preset_1B_causal preset_1B_causal_auto bench)
 if [ "${ZB_SKIP_BUILD:-0}" = 1 ]; then
   build_how=prebuilt
   [ -x "$ROOT/build/apps/train_fsdp" ] || { build_how=none; not_run "nothing to build with" "${gpu_steps[@]}";
@@ -174,10 +174,14 @@ if wanted presets; then
     --logging.metrics_file "$work/preset_150M.jsonl"
   step preset_1B 150 "${train[@]}" --config configs/1B/H100.toml --optim.batch_size 64 --train.micro_bs 8 \
     --logging.metrics_file "$work/preset_1B.jsonl"
-  # The same without the document mask: what masking costs (the report gives the ratio).
+  # The same without the document mask, on the dense flash kernel (the family the document path
+  # runs): what masking costs (the report gives the ratio). Then with PyTorch's own choice of
+  # kernel (cuDNN's attention on an H100, reportedly): which one causal runs should default to.
   step preset_1B_causal 150 "${train[@]}" --config configs/1B/H100.toml --optim.batch_size 64 --train.micro_bs 8 \
-    --model.attention causal --logging.metrics_file "$work/preset_1B_causal.jsonl"
-else not_run "not in GPU_CHECK_STEPS" preset_150M preset_1B preset_1B_causal; fi
+    --model.attention causal --runtime.sdpa_backend flash --logging.metrics_file "$work/preset_1B_causal.jsonl"
+  step preset_1B_causal_auto 150 "${train[@]}" --config configs/1B/H100.toml --optim.batch_size 64 --train.micro_bs 8 \
+    --model.attention causal --runtime.sdpa_backend auto --logging.metrics_file "$work/preset_1B_causal_auto.jsonl"
+else not_run "not in GPU_CHECK_STEPS" preset_150M preset_1B preset_1B_causal preset_1B_causal_auto; fi
 if wanted bench; then
   # The peer with ZeroBand's own Muon only (GPU_CHECK_PEERS="zeroband torch" adds torch.optim.Muon's,
   # if the budget allows: each peer runs eager and compiled). The peers' flex attention compiles

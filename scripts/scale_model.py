@@ -101,7 +101,7 @@ def step_bytes(run, world, shard, ddp=False, rank=0, calls=None):
     replicate = world // shard
     accum = run["batch_size"] // (world * run["micro_bs"])
     compute_bytes = 2 if run["resolved_compute_dtype"] == "bfloat16" else 4
-    ns_bytes = 2 if run["hidden"]["ns_dtype"] == "bfloat16" else 4
+    ns_bytes = 2 if run["resolved_ns_dtype"] == "bfloat16" else 4
     reduce_every = run.get("reduce_every_micro_batch") == "true" and accum > 1
     syncs = accum if reduce_every else 1
     groups = {"shard_group": Counter(), "replicate_group": Counter(), "world": Counter()}

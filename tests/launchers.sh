@@ -25,6 +25,11 @@ steps, losses = [r["step"] for r in records], [r["loss"] for r in records]
 print("steps", steps, "losses", losses)
 assert steps == [1, 2, 3, 4], f"steps {steps}, expected 1..4"
 assert all(math.isfinite(x) for x in losses), f"losses {losses}"
+# Every record names the attention kernel that ran: the preset's documents on the CPU go through
+# scaled_dot_product_attention with a mask, whose CPU kernels are flash's or the unfused one.
+kernels = {r.get("attention_kernel") for r in records}
+print("attention kernels", kernels)
+assert len(kernels) == 1 and kernels <= {"flash_attention", "math"}, f"attention_kernel {kernels}"
 PY
 }
 

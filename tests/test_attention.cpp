@@ -168,3 +168,24 @@ TEST(Attention, DocumentMaskGradientsEqualFiniteDifferences) {
     }
   }
 }
+
+TEST(Attention, KernelIsReportedAndCanBeChosen) {
+  // The dispatcher's own answer for the shapes attention hands it: here the CPU's flash kernel
+  // or the unfused math, whatever the mask; forcing "math" must make it the math one, and the
+  // result of attention stays the same to fp32 rounding.
+  const c10::Device cpu(c10::kCPU);
+  const std::string automatic = attention_kernel(cpu, at::kFloat, 64, 4, 2, 16, /*document_mask=*/false, false);
+  EXPECT_TRUE(automatic == "flash_attention" || automatic == "math") << automatic;
+  EXPECT_EQ(attention_kernel(cpu, at::kFloat, 64, 4, 2, 16, true, /*flash_documents=*/true), "flash_varlen");
+  at::manual_seed(3);
+  const at::Tensor q = at::randn({2, 64, 4, 16}), k = at::randn({2, 64, 2, 16}), v = at::randn({2, 64, 2, 16});
+  const at::Tensor before = attention(q, k, v);
+  use_sdpa_backend("math");
+  EXPECT_EQ(attention_kernel(cpu, at::kFloat, 64, 4, 2, 16, false, false), "math");
+  EXPECT_EQ(attention_kernel(cpu, at::kFloat, 64, 4, 2, 16, true, false), "math");
+  const at::Tensor forced = attention(q, k, v);
+  use_sdpa_backend("auto");
+  EXPECT_EQ(attention_kernel(cpu, at::kFloat, 64, 4, 2, 16, false, false), automatic);
+  EXPECT_LT((forced - before).abs().max().item<double>(), 1e-5);
+  EXPECT_THROW(use_sdpa_backend("fast"), std::invalid_argument);
+}

@@ -2,7 +2,10 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <map>
+#include <memory>
+#include <thread>
 #include <numeric>
 #include <utility>
 
@@ -228,3 +231,39 @@ TEST_P(Collectives, CountsTheBytesEachRankMoves) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Values(2, 3, 4));
+
+TEST(Barrier, BlocksTheHostUntilEveryRankArrives) {
+  // Through the store, so the host waits on any backend (an NCCL all-reduce's wait would only
+  // order the GPU's stream). The last rank arrives 1.5 s late: every other rank must still be
+  // inside barrier() until then, in the world and in a subgroup alike.
+  multiprocess::run_ranks(4, [](int rank) {
+    Communicator comm(detect_world(), c10::Device(c10::kCPU), std::chrono::seconds(60));
+    std::unique_ptr<Communicator> pair = comm.subgroup("pair" + std::to_string(rank / 2), {rank / 2 * 2, rank / 2 * 2 + 1});
+    for (Communicator* group : {&comm, pair.get()}) {
+      const bool late = group->rank() == group->size() - 1;
+      const auto start = std::chrono::steady_clock::now();
+      if (late) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      group->barrier();
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      EXPECT_GE(waited, 1.4) << "rank " << rank << " left barrier() before the last rank arrived";
+    }
+  });
+}
+
+TEST(Watchdog, AbortsEveryGroupsBackend) {
+  // On a stall the watchdog aborts the world's backend and every live subgroup's (hybrid
+  // sharding's shard and replicate groups), so that no rank stays blocked in a group's collective.
+  multiprocess::run_ranks(4, [](int rank) {
+    Communicator comm(detect_world(), c10::Device(c10::kCPU), std::chrono::seconds(60));
+    EXPECT_EQ(comm.backends_to_abort(), 1u);
+    {
+      auto shard = comm.subgroup("shard" + std::to_string(rank / 2), {rank / 2 * 2, rank / 2 * 2 + 1});
+      auto replicate = comm.subgroup("replicate" + std::to_string(rank % 2), {rank % 2, rank % 2 + 2});
+      EXPECT_EQ(comm.backends_to_abort(), 3u);
+      at::Tensor x = at::ones({3});
+      replicate->all_reduce_sum(x).wait();
+      EXPECT_EQ(x[0].item<float>(), 2.0f);
+    }
+    EXPECT_EQ(comm.backends_to_abort(), 1u);  // a group gone is no longer aborted
+  });
+}

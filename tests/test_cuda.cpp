@@ -18,6 +18,7 @@
 #include "data/fake_data.h"
 #include "data/loader.h"
 #include "model/attention.h"
+#include "model/chunked_loss.h"
 #include "model/layers.h"
 #include "model/llama.h"
 #include "model/model_args.h"
@@ -117,25 +118,50 @@ TEST(CudaModel, Bf16ForwardBackwardMatchesFp32OnCpu) {
   std::cout << "largest relative gradient error " << worst << " (" << worst_name << ")\n";
 }
 
-TEST(CudaAttention, FlashIsChosenForThePresetsShapes) {
+TEST(CudaAttention, ChosenKernelForThePresetsShapes) {
   SKIP_WITHOUT_GPU();
   // The query/key/value layout attention hands to scaled_dot_product_attention
   // (src/model/layers.cpp): [B, T, H, Dh] transposed to [B, H, T, Dh], bf16, causal, requiring
   // gradients as in training. _fused_sdp_choice is the dispatcher's own choice for these inputs.
+  // runtime.sdpa_backend = "flash" must give flash; "auto" (PyTorch's preference: cuDNN's
+  // attention on an H100 with torch 2.11, reportedly) must give a fused kernel, printed, and the
+  // metrics' attention_kernel must name the same one.
   struct Shape { const char* name; int64_t heads, head_dim; };
   const Shape shapes[] = {{"debugmodel", 8, 32}, {"150M", 16, 64}, {"1B", 16, 128}, {"7B", 32, 128}};
   const auto props = at::TensorOptions().device(kGpu).dtype(at::kBFloat16);
+  for (const std::string backend : {"auto", "flash"}) {
+    use_sdpa_backend(backend);
+    for (const auto& s : shapes) {
+      const int64_t T = 1024;
+      const at::Tensor q = at::randn({2, T, s.heads, s.head_dim}, props).requires_grad_(true);
+      const int64_t choice = at::_fused_sdp_choice(q.transpose(1, 2), q.transpose(1, 2), q.transpose(1, 2),
+                                                   /*attn_mask=*/{}, 0.0, /*is_causal=*/true, std::nullopt, false);
+      const std::string reported = attention_kernel(kGpu, at::kBFloat16, T, s.heads, s.heads, s.head_dim, false, false);
+      std::cout << "sdpa_backend " << backend << ", " << s.name << ": " << sdp_backend_name(choice) << "\n";
+      EXPECT_EQ(reported, sdp_backend_name(choice)) << s.name;
+      if (backend == "flash")
+        EXPECT_EQ(choice, static_cast<int64_t>(at::SDPBackend::flash_attention)) << s.name;
+      else
+        EXPECT_TRUE(choice == static_cast<int64_t>(at::SDPBackend::flash_attention) ||
+                    choice == static_cast<int64_t>(at::SDPBackend::cudnn_attention))
+            << s.name << ": scaled_dot_product_attention would run " << sdp_backend_name(choice);
+    }
+  }
+  use_sdpa_backend("auto");
+}
+
+TEST(CudaAttention, FlashAndTheChosenKernelComputeAttention) {
+  SKIP_WITHOUT_GPU();
+  struct Shape { const char* name; int64_t heads, head_dim; };
+  const Shape shapes[] = {{"debugmodel", 8, 32}, {"150M", 16, 64}, {"1B", 16, 128}, {"7B", 32, 128}};
+  const auto props = at::TensorOptions().device(kGpu).dtype(at::kBFloat16);
+  for (const std::string backend : {"auto", "flash"})
   for (const auto& s : shapes) {
+    use_sdpa_backend(backend);
     const int64_t B = 2, T = 1024;
     at::Tensor q = at::randn({B, T, s.heads, s.head_dim}, props).requires_grad_(true);
     at::Tensor k = at::randn({B, T, s.heads, s.head_dim}, props).requires_grad_(true);
     at::Tensor v = at::randn({B, T, s.heads, s.head_dim}, props).requires_grad_(true);
-    const int64_t choice = at::_fused_sdp_choice(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                 /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
-                                                 /*scale=*/std::nullopt, /*enable_gqa=*/false);
-    EXPECT_EQ(choice, static_cast<int64_t>(at::SDPBackend::flash_attention))
-        << s.name << " (" << s.heads << " heads of " << s.head_dim << ") on " << device_name(kGpu)
-        << ": scaled_dot_product_attention would run " << sdp_backend_name(choice);
 
     // And the kernel computes attention: attention() against softmax(q k^T / sqrt(Dh)) v
     // in fp32 on the same (bf16-rounded) inputs. Flash accumulates in fp32 and rounds its output
@@ -149,8 +175,65 @@ TEST(CudaAttention, FlashIsChosenForThePresetsShapes) {
     const at::Tensor ref = at::matmul(at::softmax(scores.masked_fill(mask, -INFINITY), -1), vf)
                                .transpose(1, 2)
                                .reshape({B, T, s.heads * s.head_dim});
-    EXPECT_LT((out - ref).abs().max().item<double>(), 1e-2) << s.name;
+    EXPECT_LT((out - ref).abs().max().item<double>(), 1e-2) << s.name << " with sdpa_backend " << backend;
   }
+  use_sdpa_backend("auto");
+}
+
+TEST(CudaClock, EventsAreReadAfterTheHostWaited) {
+  SKIP_WITHOUT_GPU();
+  // The step's timing on real events: a mark behind queued work may not be read before
+  // synchronize() (our error, not CUDA's cudaErrorNotReady), and afterwards the interval holds
+  // the work (a chain of large products: milliseconds at least).
+  StepClock clock(kGpu);
+  const at::Tensor a = at::randn({4096, 4096}, at::TensorOptions().device(kGpu));
+  const int start = clock.mark();
+  at::Tensor x = a;
+  for (int i = 0; i < 20; ++i) x = at::mm(x, a) / 64.0;
+  const int end = clock.mark();
+  EXPECT_THROW(clock.seconds(start, end), std::logic_error);
+  clock.synchronize();
+  const double seconds = clock.seconds(start, end);
+  std::cout << "20 fp32 products 4096^3 on the GPU: " << seconds << " s\n";
+  EXPECT_GT(seconds, 1e-3);
+}
+
+TEST(CudaMemory, BudgetIsMeasuredOnTheDevice) {
+  SKIP_WITHOUT_GPU();
+  const DeviceMemory m = device_memory(kGpu);
+  std::cout << "device memory: " << m.available / double(1 << 30) << " GiB available of " << m.total / double(1 << 30)
+            << " GiB\n";
+  EXPECT_GT(m.total, int64_t{8} << 30);
+  EXPECT_GT(m.available, 0);
+  EXPECT_LE(m.available, m.total);
+  // What this process's allocator keeps cached counts as available: a freed 1 GiB block stays.
+  { at::Tensor block = at::empty({int64_t{1} << 28}, at::TensorOptions().device(kGpu)); }
+  const DeviceMemory after = device_memory(kGpu);
+  EXPECT_NEAR(static_cast<double>(after.available), static_cast<double>(m.available), 64.0 * (1 << 20));
+}
+
+TEST(CudaLoss, Fp32ProductsOfBf16MatchFloat64) {
+  SKIP_WITHOUT_GPU();
+  // The chunked loss on the GPU in bf16, its GEMMs writing and accumulating fp32 (mm/addmm with an
+  // output dtype), against the same bf16-rounded inputs in float64 on the CPU: loss, dx, dw.
+  // Several chunks (chunk_tokens 300 of 1,000 tokens); a 32k vocabulary.
+  const int64_t N = 1000, D = 256, V = 32000;
+  at::manual_seed(7);
+  const at::Tensor x0 = at::randn({N, D}).to(at::kBFloat16), w0 = (at::randn({V, D}) * 0.05).to(at::kBFloat16);
+  const at::Tensor targets = at::randint(V, {N}, at::kLong);
+  auto run = [&](const c10::Device& device, at::ScalarType dtype) {
+    at::Tensor x = x0.to(device, dtype).requires_grad_(true), w = w0.to(device, dtype).requires_grad_(true);
+    at::Tensor loss = chunked_cross_entropy(x, w, targets.to(device), /*chunk_tokens=*/300);
+    loss.backward();
+    return std::vector<at::Tensor>{loss.detach(), x.grad(), w.grad()};
+  };
+  const auto gpu = run(kGpu, at::kBFloat16);
+  const auto ref = run(at::kCPU, at::kDouble);
+  EXPECT_EQ(gpu[0].scalar_type(), at::kFloat);
+  EXPECT_LT(relative_error(gpu[0], ref[0]), 1e-4) << "loss";
+  // Gradients come back in bf16 (2^-9 relative rounding of each element).
+  EXPECT_LT(relative_error(gpu[1], ref[1]), 1e-2) << "dx";
+  EXPECT_LT(relative_error(gpu[2], ref[2]), 1e-2) << "dw";
 }
 
 TEST(CudaAttention, VarlenFlashEqualsTheCpuMask) {

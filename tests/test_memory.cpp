@@ -94,4 +94,10 @@ TEST(MemoryEstimate, DeviceMemoryFromTheConfigElseTheGpusName) {
   c.runtime.device_memory_gb = 40;
   EXPECT_EQ(device_memory_bytes(c, "NVIDIA H100 80GB HBM3"), 40'000'000'000);
   EXPECT_EQ(usable_memory_bytes(40'000'000'000), 36'000'000'000);
+  EXPECT_EQ(planned_budget(c, "NVIDIA H100 80GB HBM3").usable, 36'000'000'000);
+  // On the GPU: what is free once the communicators exist, less the reserve (5%, at least 2 GiB).
+  constexpr int64_t GiB = int64_t{1} << 30;
+  EXPECT_EQ(measured_budget(70 * GiB, 80 * GiB).usable, 66 * GiB);
+  EXPECT_EQ(measured_budget(20 * GiB, 24 * GiB).usable, 18 * GiB);
+  EXPECT_EQ(measured_budget(GiB, 24 * GiB).usable, 0);
 }

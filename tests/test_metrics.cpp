@@ -3,6 +3,11 @@
 
 #include "model/model_args.h"
 #include "train/metrics.h"
+#include "util/device.h"
+
+#include <c10/core/Device.h>
+
+#include <stdexcept>
 
 using namespace zb;
 
@@ -44,4 +49,21 @@ TEST(Metrics, DurationFormat) {
   EXPECT_EQ(format_duration(12.4), "12s");
   EXPECT_EQ(format_duration(245), "4m05s");
   EXPECT_EQ(format_duration(3723), "1h02m03s");
+}
+
+TEST(StepClock, MarksAreReadOnlyAfterTheHostSynchronised) {
+  // The CPU clock keeps the GPU's rule (an event behind queued work is not ready until the host
+  // waited for it): reading a mark made after the last synchronize() throws, as CUDA would.
+  StepClock clock(c10::Device(c10::kCPU));
+  const int a = clock.mark();
+  const int b = clock.mark();
+  EXPECT_THROW(clock.seconds(a, b), std::logic_error);
+  clock.synchronize();
+  EXPECT_GE(clock.seconds(a, b), 0.0);
+  const int c = clock.mark();  // after the synchronisation: not complete yet
+  EXPECT_THROW(clock.seconds(a, c), std::logic_error);
+  clock.synchronize();
+  EXPECT_GE(clock.seconds(a, c), clock.seconds(a, b));
+  clock.clear();
+  EXPECT_EQ(clock.marks(), 0);
 }

@@ -65,7 +65,7 @@ struct OptimizerConfig {  // [optim.optim]
   // Ours (Muon's details; ZeroBand's behaviour by default):
   bool nesterov = true;
   std::string update_scale = "original";  // Muon's lr scale
-  std::string ns_dtype = "bfloat16";      // Newton-Schulz precision
+  std::string ns_dtype = "auto";          // Newton-Schulz precision: auto is bf16 on CUDA, fp32 on CPU
 };
 
 struct AdamConfig {  // [optim.adam] (ours): the AdamW groups, ZeroBand's values by default
@@ -118,6 +118,7 @@ struct RuntimeConfig {  // [runtime]
   double peak_flops = 0;    // per device, for MFU; 0 = from the GPU's name
   int64_t timeout_s = 300;  // rendezvous and collectives fail after this long
   double device_memory_gb = 0;  // one device's memory for the fit check; 0: from the GPU's name
+  std::string sdpa_backend = "auto";  // scaled_dot_product_attention's kernel (model/attention.h)
 };
 
 struct CheckpointConfig {  // [ckpt]

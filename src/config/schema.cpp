@@ -115,8 +115,9 @@ const std::vector<Field>& schema() {
                 "Muon lr scale: original is sqrt(max(1, rows/cols)), match_rms_adamw is "
                 "0.2*sqrt(max(rows, cols))",
                 "original", "match_rms_adamw"),
-      ZB_CHOICE("optim.optim.ns_dtype", optim.optim.ns_dtype, "Muon Newton-Schulz precision",
-                "bfloat16", "float32"),
+      ZB_CHOICE("optim.optim.ns_dtype", optim.optim.ns_dtype,
+                "Muon Newton-Schulz precision (auto: bfloat16 on cuda, float32 on cpu)", "auto", "bfloat16",
+                "float32"),
       ZB_FIELD("optim.adam.lr_embedding", Float, double, optim.adam.lr_embedding,
                "AdamW lr of the token embedding"),
       ZB_FIELD("optim.adam.lr_head", Float, double, optim.adam.lr_head, "AdamW lr of the output head"),
@@ -166,7 +167,7 @@ const std::vector<Field>& schema() {
                 "bfloat16"),
       ZB_FIELD("runtime.seed", Int, int64_t, runtime.seed, "seed of initialisation and data"),
       ZB_FIELD("runtime.num_threads", Int, int64_t, runtime.num_threads,
-               "CPU threads per process (0 = LibTorch's default)"),
+               "CPU threads per process (0 = LibTorch's default, divided among the ranks on one machine)"),
       ZB_FIELD("runtime.peak_flops", Float, double, runtime.peak_flops,
                "peak FLOP/s of one device for MFU (0 = from the GPU's name)"),
 
@@ -174,6 +175,10 @@ const std::vector<Field>& schema() {
                "seconds before a rendezvous or collective that is not completing fails"),
       ZB_FIELD("runtime.device_memory_gb", Float, double, runtime.device_memory_gb,
                "one device's memory in GB for the memory check before training (0 = from the GPU's name)"),
+      ZB_CHOICE("runtime.sdpa_backend", runtime.sdpa_backend,
+                "kernel of attention without documents (and of the CPU's document mask): auto is "
+                "PyTorch's choice; the metrics name the one that ran",
+                "auto", "flash", "cudnn", "efficient", "math"),
       ZB_FIELD("ckpt.path", String, std::string, ckpt.path,
                "directory of checkpoints (\"\" = none)"),
       ZB_FIELD("ckpt.interval", Int, int64_t, ckpt.interval,

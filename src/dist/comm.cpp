@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <mutex>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -36,9 +37,17 @@ bool PendingCollective::pending() const { return static_cast<bool>(work_); }
 
 void PendingCollective::wait() {
   if (!work_) return;
-  const auto start = std::chrono::steady_clock::now();
-  work_->wait();
-  comm_->waited(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  if (comm_->wait_clock_) {
+    // NCCL: wait() only makes the current stream wait for the collective; the stream's stall is
+    // the time between an event before and one after, read by settle().
+    const int before = comm_->wait_clock_->mark();
+    work_->wait();
+    comm_->wait_marks_.emplace_back(before, comm_->wait_clock_->mark());
+  } else {
+    const auto start = std::chrono::steady_clock::now();
+    work_->wait();  // Gloo: the result is there
+    comm_->waited(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
   work_.reset();
 }
 
@@ -48,14 +57,64 @@ void Communicator::waited(double seconds) {
   if (parent_) parent_->waited(seconds);
 }
 
+void Communicator::settle() {
+  for (Communicator* child : children_) child->settle();
+  if (wait_clock_ && !wait_marks_.empty()) {
+    wait_clock_->synchronize();
+    double seconds = 0;
+    for (const auto& [before, after] : wait_marks_) seconds += wait_clock_->seconds(before, after);
+    wait_marks_.clear();
+    wait_clock_->clear();
+    waited(seconds);
+  }
+  if (watchdog_) watchdog_->progress();
+}
+
+// Every live backend of a world and its subgroups: what a stall aborts.
+struct Communicator::AbortList {
+  std::mutex mutex;
+  std::vector<c10::intrusive_ptr<c10d::Backend>> backends;
+  void add(const c10::intrusive_ptr<c10d::Backend>& b) {
+    std::lock_guard<std::mutex> lock(mutex);
+    backends.push_back(b);
+  }
+  void remove(const c10::intrusive_ptr<c10d::Backend>& b) {
+    std::lock_guard<std::mutex> lock(mutex);
+    backends.erase(std::remove(backends.begin(), backends.end(), b), backends.end());
+  }
+  void abort_all() {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (auto& b : backends) {
+      try {
+        b->abort();  // NCCL: ncclCommAbort releases kernels waiting on a dead peer
+      } catch (const std::exception&) {
+      }
+    }
+  }
+};
+
+size_t Communicator::backends_to_abort() const {
+  if (!abort_list_) return 0;
+  std::lock_guard<std::mutex> lock(abort_list_->mutex);
+  return abort_list_->backends.size();
+}
+
+// The backends' own timeouts come after the watchdog's, which names the stalled step: NCCL's
+// kills the process without that, Gloo's would race with it.
+std::chrono::milliseconds backend_timeout(std::chrono::milliseconds timeout) {
+  return timeout + std::max<std::chrono::milliseconds>(std::chrono::seconds(10), timeout / 10);
+}
+
 Communicator::Communicator(const World& world, c10::Device device, std::chrono::milliseconds timeout,
-                           Communicator* parent, const std::string& name)
-    : world_(world), device_(device), timeout_(timeout), store_(parent->store_), parent_(parent) {
+                           Communicator* parent, const std::string& name, const std::vector<int64_t>& ranks)
+    : world_(world), name_(name), device_(device), timeout_(timeout), store_(parent->store_), parent_(parent),
+      abort_list_(parent->abort_list_) {
   if (!world.distributed()) return;
-  const auto backstop = timeout + std::max<std::chrono::milliseconds>(std::chrono::seconds(10), timeout / 10);
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("zb/pg/" + name, store_);
-  backend_ = device.is_cuda() ? make_nccl_backend(prefixed, world, device, backstop)
-                              : make_gloo_backend(prefixed, world, backstop);
+  backend_ = device.is_cuda() ? split_nccl_backend(parent->backend_, prefixed, ranks, backend_timeout(timeout))
+                              : make_gloo_backend(prefixed, world, backend_timeout(timeout));
+  if (device.is_cuda()) wait_clock_ = std::make_unique<StepClock>(device);
+  abort_list_->add(backend_);
 }
 
 std::unique_ptr<Communicator> Communicator::subgroup(const std::string& name, const std::vector<int64_t>& ranks) {
@@ -67,7 +126,9 @@ std::unique_ptr<Communicator> Communicator::subgroup(const std::string& name, co
   // Numbered, so that a later group of the same name (another trainer in the same process) never
   // meets an earlier one's keys in the store: every rank creates its groups in the same order.
   const std::string unique = name + "." + std::to_string(subgroups_created_++);
-  return std::unique_ptr<Communicator>(new Communicator(sub, device_, timeout_, this, unique));
+  auto group = std::unique_ptr<Communicator>(new Communicator(sub, device_, timeout_, this, unique, ranks));
+  children_.push_back(group.get());
+  return group;
 }
 
 Communicator::Communicator(const World& world, c10::Device device, std::chrono::milliseconds timeout)
@@ -125,18 +186,13 @@ Communicator::Communicator(const World& world, c10::Device device, std::chrono::
     throw std::runtime_error(mismatch);
   }
 
-  // The backends' own timeouts come after the watchdog's, which names the stalled step: NCCL's
-  // kills the process without that, Gloo's would race with it.
-  const auto backstop = timeout + std::max<std::chrono::milliseconds>(std::chrono::seconds(10), timeout / 10);
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("zb/pg", store_);
-  backend_ = device.is_cuda() ? make_nccl_backend(prefixed, world, device, backstop)
-                              : make_gloo_backend(prefixed, world, backstop);
-  watchdog_ = std::make_unique<Watchdog>(timeout, world.rank, [backend = backend_] {
-    try {
-      backend->abort();  // NCCL: ncclCommAbort releases kernels waiting on a dead peer
-    } catch (const std::exception&) {
-    }
-  });
+  backend_ = device.is_cuda() ? make_nccl_backend(prefixed, world, device, backend_timeout(timeout))
+                              : make_gloo_backend(prefixed, world, backend_timeout(timeout));
+  if (device.is_cuda()) wait_clock_ = std::make_unique<StepClock>(device);
+  abort_list_ = std::make_shared<AbortList>();
+  abort_list_->add(backend_);
+  watchdog_ = std::make_unique<Watchdog>(timeout, world.rank, [list = abort_list_] { list->abort_all(); });
 }
 
 void Communicator::set_phase(const std::string& phase) {
@@ -156,7 +212,10 @@ std::vector<std::string> Communicator::exchange(const std::string& key, const st
 
 Communicator::~Communicator() {
   watchdog_.reset();  // nothing to watch while tearing down
+  if (parent_) parent_->children_.erase(std::remove(parent_->children_.begin(), parent_->children_.end(), this),
+                                        parent_->children_.end());
   if (!backend_) return;
+  abort_list_->remove(backend_);
   // NCCL's communicators are torn down explicitly: shut down after a normal run, aborted when an
   // error is unwinding (a peer may be dead, and a clean shutdown would wait for it). No-ops for Gloo.
   try {
@@ -235,10 +294,19 @@ PendingCollective Communicator::all_to_all(at::Tensor& out, at::Tensor& in,
 }
 
 void Communicator::barrier() {
-  if (!backend_) return;
-  at::Tensor t = at::empty({1}, at::TensorOptions().device(device_));
-  PendingCollective p = all_reduce_sum(t);
-  p.wait();
+  if (size() == 1) return;
+  // Each rank sets its own key of this barrier and waits for everyone's: the host blocks, whatever
+  // the backend (an NCCL all-reduce's wait would only order the GPU's stream).
+  const std::string prefix = "zb/barrier/" + name_ + "/" + std::to_string(barriers_++) + "/";
+  store_->set(prefix + std::to_string(rank()), std::vector<uint8_t>{1});
+  std::vector<std::string> keys;
+  for (int64_t r = 0; r < size(); ++r) keys.push_back(prefix + std::to_string(r));
+  try {
+    store_->wait(keys, timeout_);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("rank " + std::to_string(rank()) + ": not every rank reached the barrier within " +
+                             std::to_string(timeout_.count() / 1000) + " s (one may have died or hung)");
+  }
 }
 
 std::vector<int64_t> Communicator::count_over_ranks(const std::vector<bool>& flags) {
@@ -247,7 +315,7 @@ std::vector<int64_t> Communicator::count_over_ranks(const std::vector<bool>& fla
   at::Tensor t = host.to(device_);
   all_reduce_sum(t).wait();
   t = t.cpu();  // where NCCL's result is really waited for
-  if (watchdog_) watchdog_->progress();
+  settle();
   std::vector<int64_t> counts;
   for (size_t i = 0; i < flags.size(); ++i) counts.push_back(std::lround(t.data_ptr<float>()[i]));
   return counts;

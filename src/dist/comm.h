@@ -15,6 +15,7 @@
 
 #include "dist/watchdog.h"
 #include "dist/world.h"
+#include "util/device.h"
 
 namespace c10d {
 class Backend;
@@ -46,13 +47,18 @@ const char* comm_kind_name(CommKind kind);
 //                   them (its own split, kept locally, is not counted), times the element size.
 struct CommStats {
   std::array<int64_t, static_cast<size_t>(CommKind::Count)> bytes{};  // see above
-  double wait_seconds = 0;  // host time blocked in wait()
+  // Time the computation stood waiting for collectives in wait(): the host's time blocked on CPU
+  // (Gloo's wait returns when the result is there); on a GPU the time the compute stream stood
+  // still (an event before and after the stream's wait on NCCL's), counted once settle() has
+  // read them.
+  double wait_seconds = 0;
 };
 
 class Communicator;
 
 // An issued collective. wait() blocks until its result can be used (on CUDA: until the current
-// stream is ordered after it) and adds the time to the stats. Waiting twice is harmless.
+// stream is ordered after it: the host goes on at once) and times the wait (CommStats). Waiting
+// twice is harmless.
 class PendingCollective {
  public:
   PendingCollective();
@@ -100,7 +106,13 @@ class Communicator {
   // into out[sum(out_splits[:s]) ...]; splits count elements.
   PendingCollective all_to_all(at::Tensor& out, at::Tensor& in, std::vector<int64_t> out_splits,
                                std::vector<int64_t> in_splits);
+  // Blocks the host until every rank of this group has called it (through the store, so on NCCL
+  // too, where a collective's wait only orders the GPU's stream).
   void barrier();
+  // The host has seen everything issued so far complete (after a host read of a result): reads
+  // the GPU's wait times into stats() and tells the watchdog the collectives progressed. On the
+  // CPU only the latter (waits are timed as they happen). Cheap; its subgroups' too.
+  void settle();
   // The part of the run now under way ("step 12", "evaluation after step 12"; "" for none), named
   // when it stalls: while one is set, a rank that sees no collective complete for `timeout`
   // logs it, aborts the backend and exits with code 1 (dist/watchdog.h).
@@ -112,6 +124,8 @@ class Communicator {
   std::vector<int64_t> count_over_ranks(const std::vector<bool>& flags);
 
   CommStats& stats() { return stats_; }
+  // Backends the watchdog aborts on a stall: this group's and its live subgroups' (all of them).
+  size_t backends_to_abort() const;
   // The rendezvous store (null for a single process), for coordination off the collectives'
   // path (the checkpoint writer's thread uses it).
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
@@ -119,7 +133,7 @@ class Communicator {
  private:
   friend class PendingCollective;
   Communicator(const World& world, c10::Device device, std::chrono::milliseconds timeout, Communicator* parent,
-               const std::string& name);
+               const std::string& name, const std::vector<int64_t>& ranks);
   void count(CommKind kind, int64_t bytes) {
     stats_.bytes[static_cast<size_t>(kind)] += bytes;
     if (parent_) parent_->count(kind, bytes);
@@ -127,6 +141,7 @@ class Communicator {
   void waited(double seconds);
 
   World world_;
+  std::string name_;  // "" for the world; a subgroup's unique name
   c10::Device device_;
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Store> store_;
@@ -134,7 +149,14 @@ class Communicator {
   CommStats stats_;
   std::unique_ptr<Watchdog> watchdog_;  // distributed runs only; a subgroup uses its parent's
   Communicator* parent_ = nullptr;       // a subgroup's
-  int64_t subgroups_created_ = 0;
+  std::vector<Communicator*> children_;  // live subgroups
+  int64_t subgroups_created_ = 0, barriers_ = 0;
+  // Every live backend of the world and its subgroups, shared with the watchdog's abort.
+  struct AbortList;
+  std::shared_ptr<AbortList> abort_list_;
+  // GPU: the wait times' events, in pairs (before, after), until settle() reads them.
+  std::unique_ptr<StepClock> wait_clock_;
+  std::vector<std::pair<int, int>> wait_marks_;
 };
 
 // Backends, each in its own translation unit (their headers are heavy and, for Gloo, need
@@ -145,5 +167,12 @@ c10::intrusive_ptr<c10d::Backend> make_gloo_backend(const c10::intrusive_ptr<c10
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
                                                     const World& world, const c10::Device& device,
                                                     std::chrono::milliseconds timeout);
+// A subgroup's NCCL backend split from its parent's communicator (ncclCommSplit): it shares the
+// parent's connections and buffers instead of setting up its own. Every rank of the parent
+// must call it at the same point, each with its own group's `ranks` (ranks of the parent).
+c10::intrusive_ptr<c10d::Backend> split_nccl_backend(const c10::intrusive_ptr<c10d::Backend>& parent,
+                                                     const c10::intrusive_ptr<c10d::Store>& store,
+                                                     const std::vector<int64_t>& ranks,
+                                                     std::chrono::milliseconds timeout);
 
 }  // namespace zb

@@ -47,3 +47,22 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10
 }
 
 }  // namespace zb
+
+namespace zb {
+
+c10::intrusive_ptr<c10d::Backend> split_nccl_backend(const c10::intrusive_ptr<c10d::Backend>& parent,
+                                                     const c10::intrusive_ptr<c10d::Store>& store,
+                                                     const std::vector<int64_t>& ranks,
+                                                     std::chrono::milliseconds timeout) {
+  // Options as the world's (high-priority streams, the same timeout); c10d's split fills in the
+  // parent, the colour (from the ranks) and the global ranks, splits the parent's communicator
+  // (a collective over all of the parent's ranks) and connects the new one at once.
+  auto opts = c10d::ProcessGroupNCCL::Options::create(/*is_high_priority_stream=*/true);
+  opts->timeout = timeout;
+  const std::vector<int> members(ranks.begin(), ranks.end());
+  c10::intrusive_ptr<c10d::Backend> backend = parent->split(store, members, opts);
+  TORCH_CHECK(backend, "NCCL: splitting a subgroup from the world's communicator returned none");
+  return backend;
+}
+
+}  // namespace zb

@@ -2,6 +2,7 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros_like.h>
 
 #include <algorithm>
 
@@ -68,6 +69,7 @@ void FSDPUnit::post_backward(const std::vector<at::Tensor>& grads) {
       accumulator_.add(grads, shapes, params_.front()->sharded.device(), requires_gradient_sync);
   if (!requires_gradient_sync) return;
 
+  if (comm_.size() == 1 && !replicas_) return add_whole_gradients(total);
   at::Tensor reduce_in = reduce_scatter_input(params_, offsets_, total, block_numel_, comm_.size(),
                                               replicas_ ? replicas_->size() : 1);
   if (context_.reducing && context_.reducing != this) context_.reducing->advance_gradients();
@@ -97,6 +99,21 @@ void FSDPUnit::finish_gradients() {
   complete_gradients();
 }
 
+void FSDPUnit::add_whole_gradients(const std::vector<at::Tensor>& total) {
+  // One rank and no replicas: its sums are the mean's gradient, every row of it. Added as they
+  // are (the fp32 copy of a compute-dtype gradient is exact), without the collective's staging.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor& grad = params_[i]->sharded.mutable_grad();
+    const at::Tensor& g = i < total.size() ? total[i] : at::Tensor();
+    if (grad.defined()) {
+      if (g.defined()) grad.add_(g);
+    } else {
+      grad = g.defined() ? g.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true)
+                         : at::zeros_like(params_[i]->sharded);
+    }
+  }
+}
+
 void FSDPUnit::complete_gradients() {
   reduce_scatter_copy_out(params_, offsets_, reduce_out_);
   reduce_out_ = at::Tensor();
@@ -107,9 +124,12 @@ void FSDPUnit::complete_gradients() {
 
 void FSDPUnit::issue_unshard() {
   if (state_ != State::Sharded) return;
-  gather_in_ = all_gather_input(params_, offsets_, block_numel_);
-  gather_out_ = at::empty({block_numel_ * comm_.size()}, gather_in_.options());
-  gather_ = comm_.all_gather(gather_out_, gather_in_);
+  // One rank holds every row: wait_unshard casts the shards straight into place, no buffers.
+  if (comm_.size() > 1) {
+    gather_in_ = all_gather_input(params_, offsets_, block_numel_);
+    gather_out_ = at::empty({block_numel_ * comm_.size()}, gather_in_.options());
+    gather_ = comm_.all_gather(gather_out_, gather_in_);
+  }
   state_ = State::Gathering;
 }
 
@@ -117,7 +137,15 @@ void FSDPUnit::wait_unshard() {
   if (state_ == State::Unsharded) return;
   if (state_ == State::Sharded) issue_unshard();
   gather_.wait();
-  all_gather_copy_out(params_, offsets_, gather_out_, comm_.size());
+  if (comm_.size() > 1) {
+    all_gather_copy_out(params_, offsets_, gather_out_, comm_.size());
+  } else {
+    at::NoGradGuard no_grad;
+    for (FSDPParam* p : params_) {
+      p->allocate_unsharded();
+      p->unsharded_view().copy_(p->sharded.detach().view(p->full_shape));  // fp32 -> compute dtype
+    }
+  }
   gather_in_ = at::Tensor();
   gather_out_ = at::Tensor();
   state_ = State::Unsharded;

@@ -97,6 +97,8 @@ class FSDPUnit : public GradientGroup {
   void transition(std::initializer_list<TrainingState> from, TrainingState to, const char* call);
   // The reduced rows into each sharded parameter's .grad(); back to NONE.
   void complete_gradients();
+  // A world of one without replicas: the step's sums straight into the .grad()s.
+  void add_whole_gradients(const std::vector<at::Tensor>& total);
 
   std::string name_;
   std::vector<FSDPParam*> params_;

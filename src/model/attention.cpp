@@ -1,6 +1,10 @@
 #include "model/attention.h"
 
+#include <ATen/Context.h>
+#include <ATen/SDPBackend.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/_fused_sdp_choice.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/_flash_attention_backward.h>
 #include <ATen/ops/_flash_attention_forward.h>
 #include <ATen/ops/ones.h>
@@ -10,6 +14,7 @@
 
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 #include <tuple>
 
 namespace zb {
@@ -50,6 +55,41 @@ Documents make_documents(const at::Tensor& cu_seqlens, int64_t max_len, int64_t 
                .masked_fill_(allowed.logical_not(), -std::numeric_limits<double>::infinity());
   d.max_len = max_len;
   return d;
+}
+
+void use_sdpa_backend(const std::string& choice) {
+  const bool all = choice == "auto";  // PyTorch's defaults: every kernel a candidate
+  const bool flash = choice == "flash", cudnn = choice == "cudnn", efficient = choice == "efficient";
+  if (!all && !flash && !cudnn && !efficient && choice != "math")
+    throw std::invalid_argument("runtime.sdpa_backend: unknown kernel \"" + choice + "\"");
+  auto& ctx = at::globalContext();
+  ctx.setSDPUseFlash(all || flash);
+  ctx.setSDPUseCuDNN(all || cudnn);
+  ctx.setSDPUseMemEfficient(all || efficient);
+  ctx.setSDPUseMath(true);  // the fallback where the chosen kernel cannot take the inputs
+}
+
+std::string attention_kernel(const c10::Device& device, at::ScalarType dtype, int64_t T, int64_t heads,
+                             int64_t kv_heads, int64_t head_dim, bool document_mask, bool flash_documents) {
+  if (document_mask && flash_documents) return "flash_varlen";
+  // One row of the real shapes, in the layout attention() hands over ([B, T, H, Dh] transposed),
+  // requiring gradients as in training: the dispatcher's choice depends on all of that.
+  const auto opts = at::TensorOptions().device(device).dtype(dtype);
+  const at::Tensor q = at::empty({1, T, heads, head_dim}, opts).transpose(1, 2).requires_grad_(true);
+  const at::Tensor k = at::empty({1, T, kv_heads, head_dim}, opts).transpose(1, 2).requires_grad_(true);
+  const at::Tensor v = at::empty({1, T, kv_heads, head_dim}, opts).transpose(1, 2).requires_grad_(true);
+  std::optional<at::Tensor> mask;
+  if (document_mask) mask = at::zeros({1, 1, T, T}, opts);
+  const int64_t choice = at::_fused_sdp_choice(q, k, v, mask, /*dropout_p=*/0.0, /*is_causal=*/!document_mask,
+                                               /*scale=*/std::nullopt, /*enable_gqa=*/kv_heads != heads);
+  switch (static_cast<at::SDPBackend>(choice)) {
+    case at::SDPBackend::math: return "math";
+    case at::SDPBackend::flash_attention: return "flash_attention";
+    case at::SDPBackend::efficient_attention: return "efficient_attention";
+    case at::SDPBackend::cudnn_attention: return "cudnn_attention";
+    case at::SDPBackend::overrideable: return "overrideable";
+    default: return "none";
+  }
 }
 
 namespace {

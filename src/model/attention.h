@@ -14,6 +14,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <string>
 
 namespace zb {
 
@@ -37,6 +38,20 @@ bool varlen_flash_supported(const c10::Device& device, at::ScalarType dtype, int
 // `device`: the lengths themselves when `flash`, else the mask in `dtype` (the compute dtype).
 Documents make_documents(const at::Tensor& cu_seqlens, int64_t max_len, int64_t T, const c10::Device& device,
                          at::ScalarType dtype, bool flash);
+
+// Which kernel scaled_dot_product_attention may run (runtime.sdpa_backend): "auto" leaves the
+// choice to PyTorch with every kernel a candidate (on an H100 torch 2.11 is said to prefer cuDNN's
+// attention: the metrics say which ran);
+// "flash", "cudnn", "efficient" or "math" keep that one and the unfused math as the only
+// candidates. Process-wide; call before the first attention.
+void use_sdpa_backend(const std::string& choice);
+
+// The kernel attention runs for a micro-batch of rows of T tokens on `device` in `dtype` (what
+// the metrics report): "flash_varlen" for documents by the flash kernel, else the name of
+// PyTorch's choice for scaled_dot_product_attention on these shapes ("flash_attention",
+// "cudnn_attention", "efficient_attention", "math"), asked of the dispatcher itself.
+std::string attention_kernel(const c10::Device& device, at::ScalarType dtype, int64_t T, int64_t heads,
+                             int64_t kv_heads, int64_t head_dim, bool document_mask, bool flash_documents);
 
 // Grouped-query attention: q [B, T, H, Dh], k and v [B, T, Hkv, Dh] with Hkv dividing H; returns
 // [B, T, H*Dh], softmax scale 1/sqrt(Dh). Causal, within `documents` where given.

@@ -6,7 +6,7 @@
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/full_like.h>
 #include <ATen/ops/gather.h>
-#include <ATen/ops/linear.h>
+#include <ATen/ops/addmm.h>
 #include <ATen/ops/logsumexp.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/zeros.h>
@@ -16,9 +16,9 @@
 
 namespace zb {
 
-int64_t loss_chunk_tokens(int64_t vocab) {
-  constexpr int64_t kChunkBytes = int64_t{256} << 20;
-  return std::max<int64_t>(1, kChunkBytes / (4 * vocab));
+int64_t loss_chunk_tokens(int64_t vocab, bool cuda) {
+  const int64_t chunk_bytes = cuda ? int64_t{1} << 30 : int64_t{256} << 20;
+  return std::max<int64_t>(1, chunk_bytes / (4 * vocab));
 }
 
 namespace {
@@ -29,29 +29,37 @@ struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
                                                 int64_t chunk_tokens, bool want_x_grad, bool want_w_grad) {
     const int64_t N = x.size(0);
     const auto logits_dtype = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    // On CUDA the products of bf16/fp16 inputs are written and summed in fp32 by the GEMM itself
+    // (mm/addmm with an output dtype): no reduced-precision [chunk, V] product written and read
+    // back to cast it, and the weight's gradient accumulates in place. The CPU has no such kernel
+    // (and fp32 or float64 inputs need none): there the product is cast.
+    const bool fp32_gemm = x.is_cuda() && x.scalar_type() != logits_dtype;
+    // The mean's 1/N is applied to the [chunk, D] and [V, D] products, not to the [chunk, V] logits.
+    const double inv_n = 1.0 / static_cast<double>(N);
     at::Tensor loss_sum = at::zeros({}, x.options().dtype(logits_dtype));
     at::Tensor dx = want_x_grad ? at::empty_like(x) : at::Tensor();
     at::Tensor dw = want_w_grad ? at::zeros(w.sizes(), w.options().dtype(logits_dtype)) : at::Tensor();
+    const at::Tensor wt = w.t();
     for (int64_t start = 0; start < N; start += chunk_tokens) {
       const int64_t n = std::min(chunk_tokens, N - start);
       const at::Tensor xc = x.narrow(0, start, n);
       const at::Tensor tc = targets.narrow(0, start, n).unsqueeze(1);
-      at::Tensor z = at::linear(xc, w).to(logits_dtype);  // [n, V], the only logits alive
+      at::Tensor z = fp32_gemm ? at::mm(xc, wt, logits_dtype) : at::mm(xc, wt).to(logits_dtype);  // [n, V]
       const at::Tensor lse = at::logsumexp(z, {1}, /*keepdim=*/true);
       loss_sum += (lse - z.gather(1, tc)).sum();
       if (!want_x_grad && !want_w_grad) continue;
-      // d(mean loss)/dz = (softmax(z) - onehot(target)) / N, in z's memory.
+      // d(summed loss)/dz = softmax(z) - onehot(target), in z's memory.
       z.sub_(lse).exp_();
       z.scatter_add_(1, tc, at::full_like(tc, -1, z.options()));
-      z.div_(static_cast<double>(N));
       const at::Tensor g = z.to(x.scalar_type());  // as the unchunked graph casts it back
       if (want_x_grad) {
         at::Tensor rows = dx.narrow(0, start, n);  // contiguous: whole rows
-        at::mm_out(rows, g, w);
+        at::addmm_out(rows, rows, g, w, /*beta=*/0, /*alpha=*/inv_n);  // beta 0: rows' old contents unread
       }
       if (want_w_grad) {
-        if (g.scalar_type() == dw.scalar_type()) dw.addmm_(g.t(), xc);
-        else dw += at::mm(g.t(), xc);  // bf16 product, summed over chunks in fp32
+        if (fp32_gemm) at::addmm_out(dw, dw, g.t(), xc, logits_dtype, /*beta=*/1, /*alpha=*/inv_n);
+        else if (g.scalar_type() == dw.scalar_type()) dw.addmm_(g.t(), xc, /*beta=*/1, /*alpha=*/inv_n);
+        else dw.add_(at::mm(g.t(), xc), inv_n);  // CPU bf16: the product, then summed in fp32
       }
     }
     ctx->save_for_backward({dx, dw});

@@ -21,8 +21,9 @@ namespace zb {
 at::Tensor chunked_cross_entropy(const at::Tensor& x, const at::Tensor& w, const at::Tensor& targets,
                                  int64_t chunk_tokens);
 
-// Tokens per chunk for a vocabulary of `vocab`: one chunk's fp32 logits take at most 256 MiB
-// (523 tokens at 128k words, 2,048 at 32k; a whole CPU test micro-batch at 1k).
-int64_t loss_chunk_tokens(int64_t vocab);
+// Tokens per chunk for a vocabulary of `vocab`: one chunk's fp32 logits take at most 256 MiB on
+// the CPU (523 tokens at 128k words, 2,048 at 32k; a whole CPU test micro-batch at 1k) and 1 GiB
+// on a GPU (2,093 tokens at 128k words), where larger products run nearer the peak.
+int64_t loss_chunk_tokens(int64_t vocab, bool cuda);
 
 }  // namespace zb

@@ -118,7 +118,7 @@ at::Tensor Llama::head(const at::Tensor& h) const {
 at::Tensor Llama::head_loss(const at::Tensor& h, const at::Tensor& targets) const {
   at::Tensor x = rms_norm(h, norm_, args_.norm_eps);
   return chunked_cross_entropy(x.reshape({-1, args_.dim}), output_.to(compute_dtype_), targets,
-                               loss_chunk_tokens(args_.vocab_size));
+                               loss_chunk_tokens(args_.vocab_size, output_.is_cuda()));
 }
 
 at::Tensor Llama::loss(const at::Tensor& tokens, const at::Tensor& targets, const Documents& documents) const {

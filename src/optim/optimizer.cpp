@@ -5,6 +5,16 @@
 
 namespace zb {
 
+at::ScalarType resolve_ns_dtype(const Config& c, const c10::Device& device, std::string* why) {
+  const std::string& setting = c.optim.optim.ns_dtype;
+  if (setting != "auto") {
+    if (why) *why = "optim.optim.ns_dtype = " + setting;
+    return setting == "float32" ? at::kFloat : at::kBFloat16;
+  }
+  if (why) *why = device.is_cuda() ? "auto: bfloat16 on the GPU" : "auto: float32 on the CPU, where bfloat16 products are slow";
+  return device.is_cuda() ? at::kBFloat16 : at::kFloat;
+}
+
 Optimizer::Optimizer(const Config& c, const std::vector<ShardedParameter>& params) {
   const auto& a = c.optim.adam;
   auto adam = [&](double lr, double wd) {
@@ -34,12 +44,14 @@ Optimizer::Optimizer(const Config& c, const std::vector<ShardedParameter>& param
       h.nesterov = c.optim.optim.nesterov;
       h.ns_steps = c.optim.optim.ns_steps;
       h.update_scale = c.optim.optim.update_scale;
-      h.ns_dtype = c.optim.optim.ns_dtype == "float32" ? at::kFloat : at::kBFloat16;
+      std::string why;
+      h.ns_dtype = resolve_ns_dtype(c, group.params.front().tensor->device(), &why);
       muon_.emplace(h);
       for (const auto& p : group.params) muon_->add_param(p.name, *p.tensor, p.global_shape);
       descriptions_.push_back(strf("muon: lr %g, wd %g, momentum %g%s, %ld Newton-Schulz steps (%s), scale %s; %s",
                                    h.lr, h.weight_decay, h.momentum, h.nesterov ? " nesterov" : "",
-                                   h.ns_steps, c.optim.optim.ns_dtype.c_str(), h.update_scale.c_str(),
+                                   h.ns_steps, (std::string(c10::toString(h.ns_dtype)) + ", " + why).c_str(),
+                                   h.update_scale.c_str(),
                                    what.c_str()));
       continue;
     }

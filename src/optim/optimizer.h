@@ -25,6 +25,11 @@ struct OptimizerState {
   at::Tensor tensor;
 };
 
+// optim.optim.ns_dtype on `device`: "auto" is bf16 on CUDA (its tensor cores multiply bf16 several
+// times faster than fp32) and fp32 elsewhere (a CPU without bf16 matrix instructions multiplies
+// bf16 about 70 times slower than fp32). The reason, for the start-up line.
+at::ScalarType resolve_ns_dtype(const Config& config, const c10::Device& device, std::string* why = nullptr);
+
 class Optimizer {
  public:
   // `params` are this rank's tensors of the parameters (shards or whole), with their global

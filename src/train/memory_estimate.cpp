@@ -8,6 +8,7 @@
 #include "model/chunked_loss.h"
 #include "model/model_args.h"
 #include "model/model_config.h"
+#include "optim/optimizer.h"
 #include "optim/param_groups.h"
 #include "util/log.h"
 
@@ -117,10 +118,14 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
   t.alloc("data batches", (4 + 1) * 2 * 8 * N);
 
   const UnitSizes& root = units[L];
+  // A gather's input and output buffers; with one rank the shards are cast straight into place.
+  auto gather_buffers = [&](const UnitSizes& u) { return W > 1 ? e * u.block * (W + 1) : int64_t{0}; };
+  // One rank without replicas adds its sums straight into the shards' .grad(), no reduce-scatter.
+  const bool whole_gradients = W == 1 && shard_layout(c, world_size).replicate == 1;
   auto gather = [&](const UnitSizes& u) {  // issue_unshard + wait_unshard
-    t.alloc("all-gather buffers", e * u.block * (W + 1));
+    t.alloc("all-gather buffers", gather_buffers(u));
     t.alloc("gathered parameters", e * u.full);
-    t.free("all-gather buffers", e * u.block * (W + 1));
+    t.free("all-gather buffers", gather_buffers(u));
   };
   const UnitSizes* reducing = nullptr;  // the unit whose reduce-scatter is in flight
   std::vector<bool> has_grad(L + 1, false);  // a unit's shards have their .grad() this step
@@ -131,6 +136,18 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
     if (!has_grad[u]) t.alloc("gradient shards (fp32)", 4 * reducing->local);
     has_grad[u] = true;
     reducing = nullptr;
+  };
+  auto reduce = [&](const UnitSizes& u) {  // post_backward on the last micro-batch
+    if (whole_gradients) {
+      const size_t k = static_cast<size_t>(&u - units.data());
+      if (!has_grad[k]) t.alloc("gradient shards (fp32)", 4 * u.local);
+      has_grad[k] = true;
+      return;
+    }
+    t.alloc("reduce-scatter buffers", 4 * W * u.block);
+    finish_reduce();
+    t.alloc("reduce-scatter buffers", 4 * u.block);
+    reducing = &u;
   };
 
   for (int64_t m = 0; m < A; ++m) {
@@ -143,12 +160,12 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
     t.alloc("activations", e * D * N);  // the embedding's output, block 0's input
     for (int64_t i = 0; i < L; ++i) {
       t.at("forward of block " + std::to_string(i) + mb);
-      t.alloc("all-gather buffers", e * units[i].block * (W + 1));  // prefetched during block i - 1
+      t.alloc("all-gather buffers", gather_buffers(units[i]));  // prefetched during block i - 1
       t.alloc("gathered parameters", e * units[i].full);
-      t.free("all-gather buffers", e * units[i].block * (W + 1));
-      if (i + 1 < L) t.alloc("all-gather buffers", e * units[i + 1].block * (W + 1));  // prefetch
+      t.free("all-gather buffers", gather_buffers(units[i]));
+      if (i + 1 < L) t.alloc("all-gather buffers", gather_buffers(units[i + 1]));  // prefetch
       t.alloc("activations", keeps_of(i));
-      if (i + 1 < L) t.free("all-gather buffers", e * units[i + 1].block * (W + 1));  // moved on
+      if (i + 1 < L) t.free("all-gather buffers", gather_buffers(units[i + 1]));  // moved on
       if (c.train.reshard_after_forward && i != L - 1) t.free("gathered parameters", e * units[i].full);
     }
     // The loss in chunks (chunked_loss.h): the final norm keeps as a block's norm does, the normed
@@ -156,13 +173,16 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
     // chunk's logits exist, fp32 [chunk, V] (plus the compute-dtype product and gradient when
     // that is not fp32).
     t.at("loss" + mb);
-    const int64_t chunk = std::min(N, loss_chunk_tokens(V));
+    const int64_t chunk = std::min(N, loss_chunk_tokens(V, cuda));
     const int64_t head_keeps = (norm_keeps + 2 * e * D) * N + 4 * V * D;
     t.alloc("activations", head_keeps);
     // Per chunk: the fp32 logits and log-sum-exp's temporary of their size; in a compute dtype
-    // other than fp32 also the product before the cast, the gradient cast back, and the weight
-    // gradient's product before it is added to the fp32 sum.
-    const int64_t logits = chunk * V * (8 + (e != 4 ? 2 * e : 0)) + (e != 4 ? e * V * D : 0);
+    // other than fp32 also the gradient cast back, and on the CPU the product before the cast
+    // and the weight gradient's product before it is added to the fp32 sum (on CUDA the GEMMs
+    // write fp32 themselves).
+    const int64_t logits = e == 4 ? chunk * V * 8
+                           : cuda ? chunk * V * (8 + e)
+                                  : chunk * V * (8 + 2 * e) + e * V * D;
     t.alloc("loss chunk", logits);
     t.free("loss chunk", logits);
     // --- backward ---------------------------------------------------------------------------------
@@ -183,7 +203,7 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
       t.at("backward of block " + std::to_string(i) + mb);
       const bool resharded = c.train.reshard_after_forward && i != L - 1;
       if (resharded) gather(units[i]);
-      if (i > 0 && c.train.reshard_after_forward) t.alloc("all-gather buffers", e * units[i - 1].block * (W + 1));
+      if (i > 0 && c.train.reshard_after_forward) t.alloc("all-gather buffers", gather_buffers(units[i - 1]));
       if (checkpointed(i)) t.alloc("activations", block_keeps * N);  // the recompute
       // Most memory in the block's backward is at the MLP's product (measured with the counting
       // allocator: the recompute adds exactly block_keeps, its backward 2 F per token plus w2's
@@ -195,20 +215,30 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
       t.free("activations", e * F * N);
       t.alloc("activation gradients", 2 * e * F * N);
       t.free("activation gradients", 3 * e * F * N);
+      if (cuda) {
+        // Attention's backward on the GPU (the flash kernels; FA2's buffers): an fp32 accumulator
+        // for dq of [N + 128 per sequence, H, Dh rounded up to 32 or 64] and fp32 row sums
+        // [sequences, H, T rounded up to 128], beside the gradients of q, k and v (and, under
+        // grouped-query attention, of k and v at every query head before they are summed down).
+        // Sequences counted as one per row: each further document in a row adds 128 rows of dq.
+        const int64_t B = c.train.micro_bs, T = c.data.seq_length, Dh = a.head_dim();
+        const int64_t dh_rounded = (Dh + (Dh <= 128 ? 31 : 63)) / (Dh <= 128 ? 32 : 64) * (Dh <= 128 ? 32 : 64);
+        const int64_t work = 4 * (N + 128 * B) * H * dh_rounded + 4 * B * H * ((T + 127) / 128 * 128) +
+                             e * (Q + 2 * K) * N + (K < Q ? 2 * e * Q * N : 0);
+        t.alloc("attention backward", work);
+        t.free("attention backward", work);
+      }
       t.free("activations", keeps_of(i) - e * F * N + (checkpointed(i) ? block_keeps * N : 0));
       t.alloc("parameter gradients", e * (units[i].full - D * F));
       // post_backward: free the gathered block; sum or reduce its gradients.
       t.free("gathered parameters", e * units[i].full);
       if (A > 1 && !reduce_every && m == 0) t.alloc("gradient accumulators (fp32)", 4 * units[i].full);
       if (sync) {
-        t.alloc("reduce-scatter buffers", 4 * W * units[i].block);
-        finish_reduce();
-        t.alloc("reduce-scatter buffers", 4 * units[i].block);
-        reducing = &units[i];
+        reduce(units[i]);
         if (A > 1 && !reduce_every) t.free("gradient accumulators (fp32)", 4 * units[i].full);
       }
       t.free("parameter gradients", e * units[i].full);
-      if (i > 0 && c.train.reshard_after_forward) t.free("all-gather buffers", e * units[i - 1].block * (W + 1));
+      if (i > 0 && c.train.reshard_after_forward) t.free("all-gather buffers", gather_buffers(units[i - 1]));
     }
     // The embedding's gradient (dense, [V, D]), then the root's post_backward.
     t.at("backward of the embedding" + mb);
@@ -217,10 +247,7 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
     t.free("gathered parameters", e * root.full);
     if (A > 1 && !reduce_every && m == 0) t.alloc("gradient accumulators (fp32)", 4 * root.full);
     if (sync) {
-      t.alloc("reduce-scatter buffers", 4 * W * root.block);
-      finish_reduce();
-      t.alloc("reduce-scatter buffers", 4 * root.block);
-      reducing = &root;
+      reduce(root);
       if (A > 1 && !reduce_every) t.free("gradient accumulators (fp32)", 4 * root.full);
     }
     t.free("parameter gradients", e * V * D + head_grad);
@@ -237,7 +264,7 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
     // of them), and after Newton-Schulz the results, the rows to send back and those returned.
     // Newton-Schulz runs same-shape matrices as one batch: their stack, the normalised iterate,
     // X Xᵀ and its polynomial (k m x m for k matrices with m the short side) and the next iterate.
-    const int64_t ns = c.optim.optim.ns_dtype == "float32" ? 4 : 2;
+    const int64_t ns = at::elementSize(resolve_ns_dtype(c, cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU)));
     std::map<std::pair<int64_t, int64_t>, int64_t> groups;  // shape -> matrices
     int64_t hidden_full = 0, hidden_block = 0;
     for (const ParamSpec& p : param_specs(a))
@@ -284,7 +311,28 @@ int64_t device_memory_bytes(const Config& c, const std::string& name) {
 
 int64_t usable_memory_bytes(int64_t device_bytes) { return device_bytes / 10 * 9; }
 
-std::vector<std::string> describe_memory(const MemoryEstimate& e, int64_t device_bytes) {
+MemoryBudget planned_budget(const Config& c, const std::string& device_name) {
+  MemoryBudget b;
+  b.device_bytes = device_memory_bytes(c, device_name);
+  b.usable = usable_memory_bytes(b.device_bytes);
+  b.how = strf("90%% of %.2f GiB (%s)", static_cast<double>(b.device_bytes) / (1 << 30),
+               c.runtime.device_memory_gb > 0 ? "runtime.device_memory_gb" : "the GPU's name");
+  return b;
+}
+
+MemoryBudget measured_budget(int64_t available, int64_t total) {
+  MemoryBudget b;
+  b.device_bytes = total;
+  const int64_t reserve = gpu_reserve_bytes(total);
+  b.usable = std::max<int64_t>(0, available - reserve);
+  b.how = strf("%.2f GiB free with every communicator made, less %.2f GiB kept for workspaces and rounding",
+               static_cast<double>(available) / (1 << 30), static_cast<double>(reserve) / (1 << 30));
+  return b;
+}
+
+int64_t gpu_reserve_bytes(int64_t total) { return std::max<int64_t>(int64_t{2} << 30, total / 20); }
+
+std::vector<std::string> describe_memory(const MemoryEstimate& e, const MemoryBudget& budget) {
   auto gib = [](int64_t b) { return strf("%9.2f GiB", static_cast<double>(b) / (1 << 30)); };
   std::vector<std::string> lines;
   lines.push_back(strf("predicted peak memory per rank: %s (%ld bytes), at the %s", gib(e.peak).c_str(),
@@ -294,11 +342,11 @@ std::vector<std::string> describe_memory(const MemoryEstimate& e, int64_t device
                        gib(e.activations_per_micro_batch).c_str(), gib(e.activations_without_checkpointing).c_str()));
   lines.push_back(std::string("  gradients: ") + (e.reduce_every_micro_batch ? "reduced on every micro-batch (sharded sums)"
                                                                               : "summed whole until the last micro-batch"));
-  if (device_bytes > 0)
-    lines.push_back(strf("device memory %.2f GiB, of which 90%% usable (%.2f GiB): %s",
-                         static_cast<double>(device_bytes) / (1 << 30),
-                         static_cast<double>(usable_memory_bytes(device_bytes)) / (1 << 30),
-                         e.peak <= usable_memory_bytes(device_bytes) ? "fits" : "DOES NOT FIT"));
+  if (budget.device_bytes > 0)
+    lines.push_back(strf("device memory %.2f GiB; usable %.2f GiB: %s: %s",
+                         static_cast<double>(budget.device_bytes) / (1 << 30),
+                         static_cast<double>(budget.usable) / (1 << 30), budget.how.c_str(),
+                         e.peak <= budget.usable ? "fits" : "DOES NOT FIT"));
   else
     lines.push_back("device memory: unknown (runtime.device_memory_gb sets it); not checked");
   return lines;

@@ -40,13 +40,28 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
 // and H200 SXM); 0 when unknown (the CPU: nothing is checked).
 int64_t device_memory_bytes(const Config& c, const std::string& device_name);
 
-// What a run may plan to use of a device's memory: 90% of it. The rest is left for what the
-// estimate does not count: the CUDA context, NCCL's buffers, the caching allocator's rounding
-// and fragmentation.
+// What a run may plan to use of a device's memory before it has one: 90% of it. The rest is left
+// for what the estimate does not count: the CUDA context, NCCL's buffers, the caching allocator's
+// rounding and fragmentation, library workspaces.
 int64_t usable_memory_bytes(int64_t device_bytes);
 
-// The estimate as a table of lines, with the device's memory and whether the peak fits in its
-// usable part.
-std::vector<std::string> describe_memory(const MemoryEstimate& e, int64_t device_bytes);
+// The memory a run may plan to use, and how that was decided (for the table).
+struct MemoryBudget {
+  int64_t device_bytes = 0;  // the device's whole memory; 0 when unknown (nothing is checked)
+  int64_t usable = 0;
+  std::string how;
+};
+// Before launch (dry runs, or runtime.device_memory_gb set): 90% of device_memory_bytes.
+MemoryBudget planned_budget(const Config& c, const std::string& device_name);
+// On the GPU itself once the CUDA context and every communicator exist: `available` (free memory
+// plus what this process's caching allocator holds) less gpu_reserve_bytes, for what is neither
+// modelled nor there yet: cuBLAS/cuDNN workspaces, kernels loaded on first use, rounding.
+MemoryBudget measured_budget(int64_t available, int64_t total);
+// 5% of the device, at least 2 GiB (not yet measured on a GPU: scripts/gpu_check.sh reports the
+// estimate against the peak).
+int64_t gpu_reserve_bytes(int64_t total);
+
+// The estimate as a table of lines, with the budget and whether the peak fits in it.
+std::vector<std::string> describe_memory(const MemoryEstimate& e, const MemoryBudget& budget);
 
 }  // namespace zb

@@ -84,6 +84,8 @@ void MetricsLogger::log_step(const StepStats& s, const CommStats& comm, std::opt
       {"optimizer_seconds", s.optimizer_seconds},
   };
   if (val_loss) record["val_loss"] = *val_loss;
+  for (const auto& [key, value] : texts_) record[key] = value;
+  for (const auto& [key, value] : numbers_) record[key] = value;
   if (!s.nonfinite.empty()) record["nonfinite"] = s.nonfinite;  // this step was not applied
   for (const auto& [group, lr] : s.learning_rates) record["lr"][group] = lr;
   for (size_t k = 0; k < static_cast<size_t>(CommKind::Count); ++k)

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "config/config.h"
 #include "dist/comm.h"
@@ -30,6 +32,9 @@ class MetricsLogger {
   // `by_group` the part of it in each named group of ranks (hybrid sharding's; may be empty).
   void log_step(const StepStats& step, const CommStats& comm, std::optional<double> val_loss,
                 const std::vector<std::pair<std::string, CommStats>>& by_group = {});
+  // A value every record carries (the attention kernel that ran, the predicted peak memory).
+  void set_constant(const std::string& key, const std::string& value) { texts_.emplace_back(key, value); }
+  void set_constant(const std::string& key, int64_t value) { numbers_.emplace_back(key, value); }
   double elapsed_seconds() const;
   // The metrics file (rank 0; "" elsewhere).
   const std::string& path() const { return path_; }
@@ -45,6 +50,8 @@ class MetricsLogger {
   ThroughputMeter meter_{10};
   std::string path_;
   std::ofstream file_;
+  std::vector<std::pair<std::string, std::string>> texts_;
+  std::vector<std::pair<std::string, int64_t>> numbers_;
 };
 
 // The difference of two snapshots of a communicator's statistics.

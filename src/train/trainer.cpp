@@ -29,7 +29,19 @@ std::vector<std::pair<std::string, Communicator*>> Trainer::communication_groups
   return {{"shard_group", shard_comm_.get()}, {"replicate_group", replicate_comm_.get()}};
 }
 
-Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, Parallelism parallelism)
+HybridGroups make_hybrid_groups(const Config& config, Communicator& comm, Parallelism parallelism) {
+  HybridGroups groups;
+  const ShardLayout layout = shard_layout(config, comm.size());
+  if (parallelism != Parallelism::FSDP || layout.replicate == 1) return groups;
+  groups.shard = comm.subgroup("shard" + std::to_string(layout.shard_group_of(comm.rank())),
+                               layout.shard_group_ranks(comm.rank()));
+  groups.replicate = comm.subgroup("replicate" + std::to_string(comm.rank() % layout.shard),
+                                   layout.replicate_group_ranks(comm.rank()));
+  return groups;
+}
+
+Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, Parallelism parallelism,
+                 HybridGroups groups)
     : config_(config), comm_(comm), device_(device), clock_(device) {
   compute_dtype_ = resolve_compute_dtype(config, device);
 
@@ -44,15 +56,10 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
   model_->set_compute_dtype(compute_dtype_);
 
   // Hybrid sharding: shard within groups of consecutive ranks, replicate across them.
-  Communicator* shard_comm = &comm;
-  const ShardLayout layout = shard_layout(config, comm.size());
-  if (sharded && layout.replicate > 1) {
-    shard_comm_ = comm.subgroup("shard" + std::to_string(layout.shard_group_of(comm.rank())),
-                                layout.shard_group_ranks(comm.rank()));
-    replicate_comm_ = comm.subgroup("replicate" + std::to_string(comm.rank() % layout.shard),
-                                    layout.replicate_group_ranks(comm.rank()));
-    shard_comm = shard_comm_.get();
-  }
+  if (!groups.shard) groups = make_hybrid_groups(config, comm, parallelism);
+  shard_comm_ = std::move(groups.shard);
+  replicate_comm_ = std::move(groups.replicate);
+  Communicator* shard_comm = shard_comm_ ? shard_comm_.get() : &comm;
   if (sharded) {
     FSDPOptions fsdp;
     fsdp.device = device;
@@ -83,6 +90,10 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
   val_source_ = sources.validation;
   documents_ = sources.documents;
   flash_documents_ = varlen_flash_supported(device, compute_dtype_, model_->args().head_dim());
+  use_sdpa_backend(config.runtime.sdpa_backend);
+  const ModelArgs& shape = model_->args();
+  attention_kernel_ = zb::attention_kernel(device, compute_dtype_, config.data.seq_length, shape.n_heads,
+                                       shape.n_kv_heads, shape.head_dim(), documents_.has_value(), flash_documents_);
   data_ = std::make_unique<DataLoader>(sources.train, seed, config.data.shuffle && !config.data.fake,
                                        config.optim.batch_size, config.train.micro_bs, comm.rank(),
                                        comm.size());
@@ -174,6 +185,10 @@ StepStats Trainer::train_step() {
     ++skipped_in_a_row_;
   }
   const int optimizer_done = clock_.mark();
+  // The device's times are read once it has finished the step (the optimizer ran after the host's
+  // read above): one wait for the step's end, which the loop's next host read would make anyway.
+  clock_.synchronize();
+  comm_.settle();
   for (const ShardedParameter& p : parallel_->parameters()) p.tensor->mutable_grad().reset();
   stats.skipped_in_a_row = skipped_in_a_row_;
   stats.skipped_total = skipped_;
@@ -202,7 +217,9 @@ double Trainer::evaluate() {
   }
   sum /= static_cast<double>(config_.data.eval_batches * comm_.size());
   comm_.all_reduce_sum(sum).wait();
-  return sum.item<double>();
+  const double mean = sum.item<double>();
+  comm_.settle();
+  return mean;
 }
 
 void Trainer::restore_position(int64_t step, int64_t skipped, uint64_t seed) {

@@ -40,12 +40,21 @@ struct StepStats {
 
 enum class Parallelism { FSDP, DDP };
 
+// Hybrid sharding's groups: shard within groups of consecutive ranks, replicate across them (both
+// null for FSDP over every rank and for DDP). Made before the trainer by a program that must
+// know what its communicators hold before planning memory; otherwise the trainer makes them.
+struct HybridGroups {
+  std::unique_ptr<Communicator> shard, replicate;
+};
+// Every rank calls it at the same point: on NCCL each group is split from the world's communicator.
+HybridGroups make_hybrid_groups(const Config& config, Communicator& comm, Parallelism parallelism);
+
 class Trainer {
  public:
   // Builds everything; the model is initialised from runtime.seed identically on every rank and
   // then sharded (FSDP) or replicated (DDP). `config` must be validated for comm.size() ranks.
   Trainer(const Config& config, Communicator& comm, c10::Device device,
-          Parallelism parallelism = Parallelism::FSDP);
+          Parallelism parallelism = Parallelism::FSDP, HybridGroups groups = {});
 
   StepStats train_step();
   // runtime.compute_dtype on `device`: "auto" is bf16 on CUDA, fp32 on CPU.
@@ -74,6 +83,8 @@ class Trainer {
   // computes attention within them.
   const std::optional<DocumentDelimiter>& documents() const { return documents_; }
   bool flash_documents() const { return flash_documents_; }
+  // The attention kernel the steps run (model/attention.h's attention_kernel).
+  const std::string& attention_kernel() const { return attention_kernel_; }
   ParallelModel& parallel() { return *parallel_; }
   // Hybrid sharding's groups by name ("shard_group": within a node under train_hsdp,
   // "replicate_group": across nodes), for the metrics' bytes by group; empty otherwise.
@@ -96,6 +107,7 @@ class Trainer {
   std::shared_ptr<const SampleSource> val_source_;
   std::optional<DocumentDelimiter> documents_;  // model.attention = "document"
   bool flash_documents_ = false;                // documents by the varlen flash kernel (attention.h)
+  std::string attention_kernel_;
   LrSchedule schedule_;
   int64_t accum_ = 1;
   bool reduce_every_micro_batch_ = false;

@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
@@ -26,6 +27,8 @@ void configure_cuda_allocator();
 void* cuda_event_create();
 void cuda_event_record(void* event);
 double cuda_event_seconds(void* from, void* to);
+void cuda_event_synchronize(void* event);
+DeviceMemory cuda_device_memory(int index);
 void cuda_event_destroy(void* event);
 #endif
 
@@ -149,6 +152,13 @@ int64_t peak_memory_bytes(const c10::Device& device) {
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
+DeviceMemory device_memory(const c10::Device& device) {
+#ifdef ZB_WITH_CUDA
+  if (device.is_cuda()) return cuda_device_memory(device.index());
+#endif
+  return {};
+}
+
 void reset_peak_memory(const c10::Device& device) {
 #ifdef ZB_WITH_CUDA
   if (device.is_cuda()) return cuda_reset_peak_memory(device.index());
@@ -181,7 +191,19 @@ int StepClock::mark() {
   return static_cast<int>(host_.size() - 1);
 }
 
+void StepClock::synchronize() {
+#ifdef ZB_WITH_CUDA
+  // Marks are recorded on one stream in order: the last one complete means all are.
+  if (cuda_ && used_ > 0) cuda_event_synchronize(events_[used_ - 1]);
+#endif
+  complete_ = marks();
+}
+
 double StepClock::seconds(int from, int to) {
+  if (std::max(from, to) >= complete_)
+    throw std::logic_error("StepClock: mark " + std::to_string(std::max(from, to)) +
+                           " read before synchronize() (a device event is not ready until the host has "
+                           "waited for it)");
 #ifdef ZB_WITH_CUDA
   if (cuda_) return cuda_event_seconds(events_[from], events_[to]);
 #endif
@@ -191,6 +213,7 @@ double StepClock::seconds(int from, int to) {
 void StepClock::clear() {
   host_.clear();
   used_ = 0;
+  complete_ = 0;
 }
 
 }  // namespace zb

@@ -25,6 +25,12 @@ std::string device_pci_bus_id(const c10::Device& device);
 // Peak memory of this process on `device` since the last reset_peak_memory(): the CUDA caching
 // allocator's peak allocated bytes, or on CPU the peak resident set size (VmHWM).
 int64_t peak_memory_bytes(const c10::Device& device);
+// On a GPU: memory this process can still use for tensors (free device memory plus what its
+// caching allocator holds unused) and the device's total, in bytes; {0, 0} on the CPU.
+struct DeviceMemory {
+  int64_t available = 0, total = 0;
+};
+DeviceMemory device_memory(const c10::Device& device);
 // Starts the peak from what is in use now, so that the metrics count the training steps and not
 // set-up (a checkpoint read through host memory, the model built before sharding).
 void reset_peak_memory(const c10::Device& device);
@@ -36,16 +42,22 @@ void count_cpu_tensor_memory();
 
 // Points on the device's timeline within a step: the host clock on CPU, CUDA events on a GPU
 // (recorded on the current device's current stream without waiting; the NCCL backend makes each
-// rank's GPU current), so phase times are the device's, not the time to enqueue work. Read
-// seconds() only after the step has synchronised with the device.
+// rank's GPU current), so phase times are the device's, not the time to enqueue work.
+//
+// A mark is complete only once synchronize() has returned after it: on a GPU an event recorded
+// behind queued kernels cannot be read before they finish (CUDA answers cudaErrorNotReady). The
+// CPU clock keeps the same rule, so a step that reads its times too early fails on the CPU too:
+// seconds() throws for a mark made after the last synchronize().
 class StepClock {
  public:
   explicit StepClock(const c10::Device& device);
   ~StepClock();
   StepClock(const StepClock&) = delete;  // owns its CUDA events
   StepClock& operator=(const StepClock&) = delete;
-  int mark();                     // records now; returns the mark's index
-  double seconds(int from, int to);  // between two marks
+  int mark();                        // records now; returns the mark's index
+  void synchronize();                // blocks the host until every mark so far is complete
+  double seconds(int from, int to);  // between two complete marks
+  int marks() const { return static_cast<int>(cuda_ ? used_ : host_.size()); }
   void clear();
 
  private:
@@ -53,6 +65,7 @@ class StepClock {
   std::vector<std::chrono::steady_clock::time_point> host_;
   std::vector<void*> events_;  // cudaEvent_t, created on demand and reused
   size_t used_ = 0;
+  int complete_ = 0;  // marks [0, complete_) are complete
 };
 
 }  // namespace zb

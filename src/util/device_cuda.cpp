@@ -2,12 +2,15 @@
 #include <c10/core/AllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+
+#include "util/device.h"
 
 namespace zb {
 
@@ -30,6 +33,16 @@ void cuda_reset_peak_memory(int index) {
 int64_t cuda_peak_memory_bytes(int index) {
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
   return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+}
+
+DeviceMemory cuda_device_memory(int index) {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(index));
+  size_t free = 0, total = 0;
+  C10_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
+  constexpr auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  const int64_t cached = stats.reserved_bytes[all].current - stats.allocated_bytes[all].current;
+  return {static_cast<int64_t>(free) + cached, static_cast<int64_t>(total)};
 }
 
 void configure_cuda_allocator() {
@@ -56,6 +69,8 @@ double cuda_event_seconds(void* from, void* to) {
   C10_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(from), static_cast<cudaEvent_t>(to)));
   return ms / 1e3;
 }
+
+void cuda_event_synchronize(void* event) { C10_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event))); }
 
 void cuda_event_destroy(void* event) { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
 

@@ -72,7 +72,7 @@ TEST(Training, MuonPlusAdamWBeatsAdamWAlone) {
   // outnumber the free cores wait on each other (4x slower than one thread here).
   const int threads = at::get_num_threads();
   at::set_num_threads(1);
-  const int steps = 200;
+  const int steps = 100;
   const double muon = train_debug_model("muon", 0.02, steps);  // ZeroBand's Muon lr
   // AdamW alone, hidden matrices at the best of three learning rates (the embedding, head and
   // norm groups are the same AdamW groups in both runs).

@@ -93,7 +93,8 @@ def main():
     fmt = lambda v, f: "n/a" if v is None else f.format(v)
     print(f"{run['name_model']} ({run['num_params']:,} parameters), {args.world_size} rank(s), "
           f"batch {run['batch_size']} x {run['seq_length']}, micro_bs {run['micro_bs']}, device {args.device or '?'}, "
-          f"attention {run['attention']}")
+          f"attention {run['attention']}, compute {run['resolved_compute_dtype']}, "
+          f"Newton-Schulz {run['resolved_ns_dtype'] if run['hidden']['type'] == 'muon' else 'n/a'} on every side")
     kernels = {name: r["attention_kernel"] for name, r in ran.items() if r.get("attention_kernel")}
     if kernels:
         print("peers' attention kernels: " + ", ".join(f"{name} {k}" for name, k in kernels.items()))

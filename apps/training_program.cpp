@@ -33,6 +33,7 @@
 #include "train/memory_estimate.h"
 #include "train/metrics_follower.h"
 #include "train/metrics_logger.h"
+#include "train/step_plan.h"
 #include "train/trainer.h"
 #include "training_program.h"
 #include "util/device.h"
@@ -200,6 +201,25 @@ void shard_by_node(zb::Config& cfg, const zb::World& world, bool dry_run) {
     cfg.parallel.dp_shard = world.local_size;
     cfg.parallel.dp_replicate = world.size / world.local_size;
   }
+}
+
+// --print-plan: one step of the run as the step plan lists it (train/step_plan.h), for a rank of
+// --world-size ranks (else the launcher's world). train.reduce_every_micro_batch = "auto" is
+// planned off: only a launch's memory check turns it on.
+nlohmann::json plan_json(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes) {
+  zb::Config cfg = cl.config;
+  const zb::World world = zb::detect_world();
+  if (over_nodes) shard_by_node(cfg, world, /*dry_run=*/cl.world_size > 0);
+  const int64_t world_size = cl.world_size > 0 ? cl.world_size : world.size;
+  zb::validate(cfg, world_size);
+  if (cl.print_plan_rank >= world_size)
+    throw zb::ConfigError(strf("--print-plan %ld: there are only %ld rank(s) (--world-size)", cl.print_plan_rank,
+                               world_size));
+  const c10::Device device = zb::select_device(cfg.runtime.device, 0);
+  const zb::StepPlan plan =
+      zb::plan_step(cfg, world_size, cl.print_plan_rank, parallelism, zb::Trainer::resolve_compute_dtype(cfg, device),
+                    zb::resolve_ns_dtype(cfg, device), cfg.train.reduce_every_micro_batch == "true");
+  return zb::plan_to_json(plan);
 }
 
 int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes) {
@@ -384,6 +404,10 @@ int training_main(int argc, char** argv, Parallelism parallelism, const char* pr
     if (cl.print_config) {
       zb::validate(cl.config, zb::detect_world().size);  // the world the launcher variables describe
       std::cout << resolved_run(cl.config).dump(2) << "\n";
+      return 0;
+    }
+    if (cl.print_plan_rank >= 0) {
+      std::cout << plan_json(cl, parallelism, over_nodes).dump(1) << "\n";
       return 0;
     }
     return run(cl, parallelism, over_nodes);

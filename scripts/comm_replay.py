@@ -3,12 +3,13 @@
 
 Under torchrun (W ranks): fits the model's two link figures (latency per ring hop, bandwidth)
 to single collectives of 1 KiB to 16 MiB, then replays one training step's collectives
-(scale_model's list for the run and layout: the same kinds, groups and sizes, in order, without
-the compute between them) and compares the time they take with the time the fitted model
-predicts for them.
+(the step plan's for the run and layout, as scale_model times them: the same kinds, groups and
+sizes, in order, without the compute between them) and compares the time they take with the
+time the fitted model predicts for them.
 
-  torchrun --nproc_per_node 4 scripts/comm_replay.py --config-json run.json [--shard 2] [--ddp] \\
-      [--out replay.json]
+  build/apps/train_fsdp --config C.toml --world-size 4 [--parallel.dp_shard 2 --parallel.dp_replicate 2] \\
+      --print-plan > plan.json        # train_ddp for DDP
+  torchrun --nproc_per_node 4 scripts/comm_replay.py --plan plan.json [--out replay.json]
 
 Prints on rank 0; --out gets the fit, the measured and predicted seconds and the error.
 """
@@ -23,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from scale_model import collective_seconds, hops, step_bytes  # noqa: E402
+from scale_model import collective_seconds, hops, plan_calls  # noqa: E402
 
 
 def timed(fn, reps):
@@ -59,17 +60,16 @@ def run_call(kind, W, payload, counted, group):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config-json", required=True)
-    ap.add_argument("--shard", type=int, default=0, help="ranks per shard group (default: all: FSDP)")
-    ap.add_argument("--ddp", action="store_true")
+    ap.add_argument("--plan", required=True, help="rank 0's step plan (--print-plan) for this world")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out")
     args = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, W = dist.get_rank(), dist.get_world_size()
-    S = args.shard or W
-    run = json.load(open(args.config_json))
+    plan = json.load(open(args.plan))
+    assert plan["world"] == W, f"the plan is for {plan['world']} ranks, this world has {W}"
+    S = plan["shard"]
 
     # 1. The fit, over the whole world, per kind of collective (Gloo's algorithms differ: its
     #    all-reduce is far from a ring's cost): time = hops x latency + counted / 2 / bandwidth.
@@ -99,26 +99,26 @@ def main():
     # 2. The step's collectives, replayed in their groups.
     # Rank 0's list on every rank: the ranks' Muon exchanges differ a little in size (which
     # matrices each owns), and a replay needs the same sizes everywhere.
-    calls = {}
-    step_bytes(run, W, S, args.ddp, calls=calls)
+    calls = plan_calls(plan)
     groups = {"world": None}
     if S < W:
         for g in range(W // S):  # every rank creates every group, in the same order
             ranks = list(range(g * S, (g + 1) * S))
             pg = dist.new_group(ranks)
             if rank in ranks:
-                groups["shard_group"] = pg
+                groups["shard"] = pg
         for r in range(S):
             ranks = list(range(r, W, S))
             pg = dist.new_group(ranks)
             if rank in ranks:
-                groups["replicate_group"] = pg
+                groups["replicate"] = pg
     step = [(kind, w, payload, counted, groups[g]) for g, cs in calls.items() for kind, w, payload, counted, _ in cs
             if w > 1]
     fns = [run_call(*c) for c in step]
     measured = timed(lambda: [f() for f in fns], args.reps)
     predicted = sum(model(kind, w, counted) for kind, w, _, counted, _ in step)
-    result = {"world": W, "shard": S, "ddp": args.ddp,
+    ddp = plan["parallelism"] == "ddp"
+    result = {"world": W, "shard": S, "ddp": ddp,
               "fit": {k: {"latency_per_hop_s": a, "bandwidth_bytes_per_s": b} for k, (a, b) in fit.items()},
               "fit_largest_relative_error": fit_error, "collectives_per_step": len(step),
               "measured_seconds": measured, "predicted_seconds": predicted,
@@ -126,7 +126,7 @@ def main():
     if rank == 0:
         figures = ", ".join(f"{k} {a * 1e6:.0f} us/hop {b / 1e9:.2f} GB/s" for k, (a, b) in fit.items() if k != "all_to_all")
         print(f"Gloo fit on {W} ranks: {figures} (largest error over {len(rows)} collectives {fit_error:.0%})")
-        print(f"one step's {len(step)} collectives ({'DDP' if args.ddp else f'shard {S} x replicate {W // S}'}): "
+        print(f"one step's {len(step)} collectives ({'DDP' if ddp else f'shard {S} x replicate {W // S}'}): "
               f"measured {measured:.4f} s, predicted {predicted:.4f} s, error {result['relative_error']:+.0%}")
         if args.out:
             json.dump(result, open(args.out, "w"), indent=1)

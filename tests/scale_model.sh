@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# scripts/scale_model.py's bytes per step against what real runs measure, on 4 Gloo ranks over
-# loopback: FSDP over 4, HSDP 2x2 and 1x4 (Muon split over the replicas) and train_ddp on 4
-# (rank 0's record, every kind of collective, by group under HSDP). They must be equal, not close.
+# The step plan's bytes (train_fsdp --print-plan, read by scripts/scale_model.py) against what
+# real runs measure, on 4 Gloo ranks over loopback: FSDP over 4, HSDP 2x2 and 1x4 (Muon split over
+# the replicas) and train_ddp on 4 (rank 0's record, every kind of collective, by group under
+# HSDP). They must be equal, not close.
 #   scale_model.sh TRAIN_FSDP CONFIG PYTHON
 set -u
 train=$1 config=$2 python=$3
@@ -17,27 +18,25 @@ for layout in fsdp hsdp hsdp1x4 ddp; do
   [ $layout = hsdp ] && extra=(--parallel.dp_shard 2 --parallel.dp_replicate 2)
   [ $layout = hsdp1x4 ] && extra=(--parallel.dp_shard 1 --parallel.dp_replicate 4)
   [ $layout = ddp ] && train=$train_ddp
-  RANK=0 WORLD_SIZE=4 "$train" "${common[@]}" "${short[@]}" "${extra[@]}" --print-config > "$work/$layout.json" \
-    || fail "print-config $layout"
   run_ranks 4 "$work/$layout.log" "${short[@]}" "${extra[@]}" --logging.metrics_file "$work/$layout.jsonl"
   wait_ranks || fail "$layout run"
   args=(--bytes --world 4)
   [ $layout = hsdp ] && args+=(--shard 2)
   [ $layout = hsdp1x4 ] && args+=(--shard 1)
   [ $layout = ddp ] && args+=(--ddp)
-  "$python" "$root/scripts/scale_model.py" --config-json "$work/$layout.json" "${args[@]}" > "$work/$layout.model.json" \
-    || fail "scale_model $layout"
+  "$python" "$root/scripts/scale_model.py" --train "$train_fsdp" --config "$config" "${args[@]}" \
+    -- "${common[@]:2}" "${short[@]}" > "$work/$layout.model.json" || fail "scale_model $layout"
   "$python" - "$work/$layout.model.json" "$work/$layout.jsonl" "$layout" <<'PY' || fail "$layout bytes differ"
 import json, sys
 model = json.load(open(sys.argv[1]))
 record = [json.loads(l) for l in open(sys.argv[2])][-1]
 pairs = [("total", "comm_bytes")]
 if sys.argv[3].startswith("hsdp"):
-    pairs += [("shard_group", "comm_bytes_shard_group"), ("replicate_group", "comm_bytes_replicate_group")]
+    pairs += [("shard", "comm_bytes_shard_group"), ("replicate", "comm_bytes_replicate_group")]
 bad = 0
 for ours, theirs in pairs:
     measured = {k: v for k, v in record[theirs].items() if v}
-    predicted = {k: v for k, v in model[ours].items() if v}
+    predicted = {k: v for k, v in model.get(ours, {}).items() if v}
     print(f"{sys.argv[3]} {ours}: measured {measured}, model {predicted}")
     bad += measured != predicted
 sys.exit(1 if bad else 0)

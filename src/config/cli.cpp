@@ -16,10 +16,13 @@ cxxopts::Options make_options(const std::string& program) {
   options.add_options()
       ("config", "TOML config file (also: @ FILE)", cxxopts::value<std::string>())
       ("dry-run", "print sizes, FLOPs and the predicted peak memory per rank, then exit")
-      ("world-size", "the number of ranks --dry-run predicts for (default: the launcher's)",
+      ("world-size", "the number of ranks --dry-run and --print-plan predict for (default: the launcher's)",
        cxxopts::value<int64_t>())
       ("force", "train even where the memory estimate says the run will not fit")
       ("print-config", "print the resolved run (model shapes, batch, optimizers) as JSON, then exit")
+      ("print-plan", "print one step's plan (gathers, frees, collectives with their bytes) as JSON for "
+                     "rank 0 of --world-size ranks (--print-plan=RANK for another), then exit",
+       cxxopts::value<int64_t>()->implicit_value("0"))
       ("device", "shorthand for --runtime.device (" + devices + ")", cxxopts::value<std::string>())
       ("h,help", "print this help");
   options.allow_unrecognised_options();
@@ -64,6 +67,7 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   cl.dry_run = result.count("dry-run") > 0;
   cl.print_config = result.count("print-config") > 0;
   cl.force = result.count("force") > 0;
+  if (result.count("print-plan")) cl.print_plan_rank = result["print-plan"].as<int64_t>();
   if (result.count("world-size")) {
     cl.world_size = result["world-size"].as<int64_t>();
     if (cl.world_size < 1) throw ConfigError("command line: --world-size must be at least 1");

@@ -5,6 +5,8 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
+#include <algorithm>
+
 #include "optim/clip.h"
 #include "parallel/gradient_group.h"
 
@@ -17,11 +19,6 @@ class DDPEngine::Bucket : public GradientGroup {
   Bucket(std::vector<at::Tensor*> members, const bool& sync, Communicator& comm)
       : members_(std::move(members)), sync_(sync), comm_(comm) {}
 
-  int64_t numel() const {
-    int64_t n = 0;
-    for (const at::Tensor* p : members_) n += p->numel();
-    return n;
-  }
   void add(at::Tensor* replica) { members_.push_back(replica); }
 
   // The model reads tensors over the replicas' storage, through the bucket's gradient node.
@@ -83,25 +80,72 @@ class DDPEngine::Bucket : public GradientGroup {
   PendingCollective pending_;
 };
 
+std::vector<std::vector<size_t>> ddp_buckets(const std::vector<int64_t>& numels, double bucket_mb) {
+  const int64_t limit = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * (1 << 20) / 4));
+  std::vector<std::vector<size_t>> buckets;
+  int64_t filled = 0;  // elements in the last bucket
+  for (size_t k = numels.size(); k-- > 0;) {
+    if (buckets.empty() || filled + numels[k] > limit) {
+      buckets.emplace_back();
+      filled = 0;
+    }
+    buckets.back().push_back(k);
+    filled += numels[k];
+  }
+  return buckets;
+}
+
 DDPEngine::DDPEngine(Llama& model, Communicator& comm, double bucket_mb) : model_(model), comm_(comm) {
   replicas_.reserve(model.parameters().size());  // buckets point into it
-  for (const auto& np : model.parameters()) replicas_.push_back(*np.slot);
-  // Buckets in reverse model order, each up to bucket_mb of fp32 gradients (a larger parameter
-  // gets a bucket of its own).
-  const int64_t limit = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * (1 << 20) / 4));
-  for (size_t k = replicas_.size(); k-- > 0;) {
-    if (buckets_.empty() || buckets_.back()->numel() + replicas_[k].numel() > limit)
-      buckets_.push_back(std::make_unique<Bucket>(std::vector<at::Tensor*>{}, sync_, comm_));
-    buckets_.back()->add(&replicas_[k]);
-    buckets_.back()->slot_of.push_back(k);
+  std::vector<int64_t> numels;
+  for (const auto& np : model.parameters()) {
+    replicas_.push_back(*np.slot);
+    numels.push_back(np.slot->numel());
+  }
+  // Where the forward first reads each parameter: 0 the embedding (the parameters before the
+  // first block's), i + 1 block i, L + 1 the head (those after the last block's).
+  const auto& named = model.parameters();
+  const int64_t L = model.args().n_layers;
+  std::vector<int64_t> stage_of(named.size());
+  bool seen_block = false;
+  for (size_t k = 0; k < named.size(); ++k) {
+    seen_block = seen_block || named[k].layer >= 0;
+    stage_of[k] = named[k].layer >= 0 ? named[k].layer + 1 : seen_block ? L + 1 : 0;
+  }
+  for (const std::vector<size_t>& members : ddp_buckets(numels, bucket_mb)) {
+    buckets_.push_back(std::make_unique<Bucket>(std::vector<at::Tensor*>{}, sync_, comm_));
+    int64_t first = L + 1;
+    for (size_t k : members) {
+      buckets_.back()->add(&replicas_[k]);
+      buckets_.back()->slot_of.push_back(k);
+      first = std::min(first, stage_of[k]);
+    }
+    first_stage_.push_back(first);
   }
 }
 
 DDPEngine::~DDPEngine() = default;
 
 at::Tensor DDPEngine::loss(const at::Tensor& tokens, const at::Tensor& targets, const Documents& documents) {
-  for (auto& b : buckets_) b->fill_slots(model_.parameters());
-  return model_.loss(tokens, targets, documents);
+  // Each bucket's gradient node is made just before the forward first reads one of its members.
+  // Autograd runs the most recently made of its ready nodes first, so backward reaches a bucket as
+  // soon as the block that read it first is done, and its all-reduce overlaps the rest of
+  // backward (made all at the start, every bucket would wait for the end of backward). Buckets
+  // are in reverse model order: filled from the last, and within a stage the lower index last, so
+  // that buckets reduce in their order.
+  size_t next = buckets_.size();
+  auto fill_through = [&](int64_t stage) {
+    while (next > 0 && first_stage_[next - 1] <= stage) buckets_[--next]->fill_slots(model_.parameters());
+  };
+  const int64_t L = model_.args().n_layers;
+  fill_through(0);
+  at::Tensor h = model_.embed(tokens);
+  for (int64_t i = 0; i < L; ++i) {
+    fill_through(i + 1);
+    h = model_.block_forward(i, h, documents);
+  }
+  fill_through(L + 1);
+  return model_.head_loss(h, targets);
 }
 
 void DDPEngine::finish_backward() {

@@ -17,6 +17,11 @@
 
 namespace zb {
 
+// The buckets: indices of the model's parameters (their element counts `numels`, in model
+// order) taken in reverse model order, each bucket up to `bucket_mb` MiB of fp32 gradients (a
+// larger parameter gets a bucket of its own). The engine's and the step plan's one definition.
+std::vector<std::vector<size_t>> ddp_buckets(const std::vector<int64_t>& numels, double bucket_mb);
+
 class DDPEngine : public ParallelModel {
  public:
   DDPEngine(Llama& model, Communicator& comm, double bucket_mb);
@@ -38,6 +43,7 @@ class DDPEngine : public ParallelModel {
   Communicator& comm_;
   std::vector<at::Tensor> replicas_;  // the parameters (fp32 leaves), in model order
   std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::vector<int64_t> first_stage_;  // each bucket's: where forward first reads a member (loss())
   bool sync_ = true;
 };
 

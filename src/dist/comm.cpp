@@ -27,6 +27,17 @@ const char* comm_kind_name(CommKind kind) {
   return "?";
 }
 
+int64_t ring_counted_bytes(CommKind kind, int64_t ranks, int64_t payload) {
+  switch (kind) {
+    case CommKind::AllGather:
+    case CommKind::ReduceScatter: return 2 * (ranks - 1) * payload;
+    // Multiplied out before dividing, so an uneven split is the exact mean, rounded down once.
+    case CommKind::AllReduce: return 4 * (ranks - 1) * payload / ranks;
+    default: break;
+  }
+  throw std::invalid_argument(std::string("ring_counted_bytes: not a ring collective: ") + comm_kind_name(kind));
+}
+
 PendingCollective::PendingCollective(c10::intrusive_ptr<c10d::Work> work, Communicator* comm)
     : work_(std::move(work)), comm_(comm) {}
 PendingCollective::PendingCollective() = default;
@@ -229,7 +240,7 @@ Communicator::~Communicator() {
 PendingCollective Communicator::all_gather(at::Tensor& out, at::Tensor& in) {
   TORCH_CHECK(out.numel() == in.numel() * size(), "all_gather: output must hold size() inputs");
   const int64_t n = in.numel() * in.element_size();
-  count(CommKind::AllGather, 2 * (size() - 1) * n);  // the convention is in comm.h
+  account(CommKind::AllGather, n, ring_counted_bytes(CommKind::AllGather, size(), n));
   if (!backend_) {
     out.copy_(in.view(out.sizes()));
     return {};
@@ -240,7 +251,7 @@ PendingCollective Communicator::all_gather(at::Tensor& out, at::Tensor& in) {
 PendingCollective Communicator::reduce_scatter_sum(at::Tensor& out, at::Tensor& in) {
   TORCH_CHECK(in.numel() == out.numel() * size(), "reduce_scatter: input must hold size() outputs");
   const int64_t n = out.numel() * out.element_size();
-  count(CommKind::ReduceScatter, 2 * (size() - 1) * n);
+  account(CommKind::ReduceScatter, n, ring_counted_bytes(CommKind::ReduceScatter, size(), n));
   if (!backend_) {
     out.copy_(in.view(out.sizes()));
     return {};
@@ -251,9 +262,8 @@ PendingCollective Communicator::reduce_scatter_sum(at::Tensor& out, at::Tensor& 
 }
 
 PendingCollective Communicator::all_reduce_sum(at::Tensor& t) {
-  // Multiplied out before dividing, so an uneven split is the exact mean, rounded down once.
   const int64_t bytes = t.numel() * t.element_size();
-  count(CommKind::AllReduce, 4 * (size() - 1) * bytes / size());
+  account(CommKind::AllReduce, bytes, ring_counted_bytes(CommKind::AllReduce, size(), bytes));
   if (!backend_) return {};
   std::vector<at::Tensor> tensors{t};
   c10d::AllreduceOptions opts;
@@ -267,7 +277,7 @@ PendingCollective Communicator::broadcast(at::Tensor& t, int64_t root) {
   TORCH_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " is not a rank");
   const int64_t bytes = t.numel() * t.element_size();
   const bool last = rank() == (root + size() - 1) % size();
-  count(CommKind::Broadcast, size() == 1 ? 0 : (rank() == root || last) ? bytes : 2 * bytes);
+  account(CommKind::Broadcast, bytes, size() == 1 ? 0 : (rank() == root || last) ? bytes : 2 * bytes);
   if (!backend_) return {};
   std::vector<at::Tensor> tensors{t};
   c10d::BroadcastOptions opts;
@@ -285,7 +295,7 @@ PendingCollective Communicator::all_to_all(at::Tensor& out, at::Tensor& in,
   int64_t moved = 0;  // elements sent to and received from the other ranks
   for (int64_t r = 0; r < size(); ++r)
     if (r != rank()) moved += split(in_splits, in, r) + split(out_splits, out, r);
-  count(CommKind::AllToAll, moved * in.element_size());
+  account(CommKind::AllToAll, in.numel() * in.element_size(), moved * in.element_size());
   if (!backend_) {
     out.copy_(in);
     return {};

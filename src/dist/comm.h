@@ -45,6 +45,21 @@ const char* comm_kind_name(CommKind kind);
 //                   every rank between receives N and forwards N, 2N. (Sum over ranks 2(W-1)·N.)
 //   all_to_all      the elements this rank sends to the other ranks plus those it receives from
 //                   them (its own split, kept locally, is not counted), times the element size.
+// The count above for one call of a ring collective (all_gather, reduce_scatter, all_reduce) over
+// `ranks` ranks, `payload` bytes as the convention names them: the one formula, which the
+// Communicator counts with and the step plan (train/step_plan.h) predicts with.
+int64_t ring_counted_bytes(CommKind kind, int64_t ranks, int64_t payload);
+
+// Sees every collective a Communicator issues, as it issues it (the step trace,
+// parallel/step_trace.h). `payload` is the call's bytes as the convention names them (for
+// all_to_all: the input's bytes); `counted` what the statistics count.
+class CollectiveObserver {
+ public:
+  virtual ~CollectiveObserver() = default;
+  virtual void collective(CommKind kind, const std::string& group, int64_t ranks, int64_t payload,
+                          int64_t counted) = 0;
+};
+
 struct CommStats {
   std::array<int64_t, static_cast<size_t>(CommKind::Count)> bytes{};  // see above
   // Time the computation stood waiting for collectives in wait(): the host's time blocked on CPU
@@ -124,6 +139,12 @@ class Communicator {
   std::vector<int64_t> count_over_ranks(const std::vector<bool>& flags);
 
   CommStats& stats() { return stats_; }
+  // Reports this communicator's collectives (not its subgroups') to `observer` under the name
+  // `group` ("world", "shard", "replicate"); null stops it.
+  void observe(CollectiveObserver* observer, std::string group) {
+    observer_ = observer;
+    observed_as_ = std::move(group);
+  }
   // Backends the watchdog aborts on a stall: this group's and its live subgroups' (all of them).
   size_t backends_to_abort() const;
   // The rendezvous store (null for a single process), for coordination off the collectives'
@@ -138,6 +159,11 @@ class Communicator {
     stats_.bytes[static_cast<size_t>(kind)] += bytes;
     if (parent_) parent_->count(kind, bytes);
   }
+  // One issued call: counted, and shown to the observer.
+  void account(CommKind kind, int64_t payload, int64_t counted) {
+    count(kind, counted);
+    if (observer_) observer_->collective(kind, observed_as_, size(), payload, counted);
+  }
   void waited(double seconds);
 
   World world_;
@@ -147,6 +173,8 @@ class Communicator {
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> backend_;
   CommStats stats_;
+  CollectiveObserver* observer_ = nullptr;
+  std::string observed_as_;
   std::unique_ptr<Watchdog> watchdog_;  // distributed runs only; a subgroup uses its parent's
   Communicator* parent_ = nullptr;       // a subgroup's
   std::vector<Communicator*> children_;  // live subgroups

@@ -14,7 +14,8 @@ namespace zb {
 
 FSDPEngine::FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& options, Communicator* replicas)
     : model_(model), comm_(comm), replicas_(replicas), options_(options) {
-  // One FSDPParam per model parameter, grouped into units: "layers.<i>." -> block i, else root.
+  // One FSDPParam per model parameter, grouped into units: a block's parameters, and the root's
+  // (those of no block).
   std::vector<std::vector<FSDPParam*>> block_params(model.args().n_layers);
   std::vector<FSDPParam*> root_params;
   // A parameter on the meta device is created whole, initialised, sharded and freed before the
@@ -31,21 +32,16 @@ FSDPEngine::FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& opti
     params_.push_back(std::make_unique<FSDPParam>(np.name, np.slot, full, comm.rank(), comm.size(),
                                                   options.compute_dtype));
     FSDPParam* p = params_.back().get();
-    if (np.name.rfind("layers.", 0) == 0) {
-      const int64_t layer = std::stoll(np.name.substr(7, np.name.find('.', 7) - 7));
-      block_params[layer].push_back(p);
-    } else {
-      root_params.push_back(p);
-    }
+    (np.layer >= 0 ? block_params[np.layer] : root_params).push_back(p);
     *np.slot = at::Tensor();  // the full copy is no longer needed
   }
   const int64_t L = model.args().n_layers;
   for (int64_t i = 0; i < L; ++i) {
     const bool reshard = options.reshard_after_forward && i != L - 1;
-    blocks_.push_back(std::make_unique<FSDPUnit>("layers." + std::to_string(i),
+    blocks_.push_back(std::make_unique<FSDPUnit>(i, "layers." + std::to_string(i),
                                                  std::move(block_params[i]), comm, reshard, context_, replicas));
   }
-  root_ = std::make_unique<FSDPUnit>("root", std::move(root_params), comm, false, context_, replicas);
+  root_ = std::make_unique<FSDPUnit>(L, "root", std::move(root_params), comm, false, context_, replicas);
 }
 
 namespace {
@@ -80,8 +76,8 @@ struct CheckpointedBlock : torch::autograd::Function<CheckpointedBlock> {
     at::AutoGradMode grad_mode(true);
     unit->pre_backward();
     unit->fill_slots();
+    engine->count_recompute(layer);
     at::Tensor out = engine->model().block_forward(layer, input, documents);
-    engine->count_recompute();
     torch::autograd::backward({out}, {grads[0]});
     return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), input.grad()};
   }
@@ -104,6 +100,7 @@ at::Tensor FSDPEngine::loss(const at::Tensor& tokens, const at::Tensor& targets,
       unit.pre_forward();
     }
     if (i + 1 < L) blocks_[i + 1]->issue_unshard();  // prefetch: gathers while this block computes
+    if (context_.trace) context_.trace->record(StepEvent::Op::Forward, i);
     h = checkpoint ? CheckpointedBlock::apply(this, &unit, i, &documents, h)[0] : model_.block_forward(i, h, documents);
     unit.post_forward();
     if (unit.reshard_after_forward() && h.requires_grad()) {

@@ -69,7 +69,11 @@ class FSDPEngine : public ParallelModel {
   Llama& model() { return model_; }
   // Block forwards recomputed in backward so far (activation checkpointing).
   int64_t blocks_recomputed() const { return blocks_recomputed_; }
-  void count_recompute() { ++blocks_recomputed_; }
+  void count_recompute(int64_t layer) {
+    ++blocks_recomputed_;
+    if (context_.trace) context_.trace->record(StepEvent::Op::Recompute, layer);
+  }
+  void set_trace(StepTrace* trace) override { context_.trace = trace; }
 
  private:
   Llama& model_;

@@ -22,9 +22,9 @@ const char* state_name(FSDPUnit::TrainingState s) {
 }
 }  // namespace
 
-FSDPUnit::FSDPUnit(std::string name, std::vector<FSDPParam*> params, Communicator& comm,
+FSDPUnit::FSDPUnit(int64_t index, std::string name, std::vector<FSDPParam*> params, Communicator& comm,
                    bool reshard_after_forward, FSDPCommContext& context, Communicator* replicas)
-    : name_(std::move(name)), params_(std::move(params)), comm_(comm), replicas_(replicas),
+    : index_(index), name_(std::move(name)), params_(std::move(params)), comm_(comm), replicas_(replicas),
       reshard_after_forward_(reshard_after_forward), context_(context) {
   for (FSDPParam* p : params_) {
     offsets_.push_back(block_numel_);
@@ -60,6 +60,7 @@ void FSDPUnit::pre_backward() {
 void FSDPUnit::post_backward(const std::vector<at::Tensor>& grads) {
   transition({TrainingState::Idle, TrainingState::PreBackward}, TrainingState::PostBackward, "post_backward");
   at::NoGradGuard no_grad;
+  trace(StepEvent::Op::Backward);
   // Every node that used this unit's parameters has run (they produced these gradients): the
   // gathered copies can go now rather than at the end of backward.
   reshard();
@@ -149,10 +150,12 @@ void FSDPUnit::wait_unshard() {
   gather_in_ = at::Tensor();
   gather_out_ = at::Tensor();
   state_ = State::Unsharded;
+  trace(StepEvent::Op::Unshard);
 }
 
 void FSDPUnit::reshard() {
   gather_.wait();  // never free under an in-flight collective
+  if (state_ == State::Unsharded) trace(StepEvent::Op::Reshard);
   for (FSDPParam* p : params_) p->free_unsharded();
   gather_in_ = at::Tensor();
   gather_out_ = at::Tensor();

@@ -26,6 +26,7 @@
 #include "dist/comm.h"
 #include "fsdp/fsdp_param.h"
 #include "parallel/gradient_group.h"
+#include "parallel/step_trace.h"
 
 namespace zb {
 
@@ -39,6 +40,9 @@ struct FSDPCommContext {
   FSDPUnit* reducing = nullptr;
   // Hybrid sharding: the unit whose all-reduce over the replicas is outstanding (the one before).
   FSDPUnit* replicating = nullptr;
+  // Where the units record what they do (gathers in place, frees, gradients complete); null: not
+  // recorded.
+  StepTrace* trace = nullptr;
 };
 
 class FSDPUnit : public GradientGroup {
@@ -46,11 +50,12 @@ class FSDPUnit : public GradientGroup {
   enum class State { Sharded, Gathering, Unsharded };
   enum class TrainingState { Idle, Forward, PreBackward, PostBackward };
 
-  // `comm`: the ranks the parameters are sharded over; `replicas`: the group that holds the same
-  // shards under hybrid sharding (null for FSDP).
-  FSDPUnit(std::string name, std::vector<FSDPParam*> params, Communicator& comm,
+  // `index`: the block's, or n_layers for the root. `comm`: the ranks the parameters are sharded
+  // over; `replicas`: the group that holds the same shards under hybrid sharding (null for FSDP).
+  FSDPUnit(int64_t index, std::string name, std::vector<FSDPParam*> params, Communicator& comm,
            bool reshard_after_forward, FSDPCommContext& context, Communicator* replicas = nullptr);
 
+  int64_t index() const { return index_; }
   const std::string& name() const { return name_; }
   State state() const { return state_; }
   TrainingState training_state() const { return training_state_; }
@@ -100,6 +105,11 @@ class FSDPUnit : public GradientGroup {
   // A world of one without replicas: the step's sums straight into the .grad()s.
   void add_whole_gradients(const std::vector<at::Tensor>& total);
 
+  void trace(StepEvent::Op op) {
+    if (context_.trace) context_.trace->record(op, index_);
+  }
+
+  int64_t index_;
   std::string name_;
   std::vector<FSDPParam*> params_;
   std::vector<int64_t> offsets_;  // of each parameter inside a rank's block

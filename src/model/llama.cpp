@@ -43,14 +43,16 @@ Llama::Llama(const ModelArgs& args, const at::TensorOptions& options, bool alloc
   // Slots in param_specs() order: embedding, per block (wq wk wv wo w1 w2 w3 norms), norm, head;
   // with how each is initialised (see init_weights). torchtitan's trunc_normal_ keeps torch's
   // default absolute cut at +-2, which at std 0.02 is 100 std away: a plain normal in practice.
+  int64_t layer = -1;  // of the parameters being added
   auto add = [&](std::string name, at::Tensor* slot, Init init) {
-    params_.push_back({std::move(name), slot});
+    params_.push_back({std::move(name), slot, layer});
     init_.push_back(init);
   };
   add("tok_embeddings.weight", &tok_embeddings_, {1.0, 0.0});
   for (int64_t i = 0; i < args.n_layers; ++i) {
     const std::string p = "layers." + std::to_string(i) + ".";
     auto& b = layers_[i];
+    layer = i;
     const double depth_std = 0.02 / std::sqrt(2.0 * static_cast<double>(i + 1));
     add(p + "attention.wq.weight", &b.wq, {0.02, 2.0});
     add(p + "attention.wk.weight", &b.wk, {0.02, 2.0});
@@ -62,6 +64,7 @@ Llama::Llama(const ModelArgs& args, const at::TensorOptions& options, bool alloc
     add(p + "attention_norm.weight", &b.attention_norm, {});
     add(p + "ffn_norm.weight", &b.ffn_norm, {});
   }
+  layer = -1;
   add("norm.weight", &norm_, {});
   const double head_std = 1.0 / std::sqrt(static_cast<double>(args.dim));
   add("output.weight", &output_, {head_std, 3 * head_std});  // cut at 3 std

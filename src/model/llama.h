@@ -21,6 +21,7 @@ namespace zb {
 struct NamedParameter {
   std::string name;  // e.g. "layers.3.attention.wq.weight"
   at::Tensor* slot;  // the tensor the forward reads (engines fill it; the optimizer's are theirs)
+  int64_t layer = -1;  // the block it belongs to; -1: none (embedding, final norm, head)
 };
 
 struct TransformerBlockParams {

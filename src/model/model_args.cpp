@@ -83,15 +83,15 @@ std::vector<ParamSpec> param_specs(const ModelArgs& a) {
   specs.push_back({"tok_embeddings.weight", {a.vocab_size, a.dim}});
   for (int64_t i = 0; i < a.n_layers; ++i) {
     const std::string p = "layers." + std::to_string(i) + ".";
-    specs.push_back({p + "attention.wq.weight", {a.n_heads * hd, a.dim}});
-    specs.push_back({p + "attention.wk.weight", {a.n_kv_heads * hd, a.dim}});
-    specs.push_back({p + "attention.wv.weight", {a.n_kv_heads * hd, a.dim}});
-    specs.push_back({p + "attention.wo.weight", {a.dim, a.n_heads * hd}});
-    specs.push_back({p + "feed_forward.w1.weight", {hidden, a.dim}});
-    specs.push_back({p + "feed_forward.w2.weight", {a.dim, hidden}});
-    specs.push_back({p + "feed_forward.w3.weight", {hidden, a.dim}});
-    specs.push_back({p + "attention_norm.weight", {a.dim}});
-    specs.push_back({p + "ffn_norm.weight", {a.dim}});
+    specs.push_back({p + "attention.wq.weight", {a.n_heads * hd, a.dim}, i});
+    specs.push_back({p + "attention.wk.weight", {a.n_kv_heads * hd, a.dim}, i});
+    specs.push_back({p + "attention.wv.weight", {a.n_kv_heads * hd, a.dim}, i});
+    specs.push_back({p + "attention.wo.weight", {a.dim, a.n_heads * hd}, i});
+    specs.push_back({p + "feed_forward.w1.weight", {hidden, a.dim}, i});
+    specs.push_back({p + "feed_forward.w2.weight", {a.dim, hidden}, i});
+    specs.push_back({p + "feed_forward.w3.weight", {hidden, a.dim}, i});
+    specs.push_back({p + "attention_norm.weight", {a.dim}, i});
+    specs.push_back({p + "ffn_norm.weight", {a.dim}, i});
   }
   specs.push_back({"norm.weight", {a.dim}});
   specs.push_back({"output.weight", {a.vocab_size, a.dim}});

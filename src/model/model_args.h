@@ -32,6 +32,7 @@ std::vector<std::string> known_model_names(const std::string& type_model);
 struct ParamSpec {
   std::string name;
   std::vector<int64_t> shape;
+  int64_t layer = -1;  // the transformer block it belongs to; -1: none (embedding, final norm, head)
   int64_t numel() const;
 };
 // Every parameter of the model, in the model's order, with its stable name.

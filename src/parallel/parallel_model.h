@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/llama.h"
+#include "parallel/step_trace.h"
 
 namespace zb {
 
@@ -49,6 +50,9 @@ class ParallelModel {
   // Which copy of the sharded state this rank holds: under hybrid sharding each shard group is a
   // replica (0, 1, ...); otherwise 0. Checkpoints save copy 0's rows only.
   virtual int64_t replica() const { return 0; }
+  // Records the engine's own events (gathers in place, frees, block computations) into `trace`;
+  // null stops it. Collectives are recorded by the communicators (Communicator::observe).
+  virtual void set_trace(StepTrace* /*trace*/) {}
 };
 
 }  // namespace zb

@@ -76,8 +76,7 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
   // Units: blocks 0..L-1, then the root.
   std::vector<UnitSizes> units(L + 1);
   for (const ParamSpec& p : param_specs(a)) {
-    const bool in_block = p.name.rfind("layers.", 0) == 0;
-    UnitSizes& u = in_block ? units[std::stoll(p.name.substr(7))] : units[L];
+    UnitSizes& u = p.layer >= 0 ? units[p.layer] : units[L];
     const RowShard s = RowShard::of(p.shape, W);
     u.full += p.numel();
     u.block += s.block_numel();

@@ -114,6 +114,14 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
   }
 }
 
+void Trainer::set_step_trace(StepTrace* trace) {
+  trace_ = trace;
+  parallel_->set_trace(trace);
+  comm_.observe(trace, "world");
+  if (shard_comm_) shard_comm_->observe(trace, "shard");
+  if (replicate_comm_) replicate_comm_->observe(trace, "replicate");
+}
+
 Documents Trainer::documents_of(const Batch& batch) const {
   return make_documents(batch.cu_seqlens, batch.max_document, batch.inputs.size(1), device_, compute_dtype_,
                         flash_documents_);
@@ -137,6 +145,12 @@ StepStats Trainer::train_step() {
   // engine averages over ranks when it reduce-scatters on the last micro-batch.
   at::Tensor loss_sum = at::zeros({1}, at::TensorOptions().device(device_));
   for (int64_t micro = 0; micro < accum_; ++micro) {
+    if (trace_) {
+      StepEvent mark;
+      mark.op = StepEvent::Op::MicroBatch;
+      mark.micro_batch = micro;
+      trace_->record(std::move(mark));
+    }
     Batch batch = data_->next();
     at::Tensor inputs = batch.inputs.to(device_, /*non_blocking=*/true);
     at::Tensor targets = batch.targets.to(device_, /*non_blocking=*/true);
@@ -159,6 +173,7 @@ StepStats Trainer::train_step() {
         break;
       }
   }
+  if (trace_) trace_->record(StepEvent::Op::Optimizer, -1);
   const int optimizer_start = clock_.mark();
   const at::Tensor grad_norm = parallel_->clip_grad_norm_(config_.optim.max_norm);
   // One all-reduce: the mean loss over the global batch (the ranks' means averaged) and how many

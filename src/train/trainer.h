@@ -91,6 +91,10 @@ class Trainer {
   std::vector<std::pair<std::string, Communicator*>> communication_groups() const;
   DataLoader& data() { return *data_; }
   Optimizer& optimizer() { return *optimizer_; }
+  // Records every step's events into `trace` from now on (the engine's, the collectives of every
+  // communicator the step uses, and the micro-batch and optimizer marks), for comparison with
+  // the step plan (train/step_plan.h); null stops it. The caller clears it between steps.
+  void set_step_trace(StepTrace* trace);
 
  private:
   Config config_;
@@ -115,6 +119,7 @@ class Trainer {
   int64_t skipped_ = 0, skipped_in_a_row_ = 0;
   std::vector<int64_t> poison_steps_;  // test hook: see the constructor
   StepClock clock_;  // the phases of the current step
+  StepTrace* trace_ = nullptr;
 
   // The batch's documents as attention reads them on this device (none without documents_).
   Documents documents_of(const Batch& batch) const;

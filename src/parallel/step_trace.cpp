@@ -1,0 +1,41 @@
+#include "parallel/step_trace.h"
+
+namespace zb {
+
+const char* step_op_name(StepEvent::Op op) {
+  switch (op) {
+    case StepEvent::Op::MicroBatch: return "micro_batch";
+    case StepEvent::Op::Unshard: return "unshard";
+    case StepEvent::Op::Forward: return "forward";
+    case StepEvent::Op::Recompute: return "recompute";
+    case StepEvent::Op::Backward: return "backward";
+    case StepEvent::Op::Reshard: return "reshard";
+    case StepEvent::Op::Collective: return "collective";
+    case StepEvent::Op::Optimizer: return "optimizer";
+  }
+  return "?";
+}
+
+std::string StepEvent::describe() const {
+  switch (op) {
+    case Op::MicroBatch: return "micro_batch " + std::to_string(micro_batch);
+    case Op::Optimizer: return "optimizer";
+    case Op::Collective:
+      return std::string(comm_kind_name(kind)) + " " + group + " ranks=" + std::to_string(ranks) +
+             " payload=" + std::to_string(payload) + " counted=" + std::to_string(counted);
+    default: return std::string(step_op_name(op)) + " unit " + std::to_string(unit);
+  }
+}
+
+void StepTrace::collective(CommKind kind, const std::string& group, int64_t ranks, int64_t payload,
+                           int64_t counted) {
+  StepEvent e;
+  e.kind = kind;
+  e.group = group;
+  e.ranks = ranks;
+  e.payload = payload;
+  e.counted = counted;
+  record(std::move(e));
+}
+
+}  // namespace zb

@@ -1,0 +1,53 @@
+#pragma once
+// One definition of a training step: the ordered events one rank's step makes, built from the
+// layout (FSDP, HSDP or DDP; world and group sizes), the model's shapes and the step's options
+// (reshard after forward, activation checkpointing, micro-batches, reduce every micro-batch,
+// buckets, the optimizer). For each micro-batch: gathers (with the prefetches in the order the
+// engine issues them), parameters in place, block forwards, frees, recomputes, gradients handed
+// over, reduce-scatters and the replicas' all-reduces; then the step's own collectives (the
+// gradient norm, the loss, Muon's exchanges) and the loop's agreement on stopping.
+//
+// The engines record what they do into a StepTrace (parallel/step_trace.h); tests check that the
+// trace of a real step equals the plan over the grid of layouts and options. What models the
+// step reads the plan: `train_fsdp --print-plan` prints it as JSON, which scripts/scale_model.py
+// turns into bytes by group and a time model, and the bytes are those the metrics count.
+#include <c10/core/ScalarType.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "parallel/step_trace.h"
+#include "train/trainer.h"
+
+namespace zb {
+
+struct StepPlan {
+  // What it was made for.
+  Parallelism parallelism = Parallelism::FSDP;
+  int64_t world = 1, shard = 1, replicate = 1, rank = 0;
+  int64_t micro_batches = 1;
+  bool reduce_every_micro_batch = false;
+  // Trainer::train_step's events, in order.
+  std::vector<StepEvent> events;
+  // The loop's, after the step's record: the agreement on stopping (its bytes count in the next
+  // step's record).
+  std::vector<StepEvent> after_step;
+
+  // Bytes counted per group ("world", "shard", "replicate") and kind, over events and after_step:
+  // one step's record from the second on. "total" sums the groups.
+  std::map<std::string, std::map<std::string, int64_t>> counted_bytes() const;
+};
+
+// The plan of rank `rank` of `world_size` (config validated for it). `reduce_every_micro_batch`
+// as the trainer resolved it (the memory estimate decides "auto").
+StepPlan plan_step(const Config& config, int64_t world_size, int64_t rank, Parallelism parallelism,
+                   at::ScalarType compute_dtype, at::ScalarType ns_dtype, bool reduce_every_micro_batch);
+
+// The plan as JSON: layout, events (each with its notes), after_step and counted bytes.
+nlohmann::json plan_to_json(const StepPlan& plan);
+
+}  // namespace zb

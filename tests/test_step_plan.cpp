@@ -1,0 +1,139 @@
+// The step plan (train/step_plan.h) against what real steps do: on 1 to 4 processes over Gloo,
+// every layout (FSDP, each hybrid-sharding split, DDP) and every combination of resharding after
+// forward, activation checkpointing and reducing on every micro-batch, the events a Trainer's
+// step records (the engine's gathers, frees and hand-offs, and every collective with its group
+// and bytes) must be exactly the plan's, in order.
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "dist/comm.h"
+#include "multiprocess.h"
+#include "train/step_plan.h"
+#include "train/trainer.h"
+
+using namespace zb;
+
+namespace {
+
+struct Layout {
+  Parallelism parallelism;
+  int64_t shard;  // FSDP: ranks per shard group (the world: plain FSDP)
+  std::string name;
+};
+
+std::vector<Layout> layouts(int64_t world) {
+  std::vector<Layout> out{{Parallelism::FSDP, world, "FSDP"}, {Parallelism::DDP, world, "DDP"}};
+  for (int64_t s = 1; s < world; ++s)
+    if (world % s == 0)
+      out.push_back({Parallelism::FSDP, s, "HSDP " + std::to_string(s) + "x" + std::to_string(world / s)});
+  return out;
+}
+
+// Three blocks (so the last, the one before it and the others all occur), two micro-batches per
+// rank, fp32, Newton-Schulz in fp32.
+Config config(const Layout& l, int64_t world, bool reshard, int64_t ac, bool reduce_every, const std::string& opt) {
+  std::ostringstream toml;
+  toml << "name_model = \"debugmodel\"\ntype_model = \"llama2\"\n"
+       << "[model]\nn_layers = 3\n"
+       << "[train]\nmicro_bs = 1\nac_ckpt = " << ac << "\nreshard_after_forward = " << (reshard ? "true" : "false")
+       << "\nreduce_every_micro_batch = " << (reduce_every ? "true" : "false") << "\nbucket_mb = 0.05\n"
+       << "[optim]\nbatch_size = " << 2 * world << "\ntotal_steps = 4\n"
+       << "[optim.optim]\ntype = \"" << opt << "\"\nns_dtype = \"float32\"\n"
+       << "[data]\nfake = true\nseq_length = 16\n[runtime]\ndevice = \"cpu\"\n";
+  if (l.parallelism == Parallelism::FSDP)
+    toml << "[parallel]\ndp_shard = " << l.shard << "\ndp_replicate = " << world / l.shard << "\n";
+  Config c = load_config_string(toml.str(), "test");
+  validate(c, world);
+  return c;
+}
+
+std::vector<std::string> lines(const std::vector<StepEvent>& events) {
+  std::vector<std::string> out;
+  for (const StepEvent& e : events) out.push_back(e.describe());
+  return out;
+}
+
+// Equal, or a failure that shows where the two part.
+void expect_same_events(const std::vector<std::string>& traced, const std::vector<std::string>& planned,
+                        const std::string& what) {
+  if (traced == planned) return;
+  size_t i = 0;
+  while (i < traced.size() && i < planned.size() && traced[i] == planned[i]) ++i;
+  std::ostringstream msg;
+  msg << what << ": the step's trace and the plan part at event " << i << " (" << traced.size() << " traced, "
+      << planned.size() << " planned)\n";
+  for (size_t k = i >= 3 ? i - 3 : 0; k < std::max(traced.size(), planned.size()) && k < i + 4; ++k)
+    msg << "  " << k << ": traced [" << (k < traced.size() ? traced[k] : "") << "]  planned ["
+        << (k < planned.size() ? planned[k] : "") << "]\n";
+  ADD_FAILURE() << msg.str();
+}
+
+}  // namespace
+
+class StepPlanMatchesTheTrace : public ::testing::TestWithParam<int> {};
+
+TEST_P(StepPlanMatchesTheTrace, EveryLayoutAndOption) {
+  const int world = GetParam();
+  multiprocess::run_ranks(world, [world](int rank) {
+    Communicator comm(detect_world(), c10::Device(c10::kCPU), std::chrono::seconds(60));
+    int checked = 0;
+    for (const Layout& l : layouts(world))
+      for (const bool reshard : {true, false})
+        for (const int64_t ac : {0, 2})
+          for (const bool reduce_every : {false, true}) {
+            if (l.parallelism == Parallelism::DDP && (!reshard || ac > 0)) continue;  // FSDP's options
+            // AdamW once per layout (no optimizer collectives), Muon everywhere else.
+            const std::string opt = reshard && ac == 0 && !reduce_every ? "adamw" : "muon";
+            const Config c = config(l, world, reshard, ac, reduce_every, opt);
+            const std::string what = l.name + " on " + std::to_string(world) + ", reshard " +
+                                     std::to_string(reshard) + ", ac_ckpt " + std::to_string(ac) +
+                                     ", reduce every micro-batch " + std::to_string(reduce_every) + ", " + opt +
+                                     ", rank " + std::to_string(rank);
+            Trainer trainer(c, comm, c10::Device(c10::kCPU), l.parallelism);
+            const StepPlan plan = plan_step(c, world, rank, l.parallelism, at::kFloat, at::kFloat, reduce_every);
+            StepTrace trace;
+            trainer.set_step_trace(&trace);
+            for (int step = 1; step <= 2; ++step) {  // the first step and one after it
+              trace.clear();
+              trainer.train_step();
+              expect_same_events(lines(trace.events()), lines(plan.events), what + ", step " + std::to_string(step));
+            }
+            trainer.set_step_trace(nullptr);
+            // The loop's agreement on stopping, after the step's record.
+            comm.observe(&trace, "world");
+            trace.clear();
+            comm.count_over_ranks({false, false});
+            comm.observe(nullptr, "");
+            expect_same_events(lines(trace.events()), lines(plan.after_step), what + ", after the step");
+            ++checked;
+          }
+    EXPECT_EQ(checked, 8 * (static_cast<int>(layouts(world).size()) - 1) + 2);  // 8 per FSDP layout, 2 for DDP
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, StepPlanMatchesTheTrace, ::testing::Values(1, 2, 3, 4));
+
+// The plan's own arithmetic where it is easy to state: plain FSDP on 4 ranks, one micro-batch,
+// AdamW. Each block is gathered in forward and, but for the last, again in backward, and each
+// unit's gradients reduce-scattered once; the bytes follow comm.h's convention.
+TEST(StepPlan, CountsOneGatherAndOneReductionPerUnitAndPass) {
+  Config c = config({Parallelism::FSDP, 4, "FSDP"}, 4, true, 0, false, "adamw");
+  c.optim.batch_size = 4;  // one micro-batch each
+  const StepPlan plan = plan_step(c, 4, 0, Parallelism::FSDP, at::kBFloat16, at::kFloat, false);
+  int64_t gathers = 0, reductions = 0, gathered_bytes = 0;
+  for (const StepEvent& e : plan.events) {
+    if (e.op != StepEvent::Op::Collective) continue;
+    if (e.kind == CommKind::AllGather) ++gathers, gathered_bytes += e.payload;
+    if (e.kind == CommKind::ReduceScatter) ++reductions;
+    EXPECT_EQ(e.ranks, 4);
+  }
+  EXPECT_EQ(gathers, 1 + 3 + 2);  // the root, three blocks, then two of them again
+  EXPECT_EQ(reductions, 3 + 1);
+  const auto bytes = plan.counted_bytes();
+  EXPECT_EQ(bytes.at("world").at("all_gather"), 2 * 3 * gathered_bytes);
+  EXPECT_EQ(bytes.at("total").at("all_gather"), bytes.at("world").at("all_gather"));
+}

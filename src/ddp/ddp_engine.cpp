@@ -145,6 +145,7 @@ at::Tensor DDPEngine::loss(const at::Tensor& tokens, const at::Tensor& targets, 
     h = model_.block_forward(i, h, documents);
   }
   fill_through(L + 1);
+  if (trace_) trace_->record(StepEvent::Op::Loss, -1);
   return model_.head_loss(h, targets);
 }
 

@@ -35,6 +35,7 @@ class DDPEngine : public ParallelModel {
   std::vector<ShardedParameter> parameters() override;
   at::Tensor clip_grad_norm_(double max_norm) override;
   std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters() override;
+  void set_trace(StepTrace* trace) override { trace_ = trace; }
 
  private:
   class Bucket;
@@ -45,6 +46,7 @@ class DDPEngine : public ParallelModel {
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::vector<int64_t> first_stage_;  // each bucket's: where forward first reads a member (loss())
   bool sync_ = true;
+  StepTrace* trace_ = nullptr;
 };
 
 }  // namespace zb

@@ -115,6 +115,7 @@ at::Tensor FSDPEngine::loss(const at::Tensor& tokens, const at::Tensor& targets,
       });
     }
   }
+  if (context_.trace) context_.trace->record(StepEvent::Op::Loss, -1);
   at::Tensor loss = model_.head_loss(h, targets);
   root_->post_forward();  // the root stays gathered until its backward
   return loss;

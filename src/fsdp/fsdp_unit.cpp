@@ -60,7 +60,6 @@ void FSDPUnit::pre_backward() {
 void FSDPUnit::post_backward(const std::vector<at::Tensor>& grads) {
   transition({TrainingState::Idle, TrainingState::PreBackward}, TrainingState::PostBackward, "post_backward");
   at::NoGradGuard no_grad;
-  trace(StepEvent::Op::Backward);
   // Every node that used this unit's parameters has run (they produced these gradients): the
   // gathered copies can go now rather than at the end of backward.
   reshard();
@@ -68,9 +67,12 @@ void FSDPUnit::post_backward(const std::vector<at::Tensor>& grads) {
   for (FSDPParam* p : params_) shapes.push_back(p->full_shape);
   const std::vector<at::Tensor> total =
       accumulator_.add(grads, shapes, params_.front()->sharded.device(), requires_gradient_sync);
-  if (!requires_gradient_sync) return;
+  if (requires_gradient_sync && comm_.size() == 1 && !replicas_) add_whole_gradients(total);
+  else if (requires_gradient_sync) start_reduction(total);
+  trace(StepEvent::Op::Backward);
+}
 
-  if (comm_.size() == 1 && !replicas_) return add_whole_gradients(total);
+void FSDPUnit::start_reduction(const std::vector<at::Tensor>& total) {
   at::Tensor reduce_in = reduce_scatter_input(params_, offsets_, total, block_numel_, comm_.size(),
                                               replicas_ ? replicas_->size() : 1);
   if (context_.reducing && context_.reducing != this) context_.reducing->advance_gradients();

@@ -104,6 +104,8 @@ class FSDPUnit : public GradientGroup {
   void complete_gradients();
   // A world of one without replicas: the step's sums straight into the .grad()s.
   void add_whole_gradients(const std::vector<at::Tensor>& total);
+  // The reduce-scatter of the step's sums (the unit before finishes its own first).
+  void start_reduction(const std::vector<at::Tensor>& total);
 
   void trace(StepEvent::Op op) {
     if (context_.trace) context_.trace->record(op, index_);

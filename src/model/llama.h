@@ -30,6 +30,20 @@ struct TransformerBlockParams {
   at::Tensor attention_norm, ffn_norm;
 };
 
+// What the forward keeps for backward, in bytes, as the memory estimate counts it
+// (train/memory_estimate.cpp): each figure is defined beside the forward it describes
+// (llama.cpp), so a change to a layer and to its memory are made together. Per token, but for
+// head_weight.
+struct ForwardSaves {
+  int64_t norm = 0;          // one RMSNorm
+  int64_t block = 0;         // one transformer block, its output included
+  int64_t checkpointed = 0;  // a block under activation checkpointing: its output alone
+  int64_t head = 0;          // the final norm and the chunked loss's per-token products
+  int64_t head_weight = 0;   // the chunked loss's fp32 gradient of the head, [vocab, dim]
+};
+// `cuda`: the device's kernels (fused RMSNorm keeps less than the CPU's composite one).
+ForwardSaves forward_saves(const ModelArgs& args, at::ScalarType compute_dtype, bool cuda);
+
 class Llama {
  public:
   // Allocates every parameter (fp32 master weights, requires_grad) with `options`' device; on

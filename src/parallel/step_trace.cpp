@@ -7,6 +7,7 @@ const char* step_op_name(StepEvent::Op op) {
     case StepEvent::Op::MicroBatch: return "micro_batch";
     case StepEvent::Op::Unshard: return "unshard";
     case StepEvent::Op::Forward: return "forward";
+    case StepEvent::Op::Loss: return "loss";
     case StepEvent::Op::Recompute: return "recompute";
     case StepEvent::Op::Backward: return "backward";
     case StepEvent::Op::Reshard: return "reshard";
@@ -20,6 +21,7 @@ std::string StepEvent::describe() const {
   switch (op) {
     case Op::MicroBatch: return "micro_batch " + std::to_string(micro_batch);
     case Op::Optimizer: return "optimizer";
+    case Op::Loss: return "loss";
     case Op::Collective:
       return std::string(comm_kind_name(kind)) + " " + group + " ranks=" + std::to_string(ranks) +
              " payload=" + std::to_string(payload) + " counted=" + std::to_string(counted);

@@ -17,9 +17,10 @@ struct StepEvent {
     MicroBatch,  // a micro-batch starts (`micro_batch`)
     Unshard,     // a unit's parameters are gathered and in place (after its all-gather, if any)
     Forward,     // a block's forward starts
+    Loss,        // the head and the loss (the last of forward; backward follows)
     Recompute,   // activation checkpointing: a block's forward again, in its backward
-    Backward,    // a unit's gradients are complete (its post-backward)
-    Reshard,     // a unit's gathered parameters are freed
+    Reshard,     // a unit's gathered parameters are freed (in backward: its gradients are computed)
+    Backward,    // a unit's post-backward is done: its gradients summed or handed to a collective
     Collective,  // a collective is issued (kind, group, ranks, bytes)
     Optimizer,   // the gradients are final: clipping and the optimizer follow
   };

@@ -10,6 +10,7 @@
 #include "model/model_config.h"
 #include "optim/optimizer.h"
 #include "optim/param_groups.h"
+#include "train/step_plan.h"
 #include "util/log.h"
 
 namespace zb {
@@ -55,22 +56,25 @@ struct UnitSizes {
 
 MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::ScalarType compute_dtype, bool cuda,
                                     bool reduce_every_micro_batch) {
-  // Parameters are sharded over the shard group (every rank under FSDP; a node's ranks under
-  // hybrid sharding). Not counted under hybrid sharding: the unit whose reduced rows are being
-  // all-reduced over the replicas keeps them one unit longer (a W-th of a block, in place).
-  const int64_t W = shard_layout(c, world_size).shard;
+  // The step as the engine runs it, on rank 0 (train/step_plan.h): its events are walked in order,
+  // each allocating and freeing what it does. Not counted under hybrid sharding: the unit whose
+  // reduced rows are being all-reduced over the replicas keeps them one unit longer (a W-th of a
+  // block, in place).
+  const c10::Device device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  const StepPlan plan = plan_step(c, world_size, /*rank=*/0, Parallelism::FSDP, compute_dtype,
+                                  resolve_ns_dtype(c, device), reduce_every_micro_batch);
+  const int64_t W = plan.shard;  // parameters are sharded over the shard group
   const ModelArgs a = resolve_model_args(c);
   const int64_t L = a.n_layers, D = a.dim, V = a.vocab_size, H = a.n_heads;
   const int64_t Q = a.n_heads * a.head_dim(), K = a.n_kv_heads * a.head_dim(), F = a.ffn_hidden();
   const int64_t N = c.train.micro_bs * c.data.seq_length;  // tokens per micro-batch
-  const int64_t A = grad_accum_steps(c, world_size);        // micro-batches per step
+  const int64_t A = plan.micro_batches;                     // micro-batches per step
   const int64_t e = at::elementSize(compute_dtype);          // bytes of a gathered weight / activation
   const bool muon = c.optim.optim.type == "muon";
-  const bool reduce_every = reduce_every_micro_batch && A > 1;
+  const bool reduce_every = plan.reduce_every_micro_batch;
   // Document attention without the flash kernel reads an additive mask [B, 1, T, T] in the
   // compute dtype, made once per micro-batch and shared by every block (attention.h).
-  const bool flash = varlen_flash_supported(cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU),
-                                            compute_dtype, a.head_dim());
+  const bool flash = varlen_flash_supported(device, compute_dtype, a.head_dim());
   const int64_t mask = c.model.attention == "document" && !flash ? e * c.data.seq_length * N : 0;
 
   // Units: blocks 0..L-1, then the root.
@@ -91,19 +95,11 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
     hidden_local += u.hidden_local;
   }
 
-  // What one block keeps for backward, per token (bytes). An RMSNorm keeps its fp32 rstd, and on
-  // the CPU (composite kernel) also the normalised input before the weight (fp32; for a bf16
-  // input also the input cast to fp32); on CUDA the fused kernel keeps only rstd (its input is
-  // kept anyway). Then: the normed input x of wq/wk/wv (D); q and k after RoPE (Q, K); v (K);
-  // attention's output (Q; its layout is already [B, T, H*Dh], so wo reads it as is) and fp32
-  // log-sum-exp per head (H); the residual h2 (D, kept by the second norm); the normed y of w1/w3
-  // (D); w1's output (SiLU's input), SiLU's output, w3's output and their product (w2's input):
-  // 4 F; and the block's output (D), which the next block keeps as its input.
-  const int64_t norm_keeps = cuda ? 4 : (e == 4 ? 4 * D + 4 : 8 * D + 4);
-  const int64_t block_keeps = 2 * norm_keeps + e * (4 * D + 2 * Q + 2 * K + 4 * F) + 4 * H;
-  const int64_t checkpointed_keeps = e * D;  // its output; its input is the block before's output
+  // What the forward keeps for backward (defined beside it: model/llama.h's forward_saves).
+  const ForwardSaves saves = forward_saves(a, compute_dtype, cuda);
+  const int64_t block_keeps = saves.block;
   auto checkpointed = [&](int64_t i) { return c.train.ac_ckpt > 0 && i % c.train.ac_ckpt == 0; };
-  auto keeps_of = [&](int64_t i) { return (checkpointed(i) ? checkpointed_keeps : block_keeps) * N; };  // block i
+  auto keeps_of = [&](int64_t i) { return (checkpointed(i) ? saves.checkpointed : block_keeps) * N; };  // block i
 
   Timeline t;
   // --- held through the step ----------------------------------------------------------------------
@@ -116,142 +112,161 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
   // The loader's prefetched micro-batches (4) and the one in use: inputs and targets, int64.
   t.alloc("data batches", (4 + 1) * 2 * 8 * N);
 
-  const UnitSizes& root = units[L];
-  // A gather's input and output buffers; with one rank the shards are cast straight into place.
-  auto gather_buffers = [&](const UnitSizes& u) { return W > 1 ? e * u.block * (W + 1) : int64_t{0}; };
-  // One rank without replicas adds its sums straight into the shards' .grad(), no reduce-scatter.
-  const bool whole_gradients = W == 1 && shard_layout(c, world_size).replicate == 1;
-  auto gather = [&](const UnitSizes& u) {  // issue_unshard + wait_unshard
-    t.alloc("all-gather buffers", gather_buffers(u));
-    t.alloc("gathered parameters", e * u.full);
-    t.free("all-gather buffers", gather_buffers(u));
-  };
+  // A gather's input and output buffers (the plan has no all-gather with one rank: the shards are
+  // cast straight into place).
+  auto gather_buffers = [&](const UnitSizes& u) { return e * u.block * (W + 1); };
+  std::vector<int64_t> gathering(L + 1, 0);  // each unit's all-gather buffers in flight
   const UnitSizes* reducing = nullptr;  // the unit whose reduce-scatter is in flight
   std::vector<bool> has_grad(L + 1, false);  // a unit's shards have their .grad() this step
-  auto finish_reduce = [&] {  // the reduced rows go into the shards' .grad(), made the first time
+  auto grad_shards = [&](size_t u) {  // made the first time a unit's gradients land
+    if (!has_grad[u]) t.alloc("gradient shards (fp32)", 4 * units[u].local);
+    has_grad[u] = true;
+  };
+  auto finish_reduce = [&] {  // the reduced rows go into the shards' .grad()
     if (!reducing) return;
     t.free("reduce-scatter buffers", 4 * reducing->block * (W + 1));
-    const size_t u = static_cast<size_t>(reducing - units.data());
-    if (!has_grad[u]) t.alloc("gradient shards (fp32)", 4 * reducing->local);
-    has_grad[u] = true;
+    grad_shards(static_cast<size_t>(reducing - units.data()));
     reducing = nullptr;
   };
-  auto reduce = [&](const UnitSizes& u) {  // post_backward on the last micro-batch
-    if (whole_gradients) {
-      const size_t k = static_cast<size_t>(&u - units.data());
-      if (!has_grad[k]) t.alloc("gradient shards (fp32)", 4 * u.local);
-      has_grad[k] = true;
-      return;
-    }
+  auto reduce = [&](const UnitSizes& u) {  // a reduce-scatter: its input, the one before done, its output
     t.alloc("reduce-scatter buffers", 4 * W * u.block);
     finish_reduce();
     t.alloc("reduce-scatter buffers", 4 * u.block);
     reducing = &u;
   };
+  // One rank without replicas adds its sums straight into the shards' .grad(), no reduce-scatter.
+  const bool whole_gradients = W == 1 && plan.replicate == 1;
+  const int64_t head_grad = e * V * D;  // the head's gradient, made by the loss (below)
 
-  for (int64_t m = 0; m < A; ++m) {
-    const bool sync = reduce_every || m == A - 1;
-    const std::string mb = A > 1 ? " (micro-batch " + std::to_string(m + 1) + ")" : "";
-    // --- forward ----------------------------------------------------------------------------------
-    t.at("forward" + mb);
-    t.alloc("attention mask", mask);
-    gather(root);
-    t.alloc("activations", e * D * N);  // the embedding's output, block 0's input
-    for (int64_t i = 0; i < L; ++i) {
-      t.at("forward of block " + std::to_string(i) + mb);
-      t.alloc("all-gather buffers", gather_buffers(units[i]));  // prefetched during block i - 1
-      t.alloc("gathered parameters", e * units[i].full);
-      t.free("all-gather buffers", gather_buffers(units[i]));
-      if (i + 1 < L) t.alloc("all-gather buffers", gather_buffers(units[i + 1]));  // prefetch
-      t.alloc("activations", keeps_of(i));
-      if (i + 1 < L) t.free("all-gather buffers", gather_buffers(units[i + 1]));  // moved on
-      if (c.train.reshard_after_forward && i != L - 1) t.free("gathered parameters", e * units[i].full);
-    }
-    // The loss in chunks (chunked_loss.h): the final norm keeps as a block's norm does, the normed
-    // x [N, D]; the gradient is made in the forward: dx [N, D] and the head's fp32 [V, D]; while a
-    // chunk's logits exist, fp32 [chunk, V] (plus the compute-dtype product and gradient when
-    // that is not fp32).
-    t.at("loss" + mb);
-    const int64_t chunk = std::min(N, loss_chunk_tokens(V, cuda));
-    const int64_t head_keeps = (norm_keeps + 2 * e * D) * N + 4 * V * D;
-    t.alloc("activations", head_keeps);
-    // Per chunk: the fp32 logits and log-sum-exp's temporary of their size; in a compute dtype
-    // other than fp32 also the gradient cast back, and on the CPU the product before the cast
-    // and the weight gradient's product before it is added to the fp32 sum (on CUDA the GEMMs
-    // write fp32 themselves).
-    const int64_t logits = e == 4 ? chunk * V * 8
-                           : cuda ? chunk * V * (8 + e)
-                                  : chunk * V * (8 + 2 * e) + e * V * D;
-    t.alloc("loss chunk", logits);
-    t.free("loss chunk", logits);
-    // --- backward ---------------------------------------------------------------------------------
-    t.at("backward of the loss" + mb);
-    // The loss's backward scales its saved gradients in place: the fp32 [V, D] becomes the head's
-    // gradient (or is cast to the compute dtype, its fp32 copy then freed), which waits with the
-    // root's others until the embedding's; the final norm hands back [N, D].
-    const int64_t head_grad = e * V * D;
-    if (e != 4) t.alloc("parameter gradients", head_grad);
-    t.free("activations", 4 * V * D);
-    if (e == 4) t.alloc("parameter gradients", head_grad);
-    t.alloc("activation gradients", e * D * N);
-    // Freed: what the loss kept, and the last block's output (only the final norm kept it). From
-    // here each block's backward frees what it kept, its own output excepted (gone already) and
-    // its input included (the same size): what it kept, in all.
-    t.free("activations", head_keeps - 4 * V * D + e * D * N);
-    for (int64_t i = L - 1; i >= 0; --i) {
-      t.at("backward of block " + std::to_string(i) + mb);
-      const bool resharded = c.train.reshard_after_forward && i != L - 1;
-      if (resharded) gather(units[i]);
-      if (i > 0 && c.train.reshard_after_forward) t.alloc("all-gather buffers", gather_buffers(units[i - 1]));
-      if (checkpointed(i)) t.alloc("activations", block_keeps * N);  // the recompute
-      // Most memory in the block's backward is at the MLP's product (measured with the counting
-      // allocator: the recompute adds exactly block_keeps, its backward 2 F per token plus w2's
-      // weight gradient). w2's backward hands back the product's gradient [N, F] and w2's weight
-      // gradient [D, F] and frees the product it kept; the product's backward then makes the
-      // gradients of SiLU's and w3's outputs, two more [N, F].
-      t.alloc("activation gradients", e * F * N);
-      t.alloc("parameter gradients", e * D * F);
-      t.free("activations", e * F * N);
-      t.alloc("activation gradients", 2 * e * F * N);
-      t.free("activation gradients", 3 * e * F * N);
-      if (cuda) {
-        // Attention's backward on the GPU (the flash kernels; FA2's buffers): an fp32 accumulator
-        // for dq of [N + 128 per sequence, H, Dh rounded up to 32 or 64] and fp32 row sums
-        // [sequences, H, T rounded up to 128], beside the gradients of q, k and v (and, under
-        // grouped-query attention, of k and v at every query head before they are summed down).
-        // Sequences counted as one per row: each further document in a row adds 128 rows of dq.
-        const int64_t B = c.train.micro_bs, T = c.data.seq_length, Dh = a.head_dim();
-        const int64_t dh_rounded = (Dh + (Dh <= 128 ? 31 : 63)) / (Dh <= 128 ? 32 : 64) * (Dh <= 128 ? 32 : 64);
-        const int64_t work = 4 * (N + 128 * B) * H * dh_rounded + 4 * B * H * ((T + 127) / 128 * 128) +
-                             e * (Q + 2 * K) * N + (K < Q ? 2 * e * Q * N : 0);
-        t.alloc("attention backward", work);
-        t.free("attention backward", work);
-      }
-      t.free("activations", keeps_of(i) - e * F * N + (checkpointed(i) ? block_keeps * N : 0));
-      t.alloc("parameter gradients", e * (units[i].full - D * F));
-      // post_backward: free the gathered block; sum or reduce its gradients.
-      t.free("gathered parameters", e * units[i].full);
-      if (A > 1 && !reduce_every && m == 0) t.alloc("gradient accumulators (fp32)", 4 * units[i].full);
-      if (sync) {
-        reduce(units[i]);
-        if (A > 1 && !reduce_every) t.free("gradient accumulators (fp32)", 4 * units[i].full);
-      }
-      t.free("parameter gradients", e * units[i].full);
-      if (i > 0 && c.train.reshard_after_forward) t.free("all-gather buffers", gather_buffers(units[i - 1]));
-    }
-    // The embedding's gradient (dense, [V, D]), then the root's post_backward.
-    t.at("backward of the embedding" + mb);
-    t.alloc("parameter gradients", e * V * D);
-    t.free("activation gradients", e * D * N);
-    t.free("gathered parameters", e * root.full);
-    if (A > 1 && !reduce_every && m == 0) t.alloc("gradient accumulators (fp32)", 4 * root.full);
-    if (sync) {
-      reduce(root);
-      if (A > 1 && !reduce_every) t.free("gradient accumulators (fp32)", 4 * root.full);
-    }
-    t.free("parameter gradients", e * V * D + head_grad);
-    finish_reduce();  // finish_backward
+  int64_t m = -1;         // the micro-batch under way
+  bool backward = false;  // its backward has begun
+  bool sync = false;      // its gradients are reduced
+  std::string mb;         // its name in the timeline
+  auto end_micro_batch = [&] {  // finish_backward
+    if (m < 0) return;
+    finish_reduce();
     t.free("attention mask", mask);
+  };
+  for (const StepEvent& ev : plan.events) {
+    const int64_t u = ev.unit;
+    const std::string block = "block " + std::to_string(u);
+    switch (ev.op) {
+      case StepEvent::Op::MicroBatch:
+        end_micro_batch();
+        m = ev.micro_batch;
+        backward = false;
+        sync = reduce_every || m == A - 1;
+        mb = A > 1 ? " (micro-batch " + std::to_string(m + 1) + ")" : "";
+        t.at("forward" + mb);
+        t.alloc("attention mask", mask);
+        break;
+      case StepEvent::Op::Collective:
+        if (ev.kind == CommKind::AllGather) {
+          gathering[u] = gather_buffers(units[u]);
+          t.alloc("all-gather buffers", gathering[u]);
+        } else if (ev.kind == CommKind::ReduceScatter) {
+          reduce(units[u]);
+        }
+        break;
+      case StepEvent::Op::Unshard:
+        if (backward) t.at("backward of " + block + mb);
+        t.alloc("gathered parameters", e * units[u].full);
+        t.free("all-gather buffers", gathering[u]);
+        gathering[u] = 0;
+        if (u == L) t.alloc("activations", e * D * N);  // the embedding's output, block 0's input
+        break;
+      case StepEvent::Op::Forward:
+        t.at("forward of " + block + mb);
+        t.alloc("activations", keeps_of(u));
+        break;
+      case StepEvent::Op::Loss: {
+        // The loss in chunks (chunked_loss.h): while a chunk's logits exist, fp32 [chunk, V] and
+        // log-sum-exp's temporary of their size; in a compute dtype other than fp32 also the
+        // gradient cast back, and on the CPU the product before the cast and the weight
+        // gradient's product before it is added to the fp32 sum (on CUDA the GEMMs write fp32).
+        t.at("loss" + mb);
+        const int64_t chunk = std::min(N, loss_chunk_tokens(V, cuda));
+        const int64_t head_keeps = saves.head * N + saves.head_weight;
+        t.alloc("activations", head_keeps);
+        const int64_t logits = e == 4 ? chunk * V * 8
+                               : cuda ? chunk * V * (8 + e)
+                                      : chunk * V * (8 + 2 * e) + e * V * D;
+        t.alloc("loss chunk", logits);
+        t.free("loss chunk", logits);
+        // Its backward scales the saved gradients in place: the fp32 [V, D] becomes the head's
+        // gradient (or is cast to the compute dtype, its fp32 copy then freed), which waits with
+        // the root's others until the embedding's; the final norm hands back [N, D].
+        t.at("backward of the loss" + mb);
+        if (e != 4) t.alloc("parameter gradients", head_grad);
+        t.free("activations", saves.head_weight);
+        if (e == 4) t.alloc("parameter gradients", head_grad);
+        t.alloc("activation gradients", e * D * N);
+        // Freed: what the loss kept, and the last block's output (only the final norm kept it).
+        // From here each block's backward frees what it kept, its own output excepted (gone
+        // already) and its input included (the same size): what it kept, in all.
+        t.free("activations", head_keeps - saves.head_weight + e * D * N);
+        backward = true;
+        break;
+      }
+      case StepEvent::Op::Recompute:
+        t.at("backward of " + block + mb);
+        t.alloc("activations", block_keeps * N);
+        break;
+      case StepEvent::Op::Reshard:
+        if (!backward) {  // after the block's forward
+          t.free("gathered parameters", e * units[u].full);
+          break;
+        }
+        // In backward: the unit's gradients are computed, then its post-backward frees the
+        // gathered copy and sums its gradients (or hands them to the reduce-scatter that follows).
+        if (u < L) {
+          t.at("backward of " + block + mb);
+          // Most memory in the block's backward is at the MLP's product (measured with the
+          // counting allocator: the recompute adds exactly block_keeps, its backward 2 F per token
+          // plus w2's weight gradient). w2's backward hands back the product's gradient [N, F] and
+          // w2's weight gradient [D, F] and frees the product it kept; the product's backward
+          // then makes the gradients of SiLU's and w3's outputs, two more [N, F].
+          t.alloc("activation gradients", e * F * N);
+          t.alloc("parameter gradients", e * D * F);
+          t.free("activations", e * F * N);
+          t.alloc("activation gradients", 2 * e * F * N);
+          t.free("activation gradients", 3 * e * F * N);
+          if (cuda) {
+            // Attention's backward on the GPU (the flash kernels; FA2's buffers): an fp32
+            // accumulator for dq of [N + 128 per sequence, H, Dh rounded up to 32 or 64] and fp32
+            // row sums [sequences, H, T rounded up to 128], beside the gradients of q, k and v
+            // (and, under grouped-query attention, of k and v at every query head before they
+            // are summed down). Sequences counted as one per row: each further document in a
+            // row adds 128 rows of dq.
+            const int64_t B = c.train.micro_bs, T = c.data.seq_length, Dh = a.head_dim();
+            const int64_t round = Dh <= 128 ? 32 : 64;
+            const int64_t dh_rounded = (Dh + round - 1) / round * round;
+            const int64_t work = 4 * (N + 128 * B) * H * dh_rounded + 4 * B * H * ((T + 127) / 128 * 128) +
+                                 e * (Q + 2 * K) * N + (K < Q ? 2 * e * Q * N : 0);
+            t.alloc("attention backward", work);
+            t.free("attention backward", work);
+          }
+          t.free("activations", keeps_of(u) - e * F * N + (checkpointed(u) ? block_keeps * N : 0));
+          t.alloc("parameter gradients", e * (units[u].full - D * F));
+        } else {
+          // The embedding's gradient (dense, [V, D]), the last of backward.
+          t.at("backward of the embedding" + mb);
+          t.alloc("parameter gradients", e * V * D);
+          t.free("activation gradients", e * D * N);
+        }
+        t.free("gathered parameters", e * units[u].full);
+        if (A > 1 && !reduce_every && m == 0) t.alloc("gradient accumulators (fp32)", 4 * units[u].full);
+        if (sync && whole_gradients) grad_shards(static_cast<size_t>(u));
+        break;
+      case StepEvent::Op::Backward:  // its post-backward is done
+        if (sync && A > 1 && !reduce_every) t.free("gradient accumulators (fp32)", 4 * units[u].full);
+        t.free("parameter gradients", u < L ? e * units[u].full : e * V * D + head_grad);
+        break;
+      case StepEvent::Op::Optimizer:
+        end_micro_batch();
+        m = -1;
+        break;
+    }
   }
 
   // --- optimizer --------------------------------------------------------------------------------

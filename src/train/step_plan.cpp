@@ -97,6 +97,7 @@ void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, 
       w.mark(StepEvent::Op::Forward, i);
       if (resharded_after_forward(i)) w.mark(StepEvent::Op::Reshard, i);
     }
+    w.mark(StepEvent::Op::Loss);
     // Backward, last block first. A block freed after forward is gathered again from a hook on
     // its output's gradient, which also prefetches the block before; the block nearest the
     // head is gathered there, the others were prefetched.
@@ -107,13 +108,14 @@ void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, 
         if (i > 0) gather(i - 1, "regather");
       }
       if (ac > 0 && i % ac == 0) w.mark(StepEvent::Op::Recompute, i);
-      w.mark(StepEvent::Op::Backward, i);
+      // Post-backward: the gathered copy freed, the gradients reduced (or summed for later).
       w.mark(StepEvent::Op::Reshard, i);
       reduce(i);
+      w.mark(StepEvent::Op::Backward, i);
     }
-    w.mark(StepEvent::Op::Backward, L);
     w.mark(StepEvent::Op::Reshard, L);
     reduce(L);
+    w.mark(StepEvent::Op::Backward, L);
     // finish_backward: the root's reduce-scatter completes, then its all-reduce over the replicas.
     if (reducing >= 0 && R > 1)
       w.ring(CommKind::AllReduce, "replicate", R, 4 * block[reducing], "sum root over the replicas", "exposed",
@@ -130,6 +132,7 @@ void plan_ddp_micro_batches(PlanWriter& w, const StepPlan& p, const std::vector<
   const std::vector<std::vector<size_t>> buckets = ddp_buckets(numels, bucket_mb);
   for (int64_t m = 0; m < p.micro_batches; ++m) {
     w.micro_batch(m);
+    w.mark(StepEvent::Op::Loss);
     if (!p.reduce_every_micro_batch && m != p.micro_batches - 1) continue;
     for (size_t b = 0; b < buckets.size(); ++b) {
       int64_t n = 0;

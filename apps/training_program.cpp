@@ -33,6 +33,7 @@
 #include "train/memory_estimate.h"
 #include "train/metrics_follower.h"
 #include "train/metrics_logger.h"
+#include "train/run_policy.h"
 #include "train/step_plan.h"
 #include "train/trainer.h"
 #include "training_program.h"
@@ -49,25 +50,12 @@ using zb::strf;
 volatile std::sig_atomic_t stop_requested = 0;
 void request_stop(int) { stop_requested = 1; }
 
-// A step that was not applied because its loss or gradient norm was not finite (every rank saw
-// the same all-reduced values and decides the same): under train.nonfinite = "skip" the run goes
-// on, until max_skipped_steps such steps in a row; otherwise it stops, saving nothing of this
-// state.
+// A step that was not applied (train/run_policy.h decides): a warning and on, or an error that
+// stops every rank (all saw the same all-reduced values and decide the same).
 void on_nonfinite_step(const zb::StepStats& s, const zb::Config& cfg, zb::CheckpointWriter& checkpoints) {
-  auto number = [](double v) { return std::isnan(v) ? std::string("nan") : strf("%g", v); };
-  const std::string what = strf("step %ld: the %s is not finite (loss %s, gradient norm %s), the step was not applied",
-                                s.step, s.nonfinite.c_str(), number(s.loss).c_str(), number(s.grad_norm).c_str());
-  const bool skip = cfg.train.nonfinite == "skip";
-  if (skip && s.skipped_in_a_row < cfg.train.max_skipped_steps) {
-    zb::log::warn(strf("%s: skipped (%ld in a row, %ld in all; train.max_skipped_steps = %ld in a row stops the run)",
-                       what.c_str(), s.skipped_in_a_row, s.skipped_total, cfg.train.max_skipped_steps));
-    return;
-  }
-  const std::string good = checkpoints.last_good();
-  throw std::runtime_error(
-      what + (skip ? strf("; %ld such steps in a row (train.max_skipped_steps)", s.skipped_in_a_row)
-                   : std::string("; stopping (train.nonfinite = \"stop\")")) +
-      "; nothing saved; the last good checkpoint is " + (good.empty() ? "none (no checkpoint yet)" : good));
+  const zb::NonfiniteDecision d = zb::decide_nonfinite(s, cfg, checkpoints.last_good());
+  if (d.stop) throw std::runtime_error(d.message);
+  zb::log::warn(d.message);
 }
 
 // c10 errors carry a C++ backtrace in what(); users need the message.
@@ -143,32 +131,20 @@ nlohmann::json resolved_run(const zb::Config& c) {
   };
 }
 
-// The memory estimate for this run (FSDP only) decides train.reduce_every_micro_batch = "auto"
-// (on when the run fits only that way) and stops a run that will not fit (unless --force).
-// Returns the predicted peak in bytes.
-int64_t check_memory(zb::Config& cfg, int64_t world_size, const c10::Device& device, const zb::MemoryBudget& budget,
-                  bool force, bool dry_run) {
-  const at::ScalarType compute = zb::Trainer::resolve_compute_dtype(cfg, device);
-  const std::string& setting = cfg.train.reduce_every_micro_batch;
-  zb::MemoryEstimate est = zb::estimate_step_memory(cfg, world_size, compute, device.is_cuda(), setting == "true");
-  const bool known = budget.device_bytes > 0;
-  if (setting == "auto" && known && est.peak > budget.usable) {
-    zb::MemoryEstimate sharded = zb::estimate_step_memory(cfg, world_size, compute, device.is_cuda(), true);
-    if (sharded.reduce_every_micro_batch && sharded.peak <= budget.usable) {
-      zb::log::info("train.reduce_every_micro_batch = auto: on (the run fits only with sharded gradient sums)");
-      est = sharded;
-    }
-  }
-  if (setting == "auto") cfg.train.reduce_every_micro_batch = est.reduce_every_micro_batch ? "true" : "false";
-  const auto lines = zb::describe_memory(est, budget);
-  const bool fits = !known || est.peak <= budget.usable;
-  if (fits || dry_run || force) {
-    for (const auto& line : lines) (fits ? zb::log::info : zb::log::warn)(line);
-    if (!fits && !dry_run) zb::log::warn("--force: training anyway");
-    return est.peak;
+// The memory verdict for this run (FSDP only; train/run_policy.h), logged; a run that will not
+// fit stops here (config error, exit 2) unless --force or a dry run. Returns the verdict.
+zb::MemoryVerdict check_memory(const zb::Config& cfg, int64_t world_size, const c10::Device& device,
+                               const zb::MemoryBudget& budget, bool force, bool dry_run) {
+  const zb::MemoryVerdict v = zb::judge_memory(cfg, world_size, device, budget);
+  if (v.auto_turned_on)
+    zb::log::info("train.reduce_every_micro_batch = auto: on (the run fits only with sharded gradient sums)");
+  if (v.fits || dry_run || force) {
+    for (const auto& line : v.table) (v.fits ? zb::log::info : zb::log::warn)(line);
+    if (!v.fits && !dry_run) zb::log::warn("--force: training anyway");
+    return v;
   }
   std::string table;
-  for (const auto& line : lines) table += "\n" + line;
+  for (const auto& line : v.table) table += "\n" + line;
   throw zb::ConfigError(strf("the run is predicted not to fit in one device's memory (smaller train.micro_bs, "
                              "train.ac_ckpt, more ranks; --force to try anyway):") + table);
 }
@@ -204,8 +180,8 @@ void shard_by_node(zb::Config& cfg, const zb::World& world, bool dry_run) {
 }
 
 // --print-plan: one step of the run as the step plan lists it (train/step_plan.h), for a rank of
-// --world-size ranks (else the launcher's world). train.reduce_every_micro_batch = "auto" is
-// planned off: only a launch's memory check turns it on.
+// --world-size ranks (else the launcher's world); train.reduce_every_micro_batch = "auto" as the
+// memory verdict of a dry run resolves it.
 nlohmann::json plan_json(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes) {
   zb::Config cfg = cl.config;
   const zb::World world = zb::detect_world();
@@ -216,14 +192,19 @@ nlohmann::json plan_json(const zb::CommandLine& cl, zb::Parallelism parallelism,
     throw zb::ConfigError(strf("--print-plan %ld: there are only %ld rank(s) (--world-size)", cl.print_plan_rank,
                                world_size));
   const c10::Device device = zb::select_device(cfg.runtime.device, 0);
-  const zb::StepPlan plan =
-      zb::plan_step(cfg, world_size, cl.print_plan_rank, parallelism, zb::Trainer::resolve_compute_dtype(cfg, device),
-                    zb::resolve_ns_dtype(cfg, device), cfg.train.reduce_every_micro_batch == "true");
+  const bool reduce_every =
+      parallelism == zb::Parallelism::FSDP
+          ? zb::judge_memory(cfg, world_size, device, memory_budget(cfg, device, /*dry_run=*/true)).reduce_every_micro_batch
+          : cfg.train.reduce_every_micro_batch == "true";
+  const zb::StepPlan plan = zb::plan_step(cfg, world_size, cl.print_plan_rank, parallelism,
+                                          zb::Trainer::resolve_compute_dtype(cfg, device),
+                                          zb::resolve_ns_dtype(cfg, device), reduce_every);
   return zb::plan_to_json(plan);
 }
 
-int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes) {
-  zb::Config cfg = cl.config;  // check_memory resolves train.reduce_every_micro_batch = "auto"
+int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
+        const zb::Trainer::GradientHook& gradient_hook) {
+  zb::Config cfg = cl.config;  // train_hsdp fills in the layout
   const zb::World world = zb::detect_world();
   if (over_nodes) shard_by_node(cfg, world, cl.dry_run);
   const int64_t planned_world = cl.dry_run && cl.world_size > 0 ? cl.world_size : world.size;
@@ -286,11 +267,12 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes)
   // Hybrid sharding's groups first: on a GPU their NCCL communicators hold memory the budget
   // must see.
   zb::HybridGroups groups = zb::make_hybrid_groups(cfg, comm, parallelism);
-  const int64_t predicted_peak =
-      parallelism == zb::Parallelism::FSDP
-          ? check_memory(cfg, world.size, device, memory_budget(cfg, device, /*dry_run=*/false), cl.force, false)
-          : 0;
-  zb::Trainer trainer(cfg, comm, device, parallelism, std::move(groups));
+  std::optional<zb::MemoryVerdict> memory;
+  if (parallelism == zb::Parallelism::FSDP)
+    memory = check_memory(cfg, world.size, device, memory_budget(cfg, device, /*dry_run=*/false), cl.force, false);
+  zb::Trainer trainer(cfg, comm, device, parallelism, std::move(groups),
+                      memory ? std::optional<bool>(memory->reduce_every_micro_batch) : std::nullopt);
+  trainer.set_gradient_hook(gradient_hook);
   zb::log::info(strf("device: %s (%s), compute dtype %s, %d CPU threads, reshard_after_forward %s",
                      device.str().c_str(), zb::device_name(device).c_str(),
                      c10::toString(trainer.compute_dtype()), at::get_num_threads(),
@@ -321,11 +303,14 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes)
   // --- the loop ----------------------------------------------------------------------------------
   zb::MetricsLogger metrics(cfg, args, world.rank, world.size, device, /*resumed=*/trainer.step() > 0);
   metrics.set_constant("attention_kernel", trainer.attention_kernel());
-  if (predicted_peak > 0) metrics.set_constant("predicted_peak_memory_bytes", predicted_peak);
+  if (memory) metrics.set_constant("predicted_peak_memory_bytes", memory->estimate.peak);
   if (world.rank == 0) {
     // The resolved run beside its metrics (<stem>.config.json; the W&B run's config).
-    if (const std::string path = zb::run_config_path(metrics.path()); !path.empty())
-      std::ofstream(path) << resolved_run(cfg).dump(2) << "\n";
+    if (const std::string path = zb::run_config_path(metrics.path()); !path.empty()) {
+      nlohmann::json run = resolved_run(cfg);
+      run["resolved_reduce_every_micro_batch"] = trainer.reduces_every_micro_batch();
+      std::ofstream(path) << run.dump(2) << "\n";
+    }
     zb::start_metrics_follower(cfg, metrics.path(), /*resumed=*/trainer.step() > 0);
   }
   // What the hybrid-sharding groups (if any) have moved so far, by group.
@@ -390,7 +375,8 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes)
 
 namespace zb {
 
-int training_main(int argc, char** argv, Parallelism parallelism, const char* program, bool over_nodes) {
+int training_main(int argc, char** argv, Parallelism parallelism, const char* program, bool over_nodes,
+                  const Trainer::GradientHook& gradient_hook) {
   zb::log::init(0, "info");
   // Before any tensor exists: the measurement of live tensor bytes (util/device.h).
   if (const char* count = std::getenv("ZB_COUNT_TENSOR_MEMORY"); count && std::string(count) == "1")
@@ -410,7 +396,7 @@ int training_main(int argc, char** argv, Parallelism parallelism, const char* pr
       std::cout << plan_json(cl, parallelism, over_nodes).dump(1) << "\n";
       return 0;
     }
-    return run(cl, parallelism, over_nodes);
+    return run(cl, parallelism, over_nodes, gradient_hook);
   } catch (const zb::ConfigError& e) {
     zb::log::error(std::string("config error: ") + e.what());
     return 2;

@@ -3,7 +3,7 @@
 # non-zero exit code, and no good checkpoint is lost.
 #   failures.sh nonfinite_stop|nonfinite_skip|unwritable_ckpt|short_write  TRAIN_FSDP CONFIG
 set -u
-what=$1 train=$2 config=$3
+what=$1 train=$2 config=$3 faulty=${4:-}  # faulty: tests/nonfinite_train.cpp's program
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/ranks.sh"
@@ -51,12 +51,12 @@ nonfinite_stop)
   grep "resumed from $work/ck/step_00000004" "$work/r.log.0" || fail "no resume"
   ;;
 nonfinite_skip)
-  # A NaN put into rank 1's reduced gradients at step 3 (a test-only hook): under "skip" both
+  # A NaN put into rank 1's reduced gradients at step 3 (the faulty test program): under "skip" both
   # ranks skip the step (the gradient norm is all-reduced), and the state saved after step 3 is
   # bit for bit the state after step 2 on every rank: parameters, momentum and Adam moments. The
   # schedule does not advance over the skipped step, and a resume from a later checkpoint
   # continues it exactly.
-  ZB_TEST_NONFINITE_GRAD_STEPS=3 run_ranks 2 "$work/s.log" --train.nonfinite skip --ckpt.path "$work/s" \
+  train=$faulty ZB_TEST_NONFINITE_GRAD_STEPS=3 run_ranks 2 "$work/s.log" --train.nonfinite skip --ckpt.path "$work/s" \
     --ckpt.interval 1 --ckpt.keep 0 --logging.metrics_file "$work/s.jsonl"
   wait_ranks || fail "a run with a skipped step"
   for r in 0 1; do
@@ -78,16 +78,14 @@ PY
   compare_losses "$work/s.jsonl" "$work/r.jsonl" 0 "resumed after a skipped step" || fail "resume after a skip"
   # train_ddp too: there each rank computes the norm from its own replica, and the step's
   # all-reduce carries whether any rank found it non-finite.
-  train_fsdp=$train train=$(dirname "$train")/train_ddp
-  ZB_TEST_NONFINITE_GRAD_STEPS=3 run_ranks 2 "$work/ddp.log" --train.nonfinite skip --ckpt.path "$work/ddp" \
-    --ckpt.interval 1 --optim.total_steps 3
+  train=$faulty ZB_TEST_PARALLELISM=ddp ZB_TEST_NONFINITE_GRAD_STEPS=3 run_ranks 2 "$work/ddp.log" \
+    --train.nonfinite skip --ckpt.path "$work/ddp" --ckpt.interval 1 --optim.total_steps 3
   wait_ranks || fail "train_ddp with a skipped step"
   for r in 0 1; do
     cmp "$work/ddp/step_00000002/rank_0000$r.bin" "$work/ddp/step_00000003/rank_0000$r.bin" || fail "train_ddp: step 3 changed rank $r's rows"
   done
-  train=$train_fsdp
   # Too many in a row: train.max_skipped_steps = 2, non-finite at steps 3 and 4.
-  ZB_TEST_NONFINITE_GRAD_STEPS=3,4 run_ranks 2 "$work/m.log" --train.nonfinite skip --train.max_skipped_steps 2 \
+  train=$faulty ZB_TEST_NONFINITE_GRAD_STEPS=3,4 run_ranks 2 "$work/m.log" --train.nonfinite skip --train.max_skipped_steps 2 \
     --ckpt.path "$work/m" --ckpt.interval 1
   wait_codes; expect_codes "1 1 " "two non-finite steps in a row"
   for r in 0 1; do

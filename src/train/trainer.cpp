@@ -8,12 +8,9 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/isfinite.h>
 
-#include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
-#include <sstream>
 
 #include "data/sources.h"
 #include "ddp/ddp_engine.h"
@@ -41,7 +38,7 @@ HybridGroups make_hybrid_groups(const Config& config, Communicator& comm, Parall
 }
 
 Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, Parallelism parallelism,
-                 HybridGroups groups)
+                 HybridGroups groups, std::optional<bool> reduce_every_micro_batch)
     : config_(config), comm_(comm), device_(device), clock_(device) {
   compute_dtype_ = resolve_compute_dtype(config, device);
 
@@ -103,15 +100,8 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
   schedule_ = {config.optim.sched_type, config.optim.warmup_steps, config.optim.stable_steps,
                config.optim.total_steps};
   accum_ = zb::grad_accum_steps(config, comm.size());
-  // "auto" is false until the memory estimate decides it.
-  reduce_every_micro_batch_ = config.train.reduce_every_micro_batch == "true" && accum_ > 1;
-
-  // Test hook: ZB_TEST_NONFINITE_GRAD_STEPS=3,4 puts a NaN into the last rank's gradients at
-  // those steps, after they are reduced, so that only the norm's all-reduce tells the others.
-  if (const char* steps = std::getenv("ZB_TEST_NONFINITE_GRAD_STEPS")) {
-    std::stringstream list(steps);
-    for (std::string item; std::getline(list, item, ',');) poison_steps_.push_back(std::stoll(item));
-  }
+  reduce_every_micro_batch_ =
+      reduce_every_micro_batch.value_or(config.train.reduce_every_micro_batch == "true") && accum_ > 1;
 }
 
 void Trainer::set_step_trace(StepTrace* trace) {
@@ -165,14 +155,7 @@ StepStats Trainer::train_step() {
     micro_marks.push_back({start, forward_done, clock_.mark()});
     loss_sum += loss.detach();
   }
-  if (comm_.rank() == comm_.size() - 1 &&
-      std::find(poison_steps_.begin(), poison_steps_.end(), step_) != poison_steps_.end()) {
-    for (const ShardedParameter& p : parallel_->parameters())
-      if (p.tensor->grad().defined() && p.tensor->numel() > 0) {
-        p.tensor->mutable_grad().view(-1).narrow(0, 0, 1).fill_(std::numeric_limits<float>::quiet_NaN());
-        break;
-      }
-  }
+  if (gradient_hook_) gradient_hook_(step_, *parallel_);
   if (trace_) trace_->record(StepEvent::Op::Optimizer, -1);
   const int optimizer_start = clock_.mark();
   const at::Tensor grad_norm = parallel_->clip_grad_norm_(config_.optim.max_norm);

@@ -5,6 +5,7 @@
 // global batch.
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -53,8 +54,11 @@ class Trainer {
  public:
   // Builds everything; the model is initialised from runtime.seed identically on every rank and
   // then sharded (FSDP) or replicated (DDP). `config` must be validated for comm.size() ranks.
+  // `reduce_every_micro_batch`: train.reduce_every_micro_batch as the memory verdict resolved it
+  // (train/run_policy.h); none: as the config says, "auto" off.
   Trainer(const Config& config, Communicator& comm, c10::Device device,
-          Parallelism parallelism = Parallelism::FSDP, HybridGroups groups = {});
+          Parallelism parallelism = Parallelism::FSDP, HybridGroups groups = {},
+          std::optional<bool> reduce_every_micro_batch = std::nullopt);
 
   StepStats train_step();
   // runtime.compute_dtype on `device`: "auto" is bf16 on CUDA, fp32 on CPU.
@@ -95,6 +99,10 @@ class Trainer {
   // communicator the step uses, and the micro-batch and optimizer marks), for comparison with
   // the step plan (train/step_plan.h); null stops it. The caller clears it between steps.
   void set_step_trace(StepTrace* trace);
+  // Called on every rank once the step's gradients are reduced, before they are clipped: where
+  // tests put faults (tests/nonfinite_train.cpp). Production runs set none.
+  using GradientHook = std::function<void(int64_t step, ParallelModel& model)>;
+  void set_gradient_hook(GradientHook hook) { gradient_hook_ = std::move(hook); }
 
  private:
   Config config_;
@@ -117,7 +125,7 @@ class Trainer {
   bool reduce_every_micro_batch_ = false;
   int64_t step_ = 0;
   int64_t skipped_ = 0, skipped_in_a_row_ = 0;
-  std::vector<int64_t> poison_steps_;  // test hook: see the constructor
+  GradientHook gradient_hook_;
   StepClock clock_;  // the phases of the current step
   StepTrace* trace_ = nullptr;
 

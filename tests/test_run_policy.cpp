@@ -1,0 +1,97 @@
+// The run's policy (train/run_policy.h) on its own: the memory verdict that resolves
+// train.reduce_every_micro_batch and stops runs that will not fit, and what a step that was not
+// applied does to the run.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "config/config.h"
+#include "train/run_policy.h"
+
+using namespace zb;
+
+namespace {
+const std::string kConfigs = std::string(ZB_SOURCE_DIR) + "/configs/";
+const c10::Device kGpu(c10::kCUDA, 0);  // planned for, as a dry run does: nothing runs on it
+}  // namespace
+
+// The 7B preset on 8 H100s of 80 GB (planned: 90% usable) fits only when its gradients are
+// reduced on every micro-batch (the whole fp32 sums of 6.7 B parameters would not fit beside the
+// rest): "auto" turns that on, "false" does not fit, "true" fits without "auto" deciding.
+TEST(RunPolicy, AutoReducesEveryMicroBatchOnlyWhereTheRunFitsOnlySo) {
+  Config c = load_config_file(kConfigs + "7B/H100.toml");
+  c.runtime.device_memory_gb = 80;
+  const MemoryBudget budget = planned_budget(c, "");
+  ASSERT_GT(budget.usable, 0);
+  c.train.reduce_every_micro_batch = "auto";
+  const MemoryVerdict automatic = judge_memory(c, 8, kGpu, budget);
+  EXPECT_TRUE(automatic.fits);
+  EXPECT_TRUE(automatic.reduce_every_micro_batch);
+  EXPECT_TRUE(automatic.auto_turned_on);
+  EXPECT_LE(automatic.estimate.peak, budget.usable);
+
+  c.train.reduce_every_micro_batch = "false";
+  const MemoryVerdict whole = judge_memory(c, 8, kGpu, budget);
+  EXPECT_FALSE(whole.fits);
+  EXPECT_FALSE(whole.reduce_every_micro_batch);
+  EXPECT_GT(whole.estimate.peak, budget.usable);
+  EXPECT_NE(whole.table.back().find("DOES NOT FIT"), std::string::npos) << whole.table.back();
+
+  c.train.reduce_every_micro_batch = "true";
+  const MemoryVerdict sharded = judge_memory(c, 8, kGpu, budget);
+  EXPECT_TRUE(sharded.fits && sharded.reduce_every_micro_batch);
+  EXPECT_FALSE(sharded.auto_turned_on);
+  EXPECT_EQ(sharded.estimate.peak, automatic.estimate.peak);
+}
+
+// A run that fits as it is keeps "auto" off; with no device memory known (the CPU) nothing is
+// checked and every run fits.
+TEST(RunPolicy, AutoStaysOffWhereTheRunFitsAndTheCpuIsNotChecked) {
+  Config c = load_config_file(kConfigs + "1B/H100.toml");
+  c.runtime.device_memory_gb = 80;
+  const MemoryVerdict v = judge_memory(c, 8, kGpu, planned_budget(c, ""));
+  EXPECT_TRUE(v.fits);
+  EXPECT_FALSE(v.reduce_every_micro_batch || v.auto_turned_on);
+  Config huge = load_config_file(kConfigs + "7B/H100.toml");
+  const MemoryVerdict cpu = judge_memory(huge, 1, c10::Device(c10::kCPU), MemoryBudget{});
+  EXPECT_TRUE(cpu.fits);
+  EXPECT_FALSE(cpu.reduce_every_micro_batch);
+}
+
+namespace {
+StepStats nonfinite_step(int64_t step, int64_t in_a_row, int64_t total) {
+  StepStats s;
+  s.step = step;
+  s.loss = 3.25;
+  s.grad_norm = std::numeric_limits<double>::quiet_NaN();
+  s.nonfinite = "gradient norm";
+  s.skipped_in_a_row = in_a_row;
+  s.skipped_total = total;
+  return s;
+}
+}  // namespace
+
+TEST(RunPolicy, NonfiniteStepsStopOrAreSkippedUpToTheLimit) {
+  Config c = load_config_file(kConfigs + "debug/normal.toml");
+  c.train.nonfinite = "stop";
+  NonfiniteDecision d = decide_nonfinite(nonfinite_step(7, 1, 1), c, "ck/step_00000004");
+  EXPECT_TRUE(d.stop);
+  EXPECT_EQ(d.message,
+            "step 7: the gradient norm is not finite (loss 3.25, gradient norm nan), the step was not applied; "
+            "stopping (train.nonfinite = \"stop\"); nothing saved; the last good checkpoint is ck/step_00000004");
+
+  c.train.nonfinite = "skip";
+  c.train.max_skipped_steps = 2;
+  d = decide_nonfinite(nonfinite_step(7, 1, 3), c, "");
+  EXPECT_FALSE(d.stop);
+  EXPECT_EQ(d.message,
+            "step 7: the gradient norm is not finite (loss 3.25, gradient norm nan), the step was not applied: "
+            "skipped (1 in a row, 3 in all; train.max_skipped_steps = 2 in a row stops the run)");
+  d = decide_nonfinite(nonfinite_step(8, 2, 4), c, "");
+  EXPECT_TRUE(d.stop);
+  EXPECT_NE(d.message.find("; 2 such steps in a row (train.max_skipped_steps); nothing saved; "
+                           "the last good checkpoint is none (no checkpoint yet)"),
+            std::string::npos)
+      << d.message;
+}

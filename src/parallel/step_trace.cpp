@@ -29,15 +29,32 @@ std::string StepEvent::describe() const {
   }
 }
 
-void StepTrace::collective(CommKind kind, const std::string& group, int64_t ranks, int64_t payload,
-                           int64_t counted) {
+StepEvent StepEvent::mark(Op op, int64_t unit) {
   StepEvent e;
+  e.op = op;
+  e.unit = unit;
+  return e;
+}
+
+StepEvent StepEvent::micro_batch_start(int64_t micro_batch) {
+  StepEvent e = mark(Op::MicroBatch);
+  e.micro_batch = micro_batch;
+  return e;
+}
+
+StepEvent StepEvent::collective(CommKind kind, std::string group, int64_t ranks, int64_t payload, int64_t counted) {
+  StepEvent e = mark(Op::Collective);
   e.kind = kind;
-  e.group = group;
+  e.group = std::move(group);
   e.ranks = ranks;
   e.payload = payload;
   e.counted = counted;
-  record(std::move(e));
+  return e;
+}
+
+void StepTrace::collective(CommKind kind, const std::string& group, int64_t ranks, int64_t payload,
+                           int64_t counted) {
+  record(StepEvent::collective(kind, group, ranks, payload, counted));
 }
 
 }  // namespace zb

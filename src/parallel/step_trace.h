@@ -38,18 +38,17 @@ struct StepEvent {
 
   // One line with everything a trace and a plan must agree on.
   std::string describe() const;
+
+  static StepEvent mark(Op op, int64_t unit = -1);
+  static StepEvent micro_batch_start(int64_t micro_batch);
+  static StepEvent collective(CommKind kind, std::string group, int64_t ranks, int64_t payload, int64_t counted);
 };
 const char* step_op_name(StepEvent::Op op);
 
 class StepTrace : public CollectiveObserver {
  public:
   void record(StepEvent event) { events_.push_back(std::move(event)); }
-  void record(StepEvent::Op op, int64_t unit) {
-    StepEvent e;
-    e.op = op;
-    e.unit = unit;
-    record(std::move(e));
-  }
+  void record(StepEvent::Op op, int64_t unit) { record(StepEvent::mark(op, unit)); }
   void collective(CommKind kind, const std::string& group, int64_t ranks, int64_t payload,
                   int64_t counted) override;
   const std::vector<StepEvent>& events() const { return events_; }

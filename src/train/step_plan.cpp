@@ -18,18 +18,8 @@ class PlanWriter {
  public:
   explicit PlanWriter(std::vector<StepEvent>& out) : out_(out) {}
 
-  void mark(StepEvent::Op op, int64_t unit = -1) {
-    StepEvent e;
-    e.op = op;
-    e.unit = unit;
-    out_.push_back(std::move(e));
-  }
-  void micro_batch(int64_t m) {
-    StepEvent e;
-    e.op = StepEvent::Op::MicroBatch;
-    e.micro_batch = m;
-    out_.push_back(std::move(e));
-  }
+  void mark(StepEvent::Op op, int64_t unit = -1) { out_.push_back(StepEvent::mark(op, unit)); }
+  void micro_batch(int64_t m) { out_.push_back(StepEvent::micro_batch_start(m)); }
   // A ring collective over `ranks` ranks of `group`, `payload` bytes (comm.h's names).
   void ring(CommKind kind, const std::string& group, int64_t ranks, int64_t payload, std::string what,
             std::string overlap, int64_t unit = -1) {
@@ -38,12 +28,7 @@ class PlanWriter {
   }
   void collective(CommKind kind, const std::string& group, int64_t ranks, int64_t payload, int64_t counted,
                   std::string what, std::string overlap, int64_t unit = -1) {
-    StepEvent e;
-    e.kind = kind;
-    e.group = group;
-    e.ranks = ranks;
-    e.payload = payload;
-    e.counted = counted;
+    StepEvent e = StepEvent::collective(kind, group, ranks, payload, counted);
     e.unit = unit;
     e.what = std::move(what);
     e.overlap = std::move(overlap);

@@ -135,12 +135,7 @@ StepStats Trainer::train_step() {
   // engine averages over ranks when it reduce-scatters on the last micro-batch.
   at::Tensor loss_sum = at::zeros({1}, at::TensorOptions().device(device_));
   for (int64_t micro = 0; micro < accum_; ++micro) {
-    if (trace_) {
-      StepEvent mark;
-      mark.op = StepEvent::Op::MicroBatch;
-      mark.micro_batch = micro;
-      trace_->record(std::move(mark));
-    }
+    if (trace_) trace_->record(StepEvent::micro_batch_start(micro));
     Batch batch = data_->next();
     at::Tensor inputs = batch.inputs.to(device_, /*non_blocking=*/true);
     at::Tensor targets = batch.targets.to(device_, /*non_blocking=*/true);

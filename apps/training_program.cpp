@@ -26,7 +26,6 @@
 #include "dist/comm.h"
 #include "dist/world.h"
 #include "model/llama.h"
-#include "model/model_args_json.h"
 #include "model/model_config.h"
 #include "optim/optimizer.h"
 #include "train/metrics.h"
@@ -83,54 +82,6 @@ void describe_model(const zb::Config& c, const zb::ModelArgs& a, int64_t world_s
                      zb::grad_accum_steps(c, world_size), world_size));
 }
 
-// The run as another implementation needs it to train the same model the same way: the resolved
-// shapes, batch and optimizer settings. scripts/bench_peer.py builds its PyTorch twin from this.
-nlohmann::json resolved_run(const zb::Config& c) {
-  const zb::ModelArgs a = zb::resolve_model_args(c);
-  nlohmann::json model = zb::model_args_to_json(a);
-  model["head_dim"] = a.head_dim();  // derived sizes, so that the peer needs no formula
-  model["ffn_hidden"] = a.ffn_hidden();
-  const auto& o = c.optim;
-  const c10::Device device = zb::select_device(c.runtime.device, 0);
-  const at::ScalarType compute = zb::Trainer::resolve_compute_dtype(c, device);
-  const at::ScalarType ns = zb::resolve_ns_dtype(c, device);
-  return {
-      {"name_model", c.name_model},
-      {"type_model", c.type_model},
-      {"project", c.project},
-      {"model", model},
-      {"attention", c.model.attention},
-      {"num_params", zb::count_params(a)},
-      {"flops_per_token", zb::flops_per_token(a, c.data.seq_length)},
-      {"seq_length", c.data.seq_length},
-      {"micro_bs", c.train.micro_bs},
-      {"batch_size", o.batch_size},
-      {"ac_ckpt", c.train.ac_ckpt},
-      {"reshard_after_forward", c.train.reshard_after_forward},
-      {"reduce_every_micro_batch", c.train.reduce_every_micro_batch},
-      {"bucket_mb", c.train.bucket_mb},
-      {"parallel", {{"dp_shard", c.parallel.dp_shard}, {"dp_replicate", c.parallel.dp_replicate},
-                    {"muon_split_over_replicas", c.parallel.muon_split_over_replicas}}},
-      {"max_norm", o.max_norm},
-      {"schedule", {{"type", o.sched_type}, {"warmup_steps", o.warmup_steps},
-                    {"stable_steps", o.stable_steps}, {"total_steps", o.total_steps}}},
-      {"hidden", {{"type", o.optim.type}, {"lr", o.optim.lr}, {"wd", o.optim.wd},
-                  {"momentum", o.optim.momentum}, {"nesterov", o.optim.nesterov},
-                  {"ns_steps", o.optim.ns_steps}, {"update_scale", o.optim.update_scale},
-                  {"ns_dtype", o.optim.ns_dtype}}},
-      {"adam", {{"lr_embedding", o.adam.lr_embedding}, {"lr_head", o.adam.lr_head},
-                {"lr_norm", o.adam.lr_norm}, {"betas", {o.adam.betas1, o.adam.betas2}},
-                {"eps", o.adam.eps}, {"wd", o.adam.wd}}},
-      {"runtime", {{"device", c.runtime.device}, {"compute_dtype", c.runtime.compute_dtype},
-                   {"seed", c.runtime.seed}, {"num_threads", c.runtime.num_threads},
-                   {"peak_flops", c.runtime.peak_flops}}},
-      // What "auto" resolves to on this machine, as the trainer will run it.
-      {"resolved_device", device.is_cuda() ? "cuda" : "cpu"},
-      {"resolved_compute_dtype", compute == at::kBFloat16 ? "bfloat16" : "float32"},
-      {"resolved_ns_dtype", ns == at::kBFloat16 ? "bfloat16" : "float32"},
-  };
-}
-
 // The memory verdict for this run (FSDP only; train/run_policy.h), logged; a run that will not
 // fit stops here (config error, exit 2) unless --force or a dry run. Returns the verdict.
 zb::MemoryVerdict check_memory(const zb::Config& cfg, int64_t world_size, const c10::Device& device,
@@ -149,64 +100,25 @@ zb::MemoryVerdict check_memory(const zb::Config& cfg, int64_t world_size, const 
                              "train.ac_ckpt, more ranks; --force to try anyway):") + table);
 }
 
-// What this rank's device offers: on a GPU (unless runtime.device_memory_gb says) the memory
-// still free once the CUDA context and every communicator exist; else from the config or the
-// GPU's name. A dry run may plan for a GPU on a machine without one: then only the config says.
-zb::MemoryBudget memory_budget(const zb::Config& cfg, const c10::Device& device, bool dry_run) {
-  const bool gpu_here = device.is_cuda() && zb::cuda_available();
-  if (gpu_here && !dry_run && cfg.runtime.device_memory_gb <= 0) {
-    const zb::DeviceMemory m = zb::device_memory(device);
-    return zb::measured_budget(m.available, m.total);
-  }
-  return zb::planned_budget(cfg, gpu_here ? zb::device_name(device) : "");
-}
-
-// train_hsdp: one shard group per node, replicated across nodes (the config's [parallel] keys,
-// where set, win). One node has nothing to replicate across: train_fsdp is the program for it.
-// A dry run has no launcher to say what a node is: it needs the keys.
-void shard_by_node(zb::Config& cfg, const zb::World& world, bool dry_run) {
-  const bool layout_given = cfg.parallel.dp_shard != -1 || cfg.parallel.dp_replicate != 1;
-  if (!layout_given && dry_run)
-    throw zb::ConfigError("train_hsdp --dry-run: give the layout, --parallel.dp_shard GPUS_PER_NODE "
-                          "--parallel.dp_replicate NODES (no launcher says what a node is)");
-  if (!layout_given && world.local_size >= world.size)
-    throw zb::ConfigError(strf("train_hsdp shards within a node and replicates across nodes, but all %ld rank(s) "
-                               "are on one node (LOCAL_WORLD_SIZE = WORLD_SIZE = %ld): use train_fsdp",
-                               world.size, world.size));
-  if (!layout_given) {
-    cfg.parallel.dp_shard = world.local_size;
-    cfg.parallel.dp_replicate = world.size / world.local_size;
-  }
-}
-
-// --print-plan: one step of the run as the step plan lists it (train/step_plan.h), for a rank of
-// --world-size ranks (else the launcher's world); train.reduce_every_micro_batch = "auto" as the
-// memory verdict of a dry run resolves it.
+// --print-plan: one step of the run as the step plan lists it, for a rank of --world-size ranks
+// (else the launcher's world).
 nlohmann::json plan_json(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes) {
   zb::Config cfg = cl.config;
   const zb::World world = zb::detect_world();
-  if (over_nodes) shard_by_node(cfg, world, /*dry_run=*/cl.world_size > 0);
+  if (over_nodes) zb::shard_by_node(cfg, world, /*dry_run=*/cl.world_size > 0);
   const int64_t world_size = cl.world_size > 0 ? cl.world_size : world.size;
   zb::validate(cfg, world_size);
   if (cl.print_plan_rank >= world_size)
     throw zb::ConfigError(strf("--print-plan %ld: there are only %ld rank(s) (--world-size)", cl.print_plan_rank,
                                world_size));
-  const c10::Device device = zb::select_device(cfg.runtime.device, 0);
-  const bool reduce_every =
-      parallelism == zb::Parallelism::FSDP
-          ? zb::judge_memory(cfg, world_size, device, memory_budget(cfg, device, /*dry_run=*/true)).reduce_every_micro_batch
-          : cfg.train.reduce_every_micro_batch == "true";
-  const zb::StepPlan plan = zb::plan_step(cfg, world_size, cl.print_plan_rank, parallelism,
-                                          zb::Trainer::resolve_compute_dtype(cfg, device),
-                                          zb::resolve_ns_dtype(cfg, device), reduce_every);
-  return zb::plan_to_json(plan);
+  return zb::plan_to_json(zb::plan_run(cfg, world_size, cl.print_plan_rank, parallelism));
 }
 
 int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
         const zb::Trainer::GradientHook& gradient_hook) {
   zb::Config cfg = cl.config;  // train_hsdp fills in the layout
   const zb::World world = zb::detect_world();
-  if (over_nodes) shard_by_node(cfg, world, cl.dry_run);
+  if (over_nodes) zb::shard_by_node(cfg, world, cl.dry_run);
   const int64_t planned_world = cl.dry_run && cl.world_size > 0 ? cl.world_size : world.size;
   zb::validate(cfg, planned_world);
   zb::log::init(static_cast<int>(world.rank), cfg.logging.level);
@@ -229,7 +141,7 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
       const c10::Device planned = cfg.runtime.device == "cuda" || (cfg.runtime.device == "auto" && zb::cuda_available())
                                       ? c10::Device(c10::kCUDA, 0)
                                       : c10::Device(c10::kCPU);
-      check_memory(cfg, planned_world, planned, memory_budget(cfg, planned, /*dry_run=*/true), cl.force,
+      check_memory(cfg, planned_world, planned, zb::memory_budget(cfg, planned, /*dry_run=*/true), cl.force,
                    /*dry_run=*/true);
     } else
       zb::log::info("memory estimate: train_fsdp only");
@@ -269,7 +181,7 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
   zb::HybridGroups groups = zb::make_hybrid_groups(cfg, comm, parallelism);
   std::optional<zb::MemoryVerdict> memory;
   if (parallelism == zb::Parallelism::FSDP)
-    memory = check_memory(cfg, world.size, device, memory_budget(cfg, device, /*dry_run=*/false), cl.force, false);
+    memory = check_memory(cfg, world.size, device, zb::memory_budget(cfg, device, /*dry_run=*/false), cl.force, false);
   zb::Trainer trainer(cfg, comm, device, parallelism, std::move(groups),
                       memory ? std::optional<bool>(memory->reduce_every_micro_batch) : std::nullopt);
   trainer.set_gradient_hook(gradient_hook);
@@ -307,7 +219,7 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
   if (world.rank == 0) {
     // The resolved run beside its metrics (<stem>.config.json; the W&B run's config).
     if (const std::string path = zb::run_config_path(metrics.path()); !path.empty()) {
-      nlohmann::json run = resolved_run(cfg);
+      nlohmann::json run = zb::resolved_run(cfg);
       run["resolved_reduce_every_micro_batch"] = trainer.reduces_every_micro_batch();
       std::ofstream(path) << run.dump(2) << "\n";
     }
@@ -389,7 +301,7 @@ int training_main(int argc, char** argv, Parallelism parallelism, const char* pr
     }
     if (cl.print_config) {
       zb::validate(cl.config, zb::detect_world().size);  // the world the launcher variables describe
-      std::cout << resolved_run(cl.config).dump(2) << "\n";
+      std::cout << zb::resolved_run(cl.config).dump(2) << "\n";
       return 0;
     }
     if (cl.print_plan_rank >= 0) {

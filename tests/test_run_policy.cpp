@@ -95,3 +95,65 @@ TEST(RunPolicy, NonfiniteStepsStopOrAreSkippedUpToTheLimit) {
             std::string::npos)
       << d.message;
 }
+
+// train_hsdp's layout: a shard group per node from the launcher's local size, the config's keys
+// winning where set; one node, or a dry run without the keys, is refused with what to do.
+TEST(RunPolicy, HybridShardingTakesOneShardGroupPerNode) {
+  World world;
+  world.size = 16;
+  world.local_size = 8;
+  Config c = load_config_file(kConfigs + "debug/normal.toml");
+  shard_by_node(c, world, /*dry_run=*/false);
+  EXPECT_EQ(c.parallel.dp_shard, 8);
+  EXPECT_EQ(c.parallel.dp_replicate, 2);
+
+  Config given = load_config_file(kConfigs + "debug/normal.toml");
+  given.parallel.dp_shard = 4;
+  given.parallel.dp_replicate = 4;
+  shard_by_node(given, world, /*dry_run=*/true);
+  EXPECT_EQ(given.parallel.dp_shard, 4);
+  EXPECT_EQ(given.parallel.dp_replicate, 4);
+
+  Config one_node = load_config_file(kConfigs + "debug/normal.toml");
+  world.local_size = 16;
+  EXPECT_THROW(
+      {
+        try {
+          shard_by_node(one_node, world, false);
+        } catch (const ConfigError& e) {
+          EXPECT_NE(std::string(e.what()).find("use train_fsdp"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      ConfigError);
+  EXPECT_THROW(shard_by_node(one_node, world, /*dry_run=*/true), ConfigError);
+}
+
+// The memory a run may plan on: nothing to check on the CPU; runtime.device_memory_gb, where set,
+// is the device's memory and 90% of it usable.
+TEST(RunPolicy, MemoryBudgetFromTheDeviceOrTheConfig) {
+  Config c = load_config_file(kConfigs + "debug/normal.toml");
+  EXPECT_EQ(memory_budget(c, c10::Device(c10::kCPU), false).device_bytes, 0);
+  c.runtime.device_memory_gb = 10;
+  const MemoryBudget b = memory_budget(c, kGpu, /*dry_run=*/true);
+  EXPECT_EQ(b.device_bytes, 10'000'000'000);
+  EXPECT_EQ(b.usable, 9'000'000'000);
+}
+
+// What other tools read: the resolved run names what "auto" became here, and the plan of a run
+// resolves "auto" for reducing every micro-batch as the memory verdict does.
+TEST(RunPolicy, ResolvedRunAndPlanSayWhatAutoBecame) {
+  Config c = load_config_file(kConfigs + "debug/normal.toml");
+  c.runtime.device = "cpu";
+  const nlohmann::json run = resolved_run(c);
+  EXPECT_EQ(run.at("resolved_device"), "cpu");
+  EXPECT_EQ(run.at("resolved_compute_dtype"), "float32");  // auto on the CPU
+  EXPECT_EQ(run.at("resolved_ns_dtype"), "float32");
+  EXPECT_EQ(run.at("num_params"), 2229504);
+
+  Config big = load_config_file(kConfigs + "7B/H100.toml");
+  big.runtime.device = "cpu";  // planned here: nothing to check, so "auto" stays off
+  EXPECT_FALSE(plan_run(big, 8, 0, Parallelism::FSDP).reduce_every_micro_batch);
+  big.train.reduce_every_micro_batch = "true";
+  EXPECT_TRUE(plan_run(big, 8, 0, Parallelism::FSDP).reduce_every_micro_batch);
+}

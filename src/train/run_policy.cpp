@@ -2,6 +2,10 @@
 
 #include <cmath>
 
+#include "model/model_args_json.h"
+#include "model/model_config.h"
+#include "optim/optimizer.h"
+#include "util/device.h"
 #include "util/log.h"
 
 namespace zb {
@@ -38,6 +42,94 @@ NonfiniteDecision decide_nonfinite(const StepStats& s, const Config& c, const st
                           : std::string("; stopping (train.nonfinite = \"stop\")")) +
                     "; nothing saved; the last good checkpoint is " +
                     (last_good.empty() ? "none (no checkpoint yet)" : last_good)};
+}
+
+// The run as another implementation needs it to train the same model the same way: the resolved
+// shapes, batch and optimizer settings. scripts/bench_peer.py builds its PyTorch twin from this.
+nlohmann::json resolved_run(const Config& c) {
+  const ModelArgs a = resolve_model_args(c);
+  nlohmann::json model = model_args_to_json(a);
+  model["head_dim"] = a.head_dim();  // derived sizes, so that the peer needs no formula
+  model["ffn_hidden"] = a.ffn_hidden();
+  const auto& o = c.optim;
+  const c10::Device device = select_device(c.runtime.device, 0);
+  const at::ScalarType compute = Trainer::resolve_compute_dtype(c, device);
+  const at::ScalarType ns = resolve_ns_dtype(c, device);
+  return {
+      {"name_model", c.name_model},
+      {"type_model", c.type_model},
+      {"project", c.project},
+      {"model", model},
+      {"attention", c.model.attention},
+      {"num_params", count_params(a)},
+      {"flops_per_token", flops_per_token(a, c.data.seq_length)},
+      {"seq_length", c.data.seq_length},
+      {"micro_bs", c.train.micro_bs},
+      {"batch_size", o.batch_size},
+      {"ac_ckpt", c.train.ac_ckpt},
+      {"reshard_after_forward", c.train.reshard_after_forward},
+      {"reduce_every_micro_batch", c.train.reduce_every_micro_batch},
+      {"bucket_mb", c.train.bucket_mb},
+      {"parallel", {{"dp_shard", c.parallel.dp_shard}, {"dp_replicate", c.parallel.dp_replicate},
+                    {"muon_split_over_replicas", c.parallel.muon_split_over_replicas}}},
+      {"max_norm", o.max_norm},
+      {"schedule", {{"type", o.sched_type}, {"warmup_steps", o.warmup_steps},
+                    {"stable_steps", o.stable_steps}, {"total_steps", o.total_steps}}},
+      {"hidden", {{"type", o.optim.type}, {"lr", o.optim.lr}, {"wd", o.optim.wd},
+                  {"momentum", o.optim.momentum}, {"nesterov", o.optim.nesterov},
+                  {"ns_steps", o.optim.ns_steps}, {"update_scale", o.optim.update_scale},
+                  {"ns_dtype", o.optim.ns_dtype}}},
+      {"adam", {{"lr_embedding", o.adam.lr_embedding}, {"lr_head", o.adam.lr_head},
+                {"lr_norm", o.adam.lr_norm}, {"betas", {o.adam.betas1, o.adam.betas2}},
+                {"eps", o.adam.eps}, {"wd", o.adam.wd}}},
+      {"runtime", {{"device", c.runtime.device}, {"compute_dtype", c.runtime.compute_dtype},
+                   {"seed", c.runtime.seed}, {"num_threads", c.runtime.num_threads},
+                   {"peak_flops", c.runtime.peak_flops}}},
+      // What "auto" resolves to on this machine, as the trainer will run it.
+      {"resolved_device", device.is_cuda() ? "cuda" : "cpu"},
+      {"resolved_compute_dtype", compute == at::kBFloat16 ? "bfloat16" : "float32"},
+      {"resolved_ns_dtype", ns == at::kBFloat16 ? "bfloat16" : "float32"},
+  };
+}
+
+// What this rank's device offers: on a GPU (unless runtime.device_memory_gb says) the memory
+// still free once the CUDA context and every communicator exist; else from the config or the
+// GPU's name. A dry run may plan for a GPU on a machine without one: then only the config says.
+MemoryBudget memory_budget(const Config& cfg, const c10::Device& device, bool dry_run) {
+  const bool gpu_here = device.is_cuda() && cuda_available();
+  if (gpu_here && !dry_run && cfg.runtime.device_memory_gb <= 0) {
+    const DeviceMemory m = device_memory(device);
+    return measured_budget(m.available, m.total);
+  }
+  return planned_budget(cfg, gpu_here ? device_name(device) : "");
+}
+
+// train_hsdp: one shard group per node, replicated across nodes (the config's [parallel] keys,
+// where set, win). One node has nothing to replicate across: train_fsdp is the program for it.
+// A dry run has no launcher to say what a node is: it needs the keys.
+void shard_by_node(Config& cfg, const World& world, bool dry_run) {
+  const bool layout_given = cfg.parallel.dp_shard != -1 || cfg.parallel.dp_replicate != 1;
+  if (!layout_given && dry_run)
+    throw ConfigError("train_hsdp --dry-run: give the layout, --parallel.dp_shard GPUS_PER_NODE "
+                          "--parallel.dp_replicate NODES (no launcher says what a node is)");
+  if (!layout_given && world.local_size >= world.size)
+    throw ConfigError(strf("train_hsdp shards within a node and replicates across nodes, but all %ld rank(s) "
+                               "are on one node (LOCAL_WORLD_SIZE = WORLD_SIZE = %ld): use train_fsdp",
+                               world.size, world.size));
+  if (!layout_given) {
+    cfg.parallel.dp_shard = world.local_size;
+    cfg.parallel.dp_replicate = world.size / world.local_size;
+  }
+}
+
+StepPlan plan_run(const Config& c, int64_t world_size, int64_t rank, Parallelism parallelism) {
+  const c10::Device device = select_device(c.runtime.device, 0);
+  const bool reduce_every = parallelism == Parallelism::FSDP
+                                ? judge_memory(c, world_size, device, memory_budget(c, device, /*dry_run=*/true))
+                                      .reduce_every_micro_batch
+                                : c.train.reduce_every_micro_batch == "true";
+  return plan_step(c, world_size, rank, parallelism, Trainer::resolve_compute_dtype(c, device),
+                   resolve_ns_dtype(c, device), reduce_every);
 }
 
 }  // namespace zb

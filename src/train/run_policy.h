@@ -1,16 +1,21 @@
 #pragma once
 // A run's policy, apart from the mechanics that carry it out (the trainer, the engines) and from
-// the program that reports it: whether the run fits in its device's memory and whether its
-// gradients are reduced on every micro-batch, and what the run does after a step that was not
-// applied. Each is a function of the config and what was measured, tested on its own.
+// the program that reports it: how the run resolves (its layout across nodes, the memory it may
+// plan on, its description for other tools), whether it fits in its device's memory and whether
+// its gradients are reduced on every micro-batch, and what it does after a step that was not
+// applied. Each is a function of the config and what was measured, tested on its own
+// (tests/test_run_policy.cpp).
 #include <c10/core/Device.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "config/config.h"
+#include "dist/world.h"
 #include "train/memory_estimate.h"
+#include "train/step_plan.h"
 #include "train/trainer.h"
 
 namespace zb {
@@ -37,5 +42,26 @@ struct NonfiniteDecision {
   std::string message;
 };
 NonfiniteDecision decide_nonfinite(const StepStats& step, const Config& config, const std::string& last_good);
+
+// The run as another implementation needs it to train the same model the same way: the resolved
+// shapes, batch and optimizer settings, and what "auto" resolves to on this machine
+// (--print-config; scripts/bench_peer.py builds its PyTorch twin from it).
+nlohmann::json resolved_run(const Config& config);
+
+// What this rank's device offers: on a GPU (unless runtime.device_memory_gb says) the memory
+// still free once the CUDA context and every communicator exist; else from the config or the
+// GPU's name. A dry run may plan for a GPU on a machine without one: then only the config says.
+MemoryBudget memory_budget(const Config& config, const c10::Device& device, bool dry_run);
+
+// train_hsdp's layout: one shard group per node (LOCAL_WORLD_SIZE ranks), replicated across
+// nodes, unless the config's [parallel] keys say. One node has nothing to replicate across
+// (train_fsdp is the program for it); a dry run has no launcher to say what a node is. Both are
+// config errors.
+void shard_by_node(Config& config, const World& world, bool dry_run);
+
+// One step of `rank` of `world_size` as the step plan lists it, resolved as a launch on this
+// machine would resolve it (dtypes; train.reduce_every_micro_batch = "auto" by a dry run's
+// memory verdict).
+StepPlan plan_run(const Config& config, int64_t world_size, int64_t rank, Parallelism parallelism);
 
 }  // namespace zb

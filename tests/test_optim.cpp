@@ -8,7 +8,7 @@
 #include "model/llama.h"
 #include "model/model_config.h"
 #include "optim/adamw.h"
-#include "optim/clip.h"
+#include "parallel/clip.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "optim/param_groups.h"

@@ -7,7 +7,7 @@
 
 #include <algorithm>
 
-#include "optim/clip.h"
+#include "parallel/clip.h"
 #include "parallel/gradient_group.h"
 
 namespace zb {

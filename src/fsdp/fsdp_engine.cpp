@@ -8,7 +8,7 @@
 #include <optional>
 
 #include "fsdp/fsdp_collectives.h"
-#include "optim/clip.h"
+#include "parallel/clip.h"
 
 namespace zb {
 

@@ -168,7 +168,7 @@ StepPlan plan_step(const Config& c, int64_t world_size, int64_t rank, Parallelis
   if (fsdp) w.ring(CommKind::AllReduce, shard_group, S, 4, "gradient norm", "exposed");
   w.ring(CommKind::AllReduce, "world", p.world, 8, "loss and non-finite flag", "exposed");
 
-  // Muon (fsdp/sharded_muon.cpp, ddp/replicated_muon.cpp), in its Newton-Schulz dtype.
+  // Muon (optim/sharded_muon.cpp, optim/replicated_muon.cpp), in its Newton-Schulz dtype.
   auto total_elements = [](const std::vector<std::vector<int64_t>>& shapes) {
     int64_t n = 0;
     for (const auto& s : shapes) n += s[0] * s[1];

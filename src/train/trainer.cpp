@@ -14,9 +14,9 @@
 
 #include "data/sources.h"
 #include "ddp/ddp_engine.h"
-#include "ddp/replicated_muon.h"
+#include "optim/replicated_muon.h"
 #include "fsdp/fsdp_engine.h"
-#include "fsdp/sharded_muon.h"
+#include "optim/sharded_muon.h"
 #include "model/model_config.h"
 
 namespace zb {

@@ -1,4 +1,4 @@
-#include "optim/clip.h"
+#include "parallel/clip.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>

@@ -1,4 +1,4 @@
-#include "ddp/replicated_muon.h"
+#include "optim/replicated_muon.h"
 
 #include <ATen/ops/zeros.h>
 

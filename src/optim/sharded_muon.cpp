@@ -1,4 +1,4 @@
-#include "fsdp/sharded_muon.h"
+#include "optim/sharded_muon.h"
 
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "ddp/replicated_muon.h"
+#include "optim/replicated_muon.h"
 #include "fsdp/fsdp_collectives.h"
 #include "fsdp/row_shard.h"
 

@@ -137,10 +137,7 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
     zb::log::info(strf("dry run: built %s parameters on the meta device",
                        zb::with_commas(model.num_params()).c_str()));
     if (parallelism == zb::Parallelism::FSDP) {
-      // The device the config asks for, whether or not this machine has it.
-      const c10::Device planned = cfg.runtime.device == "cuda" || (cfg.runtime.device == "auto" && zb::cuda_available())
-                                      ? c10::Device(c10::kCUDA, 0)
-                                      : c10::Device(c10::kCPU);
+      const c10::Device planned = zb::planned_device(cfg);
       check_memory(cfg, planned_world, planned, zb::memory_budget(cfg, planned, /*dry_run=*/true), cl.force,
                    /*dry_run=*/true);
     } else

@@ -7,7 +7,9 @@ many: FSDP over every GPU, or hybrid sharding (HSDP: shard within a node, replic
   scale_model.py --train build/apps/train_fsdp --config A.toml --bytes --world 4 [--shard 2] [--ddp] [-- OVERRIDES]
                                        # one rank's bytes per step, by group and kind
 
-OVERRIDES are the program's own (--runtime.compute_dtype bfloat16 ...). Nothing about a step is
+OVERRIDES are the program's own: for a GPU run planned here, --runtime.device cuda and the GPU's
+memory (--runtime.device_memory_gb 80), so that dtypes and the memory verdict (which decides
+whether gradients are reduced on every micro-batch) are the GPU's. Nothing about a step is
 derived here: the program's step plan (`--print-plan`, src/train/step_plan.h) lists every
 collective of a step with its group, bytes as src/dist/comm.h counts them and what it can hide
 behind, and `--print-config` gives the FLOPs per token and the batch. The plan is the engine's
@@ -100,7 +102,8 @@ def predict(train, config, overrides, run, nodes, gpus, hsdp, link, efficiency):
     hide = {"gather": forward, "regather": 2 * forward, "reduce": 2 * forward, "exposed": 0.0}
     intra, inter = (link["intra_bw"], link["intra_lat"]), (link["inter_bw"], link["inter_lat"])
     spans = {"shard": S > gpus, "replicate": True, "world": W > gpus}  # crosses nodes?
-    calls = plan_calls(step_plan(train, config, overrides, W, S, batch_size=per_gpu * W))
+    plan = step_plan(train, config, overrides, W, S, batch_size=per_gpu * W)
+    calls = plan_calls(plan)
     seconds, slots, moved = {}, {}, {False: 0, True: 0}
     for group, cs in calls.items():
         bw, lat = inter if spans[group] else intra
@@ -115,6 +118,7 @@ def predict(train, config, overrides, run, nodes, gpus, hsdp, link, efficiency):
     exposed = sum(max(0.0, t - slots[role] * hide[role]) for role, t in seconds.items())
     step = compute + exposed
     return {"world": W, "exposed_comm_s": exposed, "step_s": step,
+            "reduce_every_micro_batch": plan["reduce_every_micro_batch"],
             "mfu_percent": 100 * run["flops_per_token"] * tokens / step / link["peak"],
             "bytes_intra": moved[False], "bytes_inter": moved[True]}
 
@@ -145,8 +149,8 @@ def main():
     print(f"assumptions: {link['peak'] / 1e12:.0f} TFLOP/s peak at {args.compute_efficiency:.0%}, "
           f"{args.intra_gbps:.0f} GB/s in a node, {args.inter_gbps:.0f} GB/s per GPU across nodes, "
           f"{link['intra_lat'] * 1e6:.0f}/{link['inter_lat'] * 1e6:.0f} us latency, {args.gpus_per_node} GPUs a node")
-    print("| model | layout | nodes | GPUs | batch/GPU/step | step s | exposed comm s | MFU | GB/step/GPU in node | GB/step/GPU across |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | layout | nodes | GPUs | batch/GPU/step | reduced | step s | exposed comm s | MFU | GB/step/GPU in node | GB/step/GPU across |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for config in args.config:
         run = run_of(args.train, config, overrides)
         for hsdp in (False, True):
@@ -156,7 +160,8 @@ def main():
                 p = predict(args.train, config, overrides, run, n, args.gpus_per_node, hsdp, link,
                             args.compute_efficiency)
                 print(f"| {run['name_model']} | {'HSDP' if hsdp else 'FSDP'} | {n} | {p['world']} | "
-                      f"{run['batch_size'] * run['seq_length'] // args.gpus_per_node:,} tokens | {p['step_s']:.3f} | "
+                      f"{run['batch_size'] * run['seq_length'] // args.gpus_per_node:,} tokens | "
+                      f"{'every micro-batch' if p['reduce_every_micro_batch'] else 'last micro-batch'} | {p['step_s']:.3f} | "
                       f"{p['exposed_comm_s']:.3f} | {p['mfu_percent']:.1f}% | {p['bytes_intra'] / 1e9:.2f} | "
                       f"{p['bytes_inter'] / 1e9:.2f} |")
     return 0

@@ -2,7 +2,8 @@
 # Runs a command for a test: passes when its exit code is CODE and its output (stdout and stderr)
 # matches PATTERN (grep -E over the whole output, so `.*` may span lines). Both, always: a
 # program that prints what was expected and then crashes fails. Exit code 77 (a test that skips
-# itself, e.g. without a GPU) passes through unless it is the one expected.
+# itself, e.g. without a GPU) is passed on unless it is the one expected: ctest counts it as
+# skipped where the test sets SKIP_RETURN_CODE 77 (the CUDA ones), as a failure elsewhere.
 #   expect.sh CODE PATTERN COMMAND [ARGS...]
 code=$1; pattern=$2; shift 2
 out=$("$@" 2>&1); rc=$?

@@ -152,8 +152,16 @@ TEST(RunPolicy, ResolvedRunAndPlanSayWhatAutoBecame) {
   EXPECT_EQ(run.at("num_params"), 2229504);
 
   Config big = load_config_file(kConfigs + "7B/H100.toml");
-  big.runtime.device = "cpu";  // planned here: nothing to check, so "auto" stays off
+  big.runtime.device = "cpu";  // a CPU's memory is not checked, so "auto" stays off
   EXPECT_FALSE(plan_run(big, 8, 0, Parallelism::FSDP).reduce_every_micro_batch);
+  // Planned for the GPU the config names, from this machine without one: bf16, and "auto" on
+  // where the run fits only so (as a launch there would decide).
+  big.runtime.device = "cuda";
+  big.runtime.device_memory_gb = 80;
+  EXPECT_EQ(resolved_run(big).at("resolved_compute_dtype"), "bfloat16");
+  EXPECT_TRUE(plan_run(big, 8, 0, Parallelism::FSDP).reduce_every_micro_batch);
+  EXPECT_FALSE(plan_run(big, 256, 0, Parallelism::FSDP).reduce_every_micro_batch);  // fits with 256 shards
+  big.runtime.device = "cpu";
   big.train.reduce_every_micro_batch = "true";
   EXPECT_TRUE(plan_run(big, 8, 0, Parallelism::FSDP).reduce_every_micro_batch);
 }

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "config/config.h"
 #include "data/loader.h"
 #include "data/token_dataset.h"
 #include "data/token_shard.h"

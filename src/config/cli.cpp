@@ -67,7 +67,10 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   cl.dry_run = result.count("dry-run") > 0;
   cl.print_config = result.count("print-config") > 0;
   cl.force = result.count("force") > 0;
-  if (result.count("print-plan")) cl.print_plan_rank = result["print-plan"].as<int64_t>();
+  if (result.count("print-plan")) {
+    cl.print_plan_rank = result["print-plan"].as<int64_t>();
+    if (cl.print_plan_rank < 0) throw ConfigError("command line: --print-plan's rank must be at least 0");
+  }
   if (result.count("world-size")) {
     cl.world_size = result["world-size"].as<int64_t>();
     if (cl.world_size < 1) throw ConfigError("command line: --world-size must be at least 1");

@@ -179,6 +179,9 @@ std::vector<KeyHelp> config_keys();
 
 // Training arithmetic shared by the loop and the logs.
 int64_t grad_accum_steps(const Config& config, int64_t world_size);
+// data.dataset_ratio "70:30" as weights, one per dataset; throws std::invalid_argument for
+// anything else.
+std::vector<double> parse_ratio(const std::string& ratio, size_t expected_count);
 
 // The hybrid-sharding layout of `world_size` ranks (validate() checked it): rank r is member
 // r % shard of shard group r / shard, and member r / shard of replicate group r % shard.

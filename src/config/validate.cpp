@@ -1,10 +1,10 @@
 // validate(): everything about a run that can be checked before any work starts, so that a bad
 // configuration fails at once with the key and where it was set, not minutes into a launch.
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
 
 #include "config/fields.h"
-#include "data/loader.h"
 #include "model/model_config.h"
 
 namespace zb {
@@ -154,6 +154,26 @@ std::vector<int64_t> ShardLayout::replicate_group_ranks(int64_t rank) const {
 int64_t grad_accum_steps(const Config& c, int64_t world_size) {
   // validate() checked that the batch divides.
   return c.optim.batch_size / (world_size * c.train.micro_bs);
+}
+
+std::vector<double> parse_ratio(const std::string& ratio, size_t expected_count) {
+  std::vector<double> out;
+  size_t start = 0;
+  while (start <= ratio.size()) {
+    size_t colon = ratio.find(':', start);
+    if (colon == std::string::npos) colon = ratio.size();
+    const std::string part = ratio.substr(start, colon - start);
+    char* end = nullptr;
+    const double w = std::strtod(part.c_str(), &end);
+    if (part.empty() || *end != '\0' || !(w > 0))
+      throw std::invalid_argument("dataset_ratio \"" + ratio + "\": '" + part + "' is not a positive number");
+    out.push_back(w);
+    start = colon + 1;
+  }
+  if (out.size() != expected_count)
+    throw std::invalid_argument("dataset_ratio \"" + ratio + "\" has " + std::to_string(out.size()) +
+                                " parts for " + std::to_string(expected_count) + " datasets");
+  return out;
 }
 
 }  // namespace zb

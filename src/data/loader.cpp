@@ -170,24 +170,4 @@ void MixedSource::sample(int64_t index, int64_t* row) const {
   src->sample(n > 0 ? static_cast<int64_t>(mix_hash(seed_, index, 2) % n) : index, row);
 }
 
-std::vector<double> parse_ratio(const std::string& ratio, size_t expected_count) {
-  std::vector<double> out;
-  size_t start = 0;
-  while (start <= ratio.size()) {
-    size_t colon = ratio.find(':', start);
-    if (colon == std::string::npos) colon = ratio.size();
-    const std::string part = ratio.substr(start, colon - start);
-    char* end = nullptr;
-    const double w = std::strtod(part.c_str(), &end);
-    if (part.empty() || *end != '\0' || !(w > 0))
-      throw std::invalid_argument("dataset_ratio \"" + ratio + "\": '" + part + "' is not a positive number");
-    out.push_back(w);
-    start = colon + 1;
-  }
-  if (out.size() != expected_count)
-    throw std::invalid_argument("dataset_ratio \"" + ratio + "\" has " + std::to_string(out.size()) +
-                                " parts for " + std::to_string(expected_count) + " datasets");
-  return out;
-}
-
 }  // namespace zb

@@ -60,9 +60,6 @@ class MixedSource : public SampleSource {
   uint64_t seed_;
 };
 
-// Parses "70:30" into weights; throws std::invalid_argument for anything else.
-std::vector<double> parse_ratio(const std::string& ratio, size_t expected_count);
-
 struct LoaderState {
   int64_t rows_consumed = 0;  // by this rank
   uint64_t seed = 0;

@@ -16,8 +16,7 @@ namespace zb {
 // flat tensor.
 class DDPEngine::Bucket : public GradientGroup {
  public:
-  Bucket(std::vector<at::Tensor*> members, const bool& sync, Communicator& comm)
-      : members_(std::move(members)), sync_(sync), comm_(comm) {}
+  Bucket(const bool& sync, Communicator& comm) : sync_(sync), comm_(comm) {}
 
   void add(at::Tensor* replica) { members_.push_back(replica); }
 
@@ -113,7 +112,7 @@ DDPEngine::DDPEngine(Llama& model, Communicator& comm, double bucket_mb) : model
     stage_of[k] = named[k].layer >= 0 ? named[k].layer + 1 : seen_block ? L + 1 : 0;
   }
   for (const std::vector<size_t>& members : ddp_buckets(numels, bucket_mb)) {
-    buckets_.push_back(std::make_unique<Bucket>(std::vector<at::Tensor*>{}, sync_, comm_));
+    buckets_.push_back(std::make_unique<Bucket>(sync_, comm_));
     int64_t first = L + 1;
     for (size_t k : members) {
       buckets_.back()->add(&replicas_[k]);

@@ -55,7 +55,6 @@ class FSDPUnit : public GradientGroup {
   FSDPUnit(int64_t index, std::string name, std::vector<FSDPParam*> params, Communicator& comm,
            bool reshard_after_forward, FSDPCommContext& context, Communicator* replicas = nullptr);
 
-  int64_t index() const { return index_; }
   const std::string& name() const { return name_; }
   State state() const { return state_; }
   TrainingState training_state() const { return training_state_; }

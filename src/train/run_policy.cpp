@@ -46,13 +46,18 @@ NonfiniteDecision decide_nonfinite(const StepStats& s, const Config& c, const st
 
 // The run as another implementation needs it to train the same model the same way: the resolved
 // shapes, batch and optimizer settings. scripts/bench_peer.py builds its PyTorch twin from this.
+c10::Device planned_device(const Config& c) {
+  const bool cuda = c.runtime.device == "cuda" || (c.runtime.device == "auto" && cuda_available());
+  return cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+}
+
 nlohmann::json resolved_run(const Config& c) {
   const ModelArgs a = resolve_model_args(c);
   nlohmann::json model = model_args_to_json(a);
   model["head_dim"] = a.head_dim();  // derived sizes, so that the peer needs no formula
   model["ffn_hidden"] = a.ffn_hidden();
   const auto& o = c.optim;
-  const c10::Device device = select_device(c.runtime.device, 0);
+  const c10::Device device = planned_device(c);
   const at::ScalarType compute = Trainer::resolve_compute_dtype(c, device);
   const at::ScalarType ns = resolve_ns_dtype(c, device);
   return {
@@ -123,7 +128,7 @@ void shard_by_node(Config& cfg, const World& world, bool dry_run) {
 }
 
 StepPlan plan_run(const Config& c, int64_t world_size, int64_t rank, Parallelism parallelism) {
-  const c10::Device device = select_device(c.runtime.device, 0);
+  const c10::Device device = planned_device(c);
   const bool reduce_every = parallelism == Parallelism::FSDP
                                 ? judge_memory(c, world_size, device, memory_budget(c, device, /*dry_run=*/true))
                                       .reduce_every_micro_batch

@@ -59,9 +59,14 @@ MemoryBudget memory_budget(const Config& config, const c10::Device& device, bool
 // config errors.
 void shard_by_node(Config& config, const World& world, bool dry_run);
 
-// One step of `rank` of `world_size` as the step plan lists it, resolved as a launch on this
-// machine would resolve it (dtypes; train.reduce_every_micro_batch = "auto" by a dry run's
-// memory verdict).
+// The device a run of this config trains on, whether or not this machine has it (dry runs and
+// plans for a GPU made on a CPU): runtime.device, "auto" being CUDA where CUDA is usable here.
+c10::Device planned_device(const Config& config);
+
+// One step of `rank` of `world_size` as the step plan lists it, resolved as a launch of it would
+// be on its planned device: dtypes, and train.reduce_every_micro_batch = "auto" by a dry run's
+// memory verdict (which knows the device's memory from runtime.device_memory_gb, or the GPU's
+// name where this machine has it).
 StepPlan plan_run(const Config& config, int64_t world_size, int64_t rank, Parallelism parallelism);
 
 }  // namespace zb

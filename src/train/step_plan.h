@@ -38,7 +38,8 @@ struct StepPlan {
   std::vector<StepEvent> after_step;
 
   // Bytes counted per group ("world", "shard", "replicate") and kind, over events and after_step:
-  // one step's record from the second on. "total" sums the groups.
+  // one step's record from the second on, in a step without evaluation or a checkpoint save (their
+  // collectives count in the record of the step they follow). "total" sums the groups.
   std::map<std::string, std::map<std::string, int64_t>> counted_bytes() const;
 };
 

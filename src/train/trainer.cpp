@@ -104,6 +104,10 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
       reduce_every_micro_batch.value_or(config.train.reduce_every_micro_batch == "true") && accum_ > 1;
 }
 
+Trainer::~Trainer() {
+  if (trace_) set_step_trace(nullptr);
+}
+
 void Trainer::set_step_trace(StepTrace* trace) {
   trace_ = trace;
   parallel_->set_trace(trace);

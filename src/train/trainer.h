@@ -59,6 +59,7 @@ class Trainer {
   Trainer(const Config& config, Communicator& comm, c10::Device device,
           Parallelism parallelism = Parallelism::FSDP, HybridGroups groups = {},
           std::optional<bool> reduce_every_micro_batch = std::nullopt);
+  ~Trainer();  // detaches a step trace from the communicator it does not own
 
   StepStats train_step();
   // runtime.compute_dtype on `device`: "auto" is bf16 on CUDA, fp32 on CPU.

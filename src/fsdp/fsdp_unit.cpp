@@ -76,6 +76,7 @@ void FSDPUnit::start_reduction(const std::vector<at::Tensor>& total) {
   at::Tensor reduce_in = reduce_scatter_input(params_, offsets_, total, block_numel_, comm_.size(),
                                               replicas_ ? replicas_->size() : 1);
   if (context_.reducing && context_.reducing != this) context_.reducing->advance_gradients();
+  StepTrace::UnitScope as_mine(context_.trace, index_);
   context_.reducing = this;
   reduce_out_ = at::empty({block_numel_}, reduce_in.options());
   reduce_ = comm_.reduce_scatter_sum(reduce_out_, reduce_in);
@@ -90,6 +91,7 @@ void FSDPUnit::advance_gradients() {
   // Every replica reduced the same rows over its own samples: their sum is the global mean.
   if (context_.replicating && context_.replicating != this) context_.replicating->finish_gradients();
   context_.replicating = this;
+  StepTrace::UnitScope as_mine(context_.trace, index_);
   replicate_ = replicas_->all_reduce_sum(reduce_out_);
   grad_state_ = GradState::Replicating;
 }
@@ -131,6 +133,7 @@ void FSDPUnit::issue_unshard() {
   if (comm_.size() > 1) {
     gather_in_ = all_gather_input(params_, offsets_, block_numel_);
     gather_out_ = at::empty({block_numel_ * comm_.size()}, gather_in_.options());
+    StepTrace::UnitScope as_mine(context_.trace, index_);
     gather_ = comm_.all_gather(gather_out_, gather_in_);
   }
   state_ = State::Gathering;

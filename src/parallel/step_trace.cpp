@@ -24,7 +24,8 @@ std::string StepEvent::describe() const {
     case Op::Loss: return "loss";
     case Op::Collective:
       return std::string(comm_kind_name(kind)) + " " + group + " ranks=" + std::to_string(ranks) +
-             " payload=" + std::to_string(payload) + " counted=" + std::to_string(counted);
+             " payload=" + std::to_string(payload) + " counted=" + std::to_string(counted) +
+             (unit >= 0 ? " unit " + std::to_string(unit) : "");
     default: return std::string(step_op_name(op)) + " unit " + std::to_string(unit);
   }
 }
@@ -54,7 +55,9 @@ StepEvent StepEvent::collective(CommKind kind, std::string group, int64_t ranks,
 
 void StepTrace::collective(CommKind kind, const std::string& group, int64_t ranks, int64_t payload,
                            int64_t counted) {
-  record(StepEvent::collective(kind, group, ranks, payload, counted));
+  StepEvent e = StepEvent::collective(kind, group, ranks, payload, counted);
+  e.unit = unit_;
+  record(std::move(e));
 }
 
 }  // namespace zb

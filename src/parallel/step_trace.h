@@ -6,6 +6,7 @@
 // nothing when no trace is attached). Tests check that the two agree.
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dist/comm.h"
@@ -54,8 +55,27 @@ class StepTrace : public CollectiveObserver {
   const std::vector<StepEvent>& events() const { return events_; }
   void clear() { events_.clear(); }
 
+  // While one lives, the collectives recorded are the unit's (an FSDP unit's gathers and
+  // reductions); nested, the inner one's, then the outer one's again.
+  class UnitScope {
+   public:
+    UnitScope(StepTrace* trace, int64_t unit) : trace_(trace) {
+      if (trace_) previous_ = std::exchange(trace_->unit_, unit);
+    }
+    ~UnitScope() {
+      if (trace_) trace_->unit_ = previous_;
+    }
+    UnitScope(const UnitScope&) = delete;
+    UnitScope& operator=(const UnitScope&) = delete;
+
+   private:
+    StepTrace* trace_;
+    int64_t previous_ = -1;
+  };
+
  private:
   std::vector<StepEvent> events_;
+  int64_t unit_ = -1;  // whose collectives are being issued (UnitScope)
 };
 
 }  // namespace zb

@@ -133,19 +133,11 @@ at::Tensor DDPEngine::loss(const at::Tensor& tokens, const at::Tensor& targets, 
   // are in reverse model order: filled from the last, and within a stage the lower index last, so
   // that buckets reduce in their order.
   size_t next = buckets_.size();
-  auto fill_through = [&](int64_t stage) {
+  const int64_t loss_stage = model_.args().n_layers + 1;
+  return model_.loss(tokens, targets, documents, [&](int64_t stage) {
     while (next > 0 && first_stage_[next - 1] <= stage) buckets_[--next]->fill_slots(model_.parameters());
-  };
-  const int64_t L = model_.args().n_layers;
-  fill_through(0);
-  at::Tensor h = model_.embed(tokens);
-  for (int64_t i = 0; i < L; ++i) {
-    fill_through(i + 1);
-    h = model_.block_forward(i, h, documents);
-  }
-  fill_through(L + 1);
-  if (trace_) trace_->record(StepEvent::Op::Loss, -1);
-  return model_.head_loss(h, targets);
+    if (stage == loss_stage && trace_) trace_->record(StepEvent::Op::Loss, -1);
+  });
 }
 
 void DDPEngine::finish_backward() {

@@ -146,9 +146,16 @@ at::Tensor Llama::head_loss(const at::Tensor& h, const at::Tensor& targets) cons
                                loss_chunk_tokens(args_.vocab_size, output_.is_cuda()));
 }
 
-at::Tensor Llama::loss(const at::Tensor& tokens, const at::Tensor& targets, const Documents& documents) const {
+at::Tensor Llama::loss(const at::Tensor& tokens, const at::Tensor& targets, const Documents& documents,
+                       const std::function<void(int64_t stage)>& before_stage) const {
+  const int64_t L = args_.n_layers;
+  if (before_stage) before_stage(0);
   at::Tensor h = embed(tokens);
-  for (int64_t i = 0; i < args_.n_layers; ++i) h = block_forward(i, h, documents);
+  for (int64_t i = 0; i < L; ++i) {
+    if (before_stage) before_stage(i + 1);
+    h = block_forward(i, h, documents);
+  }
+  if (before_stage) before_stage(L + 1);
   return head_loss(h, targets);
 }
 

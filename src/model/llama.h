@@ -9,6 +9,7 @@
 // rebuilding anything.
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -76,8 +77,10 @@ class Llama {
   // Training's end: the mean next-token cross-entropy of the logits head(h) gives, against
   // targets [B, T], computed in chunks of tokens without ever holding them all (chunked_loss.h).
   at::Tensor head_loss(const at::Tensor& h, const at::Tensor& targets) const;
-  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets,
-                  const Documents& documents = {}) const;  // embed..head_loss
+  // embed..head_loss; `before_stage(s)`, where given, runs before each stage: 0 the embedding,
+  // i + 1 block i, n_layers + 1 the loss (an engine's hook: DDP makes its buckets' nodes there).
+  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets, const Documents& documents = {},
+                  const std::function<void(int64_t stage)>& before_stage = {}) const;
 
   void set_compute_dtype(at::ScalarType dtype) { compute_dtype_ = dtype; }
   at::ScalarType compute_dtype() const { return compute_dtype_; }

@@ -79,16 +79,24 @@ class DDPEngine::Bucket : public GradientGroup {
   PendingCollective pending_;
 };
 
-std::vector<std::vector<size_t>> ddp_buckets(const std::vector<int64_t>& numels, double bucket_mb) {
+std::vector<DDPBucket> ddp_buckets(const std::vector<int64_t>& numels, const std::vector<int64_t>& layers,
+                                   int64_t n_layers, double bucket_mb) {
+  std::vector<int64_t> stage_of(numels.size());
+  bool seen_block = false;
+  for (size_t k = 0; k < numels.size(); ++k) {
+    seen_block = seen_block || layers[k] >= 0;
+    stage_of[k] = layers[k] >= 0 ? layers[k] + 1 : seen_block ? n_layers + 1 : 0;
+  }
   const int64_t limit = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * (1 << 20) / 4));
-  std::vector<std::vector<size_t>> buckets;
+  std::vector<DDPBucket> buckets;
   int64_t filled = 0;  // elements in the last bucket
   for (size_t k = numels.size(); k-- > 0;) {
     if (buckets.empty() || filled + numels[k] > limit) {
-      buckets.emplace_back();
+      buckets.push_back({{}, n_layers + 1});
       filled = 0;
     }
-    buckets.back().push_back(k);
+    buckets.back().members.push_back(k);
+    buckets.back().first_stage = std::min(buckets.back().first_stage, stage_of[k]);
     filled += numels[k];
   }
   return buckets;
@@ -96,30 +104,19 @@ std::vector<std::vector<size_t>> ddp_buckets(const std::vector<int64_t>& numels,
 
 DDPEngine::DDPEngine(Llama& model, Communicator& comm, double bucket_mb) : model_(model), comm_(comm) {
   replicas_.reserve(model.parameters().size());  // buckets point into it
-  std::vector<int64_t> numels;
+  std::vector<int64_t> numels, layers;
   for (const auto& np : model.parameters()) {
     replicas_.push_back(*np.slot);
     numels.push_back(np.slot->numel());
+    layers.push_back(np.layer);
   }
-  // Where the forward first reads each parameter: 0 the embedding (the parameters before the
-  // first block's), i + 1 block i, L + 1 the head (those after the last block's).
-  const auto& named = model.parameters();
-  const int64_t L = model.args().n_layers;
-  std::vector<int64_t> stage_of(named.size());
-  bool seen_block = false;
-  for (size_t k = 0; k < named.size(); ++k) {
-    seen_block = seen_block || named[k].layer >= 0;
-    stage_of[k] = named[k].layer >= 0 ? named[k].layer + 1 : seen_block ? L + 1 : 0;
-  }
-  for (const std::vector<size_t>& members : ddp_buckets(numels, bucket_mb)) {
+  for (const DDPBucket& b : ddp_buckets(numels, layers, model.args().n_layers, bucket_mb)) {
     buckets_.push_back(std::make_unique<Bucket>(sync_, comm_));
-    int64_t first = L + 1;
-    for (size_t k : members) {
+    for (size_t k : b.members) {
       buckets_.back()->add(&replicas_[k]);
       buckets_.back()->slot_of.push_back(k);
-      first = std::min(first, stage_of[k]);
     }
-    first_stage_.push_back(first);
+    first_stage_.push_back(b.first_stage);
   }
 }
 
@@ -134,9 +131,17 @@ at::Tensor DDPEngine::loss(const at::Tensor& tokens, const at::Tensor& targets, 
   // that buckets reduce in their order.
   size_t next = buckets_.size();
   const int64_t loss_stage = model_.args().n_layers + 1;
-  return model_.loss(tokens, targets, documents, [&](int64_t stage) {
+  return model_.loss(tokens, targets, documents, [&](int64_t stage, const at::Tensor& input) {
     while (next > 0 && first_stage_[next - 1] <= stage) buckets_[--next]->fill_slots(model_.parameters());
-    if (stage == loss_stage && trace_) trace_->record(StepEvent::Op::Loss, -1);
+    if (!trace_) return;
+    if (stage == loss_stage) trace_->record(StepEvent::Op::Loss, -1);
+    // A block's backward is done when its input's gradient is: marked there (after the buckets
+    // that backward completed have started their all-reduces).
+    if (stage > 0 && stage < loss_stage && input.requires_grad())
+      input.register_hook([trace = trace_, block = stage - 1](const at::Tensor& grad) {
+        trace->record(StepEvent::Op::Backward, block);
+        return grad;
+      });
   });
 }
 

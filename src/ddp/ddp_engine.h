@@ -17,10 +17,18 @@
 
 namespace zb {
 
-// The buckets: indices of the model's parameters (their element counts `numels`, in model
-// order) taken in reverse model order, each bucket up to `bucket_mb` MiB of fp32 gradients (a
-// larger parameter gets a bucket of its own). The engine's and the step plan's one definition.
-std::vector<std::vector<size_t>> ddp_buckets(const std::vector<int64_t>& numels, double bucket_mb);
+// The buckets: indices of the model's parameters (their element counts `numels` and blocks
+// `layers`, -1 for none, in model order) taken in reverse model order, each bucket up to
+// `bucket_mb` MiB of fp32 gradients (a larger parameter gets a bucket of its own), with the stage
+// of the forward that first reads one of its members: 0 the embedding (the parameters before the
+// first block's), i + 1 block i, n_layers + 1 the loss (those after the last block's). The
+// engine's and the step plan's one definition.
+struct DDPBucket {
+  std::vector<size_t> members;
+  int64_t first_stage = 0;
+};
+std::vector<DDPBucket> ddp_buckets(const std::vector<int64_t>& numels, const std::vector<int64_t>& layers,
+                                   int64_t n_layers, double bucket_mb);
 
 class DDPEngine : public ParallelModel {
  public:

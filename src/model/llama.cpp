@@ -147,15 +147,15 @@ at::Tensor Llama::head_loss(const at::Tensor& h, const at::Tensor& targets) cons
 }
 
 at::Tensor Llama::loss(const at::Tensor& tokens, const at::Tensor& targets, const Documents& documents,
-                       const std::function<void(int64_t stage)>& before_stage) const {
+                       const StageHook& before_stage) const {
   const int64_t L = args_.n_layers;
-  if (before_stage) before_stage(0);
+  if (before_stage) before_stage(0, at::Tensor());
   at::Tensor h = embed(tokens);
   for (int64_t i = 0; i < L; ++i) {
-    if (before_stage) before_stage(i + 1);
+    if (before_stage) before_stage(i + 1, h);
     h = block_forward(i, h, documents);
   }
-  if (before_stage) before_stage(L + 1);
+  if (before_stage) before_stage(L + 1, h);
   return head_loss(h, targets);
 }
 

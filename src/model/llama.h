@@ -77,10 +77,12 @@ class Llama {
   // Training's end: the mean next-token cross-entropy of the logits head(h) gives, against
   // targets [B, T], computed in chunks of tokens without ever holding them all (chunked_loss.h).
   at::Tensor head_loss(const at::Tensor& h, const at::Tensor& targets) const;
-  // embed..head_loss; `before_stage(s)`, where given, runs before each stage: 0 the embedding,
-  // i + 1 block i, n_layers + 1 the loss (an engine's hook: DDP makes its buckets' nodes there).
+  // embed..head_loss; `before_stage(s, input)`, where given, runs before each stage: 0 the
+  // embedding (input undefined), i + 1 block i, n_layers + 1 the loss, with the stage's input
+  // (an engine's hook: DDP makes its buckets' nodes there).
+  using StageHook = std::function<void(int64_t stage, const at::Tensor& input)>;
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets, const Documents& documents = {},
-                  const std::function<void(int64_t stage)>& before_stage = {}) const;
+                  const StageHook& before_stage = {}) const;
 
   void set_compute_dtype(at::ScalarType dtype) { compute_dtype_ = dtype; }
   at::ScalarType compute_dtype() const { return compute_dtype_; }

@@ -108,22 +108,33 @@ void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, 
   }
 }
 
-// Data parallelism (ddp/ddp_engine.cpp): each bucket's all-reduce as its gradients complete,
-// last parameters first.
-void plan_ddp_micro_batches(PlanWriter& w, const StepPlan& p, const std::vector<ParamSpec>& specs,
+// Data parallelism (ddp/ddp_engine.cpp): a bucket's all-reduce starts when backward is done with
+// the stage of the forward that first read it (the loss, a block, the embedding), so all but the
+// embedding's overlap the rest of backward.
+void plan_ddp_micro_batches(PlanWriter& w, const StepPlan& p, const std::vector<ParamSpec>& specs, int64_t L,
                             double bucket_mb) {
-  std::vector<int64_t> numels;
-  for (const ParamSpec& s : specs) numels.push_back(s.numel());
-  const std::vector<std::vector<size_t>> buckets = ddp_buckets(numels, bucket_mb);
+  std::vector<int64_t> numels, layers;
+  for (const ParamSpec& s : specs) numels.push_back(s.numel()), layers.push_back(s.layer);
+  const std::vector<DDPBucket> buckets = ddp_buckets(numels, layers, L, bucket_mb);
   for (int64_t m = 0; m < p.micro_batches; ++m) {
+    const bool sync = p.reduce_every_micro_batch || m == p.micro_batches - 1;
+    auto reduce_stage = [&](int64_t stage) {  // the buckets first read at `stage`, in their order
+      for (size_t b = 0; sync && b < buckets.size(); ++b) {
+        if (buckets[b].first_stage != stage) continue;
+        int64_t n = 0;
+        for (size_t k : buckets[b].members) n += numels[k];
+        w.ring(CommKind::AllReduce, "world", p.world, 4 * n, "gradient bucket " + std::to_string(b),
+               stage > 0 ? "reduce" : "exposed");
+      }
+    };
     w.micro_batch(m);
     w.mark(StepEvent::Op::Loss);
-    if (!p.reduce_every_micro_batch && m != p.micro_batches - 1) continue;
-    for (size_t b = 0; b < buckets.size(); ++b) {
-      int64_t n = 0;
-      for (size_t k : buckets[b]) n += numels[k];
-      w.ring(CommKind::AllReduce, "world", p.world, 4 * n, "gradient bucket " + std::to_string(b), "exposed");
+    reduce_stage(L + 1);
+    for (int64_t i = L - 1; i >= 0; --i) {
+      reduce_stage(i + 1);
+      w.mark(StepEvent::Op::Backward, i);
     }
+    reduce_stage(0);
   }
 }
 
@@ -159,7 +170,7 @@ StepPlan plan_step(const Config& c, int64_t world_size, int64_t rank, Parallelis
     for (const ParamSpec& s : specs) block[s.layer >= 0 ? s.layer : L] += RowShard::of(s.shape, S).block_numel();
     plan_fsdp_micro_batches(w, c, p, L, block, at::elementSize(compute_dtype));
   } else {
-    plan_ddp_micro_batches(w, p, specs, c.train.bucket_mb);
+    plan_ddp_micro_batches(w, p, specs, L, c.train.bucket_mb);
   }
 
   // The step's own: the gradient norm's sum of squares over the ranks holding different rows (a

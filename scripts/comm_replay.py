@@ -69,7 +69,8 @@ def main():
     rank, W = dist.get_rank(), dist.get_world_size()
     plan = json.load(open(args.plan))
     assert plan["world"] == W, f"the plan is for {plan['world']} ranks, this world has {W}"
-    S = plan["shard"]
+    ddp = plan["parallelism"] == "ddp"
+    S = W if ddp else plan["shard"]  # DDP's collectives are all over the world
 
     # 1. The fit, over the whole world, per kind of collective (Gloo's algorithms differ: its
     #    all-reduce is far from a ring's cost): time = hops x latency + counted / 2 / bandwidth.
@@ -117,7 +118,6 @@ def main():
     fns = [run_call(*c) for c in step]
     measured = timed(lambda: [f() for f in fns], args.reps)
     predicted = sum(model(kind, w, counted) for kind, w, _, counted, _ in step)
-    ddp = plan["parallelism"] == "ddp"
     result = {"world": W, "shard": S, "ddp": ddp,
               "fit": {k: {"latency_per_hop_s": a, "bandwidth_bytes_per_s": b} for k, (a, b) in fit.items()},
               "fit_largest_relative_error": fit_error, "collectives_per_step": len(step),

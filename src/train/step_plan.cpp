@@ -41,11 +41,10 @@ class PlanWriter {
 
 // The sharding engine's micro-batches (fsdp/fsdp_engine.cpp, fsdp/fsdp_unit.cpp), in the order
 // it makes them: units are blocks 0..L-1 and the root L; `block[u]` is the elements unit u puts
-// into a collective (its rows on each rank, padded).
+// into a collective (its rows on each rank, padded); `group` the engine's communicator.
 void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, int64_t L,
-                             const std::vector<int64_t>& block, int64_t compute_bytes) {
+                             const std::vector<int64_t>& block, int64_t compute_bytes, const std::string& group) {
   const int64_t S = p.shard, R = p.replicate;
-  const std::string group = R > 1 ? "shard" : "world";  // the engine's communicator
   const bool raf = c.train.reshard_after_forward;
   const int64_t ac = c.train.ac_ckpt;
   auto name = [L](int64_t u) { return u == L ? std::string("root") : "block " + std::to_string(u); };
@@ -164,11 +163,11 @@ StepPlan plan_step(const Config& c, int64_t world_size, int64_t rank, Parallelis
 
   PlanWriter w(p.events);
   const bool fsdp = parallelism == Parallelism::FSDP;
-  const std::string shard_group = R > 1 && fsdp ? "shard" : "world";
+  const std::string shard_group = R > 1 && fsdp ? "shard" : "world";  // the engine's communicator
   if (fsdp) {
     std::vector<int64_t> block(L + 1, 0);
     for (const ParamSpec& s : specs) block[s.layer >= 0 ? s.layer : L] += RowShard::of(s.shape, S).block_numel();
-    plan_fsdp_micro_batches(w, c, p, L, block, at::elementSize(compute_dtype));
+    plan_fsdp_micro_batches(w, c, p, L, block, at::elementSize(compute_dtype), shard_group);
   } else {
     plan_ddp_micro_batches(w, p, specs, L, c.train.bucket_mb);
   }

@@ -14,10 +14,10 @@
 
 #include "data/sources.h"
 #include "ddp/ddp_engine.h"
-#include "optim/replicated_muon.h"
 #include "fsdp/fsdp_engine.h"
-#include "optim/sharded_muon.h"
 #include "model/model_config.h"
+#include "optim/replicated_muon.h"
+#include "optim/sharded_muon.h"
 
 namespace zb {
 

@@ -26,7 +26,7 @@
 #include "dist/comm.h"
 #include "dist/world.h"
 #include "model/llama.h"
-#include "model/model_config.h"
+#include "config/model_config.h"
 #include "train/metrics.h"
 #include "train/metrics_follower.h"
 #include "train/metrics_logger.h"

@@ -6,7 +6,7 @@
 
 #include "config/cli.h"
 #include "config/config.h"
-#include "model/model_config.h"
+#include "config/model_config.h"
 
 using namespace zb;
 

@@ -7,7 +7,7 @@
 
 #include "config/config.h"
 #include "model/model_args.h"
-#include "model/model_config.h"
+#include "config/model_config.h"
 #include "train/memory_estimate.h"
 
 using namespace zb;

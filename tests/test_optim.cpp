@@ -6,7 +6,7 @@
 
 #include "config/config.h"
 #include "model/llama.h"
-#include "model/model_config.h"
+#include "config/model_config.h"
 #include "optim/adamw.h"
 #include "parallel/clip.h"
 #include "optim/lr_schedule.h"

@@ -9,7 +9,7 @@
 
 #include "config/config.h"
 #include "model/llama.h"
-#include "model/model_config.h"
+#include "config/model_config.h"
 #include "optim/optimizer.h"
 
 using namespace zb;

@@ -24,7 +24,7 @@
 #include "checkpoint/hf_export.h"
 #include "checkpoint/state.h"
 #include "data/documents.h"
-#include "fsdp/row_shard.h"
+#include "parallel/row_shard.h"
 #include "model/model_args_json.h"
 #include "util/fs.h"
 #include "util/log.h"
@@ -207,13 +207,13 @@ std::string CheckpointWriter::last_good() {
   return config_.ckpt.resume.empty() ? "" : resolve_checkpoint(config_, config_.ckpt.resume);
 }
 
-std::string CheckpointWriter::save(Trainer& trainer) {
+std::string CheckpointWriter::save(TrainingState& run) {
   finish();  // one save at a time
   const std::string root = config_.ckpt.path;
-  const int64_t step = trainer.step();
+  const int64_t step = run.step();
   const std::string final_dir = root + "/" + step_name(step);
   const std::string tmp_dir = root + "/.tmp-" + step_name(step);
-  const std::vector<StateTensor> state = training_state(trainer.parallel(), trainer.optimizer());
+  const std::vector<StateTensor> state = training_state(run.parallel(), run.optimizer());
 
   // Never a checkpoint of a state that is not finite: it would rotate good ones out. (A step whose
   // loss or gradient norm is not finite is never applied, but an applied update can still
@@ -241,7 +241,7 @@ std::string CheckpointWriter::save(Trainer& trainer) {
   json index = json::array();
   {
     at::NoGradGuard no_grad;
-    const bool another_replica = trainer.parallel().replica() != 0;  // hybrid sharding: copy 0 saves the rows
+    const bool another_replica = run.parallel().replica() != 0;  // hybrid sharding: copy 0 saves the rows
     for (const StateTensor& t : state) {
       if (another_replica && !t.replicated && !t.global_shape.empty()) continue;
       const Entry e = entry_to_write(t, comm_.rank(), comm_.size());
@@ -254,21 +254,21 @@ std::string CheckpointWriter::save(Trainer& trainer) {
   json meta;
   if (comm_.rank() == 0) {
     json shapes = json::object();
-    for (const ShardedParameter& p : trainer.parallel().parameters()) shapes[p.name] = p.global_shape;
+    for (const ShardedParameter& p : run.parallel().parameters()) shapes[p.name] = p.global_shape;
     meta = {
         {"format", "zeroband-cpp checkpoint"},
         {"version", kCheckpointFormatVersion},
         {"step", step},
-        {"skipped_steps", trainer.skipped_steps()},
-        {"tokens_seen", step * trainer.tokens_per_step()},
+        {"skipped_steps", run.skipped_steps()},
+        {"tokens_seen", step * run.tokens_per_step()},
         {"world_size", comm_.size()},
         {"config", config_.source},
         {"name_model", config_.name_model},
         {"type_model", config_.type_model},
         {"seed", config_.runtime.seed},
         {"shapes", shapes},
-        {"model_args", model_args_to_json(trainer.model_args())},
-        {"data_rows_consumed_per_rank", trainer.data().state().rows_consumed},
+        {"model_args", model_args_to_json(run.model_args())},
+        {"data_rows_consumed_per_rank", run.data_rows_consumed()},
     };
     if (const std::string t = config_.data.fake ? "" : tokenizer_of_dataset(config_.data.dataset_name_or_paths);
         !t.empty())
@@ -348,13 +348,13 @@ std::string CheckpointWriter::save(Trainer& trainer) {
   return final_dir;
 }
 
-std::optional<std::string> CheckpointWriter::save_if_due(Trainer& trainer, bool stopping) {
+std::optional<std::string> CheckpointWriter::save_if_due(TrainingState& run, bool stopping) {
   const auto& c = config_.ckpt;
-  const int64_t step = trainer.step();
+  const int64_t step = run.step();
   if (c.path.empty()) return std::nullopt;
   if (!(stopping || step == config_.optim.total_steps || (c.interval > 0 && step % c.interval == 0)))
     return std::nullopt;
-  return save(trainer);
+  return save(run);
 }
 
 std::string resolve_checkpoint(const Config& config, const std::string& spec) {
@@ -366,7 +366,7 @@ std::string resolve_checkpoint(const Config& config, const std::string& spec) {
   return config.ckpt.path + "/" + name;
 }
 
-void load_checkpoint(const std::string& dir, Trainer& trainer, Communicator& comm) {
+void load_checkpoint(const std::string& dir, TrainingState& run, Communicator& comm) {
   auto fail = [&](const std::string& what) { return std::runtime_error("checkpoint " + dir + ": " + what); };
   if (!path_exists(dir + "/meta.json")) throw fail("not a complete checkpoint (no meta.json)");
   json meta;
@@ -379,7 +379,7 @@ void load_checkpoint(const std::string& dir, Trainer& trainer, Communicator& com
     throw fail("unknown format or version");
   // Same model: every parameter with the same global shape.
   const json& shapes = meta["shapes"];
-  const std::vector<ShardedParameter> params = trainer.parallel().parameters();
+  const std::vector<ShardedParameter> params = run.parallel().parameters();
   for (const ShardedParameter& p : params) {
     if (!shapes.contains(p.name)) throw fail("it holds no parameter " + p.name + " (another model?)");
     const std::vector<int64_t> have = shapes[p.name];
@@ -416,7 +416,7 @@ void load_checkpoint(const std::string& dir, Trainer& trainer, Communicator& com
 
   // Read everything first (nothing is modified if anything is missing), then copy in.
   std::vector<std::pair<at::Tensor, at::Tensor>> assignments;  // (destination, loaded value)
-  for (const StateTensor& t : training_state(trainer.parallel(), trainer.optimizer())) {
+  for (const StateTensor& t : training_state(run.parallel(), run.optimizer())) {
     at::Tensor value = at::empty(t.local.sizes(), at::kFloat);
     char* out = static_cast<char*>(value.data_ptr());
     const bool scalar = t.global_shape.empty();
@@ -453,17 +453,17 @@ void load_checkpoint(const std::string& dir, Trainer& trainer, Communicator& com
   for (auto& [dst, value] : assignments) dst.copy_(value.to(dst.device()).view(dst.sizes()));
 
   const int64_t step = meta["step"];
-  trainer.restore_position(step, meta.value("skipped_steps", int64_t{0}),
+  run.restore_position(step, meta.value("skipped_steps", int64_t{0}),
                            static_cast<uint64_t>(meta["seed"].get<int64_t>()));
   log::info(strf("resumed from %s: step %ld, saved on %ld rank(s), now on %ld", dir.c_str(), step,
                  saved_world, comm.size()));
 }
 
-void init_from_hf(const std::string& dir, Trainer& trainer) {
+void init_from_hf(const std::string& dir, TrainingState& run) {
   ModelArgs args;
   const TensorMap full = read_hf_model(dir, &args);
   std::vector<std::pair<at::Tensor, at::Tensor>> assignments;
-  for (const ShardedParameter& p : trainer.parallel().parameters()) {
+  for (const ShardedParameter& p : run.parallel().parameters()) {
     const auto it = full.find(p.name);
     if (it == full.end()) throw std::runtime_error("model " + dir + ": no " + p.name);
     if (it->second.sizes().vec() != p.global_shape)

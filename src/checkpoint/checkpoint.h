@@ -17,15 +17,15 @@
 #include <string>
 #include <thread>
 
+#include "checkpoint/state.h"
 #include "config/config.h"
 #include "dist/comm.h"
-#include "train/trainer.h"
 
 namespace zb {
 
 constexpr int kCheckpointFormatVersion = 1;
 
-// Saves the trainer's state after `trainer.step()` steps into ckpt.path. Every rank calls save()
+// Saves a run's training state after `run.step()` steps into ckpt.path. Every rank calls save()
 // at the same step: it copies this rank's shards to host memory and returns; a background thread
 // writes them, and rank 0 renames the checkpoint into place once every rank has written (the
 // ranks count themselves in the rendezvous store, off the collectives' path). A save waits for
@@ -42,10 +42,10 @@ class CheckpointWriter {
   ~CheckpointWriter();
   // Returns the directory the checkpoint will have. Collective. Throws, saving nothing, when a
   // parameter or optimizer state is not finite on some rank.
-  std::string save(Trainer& trainer);
+  std::string save(TrainingState& run);
   // The cadence: saves (and returns the directory) every ckpt.interval steps, at the last step,
   // and when the run is `stopping` (a signal); never without ckpt.path.
-  std::optional<std::string> save_if_due(Trainer& trainer, bool stopping);
+  std::optional<std::string> save_if_due(TrainingState& run, bool stopping);
   // Waits for the save in flight; rethrows its error (every rank throws for a save that failed
   // on any rank).
   void finish();
@@ -68,13 +68,13 @@ class CheckpointWriter {
 // Throws std::runtime_error when there is none.
 std::string resolve_checkpoint(const Config& config, const std::string& spec);
 
-// Loads a checkpoint into the trainer (parameters, optimizer state, step, data position),
+// Loads a checkpoint into the run (parameters, optimizer state, step, data position),
 // resharding to this world size. Collective. Throws std::runtime_error naming the checkpoint for
 // one that is partial, damaged or of another model; nothing is modified in that case.
-void load_checkpoint(const std::string& dir, Trainer& trainer, Communicator& comm);
+void load_checkpoint(const std::string& dir, TrainingState& run, Communicator& comm);
 
 // Starts a run from a Hugging Face model directory (as export_hf writes): every rank takes its
 // rows of each parameter. Throws naming the directory for another model's shapes.
-void init_from_hf(const std::string& dir, Trainer& trainer);
+void init_from_hf(const std::string& dir, TrainingState& run);
 
 }  // namespace zb

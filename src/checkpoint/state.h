@@ -1,12 +1,14 @@
 #pragma once
 // What a checkpoint holds, gathered from the components that own it: the parallel engine's
 // parameters (as this rank holds them: shards or replicas), the optimizer's state for each
-// parameter, and the data loader's position. Checkpoints depend on this, not on the engines.
+// parameter, and the run's position (steps, data). Checkpoints depend on this, not on the engines
+// or the trainer: the Trainer (train/trainer.h) implements TrainingState.
 #include <ATen/core/Tensor.h>
 
 #include <string>
 #include <vector>
 
+#include "model/model_args.h"
 #include "optim/optimizer.h"
 #include "parallel/parallel_model.h"
 
@@ -24,5 +26,23 @@ struct StateTensor {
 // Every tensor of the training state, parameters first, in a fixed order. An optimizer state
 // tensor sits where its parameter does.
 std::vector<StateTensor> training_state(ParallelModel& parallel, const Optimizer& optimizer);
+
+// A run as checkpoints see it: what they save and what they restore.
+class TrainingState {
+ public:
+  virtual ~TrainingState() = default;
+  virtual ParallelModel& parallel() = 0;
+  virtual Optimizer& optimizer() = 0;
+  virtual const ModelArgs& model_args() const = 0;
+  // Steps taken (skipped ones included) and of those not applied.
+  virtual int64_t step() const = 0;
+  virtual int64_t skipped_steps() const = 0;
+  virtual int64_t tokens_per_step() const = 0;
+  // Rows of the training data each rank has consumed (recorded for inspection; a resume derives
+  // the position from the step).
+  virtual int64_t data_rows_consumed() const = 0;
+  // Continue after `step` steps, `skipped` of them not applied, with the data seeded by `seed`.
+  virtual void restore_position(int64_t step, int64_t skipped, uint64_t seed) = 0;
+};
 
 }  // namespace zb

@@ -5,7 +5,7 @@
 #include <stdexcept>
 
 #include "config/fields.h"
-#include "model/model_config.h"
+#include "config/model_config.h"
 
 namespace zb {
 

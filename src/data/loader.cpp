@@ -51,7 +51,7 @@ Batch DataLoader::make_batch(int64_t first_row, bool pin_memory) const {
   at::Tensor inputs = at::empty({micro_bs_, T}, opts), targets = at::empty({micro_bs_, T}, opts);
   inputs.copy_(rows.slice(1, 0, T));
   targets.copy_(rows.slice(1, 1, T + 1));
-  Batch batch{inputs, targets};
+  Batch batch{inputs, targets, {}, 0};
   if (delimiter_) {
     std::vector<int32_t> cu{0};
     for (int64_t j = 0; j < micro_bs_; ++j)

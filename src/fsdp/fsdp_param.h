@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/row_shard.h"
+#include "parallel/row_shard.h"
 
 namespace zb {
 

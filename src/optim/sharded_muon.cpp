@@ -7,8 +7,7 @@
 #include <algorithm>
 
 #include "optim/replicated_muon.h"
-#include "fsdp/fsdp_collectives.h"
-#include "fsdp/row_shard.h"
+#include "parallel/row_shard.h"
 
 namespace zb {
 

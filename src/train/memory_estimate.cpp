@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <map>
 
-#include "fsdp/row_shard.h"
+#include "parallel/row_shard.h"
 #include "model/attention.h"
 #include "model/chunked_loss.h"
 #include "model/model_args.h"
-#include "model/model_config.h"
+#include "config/model_config.h"
 #include "optim/optimizer.h"
 #include "optim/param_groups.h"
 #include "train/step_plan.h"

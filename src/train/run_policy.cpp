@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "model/model_args_json.h"
-#include "model/model_config.h"
+#include "config/model_config.h"
 #include "optim/optimizer.h"
 #include "util/device.h"
 #include "util/log.h"

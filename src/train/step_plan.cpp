@@ -3,9 +3,9 @@
 #include <c10/core/ScalarType.h>
 
 #include "ddp/ddp_engine.h"
-#include "fsdp/row_shard.h"
+#include "parallel/row_shard.h"
 #include "model/model_args.h"
-#include "model/model_config.h"
+#include "config/model_config.h"
 #include "optim/muon.h"
 #include "optim/param_groups.h"
 

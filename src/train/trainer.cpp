@@ -15,7 +15,7 @@
 #include "data/sources.h"
 #include "ddp/ddp_engine.h"
 #include "fsdp/fsdp_engine.h"
-#include "model/model_config.h"
+#include "config/model_config.h"
 #include "optim/replicated_muon.h"
 #include "optim/sharded_muon.h"
 

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/state.h"
 #include "config/config.h"
 #include "data/loader.h"
 #include "dist/comm.h"
@@ -50,7 +51,7 @@ struct HybridGroups {
 // Every rank calls it at the same point: on NCCL each group is split from the world's communicator.
 HybridGroups make_hybrid_groups(const Config& config, Communicator& comm, Parallelism parallelism);
 
-class Trainer {
+class Trainer : public TrainingState {
  public:
   // Builds everything; the model is initialised from runtime.seed identically on every rank and
   // then sharded (FSDP) or replicated (DDP). `config` must be validated for comm.size() ranks.
@@ -59,7 +60,7 @@ class Trainer {
   Trainer(const Config& config, Communicator& comm, c10::Device device,
           Parallelism parallelism = Parallelism::FSDP, HybridGroups groups = {},
           std::optional<bool> reduce_every_micro_batch = std::nullopt);
-  ~Trainer();  // detaches a step trace from the communicator it does not own
+  ~Trainer() override;  // detaches a step trace from the communicator it does not own
 
   StepStats train_step();
   // runtime.compute_dtype on `device`: "auto" is bf16 on CUDA, fp32 on CPU.
@@ -70,19 +71,19 @@ class Trainer {
   bool has_validation() const { return static_cast<bool>(val_source_); }
 
   // Steps taken, skipped ones included: the data's position and the checkpoint cadence follow it.
-  int64_t step() const { return step_; }
+  int64_t step() const override { return step_; }
   // Steps not applied because they were not finite; the schedule is at step() - skipped_steps().
-  int64_t skipped_steps() const { return skipped_; }
+  int64_t skipped_steps() const override { return skipped_; }
   // After loading a checkpoint: continue after `step` steps (`skipped` of them not applied), the
   // data at the next global batch (the loader's position follows from the step, whatever the
   // world size).
-  void restore_position(int64_t step, int64_t skipped, uint64_t seed);
+  void restore_position(int64_t step, int64_t skipped, uint64_t seed) override;
   int64_t grad_accum_steps() const { return accum_; }
   // Gradients reduced on every micro-batch into sharded sums (train.reduce_every_micro_batch),
   // rather than summed whole in fp32 and reduced on the last.
   bool reduces_every_micro_batch() const { return reduce_every_micro_batch_; }
-  int64_t tokens_per_step() const { return config_.optim.batch_size * config_.data.seq_length; }
-  const ModelArgs& model_args() const { return model_->args(); }
+  int64_t tokens_per_step() const override { return config_.optim.batch_size * config_.data.seq_length; }
+  const ModelArgs& model_args() const override { return model_->args(); }
   at::ScalarType compute_dtype() const { return compute_dtype_; }
   // The token documents are cut at (model.attention = "document"), and whether the flash kernel
   // computes attention within them.
@@ -90,12 +91,13 @@ class Trainer {
   bool flash_documents() const { return flash_documents_; }
   // The attention kernel the steps run (model/attention.h's attention_kernel).
   const std::string& attention_kernel() const { return attention_kernel_; }
-  ParallelModel& parallel() { return *parallel_; }
+  ParallelModel& parallel() override { return *parallel_; }
   // Hybrid sharding's groups by name ("shard_group": within a node under train_hsdp,
   // "replicate_group": across nodes), for the metrics' bytes by group; empty otherwise.
   std::vector<std::pair<std::string, Communicator*>> communication_groups() const;
   DataLoader& data() { return *data_; }
-  Optimizer& optimizer() { return *optimizer_; }
+  int64_t data_rows_consumed() const override { return data_->state().rows_consumed; }
+  Optimizer& optimizer() override { return *optimizer_; }
   // Records every step's events into `trace` from now on (the engine's, the collectives of every
   // communicator the step uses, and the micro-batch and optimizer marks), for comparison with
   // the step plan (train/step_plan.h); null stops it. The caller clears it between steps.

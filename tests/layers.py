@@ -1,0 +1,100 @@
+"""The layers of src/ as the build enforces them (src/CMakeLists.txt, docs/DESIGN.md).
+
+For every component, the compile command of one of its own sources (from compile_commands.json)
+is asked, through the preprocessor's __has_include, which components' headers it can reach. It
+must reach exactly the components below it in LAYERS (and itself): an upward include then fails
+to compile. Prints PASS last.
+
+    python tests/layers.py BUILD_DIR
+"""
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+
+# Each component and the components its sources may include (directly; reach is transitive).
+LAYERS = {
+    "util": [],
+    "model": [],
+    "config": ["model"],
+    "data": ["config", "util"],
+    "dist": ["util"],
+    "parallel": ["dist", "model"],
+    "fsdp": ["parallel"],
+    "ddp": ["parallel"],
+    "optim": ["config", "parallel", "util"],
+    "checkpoint": ["config", "optim", "data", "util"],
+    "train": ["checkpoint", "data", "optim", "util", "fsdp", "ddp"],
+}
+# One header of each component, to probe with.
+PROBE = {
+    "util": "util/fs.h", "model": "model/llama.h", "config": "config/config.h",
+    "data": "data/loader.h", "dist": "dist/comm.h", "parallel": "parallel/parallel_model.h",
+    "fsdp": "fsdp/fsdp_engine.h", "ddp": "ddp/ddp_engine.h", "optim": "optim/optimizer.h",
+    "checkpoint": "checkpoint/checkpoint.h", "train": "train/trainer.h",
+}
+
+
+def reach(component):
+    seen, todo = {component}, list(LAYERS[component])
+    while todo:
+        c = todo.pop()
+        if c not in seen:
+            seen.add(c)
+            todo.extend(LAYERS[c])
+    return seen
+
+
+def flags_of(entry):
+    """The include and define flags of one compile command."""
+    args = entry["arguments"] if "arguments" in entry else shlex.split(entry["command"])
+    out, i = [], 1
+    while i < len(args):
+        a = args[i]
+        if a in ("-I", "-isystem", "-D", "-include"):
+            out += [a, args[i + 1]]
+            i += 2
+            continue
+        if a.startswith(("-I", "-D", "-isystem", "-std=")):
+            out.append(a)
+        i += 1
+    return args[0], out, entry["directory"]
+
+
+def main():
+    build = sys.argv[1]
+    src = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "src"))
+    commands = json.load(open(os.path.join(build, "compile_commands.json")))
+    probe_text = "".join(
+        f'#if __has_include("{h}")\nreach {c}\n#endif\n' for c, h in PROBE.items())
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = os.path.join(tmp, "probe.cpp")
+        open(probe, "w").write(probe_text)
+        for component in LAYERS:
+            entry = next((e for e in commands
+                          if os.path.dirname(os.path.normpath(e["file"])) == os.path.join(src, component)), None)
+            if entry is None:
+                failures.append(f"{component}: no source of it in compile_commands.json")
+                continue
+            compiler, flags, cwd = flags_of(entry)
+            out = subprocess.run([compiler, "-E", "-P", probe, *flags], cwd=cwd, capture_output=True,
+                                 text=True, check=True).stdout
+            got = {line.split()[1] for line in out.splitlines() if line.startswith("reach ")}
+            want = reach(component)
+            print(f"{component:10s} reaches {' '.join(sorted(got))}")
+            if got != want:
+                extra, missing = sorted(got - want), sorted(want - got)
+                failures.append(f"{component}: reaches {extra} beyond its layer" if extra else
+                                f"{component}: cannot reach {missing}")
+    for f in failures:
+        print("FAIL", f)
+    if failures:
+        sys.exit(1)
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()

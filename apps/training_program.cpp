@@ -161,7 +161,7 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
                      world.size, world.launcher.c_str(), world.master_addr.c_str(), world.master_port,
                      world.rank, world.local_rank));
   // Which device, which physical GPU, on which host, for every rank: a wrong binding shows here.
-  const auto placement = comm.exchange(
+  const auto placement = comm.rendezvous().exchange(
       "placement", strf("rank %ld (local %ld) on %s: %s%s", world.rank, world.local_rank, zb::host_name().c_str(),
                         device.str().c_str(),
                         device.is_cuda() ? strf(", %s, PCI %s", zb::device_name(device).c_str(),

@@ -274,7 +274,7 @@ std::string CheckpointWriter::save(TrainingState& run) {
         !t.empty())
       meta["tokenizer_source"] = t;
   }
-  const auto store = comm_.store();
+  const auto store = comm_.rendezvous().store();
   const int64_t rank = comm_.rank(), world = comm_.size(), keep = config_.ckpt.keep;
   const std::string key = "zb/ckpt/" + std::to_string(step);
   const std::chrono::seconds timeout(config_.runtime.timeout_s);

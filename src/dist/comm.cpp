@@ -3,7 +3,6 @@
 #include <ATen/ops/empty.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <algorithm>
@@ -110,21 +109,16 @@ size_t Communicator::backends_to_abort() const {
   return abort_list_->backends.size();
 }
 
-// The backends' own timeouts come after the watchdog's, which names the stalled step: NCCL's
-// kills the process without that, Gloo's would race with it.
-std::chrono::milliseconds backend_timeout(std::chrono::milliseconds timeout) {
-  return timeout + std::max<std::chrono::milliseconds>(std::chrono::seconds(10), timeout / 10);
-}
-
-Communicator::Communicator(const World& world, c10::Device device, std::chrono::milliseconds timeout,
-                           Communicator* parent, const std::string& name, const std::vector<int64_t>& ranks)
-    : world_(world), name_(name), device_(device), timeout_(timeout), store_(parent->store_), parent_(parent),
+Communicator::Communicator(Communicator* parent, const World& group, const std::string& name,
+                           const std::vector<int64_t>& ranks)
+    : rendezvous_(parent->rendezvous_), world_(group), name_(name), device_(parent->device_), parent_(parent),
       abort_list_(parent->abort_list_) {
-  if (!world.distributed()) return;
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("zb/pg/" + name, store_);
-  backend_ = device.is_cuda() ? split_nccl_backend(parent->backend_, prefixed, ranks, backend_timeout(timeout))
-                              : make_gloo_backend(prefixed, world, backend_timeout(timeout));
-  if (device.is_cuda()) wait_clock_ = std::make_unique<StepClock>(device);
+  if (!group.distributed()) return;
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("zb/pg/" + name, rendezvous_->store());
+  const auto timeout = rendezvous_->backend_timeout();
+  backend_ = device_.is_cuda() ? split_nccl_backend(parent->backend_, prefixed, ranks, timeout)
+                               : make_gloo_backend(prefixed, group, timeout);
+  if (device_.is_cuda()) wait_clock_ = std::make_unique<StepClock>(device_);
   abort_list_->add(backend_);
 }
 
@@ -137,88 +131,29 @@ std::unique_ptr<Communicator> Communicator::subgroup(const std::string& name, co
   // Numbered, so that a later group of the same name (another trainer in the same process) never
   // meets an earlier one's keys in the store: every rank creates its groups in the same order.
   const std::string unique = name + "." + std::to_string(subgroups_created_++);
-  auto group = std::unique_ptr<Communicator>(new Communicator(sub, device_, timeout_, this, unique, ranks));
+  auto group = std::unique_ptr<Communicator>(new Communicator(this, sub, unique, ranks));
   children_.push_back(group.get());
   return group;
 }
 
 Communicator::Communicator(const World& world, c10::Device device, std::chrono::milliseconds timeout)
-    : world_(world), device_(device), timeout_(timeout) {
-  if (!world.distributed()) return;
-  c10d::TCPStoreOptions opts;
-  opts.port = static_cast<uint16_t>(world.master_port);
-  // Under torchrun the elastic agent already serves the store on MASTER_PORT.
-  const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
-  opts.isServer = world.rank == 0 && !(agent_store && std::string(agent_store) == "True");
-  opts.numWorkers = static_cast<size_t>(world.size);
-  opts.waitWorkers = true;
-  opts.timeout = timeout;
-  const std::string where = world.master_addr + ":" + std::to_string(world.master_port);
-  try {
-    store_ = c10::make_intrusive<c10d::TCPStore>(world.master_addr, opts);
-  } catch (const std::exception& e) {
-    throw std::runtime_error("rank " + std::to_string(world.rank) + ": rendezvous at " + where +
-                             " failed within " + std::to_string(timeout.count() / 1000) +
-                             " s (is MASTER_ADDR/MASTER_PORT right, and did every rank start?): " +
-                             e.what());
-  }
-  // Every rank publishes its world size and checks everyone else's: a rank launched with another
-  // world size, or one that never arrives, stops every rank with a message instead of a hang.
-  const std::string mine = std::to_string(world.size);
-  store_->set("zb/world_size_of/" + std::to_string(world.rank),
-              std::vector<uint8_t>(mine.begin(), mine.end()));
-  std::string mismatch;
-  for (int64_t r = 0; r < world.size && mismatch.empty(); ++r) {
-    const std::string key = "zb/world_size_of/" + std::to_string(r);
-    try {
-      store_->wait({key}, timeout);
-    } catch (const std::exception&) {
-      throw std::runtime_error("rank " + std::to_string(r) + " did not join the rendezvous at " +
-                               where + " within " + std::to_string(timeout.count() / 1000) + " s");
-    }
-    const auto bytes = store_->get(key);
-    const std::string theirs(bytes.begin(), bytes.end());
-    if (theirs != mine)
-      mismatch = "rank " + std::to_string(world.rank) + " was launched with world size " + mine + " but rank " +
-                 std::to_string(r) + " with " + theirs;
-  }
-  if (!mismatch.empty()) {
-    // The rank serving the store waits (briefly) until the others have read what they need:
-    // leaving at once would take the store away and give them a connection error instead.
-    store_->set("zb/world_size_read/" + std::to_string(world.rank), std::vector<uint8_t>{1});
-    if (opts.isServer) {
-      for (int64_t r = 1; r < world.size; ++r) {
-        try {
-          store_->wait({"zb/world_size_read/" + std::to_string(r)}, std::chrono::seconds(5));
-        } catch (const std::exception&) {
-        }
-      }
-    }
-    throw std::runtime_error(mismatch);
-  }
+    : Communicator(std::make_shared<const Rendezvous>(world, timeout), device) {}
 
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("zb/pg", store_);
-  backend_ = device.is_cuda() ? make_nccl_backend(prefixed, world, device, backend_timeout(timeout))
-                              : make_gloo_backend(prefixed, world, backend_timeout(timeout));
+Communicator::Communicator(std::shared_ptr<const Rendezvous> rendezvous, c10::Device device)
+    : rendezvous_(std::move(rendezvous)), world_(rendezvous_->world()), device_(device) {
+  if (!world_.distributed()) return;
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("zb/pg", rendezvous_->store());
+  const auto timeout = rendezvous_->backend_timeout();
+  backend_ = device.is_cuda() ? make_nccl_backend(prefixed, world_, device, timeout)
+                              : make_gloo_backend(prefixed, world_, timeout);
   if (device.is_cuda()) wait_clock_ = std::make_unique<StepClock>(device);
   abort_list_ = std::make_shared<AbortList>();
   abort_list_->add(backend_);
-  watchdog_ = std::make_unique<Watchdog>(timeout, world.rank, [list = abort_list_] { list->abort_all(); });
+  watchdog_ = std::make_unique<Watchdog>(rendezvous_->timeout(), world_.rank, [list = abort_list_] { list->abort_all(); });
 }
 
 void Communicator::set_phase(const std::string& phase) {
   if (watchdog_) watchdog_->set_phase(phase);
-}
-
-std::vector<std::string> Communicator::exchange(const std::string& key, const std::string& mine) {
-  if (!store_) return {mine};
-  store_->set("zb/" + key + "/" + std::to_string(rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
-  std::vector<std::string> all;
-  for (int64_t r = 0; r < size(); ++r) {
-    const auto bytes = store_->get("zb/" + key + "/" + std::to_string(r));  // waits up to the timeout
-    all.emplace_back(bytes.begin(), bytes.end());
-  }
-  return all;
 }
 
 Communicator::~Communicator() {
@@ -237,7 +172,7 @@ Communicator::~Communicator() {
   }
 }
 
-PendingCollective Communicator::all_gather(at::Tensor& out, at::Tensor& in) {
+PendingCollective Communicator::all_gather(const at::Tensor& out, const at::Tensor& in) {
   TORCH_CHECK(out.numel() == in.numel() * size(), "all_gather: output must hold size() inputs");
   const int64_t n = in.numel() * in.element_size();
   account(CommKind::AllGather, n, ring_counted_bytes(CommKind::AllGather, size(), n));
@@ -245,10 +180,11 @@ PendingCollective Communicator::all_gather(at::Tensor& out, at::Tensor& in) {
     out.copy_(in.view(out.sizes()));
     return {};
   }
-  return {backend_->_allgather_base(out, in), this};
+  at::Tensor output = out, input = in;  // c10d takes non-const handles
+  return {backend_->_allgather_base(output, input), this};
 }
 
-PendingCollective Communicator::reduce_scatter_sum(at::Tensor& out, at::Tensor& in) {
+PendingCollective Communicator::reduce_scatter_sum(const at::Tensor& out, const at::Tensor& in) {
   TORCH_CHECK(in.numel() == out.numel() * size(), "reduce_scatter: input must hold size() outputs");
   const int64_t n = out.numel() * out.element_size();
   account(CommKind::ReduceScatter, n, ring_counted_bytes(CommKind::ReduceScatter, size(), n));
@@ -258,10 +194,11 @@ PendingCollective Communicator::reduce_scatter_sum(at::Tensor& out, at::Tensor& 
   }
   c10d::ReduceScatterOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;  // Gloo has no AVG: callers pre-divide
-  return {backend_->_reduce_scatter_base(out, in, opts), this};
+  at::Tensor output = out, input = in;
+  return {backend_->_reduce_scatter_base(output, input, opts), this};
 }
 
-PendingCollective Communicator::all_reduce_sum(at::Tensor& t) {
+PendingCollective Communicator::all_reduce_sum(const at::Tensor& t) {
   const int64_t bytes = t.numel() * t.element_size();
   account(CommKind::AllReduce, bytes, ring_counted_bytes(CommKind::AllReduce, size(), bytes));
   if (!backend_) return {};
@@ -271,7 +208,7 @@ PendingCollective Communicator::all_reduce_sum(at::Tensor& t) {
   return {backend_->allreduce(tensors, opts), this};
 }
 
-PendingCollective Communicator::broadcast(at::Tensor& t, int64_t root) {
+PendingCollective Communicator::broadcast(const at::Tensor& t, int64_t root) {
   // A chain root -> root+1 -> ... -> root-1: the root sends, the last rank receives, the ranks
   // between do both.
   TORCH_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " is not a rank");
@@ -285,7 +222,7 @@ PendingCollective Communicator::broadcast(at::Tensor& t, int64_t root) {
   return {backend_->broadcast(tensors, opts), this};
 }
 
-PendingCollective Communicator::all_to_all(at::Tensor& out, at::Tensor& in,
+PendingCollective Communicator::all_to_all(const at::Tensor& out, const at::Tensor& in,
                                            std::vector<int64_t> out_splits,
                                            std::vector<int64_t> in_splits) {
   // Empty splits mean equal parts, as in c10d.
@@ -300,23 +237,12 @@ PendingCollective Communicator::all_to_all(at::Tensor& out, at::Tensor& in,
     out.copy_(in);
     return {};
   }
-  return {backend_->alltoall_base(out, in, out_splits, in_splits), this};
+  at::Tensor output = out, input = in;
+  return {backend_->alltoall_base(output, input, out_splits, in_splits), this};
 }
 
 void Communicator::barrier() {
-  if (size() == 1) return;
-  // Each rank sets its own key of this barrier and waits for everyone's: the host blocks, whatever
-  // the backend (an NCCL all-reduce's wait would only order the GPU's stream).
-  const std::string prefix = "zb/barrier/" + name_ + "/" + std::to_string(barriers_++) + "/";
-  store_->set(prefix + std::to_string(rank()), std::vector<uint8_t>{1});
-  std::vector<std::string> keys;
-  for (int64_t r = 0; r < size(); ++r) keys.push_back(prefix + std::to_string(r));
-  try {
-    store_->wait(keys, timeout_);
-  } catch (const std::exception& e) {
-    throw std::runtime_error("rank " + std::to_string(rank()) + ": not every rank reached the barrier within " +
-                             std::to_string(timeout_.count() / 1000) + " s (one may have died or hung)");
-  }
+  rendezvous_->barrier("zb/barrier/" + name_ + "/" + std::to_string(barriers_++), rank(), size());
 }
 
 std::vector<int64_t> Communicator::count_over_ranks(const std::vector<bool>& flags) {

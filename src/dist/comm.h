@@ -1,8 +1,8 @@
 #pragma once
-// Collectives for the training engine, on PyTorch's c10d: a TCPStore rendezvous and one backend,
-// Gloo for CPU tensors, NCCL for CUDA tensors. Every call counts the bytes it moves by kind, and
-// waiting on results is timed, for the per-step metrics. With a world of one process nothing is
-// created and every collective is a local copy.
+// A process group for the training engine, on PyTorch's c10d: one backend over a rendezvous
+// (dist/rendezvous.h), Gloo for CPU tensors, NCCL for CUDA tensors. Every call counts the bytes it
+// moves by kind, and waiting on results is timed, for the per-step metrics. With a world of one
+// process nothing is created and every collective is a local copy.
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/util/intrusive_ptr.h>
@@ -13,13 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "dist/rendezvous.h"
 #include "dist/watchdog.h"
 #include "dist/world.h"
 #include "util/device.h"
 
 namespace c10d {
 class Backend;
-class Store;
 class Work;
 }  // namespace c10d
 
@@ -91,10 +91,10 @@ class PendingCollective {
 
 class Communicator {
  public:
-  // Rendezvous with the other ranks (TCPStore at world.master_addr:master_port) and create the
-  // backend for `device`. Every rank checks that all agree on the world size. Throws a
-  // std::runtime_error naming the problem when the rendezvous fails within `timeout`, which also
+  // The world's group over `rendezvous`, with a backend for `device`. The rendezvous' timeout also
   // bounds every wait on the other ranks while a phase is set (set_phase).
+  Communicator(std::shared_ptr<const Rendezvous> rendezvous, c10::Device device);
+  // The same over a rendezvous of its own (Rendezvous's constructor: throws naming the problem).
   Communicator(const World& world, c10::Device device, std::chrono::milliseconds timeout);
   ~Communicator();
 
@@ -106,20 +106,22 @@ class Communicator {
   // one rank is local. Must not outlive this communicator.
   std::unique_ptr<Communicator> subgroup(const std::string& name, const std::vector<int64_t>& ranks);
 
+  // This rank and the group's size (a subgroup's own numbering).
   int64_t rank() const { return world_.rank; }
   int64_t size() const { return world_.size; }
   const World& world() const { return world_; }
+  const Rendezvous& rendezvous() const { return *rendezvous_; }
 
   // out (flat, size() * in.numel()) = concatenation of every rank's `in`, in rank order.
-  PendingCollective all_gather(at::Tensor& out, at::Tensor& in);
+  PendingCollective all_gather(const at::Tensor& out, const at::Tensor& in);
   // out (flat, in.numel() / size()) = this rank's slice of the sum over ranks of `in`.
-  PendingCollective reduce_scatter_sum(at::Tensor& out, at::Tensor& in);
+  PendingCollective reduce_scatter_sum(const at::Tensor& out, const at::Tensor& in);
   // Sum over ranks, in place.
-  PendingCollective all_reduce_sum(at::Tensor& t);
-  PendingCollective broadcast(at::Tensor& t, int64_t root);
+  PendingCollective all_reduce_sum(const at::Tensor& t);
+  PendingCollective broadcast(const at::Tensor& t, int64_t root);
   // Flat tensors: rank r sends in[sum(in_splits[:d]) ...] to rank d and receives from rank s
   // into out[sum(out_splits[:s]) ...]; splits count elements.
-  PendingCollective all_to_all(at::Tensor& out, at::Tensor& in, std::vector<int64_t> out_splits,
+  PendingCollective all_to_all(const at::Tensor& out, const at::Tensor& in, std::vector<int64_t> out_splits,
                                std::vector<int64_t> in_splits);
   // Blocks the host until every rank of this group has called it (through the store, so on NCCL
   // too, where a collective's wait only orders the GPU's stream).
@@ -132,13 +134,12 @@ class Communicator {
   // when it stalls: while one is set, a rank that sees no collective complete for `timeout`
   // logs it, aborts the backend and exits with code 1 (dist/watchdog.h).
   void set_phase(const std::string& phase);
-  // Every rank's `mine`, in rank order, through the store (start-up reports, off the hot path).
-  std::vector<std::string> exchange(const std::string& key, const std::string& mine);
   // For agreeing on conditions (a signal, a failed save): how many ranks have each flag set.
   // One all-reduce and one host read.
   std::vector<int64_t> count_over_ranks(const std::vector<bool>& flags);
 
-  CommStats& stats() { return stats_; }
+  // What this group has moved and waited so far (its subgroups' included).
+  CommStats stats() const { return stats_; }
   // Reports this communicator's collectives (not its subgroups') to `observer` under the name
   // `group` ("world", "shard", "replicate"); null stops it.
   void observe(CollectiveObserver* observer, std::string group) {
@@ -147,14 +148,10 @@ class Communicator {
   }
   // Backends the watchdog aborts on a stall: this group's and its live subgroups' (all of them).
   size_t backends_to_abort() const;
-  // The rendezvous store (null for a single process), for coordination off the collectives'
-  // path (the checkpoint writer's thread uses it).
-  const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
 
  private:
   friend class PendingCollective;
-  Communicator(const World& world, c10::Device device, std::chrono::milliseconds timeout, Communicator* parent,
-               const std::string& name, const std::vector<int64_t>& ranks);
+  Communicator(Communicator* parent, const World& group, const std::string& name, const std::vector<int64_t>& ranks);
   void count(CommKind kind, int64_t bytes) {
     stats_.bytes[static_cast<size_t>(kind)] += bytes;
     if (parent_) parent_->count(kind, bytes);
@@ -166,11 +163,10 @@ class Communicator {
   }
   void waited(double seconds);
 
-  World world_;
+  std::shared_ptr<const Rendezvous> rendezvous_;
+  World world_;       // the rendezvous' world, or a subgroup's numbering of it
   std::string name_;  // "" for the world; a subgroup's unique name
   c10::Device device_;
-  std::chrono::milliseconds timeout_;
-  c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> backend_;
   CommStats stats_;
   CollectiveObserver* observer_ = nullptr;

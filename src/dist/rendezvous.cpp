@@ -1,0 +1,100 @@
+#include "dist/rendezvous.h"
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <stdexcept>
+
+namespace zb {
+
+namespace {
+
+std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
+std::string seconds_of(std::chrono::milliseconds t) { return std::to_string(t.count() / 1000) + " s"; }
+
+}  // namespace
+
+Rendezvous::Rendezvous(const World& world, std::chrono::milliseconds timeout) : world_(world), timeout_(timeout) {
+  if (!world.distributed()) return;
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<uint16_t>(world.master_port);
+  // Under torchrun the elastic agent already serves the store on MASTER_PORT.
+  const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  opts.isServer = world.rank == 0 && !(agent_store && std::string(agent_store) == "True");
+  opts.numWorkers = static_cast<size_t>(world.size);
+  opts.waitWorkers = true;
+  opts.timeout = timeout;
+  const std::string where = world.master_addr + ":" + std::to_string(world.master_port);
+  try {
+    store_ = c10::make_intrusive<c10d::TCPStore>(world.master_addr, opts);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("rank " + std::to_string(world.rank) + ": rendezvous at " + where + " failed within " +
+                             seconds_of(timeout) + " (is MASTER_ADDR/MASTER_PORT right, and did every rank start?): " +
+                             e.what());
+  }
+  // Every rank publishes its world size and checks everyone else's: a rank launched with another
+  // world size, or one that never arrives, stops every rank with a message instead of a hang.
+  const std::string mine = std::to_string(world.size);
+  store_->set("zb/world_size_of/" + std::to_string(world.rank), bytes_of(mine));
+  std::string mismatch;
+  for (int64_t r = 0; r < world.size && mismatch.empty(); ++r) {
+    const std::string key = "zb/world_size_of/" + std::to_string(r);
+    try {
+      store_->wait({key}, timeout);
+    } catch (const std::exception&) {
+      throw std::runtime_error("rank " + std::to_string(r) + " did not join the rendezvous at " + where +
+                               " within " + seconds_of(timeout));
+    }
+    const auto bytes = store_->get(key);
+    const std::string theirs(bytes.begin(), bytes.end());
+    if (theirs != mine)
+      mismatch = "rank " + std::to_string(world.rank) + " was launched with world size " + mine + " but rank " +
+                 std::to_string(r) + " with " + theirs;
+  }
+  if (mismatch.empty()) return;
+  // The rank serving the store waits (briefly) until the others have read what they need: leaving
+  // at once would take the store away and give them a connection error instead.
+  store_->set("zb/world_size_read/" + std::to_string(world.rank), std::vector<uint8_t>{1});
+  if (opts.isServer) {
+    for (int64_t r = 1; r < world.size; ++r) {
+      try {
+        store_->wait({"zb/world_size_read/" + std::to_string(r)}, std::chrono::seconds(5));
+      } catch (const std::exception&) {
+      }
+    }
+  }
+  throw std::runtime_error(mismatch);
+}
+
+std::chrono::milliseconds Rendezvous::backend_timeout() const {
+  return timeout_ + std::max<std::chrono::milliseconds>(std::chrono::seconds(10), timeout_ / 10);
+}
+
+std::vector<std::string> Rendezvous::exchange(const std::string& key, const std::string& mine) const {
+  if (!store_) return {mine};
+  store_->set("zb/" + key + "/" + std::to_string(world_.rank), bytes_of(mine));
+  std::vector<std::string> all;
+  for (int64_t r = 0; r < world_.size; ++r) {
+    const auto bytes = store_->get("zb/" + key + "/" + std::to_string(r));  // waits up to the timeout
+    all.emplace_back(bytes.begin(), bytes.end());
+  }
+  return all;
+}
+
+void Rendezvous::barrier(const std::string& key, int64_t member, int64_t count) const {
+  if (!store_ || count == 1) return;
+  // Each member sets its own key and waits for everyone's: the host blocks, whatever the backend
+  // (an NCCL all-reduce's wait would only order the GPU's stream).
+  store_->set(key + "/" + std::to_string(member), std::vector<uint8_t>{1});
+  std::vector<std::string> keys;
+  for (int64_t m = 0; m < count; ++m) keys.push_back(key + "/" + std::to_string(m));
+  try {
+    store_->wait(keys, timeout_);
+  } catch (const std::exception&) {
+    throw std::runtime_error("rank " + std::to_string(world_.rank) + ": not every rank reached the barrier within " +
+                             seconds_of(timeout_) + " (one may have died or hung)");
+  }
+}
+
+}  // namespace zb

@@ -30,11 +30,12 @@ std::string run_config_path(const std::string& metrics_path) {
 
 bool start_metrics_follower(const Config& c, const std::string& metrics_path, bool resumed) {
   if (!c.wandb && c.logging.tensorboard_dir.empty()) return false;
-  const std::string script = std::string(ZB_SOURCE_DIR) + "/scripts/follow_metrics.py";
+  const std::string script = project_file("scripts/follow_metrics.py");
   const std::string dir = parent_directory(metrics_path);
   const std::string log = (dir.empty() ? std::string(".") : dir) + "/follower.log";
-  if (!path_exists(script)) {
-    log::warn("metrics follower: " + script + " is missing; no W&B / TensorBoard for this run");
+  if (script.empty()) {
+    log::warn("metrics follower: scripts/follow_metrics.py is missing beside this program; no W&B / TensorBoard "
+              "for this run");
     return false;
   }
   // sh starts the follower in the background and exits at once, so the follower is nobody's child
@@ -68,7 +69,7 @@ bool start_metrics_follower(const Config& c, const std::string& metrics_path, bo
   log::info(std::string("metrics follower: ") + (c.wandb ? "W&B" : "") +
             (c.wandb && !c.logging.tensorboard_dir.empty() ? " and " : "") +
             (c.logging.tensorboard_dir.empty() ? "" : "TensorBoard (" + c.logging.tensorboard_dir + ")") +
-            " via " + follower_python() + "; its log: " + log);
+            " via " + follower_python() + " " + script + "; its log: " + log);
   return true;
 }
 

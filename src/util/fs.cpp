@@ -1,6 +1,7 @@
 #include "util/fs.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
@@ -51,6 +52,18 @@ std::string read_file(const std::string& path) {
 void remove_tree(const std::string& path) {
   if (path_exists(path) && std::system(("rm -rf '" + path + "'").c_str()) != 0)
     throw std::runtime_error("cannot remove " + path);
+}
+
+std::string project_file(const std::string& relative) {
+  char exe[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n > 0) {
+    const std::string bin = parent_directory(std::string(exe, static_cast<size_t>(n)));
+    const std::string installed = parent_directory(bin) + "/share/zeroband-cpp/" + relative;
+    if (path_exists(installed)) return installed;
+  }
+  const std::string source = std::string(ZB_SOURCE_DIR) + "/" + relative;
+  return path_exists(source) ? source : "";
 }
 
 }  // namespace zb

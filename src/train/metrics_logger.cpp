@@ -27,24 +27,20 @@ std::string with_commas(int64_t n) {
   return s;
 }
 
-CommStats operator-(const CommStats& after, const CommStats& before) {
-  CommStats d;
-  for (size_t k = 0; k < d.bytes.size(); ++k) d.bytes[k] = after.bytes[k] - before.bytes[k];
-  d.wait_seconds = after.wait_seconds - before.wait_seconds;
-  return d;
-}
-
-MetricsLogger::MetricsLogger(const Config& c, const ModelArgs& args, int64_t rank, int64_t world_size,
-                             c10::Device device, bool resumed)
-    : config_(c), rank_(rank), world_size_(world_size), device_(device),
+MetricsLogger::MetricsLogger(const Config& c, const ModelArgs& args, const Communicator& world,
+                             std::vector<std::pair<std::string, Communicator*>> groups, c10::Device device,
+                             bool resumed)
+    : config_(c), world_(world), groups_(std::move(groups)), world_before_(world.stats()),
+      rank_(world.rank()), world_size_(world.size()), device_(device),
       tokens_per_step_(c.optim.batch_size * c.data.seq_length),
       flops_per_token_(flops_per_token(args, c.data.seq_length)),
       start_(std::chrono::steady_clock::now()) {
   if (c.runtime.peak_flops > 0) peak_flops_ = c.runtime.peak_flops;
   else if (device.is_cuda()) peak_flops_ = peak_flops_for_device(device_name(device));
+  for (const auto& [name, group] : groups_) groups_before_.push_back(group->stats());
   meter_.record(0, 0.0);
   reset_peak_memory(device);  // the steps' peak, not set-up's
-  if (rank != 0) return;
+  if (rank_ != 0) return;
   path_ = c.logging.metrics_file.empty() ? default_metrics_path(c) : c.logging.metrics_file;
   make_directories(parent_directory(path_));
   file_.open(path_, resumed ? std::ios::app : std::ios::trunc);
@@ -56,8 +52,19 @@ double MetricsLogger::elapsed_seconds() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
 }
 
-void MetricsLogger::log_step(const StepStats& s, const CommStats& comm, std::optional<double> val_loss,
-                             const std::vector<std::pair<std::string, CommStats>>& by_group) {
+void MetricsLogger::log_step(const StepStats& s, std::optional<double> val_loss) {
+  // What the collectives did since the last record: the difference of two snapshots.
+  auto since = [](const CommStats& now, CommStats& before) {
+    CommStats d;
+    for (size_t k = 0; k < d.bytes.size(); ++k) d.bytes[k] = now.bytes[k] - before.bytes[k];
+    d.wait_seconds = now.wait_seconds - before.wait_seconds;
+    before = now;
+    return d;
+  };
+  const CommStats comm = since(world_.stats(), world_before_);
+  std::vector<std::pair<std::string, CommStats>> by_group;
+  for (size_t g = 0; g < groups_.size(); ++g)
+    by_group.emplace_back(groups_[g].first, since(groups_[g].second->stats(), groups_before_[g]));
   const double now = elapsed_seconds();
   meter_.record(tokens_per_step_, now);
   if (rank_ != 0) return;

@@ -24,14 +24,15 @@ class MetricsLogger {
   // Opens the metrics file on rank 0 (logging.metrics_file, by default
   // outputs/<model>-<time>/metrics.jsonl), appending to it when the run `resumed` (records of
   // steps repeated after a resume come later in the file: the last record of a step is the one
-  // that counts); the clock starts here.
-  MetricsLogger(const Config& config, const ModelArgs& args, int64_t rank, int64_t world_size,
-                c10::Device device, bool resumed);
+  // that counts); the clock starts here. Each record counts what `world`'s collectives (its
+  // subgroups' included) moved and waited since the last one, and the part of it in each of
+  // `groups` (hybrid sharding's, by name; may be empty).
+  MetricsLogger(const Config& config, const ModelArgs& args, const Communicator& world,
+                std::vector<std::pair<std::string, Communicator*>> groups, c10::Device device, bool resumed);
 
-  // Records a step: `comm` is what the collectives moved and waited during it (all of them), and
-  // `by_group` the part of it in each named group of ranks (hybrid sharding's; may be empty).
-  void log_step(const StepStats& step, const CommStats& comm, std::optional<double> val_loss,
-                const std::vector<std::pair<std::string, CommStats>>& by_group = {});
+  // Records a step (and the collectives since the last record: a step's record also holds what
+  // the loop did with the other ranks after the previous one).
+  void log_step(const StepStats& step, std::optional<double> val_loss);
   // A value every record carries (the attention kernel that ran, the predicted peak memory).
   void set_constant(const std::string& key, const std::string& value) { texts_.emplace_back(key, value); }
   void set_constant(const std::string& key, int64_t value) { numbers_.emplace_back(key, value); }
@@ -41,6 +42,10 @@ class MetricsLogger {
 
  private:
   const Config& config_;
+  const Communicator& world_;
+  std::vector<std::pair<std::string, Communicator*>> groups_;
+  CommStats world_before_;                // snapshots at the last record
+  std::vector<CommStats> groups_before_;
   int64_t rank_, world_size_;
   c10::Device device_;
   int64_t tokens_per_step_;
@@ -54,8 +59,6 @@ class MetricsLogger {
   std::vector<std::pair<std::string, int64_t>> numbers_;
 };
 
-// The difference of two snapshots of a communicator's statistics.
-CommStats operator-(const CommStats& after, const CommStats& before);
 
 // 1234567 -> "1,234,567".
 std::string with_commas(int64_t n);

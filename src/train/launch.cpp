@@ -1,0 +1,117 @@
+#include "train/launch.h"
+
+#include <ATen/Parallel.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdlib>
+#include <fstream>
+
+#include "train/metrics_follower.h"
+#include "train/metrics_logger.h"
+#include "util/device.h"
+#include "util/log.h"
+
+namespace zb {
+
+c10::Device prepare_process(const Config& config, const World& world) {
+  // A file-size limit (ulimit -f, some quotas) would kill the process in the middle of a write;
+  // ignored, the write fails with EFBIG and the error names the file.
+  std::signal(SIGXFSZ, SIG_IGN);
+  const c10::Device device = select_device(config.runtime.device, world.local_rank);
+  configure_allocator(device);
+  if (config.runtime.num_threads > 0) {
+    at::set_num_threads(static_cast<int>(config.runtime.num_threads));
+  } else if (!device.is_cuda() && world.local_size > 1 && !std::getenv("OMP_NUM_THREADS")) {
+    // Ranks on one machine's CPU share its cores: LibTorch's default of every core per process
+    // would have them fight over each (torchrun sets OMP_NUM_THREADS=1 itself; mpirun does not).
+    at::set_num_threads(std::max<int>(1, at::get_num_threads() / static_cast<int>(world.local_size)));
+  }
+  return device;
+}
+
+std::vector<std::string> describe_run(const Config& c, const ModelArgs& a, int64_t world_size,
+                                      Parallelism parallelism) {
+  std::vector<std::string> lines = {
+      strf("model: %s %s: dim %ld, %ld layers, %ld heads (%ld kv), head_dim %ld, ffn %ld, vocab %ld",
+           c.type_model.c_str(), c.name_model.c_str(), a.dim, a.n_layers, a.n_heads, a.n_kv_heads, a.head_dim(),
+           a.ffn_hidden(), a.vocab_size),
+      strf("parameters: %s total, %s without the token embedding", with_commas(count_params(a)).c_str(),
+           with_commas(count_params_without_embedding(a)).c_str()),
+      strf("FLOPs/token: %.4g (6N + 12*L*H*Dh*T at seq_length %ld%s)", flops_per_token(a, c.data.seq_length),
+           c.data.seq_length,
+           c.model.attention == "document" ? "; attention counted over whole rows, as ZeroBand, though the document "
+                                             "mask skips pairs: MFU is comparable, tokens/s is the measure"
+                                           : ""),
+      strf("batch: %ld sequences x %ld tokens = %s tokens/step; micro_bs %ld, %ld accumulation steps on %ld rank(s)",
+           c.optim.batch_size, c.data.seq_length, with_commas(c.optim.batch_size * c.data.seq_length).c_str(),
+           c.train.micro_bs, grad_accum_steps(c, world_size), world_size),
+  };
+  if (const ShardLayout layout = shard_layout(c, world_size); parallelism == Parallelism::FSDP && layout.replicate > 1)
+    lines.push_back(strf("hybrid sharding: parameters sharded over groups of %ld consecutive ranks, replicated %ld "
+                         "times (gradients: reduce-scatter in the group, then all-reduce over the replicas)",
+                         layout.shard, layout.replicate));
+  return lines;
+}
+
+std::vector<std::string> describe_trainer(Trainer& trainer, const Config& c, const c10::Device& device) {
+  std::vector<std::string> lines = {strf("device: %s (%s), compute dtype %s, %d CPU threads, reshard_after_forward %s",
+                                         device.str().c_str(), device_name(device).c_str(),
+                                         c10::toString(trainer.compute_dtype()), at::get_num_threads(),
+                                         c.train.reshard_after_forward ? "true" : "false")};
+  if (const auto& d = trainer.documents())
+    lines.push_back(strf("attention: within documents, split %s token %ld (%s), kernel %s", d->opens ? "before" : "after",
+                         static_cast<long>(d->token),
+                         trainer.flash_documents() ? "variable-length flash kernel" : "additive mask through SDPA",
+                         trainer.attention_kernel().c_str()));
+  else
+    lines.push_back(strf("attention: causal over whole rows, kernel %s (runtime.sdpa_backend = %s)",
+                         trainer.attention_kernel().c_str(), c.runtime.sdpa_backend.c_str()));
+  for (const auto& line : trainer.optimizer().describe()) lines.push_back("optimizer " + line);
+  if (trainer.grad_accum_steps() > 1)
+    lines.push_back(trainer.reduces_every_micro_batch()
+                        ? strf("gradients: reduced on each of the %ld micro-batches, summed in fp32 shards",
+                               trainer.grad_accum_steps())
+                        : strf("gradients: summed whole in fp32 over %ld micro-batches, reduced on the last "
+                               "(train.reduce_every_micro_batch = true saves that memory for more traffic)",
+                               trainer.grad_accum_steps()));
+  return lines;
+}
+
+void log_placement(const Communicator& comm, const c10::Device& device) {
+  const World& w = comm.world();
+  const std::string gpu =
+      device.is_cuda() ? strf(", %s, PCI %s", device_name(device).c_str(), device_pci_bus_id(device).c_str()) : "";
+  const auto placement = comm.rendezvous().exchange(
+      "placement", strf("rank %ld (local %ld) on %s: %s%s", w.rank, w.local_rank, host_name().c_str(),
+                        device.str().c_str(), gpu.c_str()));
+  if (w.rank == 0)
+    for (const auto& line : placement) log::info("placement: " + line);
+}
+
+MemoryVerdict check_memory(const Config& config, int64_t world_size, const c10::Device& device,
+                           const MemoryBudget& budget, bool force, bool dry_run) {
+  const MemoryVerdict v = judge_memory(config, world_size, device, budget);
+  if (v.auto_turned_on) log::info("train.reduce_every_micro_batch = auto: on (the run fits only with sharded gradient sums)");
+  if (v.fits || dry_run || force) {
+    for (const auto& line : v.table) (v.fits ? log::info : log::warn)(line);
+    if (!v.fits && !dry_run) log::warn("--force: training anyway");
+    return v;
+  }
+  std::string table;
+  for (const auto& line : v.table) table += "\n" + line;
+  throw ConfigError("the run is predicted not to fit in one device's memory (smaller train.micro_bs, train.ac_ckpt, "
+                    "more ranks; --force to try anyway):" + table);
+}
+
+void record_run(const Config& config, const Trainer& trainer, const std::string& metrics_path, bool resumed) {
+  if (const std::string path = run_config_path(metrics_path); !path.empty()) {
+    nlohmann::json run = resolved_run(config);
+    run["resolved_reduce_every_micro_batch"] = trainer.reduces_every_micro_batch();
+    std::ofstream(path) << run.dump(2) << "\n";
+  }
+  start_metrics_follower(config, metrics_path, resumed);
+}
+
+}  // namespace zb

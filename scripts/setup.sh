@@ -50,12 +50,12 @@ done
 
 # --- the embedded corpus: Python's reStructuredText docs -> a 1024-token BPE -> token shards --
 DOCS=/usr/share/doc/python3.11/html/_sources
-ckey=$( (cat "$ROOT/scripts/make_shards.py"; dpkg-query -W python3.11-doc) | sha256sum | cut -c1-12)
+ckey=$( (cat "$ROOT/scripts/data/make_shards.py"; dpkg-query -W python3.11-doc) | sha256sum | cut -c1-12)
 DATA="$CACHE/data/python-docs-$ckey"
 if [ ! -f "$DATA/meta.json" ]; then
   echo "setup: building the embedded corpus $DATA from $DOCS"
   rm -rf "$DATA.tmp"
-  "$VENV/bin/python" "$ROOT/scripts/make_shards.py" "$DATA.tmp" "$DOCS" --train-vocab 1024 \
+  "$VENV/bin/python" "$ROOT/scripts/data/make_shards.py" "$DATA.tmp" "$DOCS" --train-vocab 1024 \
       --val-fraction 0.02 --shard-tokens 1000000 >/dev/null
   rm -rf "$DATA" && mv "$DATA.tmp" "$DATA"
 fi

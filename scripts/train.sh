@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up (when needed), builds, and trains. With no --config / @ FILE argument it runs the
 # embedded default, configs/debug/quickstart.toml, and ends by printing a sample of what the model
-# writes (scripts/sample.py on its checkpoint); every argument goes to train_fsdp.
+# writes (scripts/watch/sample.py on its checkpoint); every argument goes to train_fsdp.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$ROOT/scripts/build.sh" >/dev/null
@@ -17,6 +17,6 @@ bin=${BUILD_DIR:-$ROOT/build}/apps
 "$bin/train_fsdp" "${args[@]}"
 ckpt=outputs/quickstart/ckpt
 if [ -f "$ckpt/latest" ]; then
-  echo "== a sample from $ckpt/$(cat "$ckpt/latest") (scripts/sample.py; plots: scripts/plot_runs.py outputs/quickstart -o quickstart.png)"
-  .venv/bin/python scripts/sample.py "$ckpt/$(cat "$ckpt/latest")" --prompt "The " --max-new-tokens 60 --export-hf "$bin/export_hf"
+  echo "== a sample from $ckpt/$(cat "$ckpt/latest") (scripts/watch/sample.py; plots: scripts/watch/plot_runs.py outputs/quickstart -o quickstart.png)"
+  .venv/bin/python scripts/watch/sample.py "$ckpt/$(cat "$ckpt/latest")" --prompt "The " --max-new-tokens 60 --export-hf "$bin/export_hf"
 fi

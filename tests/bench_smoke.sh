@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/bench.sh end to end on a tiny run: train_fsdp and the PyTorch FSDP2 peers (ZeroBand's
+# scripts/perf/bench.sh end to end on a tiny run: train_fsdp and the PyTorch FSDP2 peers (ZeroBand's
 # muon-fsdp2 and torch.optim.Muon) on 2 Gloo ranks, 4 steps each. Checks the report has every
 # row with real numbers, that all sides moved the same number of bytes in their gradient
 # reduce-scatters (the same parameters sharded by rows in fp32): an independent check of our
@@ -16,7 +16,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 # On CPU wherever it runs (two ranks would not find two GPUs on a one-GPU machine).
 OUT=$out WARMUP=1 ZB_SKIP_BUILD=1 PEER_COMPILE=0 TRAIN_FSDP=$train PYTHON=$python TORCH_COMPILE_DISABLE=1 \
-  "$root/scripts/bench.sh" "$root/configs/bench/cpu.toml" 2 4 --runtime.device cpu \
+  "$root/scripts/perf/bench.sh" "$root/configs/bench/cpu.toml" 2 4 --runtime.device cpu \
   --data.seq_length 128 --train.micro_bs 2 --optim.batch_size 4 || { echo "FAIL: bench.sh exited $?"; exit 1; }
 "$python" - "$out/bench.json" "$out/run.json" <<'PY' || { echo "FAIL: report"; exit 1; }
 import json, math, sys
@@ -39,9 +39,9 @@ assert peer["comm_bytes_per_step"]["gather"] == half, (peer["comm_bytes_per_step
 assert peer["comm_bytes_per_step"]["scatter"] == half, (peer["comm_bytes_per_step"], half)
 assert "zeroband-cpp / pytorch-zeroband-eager" in b["ratios"] and "zeroband-cpp / pytorch-torch-eager" in b["ratios"]
 PY
-RANK=0 WORLD_SIZE=3 "$python" "$root/scripts/bench_peer.py" --config-json "$out/run.json" --steps 2 \
+RANK=0 WORLD_SIZE=3 "$python" "$root/scripts/perf/bench_peer.py" --config-json "$out/run.json" --steps 2 \
   --metrics-file "$out/uneven.jsonl" > "$out/uneven.log" 2>&1 || { echo "FAIL: bench_peer exited $?"; cat "$out/uneven.log"; exit 1; }
-"$python" "$root/scripts/bench_report.py" --config-json "$out/run.json" --world-size 2 --warmup 1 \
+"$python" "$root/scripts/perf/bench_report.py" --config-json "$out/run.json" --world-size 2 --warmup 1 \
   --out "$out/uneven.json" zeroband-cpp="$out/zeroband-cpp.jsonl" pytorch-zeroband-eager="$out/uneven.jsonl" \
   > "$out/uneven_report.txt" || { echo "FAIL: bench_report exited $?"; exit 1; }
 grep -q "| pytorch-zeroband-eager | not run: muon-fsdp2 needs equal shards: wq (256 rows)" "$out/uneven_report.txt" \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A checkpoint saved by a run on the GPU resumes on the CPU, and one saved there resumes on the
 # GPU: checkpoints hold fp32 rows on the host whatever the device. Exits 77 (ctest: skipped)
-# where there is no GPU; scripts/gpu_check.sh runs it on one (ctest -L cuda).
+# where there is no GPU; scripts/gpu/gpu_check.sh runs it on one (ctest -L cuda).
 #   cuda_checkpoint.sh TRAIN_FSDP CONFIG
 set -u
 train=$1 config=$2

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The parts of scripts/gpu_check.sh that need no GPU: argument handling, how it decides to build,
+# The parts of scripts/gpu/gpu_check.sh that need no GPU: argument handling, how it decides to build,
 # what it does without a GPU, and its report. Nothing is built or trained on a GPU: the script
 # runs from a scratch copy of the tree's layout (its scripts linked, no build/, no .gpukit/
 # unless a case makes one), with Debian's packages ignored (GPU_CHECK_SYSTEM_DEPS=0) and an
@@ -11,13 +11,13 @@ src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 root=$tmp/root
-mkdir -p "$root/scripts" "$tmp/bin"
-ln -s "$src/scripts/gpu_check.sh" "$src/scripts/gpu_check_report.py" "$root/scripts/"
+mkdir -p "$root/scripts/gpu" "$tmp/bin"
+ln -s "$src/scripts/gpu/gpu_check.sh" "$src/scripts/gpu/gpu_check_report.py" "$root/scripts/gpu/"
 printf '#!/bin/sh\necho "NVIDIA-SMI has failed (a stand-in: no GPU)" >&2\nexit 9\n' >"$tmp/bin/nvidia-smi"
 chmod +x "$tmp/bin/nvidia-smi"
 export PATH=$tmp/bin:$PATH GPU_CHECK_SYSTEM_DEPS=0
 unset ZB_SKIP_BUILD GPU_CHECK_STEPS
-check=$root/scripts/gpu_check.sh
+check=$root/scripts/gpu/gpu_check.sh
 fail() { echo "FAIL: $*"; for f in "$tmp"/*.err "$tmp"/out/gpu_check.log; do [ -f "$f" ] && { echo "== $f"; cat "$f"; }; done; exit 1; }
 # run NAME ARGS...: the script, its exit code in $rc, stdout and stderr in $tmp/NAME.out / .err.
 run() { local name=$1; shift; "$check" "$@" >"$tmp/$name.out" 2>"$tmp/$name.err"; rc=$?; }
@@ -45,7 +45,7 @@ usage)
   echo "usage errors: exit 2"
   ;;
 cpu_only)
-  # A kit: it would build with scripts/gpu_kit.sh build; the GPU parts are not run, exit 0.
+  # A kit: it would build with scripts/gpu/gpu_kit.sh build; the GPU parts are not run, exit 0.
   mkdir -p "$root/.gpukit/debs" && : >"$root/.gpukit/debs/libspdlog-dev.deb"
   run cpu_only --cpu-only "$tmp/out/new"  # the folder is made, parents included
   [ $rc = 0 ] || fail "--cpu-only with a kit: exit $rc"
@@ -67,7 +67,7 @@ no_kit)
   run no_kit --cpu-only "$tmp/out"
   [ $rc = 4 ] || fail "no kit: exit $rc, expected 4"
   grep -q 'nothing to build with: no .gpukit/debs/\*.deb' "$tmp/no_kit.err" || fail "no kit: message"
-  grep -q 'scripts/gpu_kit.sh fetch`, then name .gpukit in the device tool.s carry' "$tmp/no_kit.err" || fail "no kit: remedy"
+  grep -q 'scripts/gpu/gpu_kit.sh fetch`, then name .gpukit in the device tool.s carry' "$tmp/no_kit.err" || fail "no kit: remedy"
   report 'r["result"] == "no kit" and r["build"] == "none" and "gpu_kit.sh fetch" in r["message"]'
   # ZB_SKIP_BUILD=1 without a build: exit 4 too.
   ZB_SKIP_BUILD=1 run no_build --cpu-only "$tmp/out"
@@ -120,7 +120,7 @@ for name, scale in (("1B", 0.97), ("1B_causal", 1.0), ("1B_causal_auto", 1.1)):
             f.write(json.dumps(r) + "\n")
 PY
   echo '{"results": {}, "ratios": {"zeroband-cpp / pytorch-eager": {"tokens_per_second": 1.25}}}' >"$work/bench/bench.json"
-  python3 "$src/scripts/gpu_check_report.py" --work "$work" --out "$tmp/out/gpu_check.json" \
+  python3 "$src/scripts/gpu/gpu_check_report.py" --work "$work" --out "$tmp/out/gpu_check.json" \
     --set mode=gpu result=failed gpu="NVIDIA H100 80GB HBM3, 81559 MiB, 570.1" commit=0123456 cpus=16 >"$tmp/report.out" \
     || fail "gpu_check_report.py: $(cat "$tmp/report.out")"
   cat "$tmp/report.out"

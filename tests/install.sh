@@ -13,8 +13,8 @@ fail() { echo "FAIL: $*"; exit 1; }
 cmake --install "$build" --prefix "$work/first" >/dev/null
 mv "$work/first" "$work/moved"
 prefix=$work/moved
-for f in bin/train_fsdp bin/train_ddp bin/train_hsdp bin/export_hf share/zeroband-cpp/scripts/follow_metrics.py \
-         share/zeroband-cpp/scripts/make_shards.py share/zeroband-cpp/configs/debug/normal.toml; do
+for f in bin/train_fsdp bin/train_ddp bin/train_hsdp bin/export_hf share/zeroband-cpp/scripts/watch/follow_metrics.py \
+         share/zeroband-cpp/scripts/data/make_shards.py share/zeroband-cpp/configs/debug/normal.toml; do
   [ -e "$prefix/$f" ] || fail "the install has no $f"
 done
 
@@ -24,7 +24,7 @@ out=$("$prefix/bin/train_fsdp" --config "$prefix/share/zeroband-cpp/configs/debu
       --logging.metrics_file "$work/run/metrics.jsonl" --logging.tensorboard_dir "$work/run/tb" 2>&1) \
   || { echo "$out"; fail "the installed train_fsdp failed"; }
 echo "$out"
-echo "$out" | grep -q "metrics follower: .* $prefix/share/zeroband-cpp/scripts/follow_metrics.py" \
+echo "$out" | grep -q "metrics follower: .* $prefix/share/zeroband-cpp/scripts/watch/follow_metrics.py" \
   || fail "the follower did not come from the installed tree"
 for _ in $(seq 120); do
   grep -q "follow_metrics: done, 2 records" "$work/run/follower.log" 2>/dev/null && break

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The step plan's bytes (train_fsdp --print-plan, read by scripts/scale_model.py) against what
+# The step plan's bytes (train_fsdp --print-plan, read by scripts/perf/scale_model.py) against what
 # real runs measure, on 4 Gloo ranks over loopback: FSDP over 4, HSDP 2x2 and 1x4 (Muon split over
 # the replicas) and train_ddp on 4 (rank 0's record, every kind of collective, by group under
 # HSDP). They must be equal, not close.
@@ -24,7 +24,7 @@ for layout in fsdp hsdp hsdp1x4 ddp; do
   [ $layout = hsdp ] && args+=(--shard 2)
   [ $layout = hsdp1x4 ] && args+=(--shard 1)
   [ $layout = ddp ] && args+=(--ddp)
-  "$python" "$root/scripts/scale_model.py" --train "$train_fsdp" --config "$config" "${args[@]}" \
+  "$python" "$root/scripts/perf/scale_model.py" --train "$train_fsdp" --config "$config" "${args[@]}" \
     -- "${common[@]:2}" "${short[@]}" > "$work/$layout.model.json" || fail "scale_model $layout"
   "$python" - "$work/$layout.model.json" "$work/$layout.jsonl" "$layout" <<'PY' || fail "$layout bytes differ"
 import json, sys

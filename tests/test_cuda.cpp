@@ -1,7 +1,7 @@
 // What only a GPU can check: the model in bf16 on CUDA against fp32 on the CPU, flash attention
 // chosen for the presets' attention shapes, NCCL collectives in a world of one process, and
 // pinned-memory batches reaching the GPU intact. Every test skips where CUDA has no device
-// (zb::cuda_available()); scripts/gpu_check.sh runs them on a lent GPU (ctest -L cuda).
+// (zb::cuda_available()); scripts/gpu/gpu_check.sh runs them on a lent GPU (ctest -L cuda).
 #include <ATen/ATen.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/core/grad_mode.h>
@@ -38,7 +38,7 @@ using namespace zb;
 
 #define SKIP_WITHOUT_GPU()                                                                  \
   if (!cuda_available())                                                                    \
-  GTEST_SKIP() << "no CUDA device here (zb::cuda_available() is false); scripts/gpu_check.sh " \
+  GTEST_SKIP() << "no CUDA device here (zb::cuda_available() is false); scripts/gpu/gpu_check.sh " \
                   "runs this on a GPU"
 
 namespace {

@@ -1,6 +1,6 @@
 // The memory estimate's bookkeeping, checked against sizes computed here independently (the
 // measured comparison with real runs is tests' memory.estimate_matches_measured and
-// scripts/memory_check.sh).
+// scripts/perf/memory_check.sh).
 #include <gtest/gtest.h>
 
 #include <string>

@@ -96,7 +96,7 @@ TEST(TokenData, TextToShardsToLoaderRoundTrip) {
   ASSERT_EQ(std::system(parquet.c_str()), 0);
   const std::string out = dir + "/out";
   // Tiny shards (40 tokens) so that documents straddle shard boundaries; no validation split.
-  const std::string cmd = std::string(ZB_PYTHON) + " " + ZB_SOURCE_DIR + "/scripts/make_shards.py " +
+  const std::string cmd = std::string(ZB_PYTHON) + " " + ZB_SOURCE_DIR + "/scripts/data/make_shards.py " +
                           out + " " + dir + "/a.txt " + dir + "/b.txt " + dir + "/c.jsonl " + dir + "/d.parquet" +
                           " --train-vocab 300 --val-fraction 0 --shard-tokens 40 > /dev/null 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;

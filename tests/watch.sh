@@ -46,7 +46,7 @@ follower)
   cat "$work/run/follower.log"
   check tensorboard "$work/run/metrics.jsonl" "$work/tb"
   check wandb "$work/run/metrics.jsonl" "$work/run"
-  "$python" "$root/scripts/follow_metrics.py" "$work/run/metrics.jsonl" --tensorboard "$work/tb2" || fail "after the fact"
+  "$python" "$root/scripts/watch/follow_metrics.py" "$work/run/metrics.jsonl" --tensorboard "$work/tb2" || fail "after the fact"
   check tensorboard "$work/run/metrics.jsonl" "$work/tb2"
   ;;
 resumed)
@@ -83,7 +83,7 @@ plot)
       --logging.metrics_file "$work/lr$lr/metrics.jsonl" --ckpt.path "" > "$work/lr$lr.log" 2>&1 \
       || fail "run: $(tail -5 "$work/lr$lr.log")"
   done
-  "$python" "$root/scripts/plot_runs.py" "$work/lr0.02" "$work/lr0.01/metrics.jsonl" -o "$work/runs.png" --log-loss \
+  "$python" "$root/scripts/watch/plot_runs.py" "$work/lr0.02" "$work/lr0.01/metrics.jsonl" -o "$work/runs.png" --log-loss \
     || fail "plot_runs"
   check png "$work/runs.png"
   ;;
@@ -94,9 +94,9 @@ sample)
   cmp "$ckpt/tokenizer.json" "$data/tokenizer.json" || fail "the checkpoint did not keep the data's tokenizer"
   "$export_hf" "$ckpt" "$work/hf" || fail "export_hf"
   sample=(--prompt "The " -n 2 --max-new-tokens 30 --seed 3)
-  "$python" "$root/scripts/sample.py" "$ckpt" "${sample[@]}" --export-hf "$export_hf" > "$work/from_ckpt.txt" \
+  "$python" "$root/scripts/watch/sample.py" "$ckpt" "${sample[@]}" --export-hf "$export_hf" > "$work/from_ckpt.txt" \
     || fail "sample.py on the checkpoint"
-  "$python" "$root/scripts/sample.py" "$work/hf" "${sample[@]}" > "$work/from_hf.txt" || fail "sample.py on the export"
+  "$python" "$root/scripts/watch/sample.py" "$work/hf" "${sample[@]}" > "$work/from_hf.txt" || fail "sample.py on the export"
   cat "$work/from_ckpt.txt"
   cmp "$work/from_ckpt.txt" "$work/from_hf.txt" || fail "different samples from the checkpoint and its export"
   check sample "$work/from_ckpt.txt" "$work/hf"
@@ -104,7 +104,7 @@ sample)
 shards)
   check make_inputs "$data" "$work/in"   # parquet files and a saved dataset of the same documents
   for kind in parquet dataset; do
-    "$python" "$root/scripts/make_shards.py" "$work/out-$kind" "$work/in/$kind" --tokenizer "$data/tokenizer.json" \
+    "$python" "$root/scripts/data/make_shards.py" "$work/out-$kind" "$work/in/$kind" --tokenizer "$data/tokenizer.json" \
       --val-fraction 0.1 --shard-tokens 20000 > "$work/$kind.log" 2>&1 || fail "make_shards $kind: $(tail -3 "$work/$kind.log")"
     grep "tokens/s" "$work/$kind.log" | tail -1
   done
@@ -112,7 +112,7 @@ shards)
   out=$("$train" "${run[@]}" --wandb false --data.dataset_name_or_paths "$work/in/parquet" --ckpt.path "" 2>&1) \
     && fail "trained on a parquet directory"
   echo "$out" | tail -4
-  echo "$out" | grep -q "scripts/make_shards.py $work/in/parquet-shards $work/in/parquet --tokenizer" \
+  echo "$out" | grep -q "scripts/data/make_shards.py $work/in/parquet-shards $work/in/parquet --tokenizer" \
     || fail "no make_shards command in the error"
   ;;
 *) fail "unknown case $what" ;;

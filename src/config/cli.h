@@ -15,7 +15,7 @@ struct CommandLine {
   Config config;
   bool help = false;
   bool dry_run = false;
-  bool print_config = false;  // the resolved run as JSON (scripts/bench_peer.py reads it)
+  bool print_config = false;  // the resolved run as JSON (scripts/perf/bench_peer.py reads it)
   int64_t print_plan_rank = -1;  // --print-plan [RANK]: that rank's step plan as JSON (-1: not asked)
   int64_t world_size = 0;     // --world-size: the world a dry run or plan is for (0: the launcher's)
   bool force = false;         // train even if the memory estimate says it will not fit

@@ -26,7 +26,7 @@ const std::vector<Field>& schema() {
       ZB_CHOICE("type_model", type_model, "the size table name_model is from", "llama2", "llama3"),
       ZB_FIELD("project", String, std::string, project, "project name, shown in logs and metrics"),
       ZB_FIELD("wandb", Bool, bool, wandb,
-               "send the metrics to Weights & Biases (rank 0 starts scripts/follow_metrics.py; "
+               "send the metrics to Weights & Biases (rank 0 starts scripts/watch/follow_metrics.py; "
                "offline without credentials or network)"),
 
       ZB_FIELD("model.dim", Int, int64_t, model.dim, "override the table's model width"),
@@ -193,7 +193,7 @@ const std::vector<Field>& schema() {
                "JSON-lines metrics (default outputs/<name_model>-<time>/metrics.jsonl)"),
       ZB_FIELD("logging.interval", Int, int64_t, logging.interval, "console line every N steps"),
       ZB_FIELD("logging.tensorboard_dir", String, std::string, logging.tensorboard_dir,
-               "write TensorBoard event files here (rank 0 starts scripts/follow_metrics.py)"),
+               "write TensorBoard event files here (rank 0 starts scripts/watch/follow_metrics.py)"),
   };
   return fields;
 }

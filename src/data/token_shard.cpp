@@ -181,11 +181,11 @@ std::vector<std::string> list_shards(const std::string& paths) {
       std::string out = entry;
       while (out.size() > 1 && out.back() == '/') out.pop_back();
       out += "-shards";
-      const std::string make_shards = project_file("scripts/make_shards.py");
+      const std::string make_shards = project_file("scripts/data/make_shards.py");
       throw std::runtime_error(
           "dataset directory " + entry + " holds no *.bin token shard but holds data to make them from (" + raw +
           "): train_fsdp trains on token shards. Make them with\n  python " +
-          (make_shards.empty() ? "scripts/make_shards.py" : make_shards) + " " + out + " " + entry +
+          (make_shards.empty() ? "scripts/data/make_shards.py" : make_shards) + " " + out + " " + entry +
           " --tokenizer TOKENIZER.json   (or --train-vocab 32000)\nthen train with --data.dataset_name_or_paths " +
           out + "/train --data.val_dataset_name_or_paths " + out + "/val");
     }

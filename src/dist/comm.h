@@ -31,7 +31,7 @@ const char* comm_kind_name(CommKind kind);
 // Bytes are counted per rank as the bytes this rank SENDS plus the bytes it RECEIVES, for the
 // bandwidth-optimal ring (chain) algorithm of each collective, whatever the backend really runs
 // (Gloo and NCCL pick their own algorithms; this is a model, the same on every backend and the
-// same as scripts/bench_peer.py's). W ranks; with W = 1 every count is 0.
+// same as scripts/perf/bench_peer.py's). W ranks; with W = 1 every count is 0.
 //   all_gather      n = input bytes:  (W-1)·n sent + (W-1)·n received  = 2(W-1)·n
 //   reduce_scatter  n = output bytes: (W-1)·n sent + (W-1)·n received  = 2(W-1)·n
 //   all_reduce      N = tensor bytes: a ring reduce-scatter then all-gather of W chunks of N/W,

@@ -8,7 +8,7 @@
 // collective buffers, gradient accumulators, saved activations, the loss's chunks, data batches.
 // Rank 0 is the one predicted (the first ranks hold whole row blocks, the last may hold fewer).
 // What each operation keeps for backward is listed where it is counted (memory_estimate.cpp);
-// the CPU's figures are checked against a count of live tensor bytes (scripts/memory_check.sh).
+// the CPU's figures are checked against a count of live tensor bytes (scripts/perf/memory_check.sh).
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
@@ -57,7 +57,7 @@ MemoryBudget planned_budget(const Config& c, const std::string& device_name);
 // plus what this process's caching allocator holds) less gpu_reserve_bytes, for what is neither
 // modelled nor there yet: cuBLAS/cuDNN workspaces, kernels loaded on first use, rounding.
 MemoryBudget measured_budget(int64_t available, int64_t total);
-// 5% of the device, at least 2 GiB (not yet measured on a GPU: scripts/gpu_check.sh reports the
+// 5% of the device, at least 2 GiB (not yet measured on a GPU: scripts/gpu/gpu_check.sh reports the
 // estimate against the peak).
 int64_t gpu_reserve_bytes(int64_t total);
 

@@ -30,11 +30,11 @@ std::string run_config_path(const std::string& metrics_path) {
 
 bool start_metrics_follower(const Config& c, const std::string& metrics_path, bool resumed) {
   if (!c.wandb && c.logging.tensorboard_dir.empty()) return false;
-  const std::string script = project_file("scripts/follow_metrics.py");
+  const std::string script = project_file("scripts/watch/follow_metrics.py");
   const std::string dir = parent_directory(metrics_path);
   const std::string log = (dir.empty() ? std::string(".") : dir) + "/follower.log";
   if (script.empty()) {
-    log::warn("metrics follower: scripts/follow_metrics.py is missing beside this program; no W&B / TensorBoard "
+    log::warn("metrics follower: scripts/watch/follow_metrics.py is missing beside this program; no W&B / TensorBoard "
               "for this run");
     return false;
   }

@@ -1,6 +1,6 @@
 #pragma once
 // Watching a run on dashboards. The binary stays free of Python: with `wandb = true` or
-// `logging.tensorboard_dir` in the config, rank 0 starts scripts/follow_metrics.py on its own
+// `logging.tensorboard_dir` in the config, rank 0 starts scripts/watch/follow_metrics.py on its own
 // metrics file, as a separate process that the run never waits for. It follows the file until the
 // final step (or until this process ends) and sends every record to W&B / TensorBoard. Its output
 // goes to follower.log beside the metrics; a warning (no wandb package, say) also to our stderr.

@@ -45,7 +45,7 @@ NonfiniteDecision decide_nonfinite(const StepStats& s, const Config& c, const st
 }
 
 // The run as another implementation needs it to train the same model the same way: the resolved
-// shapes, batch and optimizer settings. scripts/bench_peer.py builds its PyTorch twin from this.
+// shapes, batch and optimizer settings. scripts/perf/bench_peer.py builds its PyTorch twin from this.
 c10::Device planned_device(const Config& c) {
   const bool cuda = c.runtime.device == "cuda" || (c.runtime.device == "auto" && cuda_available());
   return cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);

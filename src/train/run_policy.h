@@ -45,7 +45,7 @@ NonfiniteDecision decide_nonfinite(const StepStats& step, const Config& config, 
 
 // The run as another implementation needs it to train the same model the same way: the resolved
 // shapes, batch and optimizer settings, and what "auto" resolves to on this machine
-// (--print-config; scripts/bench_peer.py builds its PyTorch twin from it).
+// (--print-config; scripts/perf/bench_peer.py builds its PyTorch twin from it).
 nlohmann::json resolved_run(const Config& config);
 
 // What this rank's device offers: on a GPU (unless runtime.device_memory_gb says) the memory

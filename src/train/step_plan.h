@@ -9,7 +9,7 @@
 //
 // The engines record what they do into a StepTrace (parallel/step_trace.h); tests check that the
 // trace of a real step equals the plan over the grid of layouts and options. What models the
-// step reads the plan: `train_fsdp --print-plan` prints it as JSON, which scripts/scale_model.py
+// step reads the plan: `train_fsdp --print-plan` prints it as JSON, which scripts/perf/scale_model.py
 // turns into bytes by group and a time model, and the bytes are those the metrics count.
 #include <c10/core/ScalarType.h>
 #include <nlohmann/json.hpp>

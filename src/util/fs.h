@@ -17,7 +17,7 @@ std::string read_file(const std::string& path);
 // rm -rf (no-op for a missing path); throws on failure.
 void remove_tree(const std::string& path);
 
-// A file the project ships beside its programs ("scripts/follow_metrics.py", "configs/..."): from
+// A file the project ships beside its programs ("scripts/watch/follow_metrics.py", "configs/..."): from
 // an installed tree (`cmake --install`, wherever it was moved since), <prefix>/share/zeroband-cpp/
 // next to the program's <prefix>/bin; from a build tree, the source tree's. "" when neither has it.
 std::string project_file(const std::string& relative);

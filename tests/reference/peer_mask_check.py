@@ -1,4 +1,4 @@
-"""The benchmark peer's documents and document mask (scripts/bench_peer.py) against a reference
+"""The benchmark peer's documents and document mask (scripts/perf/bench_peer.py) against a reference
 that never builds a mask: attention run separately on each document (causal SDPA per slice, in
 float64), the results put back in place.
 
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "perf"))
 from bench_peer import EOS, FIRST_TOKEN, dense_document_mask, document_ids, fake_documents, flex_document_mask
 
 warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")  # intended: eager

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes scripts/gpu_check.sh's report, OUTDIR/gpu_check.json, from what its steps left in its
+"""Writes scripts/gpu/gpu_check.sh's report, OUTDIR/gpu_check.json, from what its steps left in its
 work folder. Python's standard library only: the lent GPU machines have no package registry.
 
   gpu_check_report.py --work DIR --out gpu_check.json --set key=value ...
@@ -8,7 +8,7 @@ Reads from DIR, each when present:
   steps.tsv           one line per step: name, status, seconds, note (tab-separated)
   cuda_tests.xml      ctest's JUnit output for `ctest -L cuda`; suite.xml for the rest
   preset_NAME.jsonl   train_fsdp's metrics file (src/train/metrics_logger.cpp) for preset NAME
-  bench/bench.json    scripts/bench.sh's result (scripts/bench_report.py)
+  bench/bench.json    scripts/perf/bench.sh's result (scripts/perf/bench_report.py)
 --set adds top-level fields (mode, result, message, gpu, build, commit, date, cpus, ...).
 Prints one line per step and the headline figures.
 """
@@ -93,7 +93,7 @@ def main():
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
     args = ap.parse_args()
 
-    report = {"what": "scripts/gpu_check.sh"}
+    report = {"what": "scripts/gpu/gpu_check.sh"}
     for kv in args.set:
         key, _, value = kv.partition("=")
         if key in ("cpus", "budget_seconds", "elapsed_seconds") and value.isdigit():

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Throughput, MFU and memory of train_fsdp side by side with PyTorch's own FSDP2 on the same model,
-# batch, dtype, world size and optimizers (scripts/bench_peer.py), on fake data. Prints a table
+# batch, dtype, world size and optimizers (scripts/perf/bench_peer.py), on fake data. Prints a table
 # and writes OUT/bench.json with both rows and the ratio ours / PyTorch.
 #
-#   scripts/bench.sh [CONFIG] [NPROC] [STEPS] [extra train arguments...]
-#   scripts/bench.sh                                    # CPU: configs/bench/cpu.toml, 2 Gloo ranks, 25 steps
-#   scripts/bench.sh configs/1B/H100.toml 1 30 --train.micro_bs 8   # one GPU, bf16
+#   scripts/perf/bench.sh [CONFIG] [NPROC] [STEPS] [extra train arguments...]
+#   scripts/perf/bench.sh                                    # CPU: configs/bench/cpu.toml, 2 Gloo ranks, 25 steps
+#   scripts/perf/bench.sh configs/1B/H100.toml 1 30 --train.micro_bs 8   # one GPU, bf16
 #
 # Environment: OUT (output folder), WARMUP (first steps left out, default 5), PEERS (the peers'
 # Muon: "zeroband" = ZeroBand's muon-fsdp2, "torch" = torch.optim.Muon; default both),
@@ -14,7 +14,7 @@
 # (use the build as is), TRAIN_FSDP (the binary, default build/apps/train_fsdp), PYTHON (default
 # .venv/bin/python). Rows: zeroband-cpp, then pytorch-MUON-eager / pytorch-MUON-compile.
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 gpu=0
 nvidia-smi -L >/dev/null 2>&1 && gpu=1
 config=${1:-$ROOT/configs/bench/cpu.toml}
@@ -69,7 +69,7 @@ for muon in ${PEERS:-zeroband torch}; do
     echo "== PyTorch FSDP2 with $muon's Muon ($mode), $nproc rank(s)"
     extra=(--muon "$muon")
     [ "$mode" = compile ] && extra+=(--compile)
-    "${torchrun[@]}" scripts/bench_peer.py --mask-kernel "${PEER_MASK:-auto}" --config-json "$out/run.json" --steps "$steps" \
+    "${torchrun[@]}" scripts/perf/bench_peer.py --mask-kernel "${PEER_MASK:-auto}" --config-json "$out/run.json" --steps "$steps" \
       --num-threads "$threads" --metrics-file "$out/$name.jsonl" "${extra[@]}" \
       > "$out/$name.log" 2>&1 || failed "$out/$name.log"
     grep -E "peer step|not run" "$out/$name.log" | tail -1 || true
@@ -84,9 +84,9 @@ else
 fi
 meta=$("$python" -c 'import json, sys; print(json.dumps({"date": sys.argv[1], "commit": sys.argv[2], "command": sys.argv[3]}))' \
   "$(date -u +%Y-%m-%dT%H:%MZ)" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
-  "scripts/bench.sh $config $nproc $steps $*")
+  "scripts/perf/bench.sh $config $nproc $steps $*")
 echo
-"$python" scripts/bench_report.py --config-json "$out/run.json" --world-size "$nproc" \
+"$python" scripts/perf/bench_report.py --config-json "$out/run.json" --world-size "$nproc" \
   --warmup "$warmup" --device "$device" --meta "$meta" --out "$out/bench.json" "${runs[@]}"
 echo
 echo "results: $out/bench.json"

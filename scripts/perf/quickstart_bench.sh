@@ -5,13 +5,13 @@
 # prints a table of seconds per step, each variant's time over the shipped one's, and the final
 # loss (the same data and seed every time).
 #
-#   scripts/quickstart_bench.sh [STEPS] [-- extra train_fsdp arguments]   # STEPS default 20
+#   scripts/perf/quickstart_bench.sh [STEPS] [-- extra train_fsdp arguments]   # STEPS default 20
 #
 # Environment: ZB_SKIP_BUILD=1 (use build/ as it is), OUT (default outputs/quickstart-bench-TIME),
 # VARIANTS (names from the list below, default all). Steps before the 5th are left out of the
 # time (start-up, allocator growth).
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 steps=${1:-20}
 shift $(($# > 0 ? 1 : 0))
 [ "${1:-}" = "--" ] && shift

@@ -2,9 +2,9 @@
 # Builds zeroband-cpp on a machine with no package registry: the lent GPU machines have CUDA,
 # CMake, ninja, a compiler and python3 with torch 2.11.0, but not our Debian libraries. Two halves:
 #
-#   scripts/gpu_kit.sh fetch    # here (Debian 12, network): the .deb files into .gpukit/debs,
+#   scripts/gpu/gpu_kit.sh fetch    # here (Debian 12, network): the .deb files into .gpukit/debs,
 #                               # the benchmark peer's muon-fsdp2 wheel into .gpukit/wheels
-#   scripts/gpu_kit.sh build    # there: unpack them into .gpukit/root (the wheel into
+#   scripts/gpu/gpu_kit.sh build    # there: unpack them into .gpukit/root (the wheel into
 #                               # .gpukit/pylib, for PYTHONPATH) and build into build/
 #                               # (the tests' reference python: that machine's python3)
 #
@@ -13,7 +13,7 @@
 # for spdlog and fmt (LibTorch is found through the RPATH); bench.sh there wants PYTHON=python3
 # ZB_SKIP_BUILD=1.
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 KIT=$ROOT/.gpukit
 # Headers, CMake package files and the two shared libraries the programs load. gloo: headers only
 # (declarations of what libtorch has compiled in; see src/dist/gloo_backend.cpp).

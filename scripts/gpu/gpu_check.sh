@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # The GPU check, one command for whoever gets a GPU: builds (on a lent machine from the kit that
-# scripts/gpu_kit.sh prepares), runs the CUDA tests (ctest -L cuda), trains the 150M and 1B
+# scripts/gpu/gpu_kit.sh prepares), runs the CUDA tests (ctest -L cuda), trains the 150M and 1B
 # presets for 30 steps on one GPU (1B also without the document mask, for its cost) and benchmarks train_fsdp against PyTorch FSDP2 eager and
-# compiled (scripts/bench.sh). Leaves OUTDIR/gpu_check.log (every step's output) and
+# compiled (scripts/perf/bench.sh). Leaves OUTDIR/gpu_check.log (every step's output) and
 # OUTDIR/gpu_check.json (what ran, how long, test counts, the presets' tokens/s, MFU and peak
 # memory, bench.json), rewritten after each step so that a run cut short still reports.
 #
-#   scripts/gpu_check.sh OUTDIR              # on a machine with a GPU
-#   scripts/gpu_check.sh --cpu-only OUTDIR   # argument handling, build detection and the report
+#   scripts/gpu/gpu_check.sh OUTDIR              # on a machine with a GPU
+#   scripts/gpu/gpu_check.sh --cpu-only OUTDIR   # argument handling, build detection and the report
 #                                            # only: nothing built or run (tests/gpu_check_cpu.sh)
 #
-# Building: ZB_SKIP_BUILD=1 uses build/ as it is; else .gpukit/debs (`scripts/gpu_kit.sh fetch`
+# Building: ZB_SKIP_BUILD=1 uses build/ as it is; else .gpukit/debs (`scripts/gpu/gpu_kit.sh fetch`
 # on a machine with a registry, then .gpukit in the device tool's `carry`) builds with
-# `scripts/gpu_kit.sh build`; else Debian's own packages, if installed, with scripts/build.sh.
+# `scripts/gpu/gpu_kit.sh build`; else Debian's own packages, if installed, with scripts/build.sh.
 #
 # Exit codes: 0 every step passed (--cpu-only: a build is possible); 1 a step failed, timed out
 # or found no time left (the later steps still run); 2 usage; 3 no GPU here: the GPU parts did
@@ -32,7 +32,7 @@
 # installed here: only the kit or ZB_SKIP_BUILD builds), PYTHON (torch's, for the benchmark's
 # peer; default .venv/bin/python, else python3), JOBS.
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
 usage() {
   echo "usage: $0 [--cpu-only] OUTDIR" >&2
@@ -69,7 +69,7 @@ commit=${GPU_CHECK_COMMIT:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null |
 mode=$([ $cpu_only = 1 ] && echo cpu-only || echo gpu)
 gpu="" build_how="" message=""
 report() {  # report RESULT: gpu_check.json from what the steps left in $work
-  python3 "$ROOT/scripts/gpu_check_report.py" --work "$work" --out "$out/gpu_check.json" \
+  python3 "$ROOT/scripts/gpu/gpu_check_report.py" --work "$work" --out "$out/gpu_check.json" \
     --set mode="$mode" result="$1" message="$message" gpu="$gpu" build="$build_how" commit="$commit" \
     date="$(date -u +%Y-%m-%dT%H:%MZ)" cpus="$(nproc)" budget_seconds="$budget" \
     elapsed_seconds="$(awk -v s="$started" -v n="$(now)" 'BEGIN { printf "%.0f", n - s }')"
@@ -101,10 +101,10 @@ elif debian_packages; then
 else
   build_how=none
   not_run "nothing to build with" "${gpu_steps[@]}"
-  stop 4 "no kit" "nothing to build with: no .gpukit/debs/*.deb (the kit) and not Debian's packages either. On a machine with a package registry run \`scripts/gpu_kit.sh fetch\`, then name .gpukit in the device tool's carry (or build there first and use ZB_SKIP_BUILD=1)"
+  stop 4 "no kit" "nothing to build with: no .gpukit/debs/*.deb (the kit) and not Debian's packages either. On a machine with a package registry run \`scripts/gpu/gpu_kit.sh fetch\`, then name .gpukit in the device tool's carry (or build there first and use ZB_SKIP_BUILD=1)"
 fi
 say "build: $build_how"
-# Programs built with the kit load spdlog and fmt from it (scripts/gpu_kit.sh), the build's own
+# Programs built with the kit load spdlog and fmt from it (scripts/gpu/gpu_kit.sh), the build's own
 # test discovery included.
 if [ "$build_how" = kit ] || { [ "$build_how" = prebuilt ] && [ -d "$ROOT/.gpukit/root" ]; }; then
   export LD_LIBRARY_PATH=$ROOT/.gpukit/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -153,7 +153,7 @@ wanted() { [[ "$selected" == *" $1 "* ]]; }
 
 python=${PYTHON:-$([ -x "$ROOT/.venv/bin/python" ] && echo "$ROOT/.venv/bin/python" || echo python3)}
 case $build_how in
-  kit) step build 360 env JOBS="${JOBS:-$(nproc)}" "$ROOT/scripts/gpu_kit.sh" build ;;
+  kit) step build 360 env JOBS="${JOBS:-$(nproc)}" "$ROOT/scripts/gpu/gpu_kit.sh" build ;;
   system) step build 360 env JOBS="${JOBS:-$(nproc)}" "$ROOT/scripts/build.sh" ;;
   prebuilt) record build "not run" 0 "ZB_SKIP_BUILD=1: build/ as it is" ;;
 esac
@@ -188,7 +188,7 @@ if wanted bench; then
   # without max-autotune (ZeroBand's PRIME_DEBUG): its search could take minutes of the budget.
   step bench 270 env OUT="$work/bench" PYTHON="$python" PEER_COMPILE=1 ZB_SKIP_BUILD=1 PEERS="${GPU_CHECK_PEERS:-zeroband}" \
     PRIME_DEBUG="${PRIME_DEBUG-1}" \
-    scripts/bench.sh "${bench_args[@]}"
+    scripts/perf/bench.sh "${bench_args[@]}"
   for f in "$work"/bench/*.log; do  # each side's own output, which bench.sh keeps apart
     [ -f "$f" ] && { echo; echo "== $(basename "$f"), its last 60 lines"; tail -n 60 "$f"; } >>"$log"
   done

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks scripts/scale_model.py's time model where it can be run: on this machine's Gloo.
+"""Checks scripts/perf/scale_model.py's time model where it can be run: on this machine's Gloo.
 
 Under torchrun (W ranks): fits the model's two link figures (latency per ring hop, bandwidth)
 to single collectives of 1 KiB to 16 MiB, then replays one training step's collectives
@@ -9,7 +9,7 @@ time the fitted model predicts for them.
 
   build/apps/train_fsdp --config C.toml --world-size 4 [--parallel.dp_shard 2 --parallel.dp_replicate 2] \\
       --print-plan > plan.json        # train_ddp for DDP
-  torchrun --nproc_per_node 4 scripts/comm_replay.py --plan plan.json [--out replay.json]
+  torchrun --nproc_per_node 4 scripts/perf/comm_replay.py --plan plan.json [--out replay.json]
 
 Prints on rank 0; --out gets the fit, the measured and predicted seconds and the error.
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Summarises scripts/bench.sh's runs: one row per implementation (train_fsdp and its PyTorch
+"""Summarises scripts/perf/bench.sh's runs: one row per implementation (train_fsdp and its PyTorch
 peers) from their JSON-lines metrics, the ratio ours / PyTorch, as a Markdown table on stdout and
 as JSON.
 

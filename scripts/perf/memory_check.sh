@@ -3,8 +3,8 @@
 # (ZB_COUNT_TENSOR_MEMORY=1: a counting CPU allocator) on real CPU runs, one table row per
 # model x ranks x activation checkpointing. Prints a markdown table and writes OUT/memory_check.json.
 #
-#   scripts/memory_check.sh                     # debug, 70M and 150M on 1, 2, 4 ranks, AC off/on
-#   MODELS="debug" RANKS="1 2" scripts/memory_check.sh
+#   scripts/perf/memory_check.sh                     # debug, 70M and 150M on 1, 2, 4 ranks, AC off/on
+#   MODELS="debug" RANKS="1 2" scripts/perf/memory_check.sh
 #   MAX_ERROR=10 ...                            # exit 1 when a row's |error| exceeds 10% (the test)
 #
 # Shapes: the debug preset as it is (8 x 1024 tokens per micro-batch); 70M and 150M (from the
@@ -12,7 +12,7 @@
 # gradient accumulators count), 2 steps (so the optimizer state exists), fp32, Newton-Schulz in
 # fp32. Environment: OUT, MODELS, RANKS, MAX_ERROR, PYTHON (default .venv/bin/python), TRAIN_FSDP.
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
 train=${TRAIN_FSDP:-build/apps/train_fsdp}
 python=${PYTHON:-.venv/bin/python}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The PyTorch peer of scripts/bench.sh: the same model trained the way a PyTorch user would,
+"""The PyTorch peer of scripts/perf/bench.sh: the same model trained the way a PyTorch user would,
 FSDP2's fully_shard on every block and on the root, Muon for the blocks' matrices and AdamW for
 embedding, head and norms, on fake data. Muon is ZeroBand's own (--muon zeroband, the default:
 the muon-fsdp2 package, which gathers each matrix's gradient shards to one owner rank, runs its
@@ -14,7 +14,7 @@ train_fsdp (rank 0). Its fake data are train_fsdp's random documents; with model
 dense booleans). A run the peer cannot train as asked (see why_not) leaves one record saying why,
 which the report prints instead of numbers. Launched by torchrun, one process per rank:
 
-  torchrun --nproc_per_node=2 scripts/bench_peer.py --config-json run.json --steps 20 \
+  torchrun --nproc_per_node=2 scripts/perf/bench_peer.py --config-json run.json --steps 20 \
       --metrics-file peer.jsonl [--muon zeroband|torch] [--compile] [--device cpu|cuda] \
       [--mask-kernel auto|flex|sdpa]
 
@@ -411,7 +411,7 @@ def main():
     if run["hidden"]["type"] == "muon" and run["resolved_ns_dtype"] != "bfloat16":
         raise SystemExit("bench_peer: both peers' Muon orthogonalises in bfloat16 only; "
                          f"this run resolves optim.optim.ns_dtype to {run['resolved_ns_dtype']} "
-                         "(scripts/bench.sh passes --optim.optim.ns_dtype bfloat16 to every side)")
+                         "(scripts/perf/bench.sh passes --optim.optim.ns_dtype bfloat16 to every side)")
 
     # The device and dtype train_fsdp resolved for this run, unless --device overrides.
     device = args.device if args.device != "auto" else run["resolved_device"]

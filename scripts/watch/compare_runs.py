@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Compare two training runs' metrics (JSON lines): a CSV of the losses side by side and the
-largest and final differences (scripts/plot_runs.py draws them).
+largest and final differences (scripts/watch/plot_runs.py draws them).
 
     compare_runs.py A.jsonl B.jsonl OUT_DIR [--labels FSDP DDP]
 """

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # The DDP-vs-FSDP convergence reproduction: trains the same config, data and seed with
 # train_fsdp and with train_ddp on NPROC processes, then writes both metrics files, a CSV of the
-# two loss curves, a PNG of both runs (scripts/plot_runs.py), and prints the largest and the final
+# two loss curves, a PNG of both runs (scripts/watch/plot_runs.py), and prints the largest and the final
 # difference.
 #
-#   scripts/convergence.sh [CONFIG] [NPROC] [extra train arguments...]
-#   scripts/convergence.sh                                    # CPU: configs/debug/convergence.toml, 2 ranks
-#   scripts/convergence.sh configs/150M/H100.toml 8 --data.dataset_name_or_paths DATA   # 8 GPUs
+#   scripts/perf/convergence.sh [CONFIG] [NPROC] [extra train arguments...]
+#   scripts/perf/convergence.sh                                    # CPU: configs/debug/convergence.toml, 2 ranks
+#   scripts/perf/convergence.sh configs/150M/H100.toml 8 --data.dataset_name_or_paths DATA   # 8 GPUs
 #
 # Long runs survive preemption: with CKPT_INTERVAL=N both programs checkpoint every N steps under
 # OUT/ckpt-<program>, and running the script again with the same OUT resumes each from its latest
 # checkpoint (the metrics files are appended to).
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 config=${1:-$ROOT/configs/debug/convergence.toml}
 nproc=${2:-2}
 shift $(( $# > 2 ? 2 : $# ))
@@ -33,5 +33,5 @@ for app in train_fsdp train_ddp; do
     --config "$config" --logging.metrics_file "$out/$app.jsonl" "${threads[@]}" "${ckpt[@]}" "$@" 2>&1 \
     | grep -E "step [0-9]+/[0-9]+ \| (loss|val)|done|error|resumed" | awk 'NR % 5 == 1 || /val|done|error|resumed/'
 done
-.venv/bin/python scripts/compare_runs.py "$out/train_fsdp.jsonl" "$out/train_ddp.jsonl" "$out"
-.venv/bin/python scripts/plot_runs.py "$out/train_fsdp.jsonl" "$out/train_ddp.jsonl" --names FSDP DDP -o "$out/losses.png"
+.venv/bin/python scripts/watch/compare_runs.py "$out/train_fsdp.jsonl" "$out/train_ddp.jsonl" "$out"
+.venv/bin/python scripts/watch/plot_runs.py "$out/train_fsdp.jsonl" "$out/train_ddp.jsonl" --names FSDP DDP -o "$out/losses.png"

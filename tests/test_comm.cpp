@@ -89,7 +89,7 @@ TEST_P(Collectives, AllGatherReduceScatterAllReduceOverGloo) {
 }
 
 
-// The bytes each collective counts (comm.h: sent + received by this rank, ring / chain
+// The bytes each collective counts (comm_bytes.h: sent + received by this rank, ring / chain
 // algorithms), checked against the algorithms written out step by step here.
 namespace {
 
@@ -116,7 +116,7 @@ int64_t ring_all_reduce_elements(int64_t elements, int64_t W, int64_t r) {
 }  // namespace
 
 TEST(CommBytes, RingAllReduceModelAddsUp) {
-  // The model's sum over ranks is 4(W-1) x elements however the chunks fall, which is why comm.h
+  // The model's sum over ranks is 4(W-1) x elements however the chunks fall, which is why comm_bytes.h
   // can count each rank the mean.
   for (int64_t W : {2, 3, 4, 5, 8})
     for (int64_t e : {0, 1, 2, 3, 5, 7, 12, 1000, 1001}) {

@@ -119,7 +119,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, StepPlanMatchesTheTrace, ::testing::Values(1, 2,
 
 // The plan's own arithmetic where it is easy to state: plain FSDP on 4 ranks, one micro-batch,
 // AdamW. Each block is gathered in forward and, but for the last, again in backward, and each
-// unit's gradients reduce-scattered once; the bytes follow comm.h's convention.
+// unit's gradients reduce-scattered once; the bytes follow comm_bytes.h's convention.
 TEST(StepPlan, CountsOneGatherAndOneReductionPerUnitAndPass) {
   Config c = config({Parallelism::FSDP, 4, "FSDP"}, 4, true, 0, false, "adamw");
   c.optim.batch_size = 4;  // one micro-batch each

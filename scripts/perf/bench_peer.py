@@ -38,6 +38,8 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
+import comm_bytes  # the byte convention, from the C++ definition (same folder)
+
 
 # --- the model: a Llama of torchtitan's layout (the names train_fsdp uses) -------------------------
 class Attention(nn.Module):
@@ -185,44 +187,9 @@ flex_attention_kernel = None  # compiled_flex_attention(), set by main() when th
 
 
 # --- communication meter ---------------------------------------------------------------------------
-# Bytes per rank as train_fsdp counts them, sent + received by this rank for the ring / chain
-# algorithm of each collective: these mirror src/dist/comm.h (where the convention is stated) and
-# comm.cpp, formula for formula; keep them in step. n: bytes; the group is the whole world (the
-# peer's one mesh dimension spans every rank).
-def all_gather_bytes(W, n_in):
-    return 2 * (W - 1) * n_in
-
-
-def reduce_scatter_bytes(W, n_out):
-    return 2 * (W - 1) * n_out
-
-
-def all_reduce_bytes(W, n):
-    # Ring reduce-scatter + all-gather of W chunks: 4(W-1)/W·n, multiplied out first so that an
-    # uneven split is the mean over ranks rounded down once, as comm.cpp.
-    return 4 * (W - 1) * n // W
-
-
-def broadcast_bytes(W, rank, root, n):
-    # Chain root -> root+1 -> ... -> root-1: the root sends n, the last rank receives n, the ranks
-    # between receive and forward, 2n.
-    if W == 1:
-        return 0
-    return n if rank in (root, (root - 1) % W) else 2 * n
-
-
-def rooted_bytes(W, rank, root, n):
-    # gather / scatter of n bytes per rank: the root receives (or sends) W-1 parts, the others one.
-    return (W - 1) * n if rank == root else n
-
-
-def all_to_all_bytes(W, rank, row_bytes, in_rows, out_rows, in_splits, out_splits):
-    # Splits count rows of dim 0 (none: equal parts); this rank's own part stays and is not counted.
-    def to_others(rows, splits):
-        return sum(splits) - splits[rank] if splits else rows // W * (W - 1)
-    return row_bytes * (to_others(in_rows, in_splits) + to_others(out_rows, out_splits))
-
-
+# Bytes per rank as train_fsdp counts them (src/dist/comm_bytes.h, through comm_bytes.py): sent +
+# received by this rank for the ring / chain algorithm of each collective. The group is the whole
+# world (the peer's one mesh dimension spans every rank).
 class CommMeter:
     """Wraps the collectives FSDP2 and DTensor call: bytes by kind (train_fsdp's convention, the
     functions above) and host seconds spent waiting."""
@@ -267,29 +234,29 @@ class CommMeter:
             return a["src"] if a["src"] is not None else a["group_src"]
 
         # torch.distributed: the output of an all-gather / input of a reduce-scatter is W parts.
-        counted(dist, "all_gather_into_tensor", "all_gather", lambda a: all_gather_bytes(W, nbytes(a["input_tensor"])))
-        counted(dist, "reduce_scatter_tensor", "reduce_scatter", lambda a: reduce_scatter_bytes(W, nbytes(a["output"])))
-        counted(dist, "all_reduce", "all_reduce", lambda a: all_reduce_bytes(W, nbytes(a["tensor"])))
-        counted(dist, "broadcast", "broadcast", lambda a: broadcast_bytes(W, rank, root_of(a), nbytes(a["tensor"])))
-        counted(dist, "all_to_all_single", "all_to_all", lambda a: all_to_all_bytes(
+        counted(dist, "all_gather_into_tensor", "all_gather", lambda a: comm_bytes.counted("all_gather", W, nbytes(a["input_tensor"])))
+        counted(dist, "reduce_scatter_tensor", "reduce_scatter", lambda a: comm_bytes.counted("reduce_scatter", W, nbytes(a["output"])))
+        counted(dist, "all_reduce", "all_reduce", lambda a: comm_bytes.counted("all_reduce", W, nbytes(a["tensor"])))
+        counted(dist, "broadcast", "broadcast", lambda a: comm_bytes.counted("broadcast", W, nbytes(a["tensor"]), rank, root_of(a)))
+        counted(dist, "all_to_all_single", "all_to_all", lambda a: comm_bytes.all_to_all(
             W, rank, row_bytes(a["input"]), a["input"].size(0), a["output"].size(0),
             a["input_split_sizes"], a["output_split_sizes"]))
         # ZeroBand's Muon (muon-fsdp2) gathers each matrix to its owner and scatters the result
         # back, through the names it imported from torch.distributed.
         try:
             import muon_fsdp2
-            counted(muon_fsdp2, "gather", "gather", lambda a: rooted_bytes(
-                W, rank, a["dst"] if a["dst"] is not None else a["group_dst"], nbytes(a["tensor"])))
-            counted(muon_fsdp2, "scatter", "scatter", lambda a: rooted_bytes(
-                W, rank, a["src"] if a["src"] is not None else a["group_src"], nbytes(a["tensor"])))
+            counted(muon_fsdp2, "gather", "gather", lambda a: comm_bytes.counted(
+                "gather", W, nbytes(a["tensor"]), rank, a["dst"] if a["dst"] is not None else a["group_dst"]))
+            counted(muon_fsdp2, "scatter", "scatter", lambda a: comm_bytes.counted(
+                "scatter", W, nbytes(a["tensor"]), rank, a["src"] if a["src"] is not None else a["group_src"]))
         except ImportError:
             pass
         # Functional collectives (DTensor): launched here, waited on in wait_tensor. Their outputs
         # are allocated inside: a reduce-scatter's is 1/W of the input (W divides it, or it fails).
-        counted(funcol, "all_gather_tensor", "all_gather", lambda a: all_gather_bytes(W, nbytes(a["self"])))
-        counted(funcol, "reduce_scatter_tensor", "reduce_scatter", lambda a: reduce_scatter_bytes(W, nbytes(a["self"]) // W))
-        counted(funcol, "all_reduce", "all_reduce", lambda a: all_reduce_bytes(W, nbytes(a["self"])))
-        counted(funcol, "all_to_all_single", "all_to_all", lambda a: all_to_all_bytes(
+        counted(funcol, "all_gather_tensor", "all_gather", lambda a: comm_bytes.counted("all_gather", W, nbytes(a["self"])))
+        counted(funcol, "reduce_scatter_tensor", "reduce_scatter", lambda a: comm_bytes.counted("reduce_scatter", W, nbytes(a["self"]) // W))
+        counted(funcol, "all_reduce", "all_reduce", lambda a: comm_bytes.counted("all_reduce", W, nbytes(a["self"])))
+        counted(funcol, "all_to_all_single", "all_to_all", lambda a: comm_bytes.all_to_all(
             W, rank, row_bytes(a["self"]), a["self"].size(0),
             sum(a["output_split_sizes"]) if a["output_split_sizes"] else a["self"].size(0),
             a["input_split_sizes"], a["output_split_sizes"]))

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import comm_bytes  # noqa: E402
 from scale_model import collective_seconds, hops, plan_calls  # noqa: E402
 
 
@@ -77,8 +78,7 @@ def main():
     rows = []
     for kind in ("all_gather", "reduce_scatter", "all_reduce"):
         for size in [1 << k for k in range(10, 25, 2)]:
-            counted = {"all_gather": 2 * (W - 1) * size, "reduce_scatter": 2 * (W - 1) * size,
-                       "all_reduce": 4 * (W - 1) * size // W}[kind]
+            counted = comm_bytes.counted(kind, W, size)
             seconds = timed(run_call(kind, W, size, counted, None), args.reps)
             rows.append((kind, counted, seconds))
             if rank == 0 and os.environ.get("ZB_REPLAY_VERBOSE"):

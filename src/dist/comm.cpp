@@ -14,29 +14,6 @@
 
 namespace zb {
 
-const char* comm_kind_name(CommKind kind) {
-  switch (kind) {
-    case CommKind::AllGather: return "all_gather";
-    case CommKind::ReduceScatter: return "reduce_scatter";
-    case CommKind::AllReduce: return "all_reduce";
-    case CommKind::Broadcast: return "broadcast";
-    case CommKind::AllToAll: return "all_to_all";
-    case CommKind::Count: break;
-  }
-  return "?";
-}
-
-int64_t ring_counted_bytes(CommKind kind, int64_t ranks, int64_t payload) {
-  switch (kind) {
-    case CommKind::AllGather:
-    case CommKind::ReduceScatter: return 2 * (ranks - 1) * payload;
-    // Multiplied out before dividing, so an uneven split is the exact mean, rounded down once.
-    case CommKind::AllReduce: return 4 * (ranks - 1) * payload / ranks;
-    default: break;
-  }
-  throw std::invalid_argument(std::string("ring_counted_bytes: not a ring collective: ") + comm_kind_name(kind));
-}
-
 PendingCollective::PendingCollective(c10::intrusive_ptr<c10d::Work> work, Communicator* comm)
     : work_(std::move(work)), comm_(comm) {}
 PendingCollective::PendingCollective() = default;
@@ -209,12 +186,9 @@ PendingCollective Communicator::all_reduce_sum(const at::Tensor& t) {
 }
 
 PendingCollective Communicator::broadcast(const at::Tensor& t, int64_t root) {
-  // A chain root -> root+1 -> ... -> root-1: the root sends, the last rank receives, the ranks
-  // between do both.
   TORCH_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " is not a rank");
   const int64_t bytes = t.numel() * t.element_size();
-  const bool last = rank() == (root + size() - 1) % size();
-  account(CommKind::Broadcast, bytes, size() == 1 ? 0 : (rank() == root || last) ? bytes : 2 * bytes);
+  account(CommKind::Broadcast, bytes, broadcast_counted_bytes(size(), rank(), root, bytes));
   if (!backend_) return {};
   std::vector<at::Tensor> tensors{t};
   c10d::BroadcastOptions opts;
@@ -225,14 +199,8 @@ PendingCollective Communicator::broadcast(const at::Tensor& t, int64_t root) {
 PendingCollective Communicator::all_to_all(const at::Tensor& out, const at::Tensor& in,
                                            std::vector<int64_t> out_splits,
                                            std::vector<int64_t> in_splits) {
-  // Empty splits mean equal parts, as in c10d.
-  auto split = [this](const std::vector<int64_t>& splits, const at::Tensor& t, int64_t r) {
-    return splits.empty() ? t.numel() / size() : splits.at(static_cast<size_t>(r));
-  };
-  int64_t moved = 0;  // elements sent to and received from the other ranks
-  for (int64_t r = 0; r < size(); ++r)
-    if (r != rank()) moved += split(in_splits, in, r) + split(out_splits, out, r);
-  account(CommKind::AllToAll, in.numel() * in.element_size(), moved * in.element_size());
+  account(CommKind::AllToAll, in.numel() * in.element_size(),
+          all_to_all_counted_bytes(size(), rank(), in.element_size(), in.numel(), out.numel(), in_splits, out_splits));
   if (!backend_) {
     out.copy_(in);
     return {};

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/comm_bytes.h"
 #include "dist/rendezvous.h"
 #include "dist/watchdog.h"
 #include "dist/world.h"
@@ -24,31 +25,6 @@ class Work;
 }  // namespace c10d
 
 namespace zb {
-
-enum class CommKind { AllGather, ReduceScatter, AllReduce, Broadcast, AllToAll, Count };
-const char* comm_kind_name(CommKind kind);
-
-// Bytes are counted per rank as the bytes this rank SENDS plus the bytes it RECEIVES, for the
-// bandwidth-optimal ring (chain) algorithm of each collective, whatever the backend really runs
-// (Gloo and NCCL pick their own algorithms; this is a model, the same on every backend and the
-// same as scripts/perf/bench_peer.py's). W ranks; with W = 1 every count is 0.
-//   all_gather      n = input bytes:  (W-1)·n sent + (W-1)·n received  = 2(W-1)·n
-//   reduce_scatter  n = output bytes: (W-1)·n sent + (W-1)·n received  = 2(W-1)·n
-//   all_reduce      N = tensor bytes: a ring reduce-scatter then all-gather of W chunks of N/W,
-//                   each sending and receiving (W-1)·N/W             = 4(W-1)·N/W
-//                   When W does not divide the element count the chunks are uneven and a rank's
-//                   own share depends on which chunks it holds; we count the mean over ranks
-//                   (exactly 4(W-1)·N/W, as the sum over ranks is 4(W-1)·N), rounded down to a
-//                   whole byte: under 1 byte per call.
-//   broadcast       N = tensor bytes, a pipelined chain root -> root+1 -> ... -> root-1 (mod W):
-//                   the root sends N; the last rank of the chain, (root-1) mod W, receives N;
-//                   every rank between receives N and forwards N, 2N. (Sum over ranks 2(W-1)·N.)
-//   all_to_all      the elements this rank sends to the other ranks plus those it receives from
-//                   them (its own split, kept locally, is not counted), times the element size.
-// The count above for one call of a ring collective (all_gather, reduce_scatter, all_reduce) over
-// `ranks` ranks, `payload` bytes as the convention names them: the one formula, which the
-// Communicator counts with and the step plan (train/step_plan.h) predicts with.
-int64_t ring_counted_bytes(CommKind kind, int64_t ranks, int64_t payload);
 
 // Sees every collective a Communicator issues, as it issues it (the step trace,
 // parallel/step_trace.h). `payload` is the call's bytes as the convention names them (for

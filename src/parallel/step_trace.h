@@ -31,8 +31,8 @@ struct StepEvent {
   CommKind kind = CommKind::Count;
   std::string group;  // "world", "shard" or "replicate": which of the run's communicators
   int64_t ranks = 0;
-  int64_t payload = 0;  // bytes as comm.h names them for the call (all_to_all: its input)
-  int64_t counted = 0;  // bytes the statistics count for it (comm.h's convention)
+  int64_t payload = 0;  // bytes as comm_bytes.h names them for the call (all_to_all: its input)
+  int64_t counted = 0;  // bytes the statistics count for it (comm_bytes.h's convention)
   // Notes of the plan's, neither traced nor compared: what the event is for, and what a
   // collective can hide behind in the step ("gather", "regather", "reduce" or "exposed").
   std::string what, overlap;

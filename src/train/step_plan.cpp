@@ -20,7 +20,7 @@ class PlanWriter {
 
   void mark(StepEvent::Op op, int64_t unit = -1) { out_.push_back(StepEvent::mark(op, unit)); }
   void micro_batch(int64_t m) { out_.push_back(StepEvent::micro_batch_start(m)); }
-  // A ring collective over `ranks` ranks of `group`, `payload` bytes (comm.h's names).
+  // A ring collective over `ranks` ranks of `group`, `payload` bytes (comm_bytes.h's names).
   void ring(CommKind kind, const std::string& group, int64_t ranks, int64_t payload, std::string what,
             std::string overlap, int64_t unit = -1) {
     collective(kind, group, ranks, payload, ring_counted_bytes(kind, ranks, payload), std::move(what),

@@ -22,12 +22,15 @@
 #include "train/launch.h"
 #include "train/metrics.h"
 #include "train/metrics_logger.h"
+#include "train/profiler.h"
 #include "train/run_policy.h"
 #include "train/step_plan.h"
 #include "train/trainer.h"
 #include "training_program.h"
 #include "util/device.h"
+#include "util/fs.h"
 #include "util/log.h"
+#include "util/phase.h"
 
 namespace {
 
@@ -123,10 +126,22 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
   metrics.set_constant("attention_kernel", trainer.attention_kernel());
   if (memory) metrics.set_constant("predicted_peak_memory_bytes", memory->estimate.peak);
   if (world.rank == 0) zb::record_run(cfg, trainer, metrics.path(), resumed);
+  // Traces beside rank 0's metrics file, on every rank.
+  const std::string run_dir =
+      cfg.profiling.enable_profiling
+          ? comm.rendezvous().exchange("run_dir", zb::parent_directory(metrics.path())).front()
+          : "";
+  zb::StepProfiler profiler(cfg.profiling, run_dir, world.rank, device);
+  const auto report_profile = [&](const std::optional<zb::ProfileSummary>& summary) {
+    if (summary && world.rank == 0)
+      for (const auto& line : summary->describe(profiler.folder())) zb::log::info(line);
+  };
   for (int64_t step = trainer.step() + 1; step <= cfg.optim.total_steps; ++step) {
     comm.set_phase(strf("step %ld", step));  // a stall from here on is reported as this step's
     zb::StepStats s;
+    profiler.step_begin(step);
     try {
+      zb::Phase phase("zb.step", step);
       s = trainer.train_step();
     } catch (const std::exception& e) {
       throw std::runtime_error(
@@ -135,6 +150,7 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
                                  "died or stopped responding; runtime.timeout_s bounds the wait)"
                                : ""));
     }
+    report_profile(profiler.step_end(step));
     std::optional<double> val_loss;
     if (s.nonfinite.empty() && cfg.data.eval_interval > 0 && trainer.has_validation() &&
         (step % cfg.data.eval_interval == 0 || step == cfg.optim.total_steps))
@@ -155,6 +171,7 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
     const auto saved = checkpoints.save_if_due(trainer, stopping);  // written in the background
     if (saved) zb::log::info(strf("saving checkpoint %s", saved->c_str()));
     if (stopping) {
+      report_profile(profiler.finish(step));
       comm.set_phase("");  // the writers' waits have their own bound
       checkpoints.finish();
       zb::log::warn(strf("stopped by a signal after step %ld%s", step,
@@ -162,6 +179,7 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
       return 0;
     }
   }
+  report_profile(profiler.finish(cfg.optim.total_steps));
   comm.set_phase("");
   checkpoints.finish();  // the last checkpoint is on disk before we exit
   zb::log::info(strf("done: %ld steps, %s tokens in %s", cfg.optim.total_steps,

@@ -17,7 +17,7 @@ import tempfile
 # Each component and the components its sources may include (directly; reach is transitive).
 LAYERS = {
     "util": [],
-    "model": [],
+    "model": ["util"],
     "config": ["model"],
     "data": ["config", "util"],
     "dist": ["util"],

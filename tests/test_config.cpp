@@ -197,6 +197,11 @@ TEST(ConfigErrors, ImpossibleCombinations) {
   check(debug + "[model]\ndim = 264\n[train]\n", 1,
         "x.toml:4: head dimension dim/n_heads = 33 must be even for rotary embeddings");
   check(debug + "[train]\nmicro_bs = 0\n", 1, "x.toml:4: train.micro_bs must be > 0, got 0");
+  check(debug + "[train]\n[profiling]\nprofile_freq = 2\nprofile_active = 3\n", 1,
+        "x.toml:6: profiling.profile_active (3) must not exceed profiling.profile_freq (2)");
+  check(debug + "[train]\n[profiling]\nenable_profiling = true\nnvtx = true\n", 1,
+        "x.toml:6: profiling.nvtx and profiling.enable_profiling are two uses of the one profiler of a process: "
+        "choose one (nvtx for Nsight Systems, enable_profiling for traces)");
   check(debug + "[train]\n[optim]\nsched_type = \"cosin\"\n", 1,
         "x.toml:5: optim.sched_type = \"cosin\" is not one of cosine | linear | wsd-sqrt");
   check(debug + "[train]\n[optim]\nsched_type = \"wsd-sqrt\"\nwarmup_steps = 10\nstable_steps = 5\ntotal_steps = 20\n",

@@ -28,6 +28,7 @@
 #include "model/model_args_json.h"
 #include "util/fs.h"
 #include "util/log.h"
+#include "util/phase.h"
 
 namespace zb {
 namespace {
@@ -208,6 +209,7 @@ std::string CheckpointWriter::last_good() {
 }
 
 std::string CheckpointWriter::save(TrainingState& run) {
+  Phase phase("zb.checkpoint_save");  // this rank's copy to host memory; the disk is written after
   finish();  // one save at a time
   const std::string root = config_.ckpt.path;
   const int64_t step = run.step();

@@ -136,6 +136,15 @@ struct LoggingConfig {  // [logging]
   std::string tensorboard_dir;  // "" = none; else the metrics follower writes event files there
 };
 
+struct ProfilingConfig {  // [profiling], torchtitan's names
+  bool enable_profiling = false;
+  std::string save_traces_folder = "profile_traces";  // relative: beside the metrics file
+  int64_t profile_freq = 10;    // a window of steps recorded every N steps, ending at multiples of N
+  int64_t profile_active = 1;   // steps in a window
+  bool profile_memory = false;  // allocations in the traces (a memory timeline)
+  bool nvtx = false;            // CUDA: every phase and operator as an NVTX range, the whole run
+};
+
 struct Config {
   std::string name_model = "150M";
   std::string type_model = "llama3";
@@ -148,6 +157,7 @@ struct Config {
   DataConfig data;
   RuntimeConfig runtime;
   LoggingConfig logging;
+  ProfilingConfig profiling;
   CheckpointConfig ckpt;
 
   std::string source = "<defaults>";  // the file it was loaded from

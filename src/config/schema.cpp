@@ -194,6 +194,17 @@ const std::vector<Field>& schema() {
       ZB_FIELD("logging.interval", Int, int64_t, logging.interval, "console line every N steps"),
       ZB_FIELD("logging.tensorboard_dir", String, std::string, logging.tensorboard_dir,
                "write TensorBoard event files here (rank 0 starts scripts/watch/follow_metrics.py)"),
+      ZB_FIELD("profiling.enable_profiling", Bool, bool, profiling.enable_profiling,
+               "record windows of steps with LibTorch's profiler: a Chrome trace and a summary per rank"),
+      ZB_FIELD("profiling.save_traces_folder", String, std::string, profiling.save_traces_folder,
+               "where the traces go (relative: beside the metrics file), iteration_<step>/rank<r>_trace.json"),
+      ZB_FIELD("profiling.profile_freq", Int, int64_t, profiling.profile_freq,
+               "a window every N steps, ending at each multiple of N"),
+      ZB_FIELD("profiling.profile_active", Int, int64_t, profiling.profile_active, "steps recorded per window"),
+      ZB_FIELD("profiling.profile_memory", Bool, bool, profiling.profile_memory,
+               "allocations and frees in the traces (a memory timeline)"),
+      ZB_FIELD("profiling.nvtx", Bool, bool, profiling.nvtx,
+               "CUDA: every phase and operator as an NVTX range for Nsight Systems, the whole run"),
   };
   return fields;
 }
@@ -202,7 +213,7 @@ const std::vector<Field>& schema() {
 
 const std::vector<std::string>& schema_sections() {
   static const std::vector<std::string> sections = {
-      "model", "train", "optim", "optim.optim", "optim.adam", "data", "runtime", "logging", "ckpt", "parallel"};
+      "model", "train", "optim", "optim.optim", "optim.adam", "data", "runtime", "logging", "ckpt", "parallel", "profiling"};
   return sections;
 }
 

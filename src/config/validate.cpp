@@ -130,6 +130,14 @@ void validate(const Config& c, int64_t world_size) {
   if (c.ckpt.resume == "latest" && c.ckpt.path.empty())
     fail("ckpt.resume", "ckpt.resume = \"latest\" needs ckpt.path");
   positive("logging.interval", c.logging.interval);
+  positive("profiling.profile_freq", c.profiling.profile_freq);
+  positive("profiling.profile_active", c.profiling.profile_active);
+  if (c.profiling.profile_active > c.profiling.profile_freq)
+    fail("profiling.profile_active", "profiling.profile_active (" + show(c.profiling.profile_active) +
+                                         ") must not exceed profiling.profile_freq (" + show(c.profiling.profile_freq) + ")");
+  if (c.profiling.enable_profiling && c.profiling.nvtx)
+    fail("profiling.nvtx", "profiling.nvtx and profiling.enable_profiling are two uses of the one profiler of a "
+                           "process: choose one (nvtx for Nsight Systems, enable_profiling for traces)");
 }
 
 ShardLayout shard_layout(const Config& c, int64_t world_size) {

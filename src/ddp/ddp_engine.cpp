@@ -9,6 +9,7 @@
 
 #include "parallel/clip.h"
 #include "parallel/gradient_group.h"
+#include "util/phase.h"
 
 namespace zb {
 
@@ -50,12 +51,14 @@ class DDPEngine::Bucket : public GradientGroup {
                           : at::zeros({members_[j]->numel()}, members_[j]->options().requires_grad(false)));
     flat_ = at::cat(parts);
     divide_for_mean_over_ranks(flat_, comm_.size());
+    Phase phase("zb.ddp.all_reduce");
     pending_ = comm_.all_reduce_sum(flat_);
   }
 
   // Waits for the all-reduce and adds the averaged gradients to the replicas' .grad().
   void finish() {
     if (!flat_.defined()) return;
+    Phase phase("zb.ddp.finish_all_reduce");
     pending_.wait();
     int64_t offset = 0;
     for (at::Tensor* p : members_) {

@@ -1,4 +1,5 @@
 #include "dist/comm.h"
+#include "util/phase.h"
 
 #include <ATen/ops/empty.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -24,6 +25,7 @@ bool PendingCollective::pending() const { return static_cast<bool>(work_); }
 
 void PendingCollective::wait() {
   if (!work_) return;
+  Phase phase("zb.wait");  // the host blocked on a collective (on a GPU: the stream made to wait)
   if (comm_->wait_clock_) {
     // NCCL: wait() only makes the current stream wait for the collective; the stream's stall is
     // the time between an event before and one after, read by settle().

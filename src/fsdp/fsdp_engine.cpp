@@ -9,6 +9,7 @@
 
 #include "fsdp/fsdp_collectives.h"
 #include "parallel/clip.h"
+#include "util/phase.h"
 
 namespace zb {
 
@@ -77,7 +78,11 @@ struct CheckpointedBlock : torch::autograd::Function<CheckpointedBlock> {
     unit->pre_backward();
     unit->fill_slots();
     engine->count_recompute(layer);
-    at::Tensor out = engine->model().block_forward(layer, input, documents);
+    at::Tensor out;
+    {
+      Phase phase("zb.recompute", layer);
+      out = engine->model().block_forward(layer, input, documents);
+    }
     torch::autograd::backward({out}, {grads[0]});
     return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), input.grad()};
   }

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "fsdp/fsdp_collectives.h"
+#include "util/phase.h"
 
 namespace zb {
 
@@ -58,6 +59,7 @@ void FSDPUnit::pre_backward() {
 }
 
 void FSDPUnit::post_backward(const std::vector<at::Tensor>& grads) {
+  Phase phase("zb.fsdp.post_backward", name_);
   transition({TrainingState::Idle, TrainingState::PreBackward}, TrainingState::PostBackward, "post_backward");
   at::NoGradGuard no_grad;
   // Every node that used this unit's parameters has run (they produced these gradients): the
@@ -73,6 +75,7 @@ void FSDPUnit::post_backward(const std::vector<at::Tensor>& grads) {
 }
 
 void FSDPUnit::start_reduction(const std::vector<at::Tensor>& total) {
+  Phase phase("zb.fsdp.reduce_scatter", name_);
   at::Tensor reduce_in = reduce_scatter_input(params_, offsets_, total, block_numel_, comm_.size(),
                                               replicas_ ? replicas_->size() : 1);
   if (context_.reducing && context_.reducing != this) context_.reducing->advance_gradients();
@@ -85,6 +88,7 @@ void FSDPUnit::start_reduction(const std::vector<at::Tensor>& total) {
 
 void FSDPUnit::advance_gradients() {
   if (grad_state_ != GradState::Reducing) return;
+  Phase phase("zb.fsdp.finish_reduce_scatter", name_);  // wait, then the replicas' all-reduce
   if (context_.reducing == this) context_.reducing = nullptr;
   reduce_.wait();  // also releases the collective's input buffer
   if (!replicas_) return complete_gradients();
@@ -99,6 +103,7 @@ void FSDPUnit::advance_gradients() {
 void FSDPUnit::finish_gradients() {
   advance_gradients();
   if (grad_state_ != GradState::Replicating) return;
+  Phase phase("zb.fsdp.finish_all_reduce", name_);
   if (context_.replicating == this) context_.replicating = nullptr;
   replicate_.wait();
   complete_gradients();
@@ -129,6 +134,7 @@ void FSDPUnit::complete_gradients() {
 
 void FSDPUnit::issue_unshard() {
   if (state_ != State::Sharded) return;
+  Phase phase("zb.fsdp.all_gather", name_);
   // One rank holds every row: wait_unshard casts the shards straight into place, no buffers.
   if (comm_.size() > 1) {
     gather_in_ = all_gather_input(params_, offsets_, block_numel_);
@@ -141,6 +147,7 @@ void FSDPUnit::issue_unshard() {
 
 void FSDPUnit::wait_unshard() {
   if (state_ == State::Unsharded) return;
+  Phase phase("zb.fsdp.wait_unshard", name_);
   if (state_ == State::Sharded) issue_unshard();
   gather_.wait();
   if (comm_.size() > 1) {
@@ -159,6 +166,7 @@ void FSDPUnit::wait_unshard() {
 }
 
 void FSDPUnit::reshard() {
+  Phase phase("zb.fsdp.reshard", name_);
   gather_.wait();  // never free under an in-flight collective
   if (state_ == State::Unsharded) trace(StepEvent::Op::Reshard);
   for (FSDPParam* p : params_) p->free_unsharded();

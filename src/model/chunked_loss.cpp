@@ -1,4 +1,5 @@
 #include "model/chunked_loss.h"
+#include "util/phase.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
@@ -42,6 +43,7 @@ struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
     const at::Tensor wt = w.t();
     for (int64_t start = 0; start < N; start += chunk_tokens) {
       const int64_t n = std::min(chunk_tokens, N - start);
+      Phase phase("zb.loss_chunk", start / chunk_tokens);
       const at::Tensor xc = x.narrow(0, start, n);
       const at::Tensor tc = targets.narrow(0, start, n).unsqueeze(1);
       at::Tensor z = fp32_gemm ? at::mm(xc, wt, logits_dtype) : at::mm(xc, wt).to(logits_dtype);  // [n, V]

@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "model/chunked_loss.h"
+#include "util/phase.h"
 
 namespace zb {
 
@@ -94,6 +95,7 @@ void Llama::init_parameter(size_t i, at::Tensor& t) const {
 }
 
 at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h, const Documents& documents) const {
+  Phase phase("zb.block_forward", layer);
   const auto& b = layers_[layer];
   const auto dt = compute_dtype_;
   const int64_t B = h.size(0), T = h.size(1), hd = args_.head_dim();
@@ -141,6 +143,7 @@ at::Tensor Llama::head(const at::Tensor& h) const {
 }
 
 at::Tensor Llama::head_loss(const at::Tensor& h, const at::Tensor& targets) const {
+  Phase phase("zb.loss");
   at::Tensor x = rms_norm(h, norm_, args_.norm_eps);
   return chunked_cross_entropy(x.reshape({-1, args_.dim}), output_.to(compute_dtype_), targets,
                                loss_chunk_tokens(args_.vocab_size, output_.is_cuda()));

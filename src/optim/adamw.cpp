@@ -1,4 +1,5 @@
 #include "optim/adamw.h"
+#include "util/phase.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/_foreach_add.h>
@@ -26,6 +27,7 @@ void AdamW::add_group(const std::string& name, const AdamWHyper& hyper,
 }
 
 void AdamW::step(double lr_multiplier) {
+  Phase phase("zb.adamw");
   at::NoGradGuard no_grad;
   for (auto& g : groups_) {
     std::vector<at::Tensor> params, grads, m, v, steps;

@@ -1,4 +1,5 @@
 #include "optim/muon.h"
+#include "util/phase.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
@@ -64,6 +65,7 @@ std::vector<at::Tensor> Muon::orthogonalize_local(const std::vector<at::Tensor>&
   for (const auto& [shape, idx] : by_shape) {
     std::vector<at::Tensor> batch;
     for (size_t i : idx) batch.push_back(inputs[i]);
+    Phase phase("zb.muon.newton_schulz");
     at::Tensor O = newton_schulz(at::stack(batch), hyper_.ns_steps, hyper_.ns_dtype, hyper_.eps);
     for (size_t j = 0; j < idx.size(); ++j) out[idx[j]] = O[static_cast<int64_t>(j)];
     matrices_orthogonalized_ += static_cast<int64_t>(idx.size());

@@ -1,4 +1,5 @@
 #include "optim/replicated_muon.h"
+#include "util/phase.h"
 
 #include <ATen/ops/zeros.h>
 
@@ -22,6 +23,7 @@ std::vector<at::Tensor> orthogonalize_once(const Muon& muon, const std::vector<a
   const std::vector<at::Tensor> results = muon.orthogonalize_local(mine_inputs);
   for (size_t k = 0; k < mine.size(); ++k)
     flat.narrow(0, offsets[mine[k]], inputs[mine[k]].numel()).copy_(results[k].reshape({-1}));
+  Phase phase("zb.muon.all_reduce");
   comm.all_reduce_sum(flat).wait();  // each entry is non-zero on exactly one rank
   for (size_t i = 0; i < inputs.size(); ++i)
     out.push_back(flat.narrow(0, offsets[i], inputs[i].numel()).view(inputs[i].sizes()));

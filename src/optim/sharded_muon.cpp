@@ -8,6 +8,7 @@
 
 #include "optim/replicated_muon.h"
 #include "parallel/row_shard.h"
+#include "util/phase.h"
 
 namespace zb {
 
@@ -44,7 +45,10 @@ void make_muon_sharded(Muon& muon, Communicator& comm, Communicator* split_over)
     std::fill(recv_splits.begin(), recv_splits.end(), mine);
     at::Tensor send = send_parts.empty() ? at::empty({0}, opts) : at::cat(send_parts);
     at::Tensor recv = at::empty({W * mine}, opts);
-    comm.all_to_all(recv, send, recv_splits, send_splits).wait();
+    {
+      Phase phase("zb.muon.all_to_all");  // each matrix's rows to its owner
+      comm.all_to_all(recv, send, recv_splits, send_splits).wait();
+    }
 
     // 2. Owners assemble whole matrices (source rank r's block holds r's rows) and orthogonalise
     //    them, same-shape ones batched together.
@@ -76,7 +80,10 @@ void make_muon_sharded(Muon& muon, Communicator& comm, Communicator* split_over)
     }
     at::Tensor returned = at::empty({send.numel()}, opts);
     at::Tensor back_flat = back.view({-1});
-    comm.all_to_all(returned, back_flat, send_splits, recv_splits).wait();
+    {
+      Phase phase("zb.muon.all_to_all");  // the orthogonalised rows back
+      comm.all_to_all(returned, back_flat, send_splits, recv_splits).wait();
+    }
 
     // 4. My rows of each matrix, in the order they were sent.
     std::vector<at::Tensor> out(n);

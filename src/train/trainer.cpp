@@ -18,6 +18,7 @@
 #include "config/model_config.h"
 #include "optim/replicated_muon.h"
 #include "optim/sharded_muon.h"
+#include "util/phase.h"
 
 namespace zb {
 
@@ -140,24 +141,40 @@ StepStats Trainer::train_step() {
   at::Tensor loss_sum = at::zeros({1}, at::TensorOptions().device(device_));
   for (int64_t micro = 0; micro < accum_; ++micro) {
     if (trace_) trace_->record(StepEvent::micro_batch_start(micro));
-    Batch batch = data_->next();
+    Phase micro_batch("zb.micro_batch", micro);
+    Batch batch;
+    {
+      Phase phase("zb.data");
+      batch = data_->next();
+    }
     at::Tensor inputs = batch.inputs.to(device_, /*non_blocking=*/true);
     at::Tensor targets = batch.targets.to(device_, /*non_blocking=*/true);
     // Reduced now, or summed locally until the last micro-batch (the engines' accumulators).
     parallel_->set_requires_gradient_sync(reduce_every_micro_batch_ || micro == accum_ - 1);
     const int start = clock_.mark();
     const Documents documents = documents_of(batch);
-    at::Tensor loss = parallel_->loss(inputs, targets, documents) / static_cast<double>(accum_);
+    at::Tensor loss;
+    {
+      Phase phase("zb.forward");
+      loss = parallel_->loss(inputs, targets, documents) / static_cast<double>(accum_);
+    }
     const int forward_done = clock_.mark();
-    loss.backward();
-    parallel_->finish_backward();
+    {
+      Phase phase("zb.backward");
+      loss.backward();
+      parallel_->finish_backward();
+    }
     micro_marks.push_back({start, forward_done, clock_.mark()});
     loss_sum += loss.detach();
   }
   if (gradient_hook_) gradient_hook_(step_, *parallel_);
   if (trace_) trace_->record(StepEvent::Op::Optimizer, -1);
   const int optimizer_start = clock_.mark();
-  const at::Tensor grad_norm = parallel_->clip_grad_norm_(config_.optim.max_norm);
+  at::Tensor grad_norm;
+  {
+    Phase phase("zb.clip");
+    grad_norm = parallel_->clip_grad_norm_(config_.optim.max_norm);
+  }
   // One all-reduce: the mean loss over the global batch (the ranks' means averaged) and how many
   // ranks see a non-finite gradient norm (under DDP each computes it from its own replica), so
   // that every rank takes the same decision on applying the step.
@@ -173,6 +190,7 @@ StepStats Trainer::train_step() {
     stats.grad_norm = std::numeric_limits<double>::quiet_NaN();
   const double lr_multiplier = schedule_.multiplier(step_ - skipped_);  // skipped steps do not count
   if (std::isfinite(stats.loss) && std::isfinite(stats.grad_norm)) {
+    Phase phase("zb.optimizer");
     optimizer_->step(lr_multiplier);
     skipped_in_a_row_ = 0;
   } else {  // not applied: parameters, momentum and Adam state stay as they are
@@ -200,6 +218,7 @@ StepStats Trainer::train_step() {
 
 double Trainer::evaluate() {
   TORCH_CHECK(val_source_, "no validation data (data.val_dataset_name_or_paths)");
+  Phase phase("zb.evaluate");
   // A fresh loader each time: the same batches at every evaluation, split over the ranks.
   const int64_t per_rank = config_.data.eval_batches * config_.train.micro_bs;
   DataLoader loader(val_source_, 0, /*shuffle=*/false, per_rank * comm_.size(),

@@ -6,7 +6,7 @@
 # communication accounting against PyTorch's collectives; and that ZeroBand's Muon gathered and
 # scattered each matrix once (its bytes per step from the matrices' sizes). Then a peer that
 # cannot run (muon-fsdp2 with 3 ranks: 256 rows do not split evenly) gives its reason in the
-# report in place of numbers.
+# report in place of numbers. Every side's last step is profiled: operators dispatched per step.
 # (TORCH_COMPILE_DISABLE: muon-fsdp2's Newton-Schulz eagerly; compiling it takes a minute here.)
 #   bench_smoke.sh TRAIN_FSDP PYTHON
 set -u
@@ -38,6 +38,10 @@ half = 4 * m["n_layers"] * (2 * Q * D + 2 * K * D + 3 * F * D) // 2
 assert peer["comm_bytes_per_step"]["gather"] == half, (peer["comm_bytes_per_step"], half)
 assert peer["comm_bytes_per_step"]["scatter"] == half, (peer["comm_bytes_per_step"], half)
 assert "zeroband-cpp / pytorch-zeroband-eager" in b["ratios"] and "zeroband-cpp / pytorch-torch-eager" in b["ratios"]
+# Every side's last step profiled: operators dispatched per step, and left out of the timings.
+for name, r in b["results"].items():
+    assert r["ops_dispatched_per_step"] > 100 and r["steps_measured"] == 1, (name, r)
+assert all(q["ops_dispatched"] > 0 for q in b["ratios"].values()), b["ratios"]
 PY
 RANK=0 WORLD_SIZE=3 "$python" "$root/scripts/perf/bench_peer.py" --config-json "$out/run.json" --steps 2 \
   --metrics-file "$out/uneven.jsonl" > "$out/uneven.log" 2>&1 || { echo "FAIL: bench_peer exited $?"; cat "$out/uneven.log"; exit 1; }

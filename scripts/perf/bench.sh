@@ -57,7 +57,11 @@ torchrun=("$python" -m torch.distributed.run --standalone --nproc_per_node="$npr
 # On failure, the log's first error lines (torchrun's own summary comes last and says little).
 failed() { echo "FAILED: $1"; grep -v "^W[0-9]" "$1" | grep -i -m 20 -E "bench_peer:|error|terminate|exception|abort|assert"; exit 1; }
 echo "== zeroband-cpp train_fsdp, $nproc rank(s): $config"
+# Every side's last step is recorded by its profiler for the operators it dispatches (left out of
+# the timings by bench_report.py).
 "${torchrun[@]}" --no-python "$train" "${args[@]}" --logging.metrics_file "$out/zeroband-cpp.jsonl" \
+  --profiling.enable_profiling true --profiling.profile_freq "$steps" --profiling.profile_active 1 \
+  --profiling.save_traces_folder "$out/zeroband-cpp-profile" \
   > "$out/zeroband-cpp.log" 2>&1 || failed "$out/zeroband-cpp.log"
 grep -E "step [0-9]+/[0-9]+ \|" "$out/zeroband-cpp.log" | tail -1 || true  # progress line, for the eye
 runs=(zeroband-cpp="$out/zeroband-cpp.jsonl")
@@ -70,7 +74,7 @@ for muon in ${PEERS:-zeroband torch}; do
     extra=(--muon "$muon")
     [ "$mode" = compile ] && extra+=(--compile)
     "${torchrun[@]}" scripts/perf/bench_peer.py --mask-kernel "${PEER_MASK:-auto}" --config-json "$out/run.json" --steps "$steps" \
-      --num-threads "$threads" --metrics-file "$out/$name.jsonl" "${extra[@]}" \
+      --num-threads "$threads" --metrics-file "$out/$name.jsonl" --profile-step "$steps" "${extra[@]}" \
       > "$out/$name.log" 2>&1 || failed "$out/$name.log"
     grep -E "peer step|not run" "$out/$name.log" | tail -1 || true
     runs+=("$name=$out/$name.jsonl")
@@ -87,6 +91,7 @@ meta=$("$python" -c 'import json, sys; print(json.dumps({"date": sys.argv[1], "c
   "scripts/perf/bench.sh $config $nproc $steps $*")
 echo
 "$python" scripts/perf/bench_report.py --config-json "$out/run.json" --world-size "$nproc" \
-  --warmup "$warmup" --device "$device" --meta "$meta" --out "$out/bench.json" "${runs[@]}"
+  --warmup "$warmup" --device "$device" --meta "$meta" --out "$out/bench.json" \
+  --profile-summary "$out/zeroband-cpp-profile/iteration_$steps/rank0_summary.json" "${runs[@]}"
 echo
 echo "results: $out/bench.json"

@@ -358,6 +358,16 @@ def build_optimizers(model, run, muon):
     return optimizers
 
 
+def operator_counts(events):
+    """What train_fsdp's profiler summary counts (src/train/profiler.cpp): the ATen operators
+    dispatched on the CPU (nested ones too; autograd's nodes included, user scopes not) and the GPU
+    kernels."""
+    cpu = torch.autograd.DeviceType.CPU
+    ops = sum(1 for e in events if e.scope == 0 and e.device_type == cpu and not e.is_user_annotation)
+    kernels = sum(1 for e in events if e.device_type != cpu and not e.name.startswith(("Memcpy", "Memset")))
+    return {"ops_dispatched": ops, "kernels_launched": kernels}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config-json", required=True, help="JSON from train_fsdp --print-config")
@@ -371,6 +381,9 @@ def main():
                     help="with model.attention = document: ZeroBand's flex attention (auto: on CUDA) "
                          "or SDPA with a dense boolean mask (auto: on CPU)")
     ap.add_argument("--num-threads", type=int, default=0)
+    ap.add_argument("--profile-step", type=int, default=0,
+                    help="record this step with torch.profiler: its record gets the operators dispatched "
+                         "(counted as train_fsdp's profiler counts them) and the GPU kernels launched")
     args = ap.parse_args()
     with open(args.config_json) as f:
         run = json.load(f)
@@ -449,6 +462,11 @@ def main():
     out = open(args.metrics_file, "w") if rank == 0 else None
     start = time.perf_counter()
     for step in range(1, args.steps + 1):
+        profiler = None
+        if step == args.profile_step:
+            activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+            profiler = torch.profiler.profile(activities=activities)
+            profiler.__enter__()
         comm_before, wait_before = meter.snapshot()
         marks = []  # (before forward, after forward, after backward) per micro-batch
         loss_sum = torch.zeros((), device=device)
@@ -486,8 +504,12 @@ def main():
         optimizer_seconds = elapsed(t0, t1)
         comm_after, wait_after = meter.snapshot()
         peak = torch.cuda.max_memory_allocated() if cuda else vm_hwm_bytes()
+        counts = {}
+        if profiler:
+            profiler.__exit__(None, None, None)
+            counts = operator_counts(profiler.events())
         if out:
-            out.write(json.dumps({
+            out.write(json.dumps({**counts,
                 "step": step, "loss": loss_value, "grad_norm": grad_norm, "time": time.perf_counter() - start,
                 "peak_memory_bytes": peak, "comm_wait_seconds": wait_after - wait_before,
                 "forward_seconds": fwd, "backward_seconds": bwd, "optimizer_seconds": optimizer_seconds,

@@ -27,11 +27,14 @@ def peak_flops_of(name):
     return None
 
 
-def summarise(path, run, world, warmup, peak):
+def summarise(path, run, world, warmup, peak, profile_summary=None):
     rows = [json.loads(line) for line in open(path) if line.strip()]
     if rows and "unsupported" in rows[0]:  # a peer that cannot train this run says why
         return {"unsupported": rows[0]["unsupported"]}
-    kept = rows[warmup:] if len(rows) > warmup + 1 else rows
+    # The last step was recorded by a profiler (operator counts): left out of the timings.
+    counts = profile_summary or next((r for r in rows if "ops_dispatched" in r), None)
+    timed = rows[:-1] if counts and len(rows) > warmup + 2 else rows
+    kept = timed[warmup:] if len(timed) > warmup + 1 else timed
     first, last = kept[0], kept[-1]
     # Wall time from the end of the first kept step to the end of the last one.
     steps = len(kept) - 1
@@ -55,7 +58,9 @@ def summarise(path, run, world, warmup, peak):
         "peak_memory_bytes": max(r["peak_memory_bytes"] for r in rows),
         "comm_bytes_per_step": comm,
         "comm_bytes_per_step_by_group": groups,
-        "final_loss": last["loss"],
+        "final_loss": rows[-1]["loss"],
+        "ops_dispatched_per_step": counts and counts.get("ops_dispatched", counts.get("ops_per_step")),
+        "kernels_launched_per_step": counts and counts.get("kernels_launched", counts.get("kernels_per_step")),
         "attention_kernel": last.get("attention_kernel"),
     }
 
@@ -68,14 +73,17 @@ def main():
     ap.add_argument("--device", default="", help="device name, for the MFU peak and the record")
     ap.add_argument("--out", required=True)
     ap.add_argument("--meta", default="{}", help="JSON merged into the output (date, commit, command)")
+    ap.add_argument("--profile-summary", default="",
+                    help="ours' profile summary of its last step (train_fsdp's rank0_summary.json)")
     ap.add_argument("runs", nargs="+", help="NAME=metrics.jsonl, ours first")
     args = ap.parse_args()
     run = json.load(open(args.config_json))
     peak = run["runtime"]["peak_flops"] or peak_flops_of(args.device)
     results = {}
-    for spec in args.runs:
+    for i, spec in enumerate(args.runs):
         name, path = spec.split("=", 1)
-        results[name] = summarise(path, run, args.world_size, args.warmup, peak)
+        summary = json.load(open(args.profile_summary)) if i == 0 and args.profile_summary else None
+        results[name] = summarise(path, run, args.world_size, args.warmup, peak, summary)
 
     names = list(results)
     ours = results[names[0]]
@@ -88,6 +96,8 @@ def main():
             "peak_memory": ours["peak_memory_bytes"] / p["peak_memory_bytes"],
             "comm_bytes": (sum(ours["comm_bytes_per_step"].values()) / sum(p["comm_bytes_per_step"].values())
                            if sum(p["comm_bytes_per_step"].values()) else None),
+            "ops_dispatched": (ours["ops_dispatched_per_step"] / p["ops_dispatched_per_step"]
+                               if ours["ops_dispatched_per_step"] and p["ops_dispatched_per_step"] else None),
         }
 
     fmt = lambda v, f: "n/a" if v is None else f.format(v)
@@ -114,7 +124,14 @@ def main():
     print()
     for label, q in ratios.items():
         print(f"{label}: tokens/s x{q['tokens_per_second']:.2f}, peak memory x{q['peak_memory']:.2f}, "
-              f"bytes communicated {fmt(q['comm_bytes'], 'x{:.2f}')}")
+              f"bytes communicated {fmt(q['comm_bytes'], 'x{:.2f}')}, "
+              f"operators dispatched {fmt(q['ops_dispatched'], 'x{:.2f}')}")
+    counted = {name: r for name, r in ran.items() if r.get("ops_dispatched_per_step")}
+    if counted:
+        print("operators dispatched per step (the last step, profiled; the CPU-side cost of launching work): " +
+              ", ".join(f"{name} {r['ops_dispatched_per_step']:,}" +
+                        (f" ({r['kernels_launched_per_step']:,} GPU kernels)" if r.get("kernels_launched_per_step") else "")
+                        for name, r in counted.items()))
     for name, r in ran.items():
         kinds = ", ".join(f"{k} {v / 1e6:.1f}" for k, v in r["comm_bytes_per_step"].items() if v)
         print(f"{name} comm MB/step by kind: {kinds}")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, one command for whoever gets a GPU: builds (on a lent machine from the kit that
 # scripts/gpu/gpu_kit.sh prepares), runs the CUDA tests (ctest -L cuda), trains the 150M and 1B
-# presets for 30 steps on one GPU (1B also without the document mask, for its cost) and benchmarks train_fsdp against PyTorch FSDP2 eager and
+# presets for 30 steps on one GPU (1B also without the document mask, for its cost), records a
+# profile of two 1B steps (OUTDIR/profile_1B_summary.json) and benchmarks train_fsdp against PyTorch FSDP2 eager and
 # compiled (scripts/perf/bench.sh). Leaves OUTDIR/gpu_check.log (every step's output) and
 # OUTDIR/gpu_check.json (what ran, how long, test counts, the presets' tokens/s, MFU and peak
 # memory, bench.json), rewritten after each step so that a run cut short still reports.
@@ -89,7 +90,7 @@ debian_packages() {  # the Debian packages scripts/setup.sh installs, all presen
   local want=(libtomlplusplus-dev libspdlog-dev libfmt-dev libcxxopts-dev nlohmann-json3-dev libgtest-dev libgmock-dev libgloo-dev)
   [ "$(dpkg-query -W -f='${Status}\n' "${want[@]}" 2>/dev/null | grep -c 'install ok installed')" = ${#want[@]} ]
 }
-gpu_steps=(build cuda_tests preset_150M preset_1B preset_1B_causal preset_1B_causal_auto bench)
+gpu_steps=(build cuda_tests preset_150M preset_1B preset_1B_causal preset_1B_causal_auto profile_1B bench)
 if [ "${ZB_SKIP_BUILD:-0}" = 1 ]; then
   build_how=prebuilt
   [ -x "$ROOT/build/apps/train_fsdp" ] || { build_how=none; not_run "nothing to build with" "${gpu_steps[@]}";
@@ -181,7 +182,13 @@ if wanted presets; then
     --model.attention causal --runtime.sdpa_backend flash --logging.metrics_file "$work/preset_1B_causal.jsonl"
   step preset_1B_causal_auto 150 "${train[@]}" --config configs/1B/H100.toml --optim.batch_size 64 --train.micro_bs 8 \
     --model.attention causal --runtime.sdpa_backend auto --logging.metrics_file "$work/preset_1B_causal_auto.jsonl"
-else not_run "not in GPU_CHECK_STEPS" preset_150M preset_1B preset_1B_causal preset_1B_causal_auto; fi
+  # A short trace of the 1B preset (steps 7 and 8 of 8, after the warm-up): where a step's time
+  # goes, the kernels it launches; the summary comes back with the report, the traces stay.
+  step profile_1B 90 "${train[@]}" --config configs/1B/H100.toml --optim.batch_size 64 --train.micro_bs 8 \
+    --optim.total_steps 8 --profiling.enable_profiling true --profiling.profile_freq 8 --profiling.profile_active 2 \
+    --profiling.save_traces_folder "$work/profile_1B" --logging.metrics_file "$work/profile_1B.jsonl"
+  cp "$work/profile_1B/iteration_8/rank0_summary.json" "$out/profile_1B_summary.json" 2>/dev/null || true
+else not_run "not in GPU_CHECK_STEPS" preset_150M preset_1B preset_1B_causal preset_1B_causal_auto profile_1B; fi
 if wanted bench; then
   # The peer with ZeroBand's own Muon only (GPU_CHECK_PEERS="zeroband torch" adds torch.optim.Muon's,
   # if the budget allows: each peer runs eager and compiled). The peers' flex attention compiles

@@ -8,6 +8,7 @@ Reads from DIR, each when present:
   steps.tsv           one line per step: name, status, seconds, note (tab-separated)
   cuda_tests.xml      ctest's JUnit output for `ctest -L cuda`; suite.xml for the rest
   preset_NAME.jsonl   train_fsdp's metrics file (src/train/metrics_logger.cpp) for preset NAME
+  profile_1B/iteration_8/rank0_summary.json   the 1B preset's profiled steps (src/train/profiler.h)
   bench/bench.json    scripts/perf/bench.sh's result (scripts/perf/bench_report.py)
 --set adds top-level fields (mode, result, message, gpu, build, commit, date, cpus, ...).
 Prints one line per step and the headline figures.
@@ -129,6 +130,14 @@ def main():
             report["bench"] = json.load(open(bench))
         except ValueError as e:
             report["bench"] = {"error": f"bench.json: {e}"}
+    # The 1B preset's profiled steps (train/profiler.h's summary): phases, operators and kernels.
+    profile = os.path.join(args.work, "profile_1B", "iteration_8", "rank0_summary.json")
+    report["profile_1B"] = None
+    if os.path.exists(profile):
+        try:
+            report["profile_1B"] = json.load(open(profile))
+        except ValueError as e:
+            report["profile_1B"] = {"error": f"profile summary: {e}"}
     report["log"] = "gpu_check.log"
 
     tmp = args.out + ".tmp"
@@ -154,6 +163,11 @@ def main():
         print(f"  1B with the document mask / without: tokens/s x {report['document_mask_speed_ratio']:.3f}")
     if report["sdpa_auto_over_flash_speed_ratio"] is not None:
         print(f"  1B causal, PyTorch's kernel / flash: tokens/s x {report['sdpa_auto_over_flash_speed_ratio']:.3f}")
+    if report["profile_1B"] and "error" not in report["profile_1B"]:
+        p = report["profile_1B"]
+        top = ", ".join(f"{x['name']} {x['seconds_per_step']:.3f}" for x in p["phases"][:6])
+        print(f"  1B profiled: {p['seconds_per_step']:.3f} s/step, {p['ops_per_step']:,} operators and "
+              f"{p['kernels_per_step']:,} kernels per step; phases (s/step) {top}")
     if report["bench"]:
         for pair, r in report["bench"].get("ratios", {}).items():
             print(f"  bench {pair}: tokens/s x {r.get('tokens_per_second', float('nan')):.2f}")

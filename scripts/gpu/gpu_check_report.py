@@ -87,6 +87,16 @@ def read_metrics(path):
     }
 
 
+def read_json(path):
+    """A step's JSON output: None when the step left none, an error entry when it is damaged."""
+    if not os.path.exists(path):
+        return None
+    try:
+        return json.load(open(path))
+    except ValueError as e:
+        return {"error": f"{os.path.basename(path)}: {e}"}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--work", required=True)
@@ -123,21 +133,9 @@ def main():
     report["document_mask_speed_ratio"] = speed_ratio("1B", "1B_causal")
     # PyTorch's own choice of kernel for causal attention (cuDNN's on an H100, reportedly) over flash.
     report["sdpa_auto_over_flash_speed_ratio"] = speed_ratio("1B_causal_auto", "1B_causal")
-    bench = os.path.join(args.work, "bench", "bench.json")
-    report["bench"] = None
-    if os.path.exists(bench):
-        try:
-            report["bench"] = json.load(open(bench))
-        except ValueError as e:
-            report["bench"] = {"error": f"bench.json: {e}"}
+    report["bench"] = read_json(os.path.join(args.work, "bench", "bench.json"))
     # The 1B preset's profiled steps (train/profiler.h's summary): phases, operators and kernels.
-    profile = os.path.join(args.work, "profile_1B", "iteration_8", "rank0_summary.json")
-    report["profile_1B"] = None
-    if os.path.exists(profile):
-        try:
-            report["profile_1B"] = json.load(open(profile))
-        except ValueError as e:
-            report["profile_1B"] = {"error": f"profile summary: {e}"}
+    report["profile_1B"] = read_json(os.path.join(args.work, "profile_1B", "iteration_8", "rank0_summary.json"))
     report["log"] = "gpu_check.log"
 
     tmp = args.out + ".tmp"

@@ -1,6 +1,7 @@
 // Learning-rate schedules, AdamW, gradient clipping and the grouping of parameters by role.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/optim/sgd.h>
 
 #include <cmath>
 
@@ -11,6 +12,7 @@
 #include "parallel/clip.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
+#include "optim/outer_nesterov.h"
 #include "optim/param_groups.h"
 
 using namespace zb;
@@ -143,4 +145,62 @@ TEST(Optimizer, AdamWEverywhereWhenAsked) {
   EXPECT_EQ(opt.muon(), nullptr);
   EXPECT_EQ(opt.learning_rates(1.0)[0], (std::pair<std::string, double>{"hidden", 0.003}));
   EXPECT_EQ(opt.adamw().groups()[0].params.size(), 14u);
+}
+
+// DiLoCo's outer step against PyTorch's own SGD with Nesterov momentum, fed the same pseudo-
+// gradients: three outer steps of two "replicas" drifting from the outer values, averaged.
+TEST(OuterNesterov, MatchesTorchSgdWithNesterovMomentum) {
+  at::manual_seed(5);
+  const double lr = 0.7, momentum = 0.9;
+  std::vector<at::Tensor> inner = {at::randn({6, 4}), at::randn({5})};
+  OuterNesterov outer(lr, momentum);
+  outer.start_from(inner);
+  std::vector<at::Tensor> ref;
+  for (const at::Tensor& t : inner) ref.push_back(t.clone().requires_grad_(true));
+  torch::optim::SGD sgd(ref, torch::optim::SGDOptions(lr).momentum(momentum).nesterov(true));
+  for (int step = 0; step < 3; ++step) {
+    // Two replicas' inner steps, as drifts from the common start; their pseudo-gradients averaged.
+    std::vector<at::Tensor> drift_a, drift_b;
+    for (const at::Tensor& t : inner) {
+      drift_a.push_back(at::randn(t.sizes()) * 0.1);
+      drift_b.push_back(at::randn(t.sizes()) * 0.1);
+    }
+    std::vector<at::Tensor> averaged;
+    std::vector<at::Tensor> replica_a, replica_b;
+    for (size_t i = 0; i < inner.size(); ++i) {
+      replica_a.push_back(inner[i] + drift_a[i]);
+      replica_b.push_back(inner[i] + drift_b[i]);
+    }
+    const auto da = outer.pseudo_gradients(replica_a), db = outer.pseudo_gradients(replica_b);
+    for (size_t i = 0; i < inner.size(); ++i) averaged.push_back((da[i] + db[i]) / 2);
+    for (size_t i = 0; i < inner.size(); ++i) ref[i].mutable_grad() = averaged[i].clone();
+    sgd.step();
+    outer.step(averaged, inner);
+    for (size_t i = 0; i < inner.size(); ++i) {
+      EXPECT_TRUE(at::allclose(inner[i], ref[i].detach(), 1e-6, 1e-7)) << "step " << step << " tensor " << i;
+      EXPECT_TRUE(at::equal(inner[i], outer.outer()[i]));  // every replica restarts from the outer values
+    }
+  }
+}
+
+// The invariants: one replica with lr 1 and no momentum is plain training (the outer values
+// become the inner ones); a zero pseudo-gradient changes nothing but the momentum's decay.
+TEST(OuterNesterov, OneReplicaWithLrOneIsPlainTrainingAndZeroDeltaOnlyDecaysMomentum) {
+  at::manual_seed(6);
+  std::vector<at::Tensor> inner = {at::randn({3, 3})};
+  OuterNesterov plain(1.0, 0.0);
+  plain.start_from(inner);
+  const at::Tensor trained = inner[0] + at::randn({3, 3});  // the inner steps' result
+  std::vector<at::Tensor> now = {trained.clone()};
+  plain.step(plain.pseudo_gradients(now), now);
+  EXPECT_TRUE(at::allclose(now[0], trained, 0, 1e-7));
+
+  OuterNesterov nesterov(0.7, 0.9);
+  nesterov.start_from(inner);
+  std::vector<at::Tensor> moved = {inner[0] + 0.5};
+  nesterov.step(nesterov.pseudo_gradients(moved), moved);  // momentum now holds the first Δ
+  const at::Tensor after_first = moved[0].clone(), buffer = nesterov.momentum_buffers()[0].clone();
+  nesterov.step(nesterov.pseudo_gradients(moved), moved);  // Δ = 0: θ -= lr·μ·(μ·b)
+  EXPECT_TRUE(at::allclose(nesterov.momentum_buffers()[0], buffer * 0.9, 1e-6, 1e-7));
+  EXPECT_TRUE(at::allclose(moved[0], after_first - 0.7 * 0.9 * (buffer * 0.9), 1e-6, 1e-7));
 }

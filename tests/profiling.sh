@@ -20,7 +20,7 @@ wait_ranks || fail "the profiled run failed"
 cat "$work/prof.log.0"
 compare_losses "$work/plain/metrics.jsonl" "$work/prof/metrics.jsonl" 0 "profiled against plain" 1 4 \
   || fail "profiling changed the losses"
-grep -q "profile of steps 2-2: .* operators dispatched per step" "$work/prof.log.0" || fail "no profile summary in the log"
+grep -q "profile of steps 2-2: .* s blocked on collectives), .* operators dispatched per step" "$work/prof.log.0" || fail "no profile summary in the log"
 
 python3 - "$work/prof/profile_traces" <<'PY' || fail "traces"
 import json, os, sys
@@ -71,6 +71,7 @@ for it in (2, 4):
         phases = {p["name"]: p for p in summary["phases"]}
         assert phases["zb.micro_batch"]["count_per_step"] == 6 and phases["zb.block_forward"]["count_per_step"] == 12
         assert phases["zb.forward"]["seconds_per_step"] > 0 and summary["top_ops"], summary
+        assert summary["exposed_comm_seconds_per_step"] == phases["zb.wait"]["seconds_per_step"] > 0, summary
         print(f"iteration {it} rank {rank}: {len(zb)} phases, step: {top}; {summary['ops_per_step']} ops/step")
 PY
 echo PASS

@@ -58,6 +58,7 @@ ProfileSummary summarize_profile(const prof::ProfilerResult& result, int64_t fir
     }
   }
   for (const auto& [name, sum] : phases) s.phases.push_back({name, sum.seconds / steps, sum.count / steps});
+  if (const auto wait = phases.find("zb.wait"); wait != phases.end()) s.exposed_comm_seconds_per_step = wait->second.seconds / steps;
   std::sort(s.phases.begin(), s.phases.end(), [](const auto& a, const auto& b) { return a.seconds_per_step > b.seconds_per_step; });
   for (const auto& [name, sum] : ops) s.top_ops.push_back({name, sum.seconds / steps, sum.count / steps});
   std::sort(s.top_ops.begin(), s.top_ops.end(), [](const auto& a, const auto& b) { return a.seconds_per_step > b.seconds_per_step; });
@@ -69,7 +70,8 @@ ProfileSummary summarize_profile(const prof::ProfilerResult& result, int64_t fir
 
 std::string ProfileSummary::to_json() const {
   nlohmann::json j = {{"first_step", first_step}, {"last_step", last_step}, {"seconds_per_step", seconds_per_step},
-                      {"ops_per_step", ops_per_step}, {"kernels_per_step", kernels_per_step}};
+                      {"ops_per_step", ops_per_step}, {"kernels_per_step", kernels_per_step},
+                      {"exposed_comm_seconds_per_step", exposed_comm_seconds_per_step}};
   j["phases"] = nlohmann::json::array();
   for (const auto& p : phases)
     j["phases"].push_back({{"name", p.name}, {"seconds_per_step", p.seconds_per_step}, {"count_per_step", p.count_per_step}});
@@ -81,8 +83,9 @@ std::string ProfileSummary::to_json() const {
 
 std::vector<std::string> ProfileSummary::describe(const std::string& folder) const {
   std::vector<std::string> lines = {
-      strf("profile of steps %ld-%ld: %.3f s/step, %ld operators dispatched per step%s; traces in %s/iteration_%ld",
-           first_step, last_step, seconds_per_step, ops_per_step,
+      strf("profile of steps %ld-%ld: %.3f s/step (%.3f s blocked on collectives), %ld operators dispatched per "
+           "step%s; traces in %s/iteration_%ld",
+           first_step, last_step, seconds_per_step, exposed_comm_seconds_per_step, ops_per_step,
            kernels_per_step > 0 ? strf(", %ld GPU kernels", kernels_per_step).c_str() : "", folder.c_str(), last_step)};
   std::string line = "  phases (s/step):";
   for (size_t i = 0; i < phases.size() && i < 12; ++i)

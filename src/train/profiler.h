@@ -36,6 +36,9 @@ struct ProfileSummary {
     double count_per_step = 0;
   };
   std::vector<Phase> phases;
+  // The host's time blocked on collectives (the zb.wait phases), per step: exposed communication
+  // on a CPU; on a GPU only the host's side of it (NCCL's waits order streams), the trace has the rest.
+  double exposed_comm_seconds_per_step = 0;
   int64_t ops_per_step = 0;      // ATen operators dispatched (nested ones too), per step
   int64_t kernels_per_step = 0;  // GPU kernels launched, per step (0 on CPU)
   struct Op {

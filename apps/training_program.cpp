@@ -76,6 +76,10 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
   if (over_nodes) zb::shard_by_node(cfg, world, cl.dry_run);
   const int64_t planned_world = cl.dry_run && cl.world_size > 0 ? cl.world_size : world.size;
   zb::validate(cfg, planned_world);
+  if (parallelism == zb::Parallelism::DDP && cfg.diloco.inner_steps > 0)
+    throw zb::ConfigError(cfg.origin("diloco.inner_steps") +
+                          ": DiLoCo trains the replicas of train_fsdp or train_hsdp apart (parallel.dp_replicate "
+                          "shard groups); train_ddp has none");
   zb::log::init(static_cast<int>(world.rank), cfg.logging.level);
   const zb::ModelArgs args = zb::resolve_model_args(cfg);
   zb::log::info("config: " + cfg.source);

@@ -215,7 +215,7 @@ std::string CheckpointWriter::save(TrainingState& run) {
   const int64_t step = run.step();
   const std::string final_dir = root + "/" + step_name(step);
   const std::string tmp_dir = root + "/.tmp-" + step_name(step);
-  const std::vector<StateTensor> state = training_state(run.parallel(), run.optimizer());
+  const std::vector<StateTensor> state = run.state();
 
   // Never a checkpoint of a state that is not finite: it would rotate good ones out. (A step whose
   // loss or gradient norm is not finite is never applied, but an applied update can still
@@ -243,9 +243,9 @@ std::string CheckpointWriter::save(TrainingState& run) {
   json index = json::array();
   {
     at::NoGradGuard no_grad;
-    const bool another_replica = run.parallel().replica() != 0;  // hybrid sharding: copy 0 saves the rows
+    const bool another_replica = run.replica() != 0;  // hybrid sharding: copy 0 saves the rows
     for (const StateTensor& t : state) {
-      if (another_replica && !t.replicated && !t.global_shape.empty()) continue;
+      if (another_replica && !t.replicated && !t.per_replica && !t.global_shape.empty()) continue;
       const Entry e = entry_to_write(t, comm_.rank(), comm_.size());
       at::Tensor host = e.tensor.detach().to(at::kCPU, at::kFloat).contiguous();
       index.push_back({{"name", e.name}, {"global_shape", e.global_shape}, {"row_start", e.row_start},
@@ -272,6 +272,9 @@ std::string CheckpointWriter::save(TrainingState& run) {
         {"model_args", model_args_to_json(run.model_args())},
         {"data_rows_consumed_per_rank", run.data_rows_consumed()},
     };
+    if (config_.diloco.inner_steps > 0)
+      meta["diloco"] = {{"inner_steps", config_.diloco.inner_steps},
+                        {"replicas", shard_layout(config_, comm_.size()).replicate}};
     if (const std::string t = config_.data.fake ? "" : tokenizer_of_dataset(config_.data.dataset_name_or_paths);
         !t.empty())
       meta["tokenizer_source"] = t;
@@ -418,7 +421,7 @@ void load_checkpoint(const std::string& dir, TrainingState& run, Communicator& c
 
   // Read everything first (nothing is modified if anything is missing), then copy in.
   std::vector<std::pair<at::Tensor, at::Tensor>> assignments;  // (destination, loaded value)
-  for (const StateTensor& t : training_state(run.parallel(), run.optimizer())) {
+  for (const StateTensor& t : run.state()) {
     at::Tensor value = at::empty(t.local.sizes(), at::kFloat);
     char* out = static_cast<char*>(value.data_ptr());
     const bool scalar = t.global_shape.empty();
@@ -446,7 +449,11 @@ void load_checkpoint(const std::string& dir, TrainingState& run, Communicator& c
         break;
       }
     }
-    if (!found) throw fail("it holds no " + t.name + " (saved with another optimizer?)");
+    if (!found) {
+      const bool diloco = t.per_replica || t.name.rfind("diloco/", 0) == 0;
+      throw fail("it holds no " + t.name +
+                 (diloco ? " (saved without DiLoCo, or with fewer replicas?)" : " (saved with another optimizer, or with DiLoCo?)"));
+    }
     if (!scalar && rows_read != m)
       throw fail(strf("%s: found %ld of the %ld rows this rank needs", t.name.c_str(), rows_read, m));
     assignments.emplace_back(t.local, value);

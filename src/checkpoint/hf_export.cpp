@@ -89,6 +89,9 @@ TensorMap consolidate_checkpoint(const std::string& dir, ModelArgs* args) {
   const json meta = read_json(meta_path);
   TensorMap out;
   int64_t world = 0;
+  // Under DiLoCo the model is the outer parameters, on which every replica agrees (each
+  // replica's inner ones have moved on from them since the last outer step).
+  const std::string prefix = meta.contains("diloco") ? "diloco/outer/" : "model/";
   try {
     if (args) *args = model_args_from_json(meta.at("model_args"));
     for (const auto& [name, shape] : meta.at("shapes").items())
@@ -105,8 +108,8 @@ TensorMap consolidate_checkpoint(const std::string& dir, ModelArgs* args) {
     const std::string bytes = read_file(bin_path);
     for (const auto& e : index) {
       const std::string name = e.value("name", "");
-      if (name.rfind("model/", 0) != 0) continue;
-      const auto full_it = out.find(name.substr(6));
+      if (name.rfind(prefix, 0) != 0) continue;
+      const auto full_it = out.find(name.substr(prefix.size()));
       if (full_it == out.end()) throw std::runtime_error(index_path + ": " + name + " is not in meta.json's shapes");
       at::Tensor& full = full_it->second;
       const int64_t rows = e.at("rows"), start = e.at("row_start"), numel = e.at("numel"), offset = e.at("offset");

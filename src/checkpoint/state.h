@@ -21,6 +21,9 @@ struct StateTensor {
   std::vector<int64_t> global_shape;  // empty: a scalar (AdamW's step), the same on every rank
   int64_t row_start = 0;
   bool replicated = false;            // every rank holds the same rows
+  // Each replica holds its own value under its own name (DiLoCo's inner state, "replica_<r>/..."):
+  // every replica writes it. Otherwise one copy is written, the first replica's.
+  bool per_replica = false;
 };
 
 // Every tensor of the training state, parameters first, in a fixed order. An optimizer state
@@ -33,6 +36,10 @@ class TrainingState {
   virtual ~TrainingState() = default;
   virtual ParallelModel& parallel() = 0;
   virtual Optimizer& optimizer() = 0;
+  // Everything saved and restored: by default training_state(parallel(), optimizer()).
+  virtual std::vector<StateTensor> state() { return training_state(parallel(), optimizer()); }
+  // Which copy of the state this rank holds (ParallelModel::replica() by default).
+  virtual int64_t replica() { return parallel().replica(); }
   virtual const ModelArgs& model_args() const = 0;
   // Steps taken (skipped ones included) and of those not applied.
   virtual int64_t step() const = 0;

@@ -145,6 +145,17 @@ struct ProfilingConfig {  // [profiling], torchtitan's names
   bool nvtx = false;            // CUDA: every phase and operator as an NVTX range, the whole run
 };
 
+struct DilocoConfig {  // [diloco], prime's names: DiLoCo over the replicas (train/diloco.h)
+  // Inner steps between outer synchronisations; 0: DiLoCo off (each step's gradients are
+  // averaged over every rank, the default).
+  int64_t inner_steps = 0;
+  double outer_lr = 0.7;        // the outer Nesterov SGD's learning rate
+  double outer_momentum = 0.9;  // and its momentum
+  // How the pseudo-gradients cross between replicas: "none" (fp32), "bf16" or "uint8" (a
+  // per-chunk quantiser with its table, dist/compression.h); summed in fp32 on arrival.
+  std::string compression = "none";
+};
+
 struct Config {
   std::string name_model = "150M";
   std::string type_model = "llama3";
@@ -159,6 +170,7 @@ struct Config {
   LoggingConfig logging;
   ProfilingConfig profiling;
   CheckpointConfig ckpt;
+  DilocoConfig diloco;
 
   std::string source = "<defaults>";  // the file it was loaded from
   // Where each key that was set came from ("file:line" or "command line"), for error messages.

@@ -205,6 +205,15 @@ const std::vector<Field>& schema() {
                "allocations and frees in the traces (a memory timeline)"),
       ZB_FIELD("profiling.nvtx", Bool, bool, profiling.nvtx,
                "CUDA: every phase and operator as an NVTX range for Nsight Systems, the whole run"),
+      ZB_FIELD("diloco.inner_steps", Int, int64_t, diloco.inner_steps,
+               "DiLoCo: each replica (shard group) trains alone for N steps, then an outer step over the "
+               "replicas; 0 = off"),
+      ZB_FIELD("diloco.outer_lr", Float, double, diloco.outer_lr, "DiLoCo: the outer Nesterov SGD's learning rate"),
+      ZB_FIELD("diloco.outer_momentum", Float, double, diloco.outer_momentum,
+               "DiLoCo: the outer Nesterov SGD's momentum"),
+      ZB_CHOICE("diloco.compression", diloco.compression,
+                "DiLoCo: pseudo-gradients between replicas as fp32, bf16 or 8-bit codes with a table per chunk",
+                "none", "bf16", "uint8"),
   };
   return fields;
 }
@@ -213,7 +222,7 @@ const std::vector<Field>& schema() {
 
 const std::vector<std::string>& schema_sections() {
   static const std::vector<std::string> sections = {
-      "model", "train", "optim", "optim.optim", "optim.adam", "data", "runtime", "logging", "ckpt", "parallel", "profiling"};
+      "model", "train", "optim", "optim.optim", "optim.adam", "data", "runtime", "logging", "ckpt", "parallel", "profiling", "diloco"};
   return sections;
 }
 

@@ -138,6 +138,18 @@ void validate(const Config& c, int64_t world_size) {
   if (c.profiling.enable_profiling && c.profiling.nvtx)
     fail("profiling.nvtx", "profiling.nvtx and profiling.enable_profiling are two uses of the one profiler of a "
                            "process: choose one (nvtx for Nsight Systems, enable_profiling for traces)");
+
+  // DiLoCo: on when inner_steps > 0; its other keys mean nothing otherwise.
+  non_negative("diloco.inner_steps", c.diloco.inner_steps);
+  if (c.diloco.inner_steps == 0) {
+    for (const auto& [key, where] : c.origins)
+      if (key.rfind("diloco.", 0) == 0 && key != "diloco.inner_steps")
+        fail(key, key + " is set but diloco.inner_steps is 0 (DiLoCo off): set inner_steps to turn it on");
+  } else {
+    positive("diloco.outer_lr", c.diloco.outer_lr);
+    if (!(c.diloco.outer_momentum >= 0 && c.diloco.outer_momentum < 1))
+      fail("diloco.outer_momentum", "diloco.outer_momentum must be in [0, 1), got " + show(c.diloco.outer_momentum));
+  }
 }
 
 ShardLayout shard_layout(const Config& c, int64_t world_size) {

@@ -91,6 +91,12 @@ void MetricsLogger::log_step(const StepStats& s, std::optional<double> val_loss)
       {"optimizer_seconds", s.optimizer_seconds},
   };
   if (val_loss) record["val_loss"] = *val_loss;
+  if (!s.replica_losses.empty()) record["replica_losses"] = s.replica_losses;  // DiLoCo
+  if (s.outer)
+    record["outer_step"] = {{"step", s.outer->outer_step},
+                            {"pseudo_gradient_norm", s.outer->pseudo_gradient_norm},
+                            {"bytes_across_replicas", s.outer->bytes_across_replicas},
+                            {"seconds", s.outer->seconds}};
   for (const auto& [key, value] : texts_) record[key] = value;
   for (const auto& [key, value] : numbers_) record[key] = value;
   if (!s.nonfinite.empty()) record["nonfinite"] = s.nonfinite;  // this step was not applied
@@ -115,6 +121,10 @@ void MetricsLogger::log_step(const StepStats& s, std::optional<double> val_loss)
                    static_cast<double>(peak_mem) / (1 << 30), format_duration(eta).c_str()));
   }
   if (val_loss) log::info(strf("step %ld/%ld | val_loss %.4f", s.step, total, *val_loss));
+  if (s.outer)
+    log::info(strf("step %ld/%ld | outer step %ld | pseudo-gradient norm %.4f | %s bytes across replicas | %.3f s",
+                   s.step, total, s.outer->outer_step, s.outer->pseudo_gradient_norm,
+                   with_commas(s.outer->bytes_across_replicas).c_str(), s.outer->seconds));
 }
 
 }  // namespace zb

@@ -77,6 +77,11 @@ nlohmann::json resolved_run(const Config& c) {
       {"bucket_mb", c.train.bucket_mb},
       {"parallel", {{"dp_shard", c.parallel.dp_shard}, {"dp_replicate", c.parallel.dp_replicate},
                     {"muon_split_over_replicas", c.parallel.muon_split_over_replicas}}},
+      {"diloco", c.diloco.inner_steps == 0
+                     ? nlohmann::json(nullptr)
+                     : nlohmann::json{{"inner_steps", c.diloco.inner_steps}, {"outer_lr", c.diloco.outer_lr},
+                                      {"outer_momentum", c.diloco.outer_momentum},
+                                      {"compression", c.diloco.compression}}},
       {"max_norm", o.max_norm},
       {"schedule", {{"type", o.sched_type}, {"warmup_steps", o.warmup_steps},
                     {"stable_steps", o.stable_steps}, {"total_steps", o.total_steps}}},

@@ -58,22 +58,28 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
   shard_comm_ = std::move(groups.shard);
   replicate_comm_ = std::move(groups.replicate);
   Communicator* shard_comm = shard_comm_ ? shard_comm_.get() : &comm;
+  // DiLoCo: no gradient crosses between replicas; the outer step does, every inner_steps steps.
+  const bool diloco = config.diloco.inner_steps > 0;
+  TORCH_CHECK(!diloco || sharded, "DiLoCo (diloco.inner_steps) runs over the shard groups of train_fsdp or train_hsdp");
+  if (sharded) replica_ = shard_layout(config, comm.size()).shard_group_of(comm.rank());
+  if (diloco) replicas_ = shard_layout(config, comm.size()).replicate;
   if (sharded) {
     FSDPOptions fsdp;
     fsdp.device = device;
     fsdp.compute_dtype = compute_dtype_;
     fsdp.reshard_after_forward = config.train.reshard_after_forward;
     fsdp.checkpoint_every = config.train.ac_ckpt;
-    parallel_ = std::make_unique<FSDPEngine>(*model_, *shard_comm, fsdp, replicate_comm_.get());
+    parallel_ = std::make_unique<FSDPEngine>(*model_, *shard_comm, fsdp, diloco ? nullptr : replicate_comm_.get());
   } else {
     parallel_ = std::make_unique<DDPEngine>(*model_, comm, config.train.bucket_mb);
   }
 
   optimizer_ = std::make_unique<Optimizer>(config, parallel_->parameters());
   // Sharded Muon: matrices' owners inside the shard group. Replicas own the same matrices (of the
-  // same, already all-reduced momentum): they split them, or each does all of them.
+  // same, already all-reduced momentum): they split them, or each does all of them. Under DiLoCo
+  // the replicas' momenta differ: each does its own.
   if (Muon* muon = optimizer_->muon()) {
-    const bool split = config.parallel.muon_split_over_replicas;
+    const bool split = config.parallel.muon_split_over_replicas && !diloco;
     if (!sharded && comm.size() > 1)
       make_muon_replicated(*muon, comm);
     else if (sharded && shard_comm->size() > 1)
@@ -81,6 +87,9 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
     else if (sharded && replicate_comm_ && split)
       make_muon_replicated(*muon, *replicate_comm_);  // shard groups of one: whole matrices
   }
+
+  if (diloco)
+    diloco_ = std::make_unique<DiLoCo>(config.diloco, parallel_->parameters(), *shard_comm, replicate_comm_.get());
 
   // Data: token shards, or ZeroBand's fake documents.
   const uint64_t seed = static_cast<uint64_t>(config.runtime.seed);
@@ -131,6 +140,12 @@ at::ScalarType Trainer::resolve_compute_dtype(const Config& config, const c10::D
 StepStats Trainer::train_step() {
   ++step_;
   StepStats stats;
+  // DiLoCo's outer copies start from the parameters the run begins with (initial weights loaded
+  // after construction included), unless a checkpoint restored them.
+  if (diloco_ && !outer_restored_) {
+    diloco_->start();
+    outer_restored_ = true;
+  }
   // Phase boundaries on the device's timeline (CUDA events on a GPU): read after the step's
   // synchronisation below, so timing adds none.
   clock_.clear();
@@ -178,15 +193,21 @@ StepStats Trainer::train_step() {
   // One all-reduce: the mean loss over the global batch (the ranks' means averaged) and how many
   // ranks see a non-finite gradient norm (under DDP each computes it from its own replica), so
   // that every rank takes the same decision on applying the step.
+  // Under DiLoCo each replica's mean has its own slot (replicas_ of them, then the flag); the loss
+  // is their mean. Every replica skips a step that is not finite on any, so that steps stay aligned.
   const at::Tensor norm = grad_norm.reshape({1}).to(at::kFloat);
-  at::Tensor reduced = at::cat({loss_sum / static_cast<double>(comm_.size()), at::isfinite(norm).logical_not().to(at::kFloat)});
+  at::Tensor reduced = at::zeros({replicas_ + 1}, loss_sum.options());
+  reduced.narrow(0, replica_ % replicas_, 1).copy_(loss_sum / static_cast<double>(comm_.size() / replicas_));
+  reduced.narrow(0, replicas_, 1).copy_(at::isfinite(norm).logical_not().to(at::kFloat));
   comm_.all_reduce_sum(reduced).wait();
   // The step's one host synchronisation (the loop adds one more for its stop flags).
   const at::Tensor host = at::cat({reduced, norm}).cpu();
   stats.step = step_;
-  stats.loss = host[0].item<double>();
-  stats.grad_norm = host[2].item<double>();
-  if (host[1].item<double>() > 0 && std::isfinite(stats.grad_norm))  // not finite on another rank
+  for (int64_t r = 0; r < replicas_; ++r) stats.loss += host[r].item<double>() / static_cast<double>(replicas_);
+  if (replicas_ > 1)
+    for (int64_t r = 0; r < replicas_; ++r) stats.replica_losses.push_back(host[r].item<double>());
+  stats.grad_norm = host[replicas_ + 1].item<double>();
+  if (host[replicas_].item<double>() > 0 && std::isfinite(stats.grad_norm))  // not finite on another rank
     stats.grad_norm = std::numeric_limits<double>::quiet_NaN();
   const double lr_multiplier = schedule_.multiplier(step_ - skipped_);  // skipped steps do not count
   if (std::isfinite(stats.loss) && std::isfinite(stats.grad_norm)) {
@@ -200,6 +221,7 @@ StepStats Trainer::train_step() {
     ++skipped_in_a_row_;
   }
   const int optimizer_done = clock_.mark();
+  if (diloco_ && diloco_->due(step_, config_.optim.total_steps)) stats.outer = diloco_->sync();
   // The device's times are read once it has finished the step (the optimizer ran after the host's
   // read above): one wait for the step's end, which the loop's next host read would make anyway.
   clock_.synchronize();
@@ -238,7 +260,24 @@ double Trainer::evaluate() {
   return mean;
 }
 
+std::vector<StateTensor> Trainer::state() {
+  std::vector<StateTensor> state = training_state(*parallel_, *optimizer_);
+  if (!diloco_) return state;
+  // The inner parameters and optimizer state are each replica's own; the outer ones are shared.
+  for (StateTensor& t : state)
+    if (!t.global_shape.empty()) {
+      t.name = "replica_" + std::to_string(replica_) + "/" + t.name;
+      t.per_replica = true;
+    }
+  for (StateTensor& t : diloco_->state()) state.push_back(std::move(t));
+  return state;
+}
+
 void Trainer::restore_position(int64_t step, int64_t skipped, uint64_t seed) {
+  if (diloco_) {  // the checkpoint held the outer copies: the outer steps taken follow from the step
+    outer_restored_ = true;
+    diloco_->set_outer_steps(step / config_.diloco.inner_steps);
+  }
   step_ = step;
   skipped_ = skipped;
   skipped_in_a_row_ = 0;

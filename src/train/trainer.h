@@ -20,6 +20,7 @@
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "parallel/parallel_model.h"
+#include "train/diloco.h"
 #include "util/device.h"
 
 namespace zb {
@@ -27,7 +28,7 @@ namespace zb {
 struct StepStats {
   int64_t step = 0;
   double loss = 0;       // mean over the global batch
-  double grad_norm = 0;  // before clipping
+  double grad_norm = 0;  // before clipping (under DiLoCo: the first replica's)
   // Which of the loss and the gradient norm was not finite ("" when both were): such a step is
   // never applied (no update, optimizer state untouched, the schedule does not advance).
   std::string nonfinite;
@@ -38,6 +39,10 @@ struct StepStats {
   // includes waiting for the gradients' collectives; optimizer includes clipping): host clock on
   // CPU, CUDA events on a GPU.
   double forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0;
+  // DiLoCo: each replica's mean loss over its part of the batch, and the outer step this step
+  // ended with, if any.
+  std::vector<double> replica_losses;
+  std::optional<OuterSyncStats> outer;
 };
 
 enum class Parallelism { FSDP, DDP };
@@ -92,6 +97,11 @@ class Trainer : public TrainingState {
   // The attention kernel the steps run (model/attention.h's attention_kernel).
   const std::string& attention_kernel() const { return attention_kernel_; }
   ParallelModel& parallel() override { return *parallel_; }
+  // Under DiLoCo: the inner state under this replica's name, and the outer copies.
+  std::vector<StateTensor> state() override;
+  int64_t replica() override { return replica_; }
+  // DiLoCo's outer optimizer (diloco.inner_steps > 0), else null.
+  const DiLoCo* diloco() const { return diloco_.get(); }
   // Hybrid sharding's groups by name ("shard_group": within a node under train_hsdp,
   // "replicate_group": across nodes), for the metrics' bytes by group; empty otherwise.
   std::vector<std::pair<std::string, Communicator*>> communication_groups() const;
@@ -118,6 +128,12 @@ class Trainer : public TrainingState {
   std::unique_ptr<Llama> model_;
   std::unique_ptr<ParallelModel> parallel_;
   std::unique_ptr<Optimizer> optimizer_;
+  // DiLoCo: the replicas (shard groups) train alone between outer steps. replica_ is this rank's
+  // shard group under hybrid sharding (0 otherwise), replicas_ how many train apart (1 unless
+  // DiLoCo). The outer copies start from the first step's parameters unless a checkpoint set them.
+  std::unique_ptr<DiLoCo> diloco_;
+  int64_t replica_ = 0, replicas_ = 1;
+  bool outer_restored_ = false;
   std::unique_ptr<DataLoader> data_;
   std::shared_ptr<const SampleSource> val_source_;
   std::optional<DocumentDelimiter> documents_;  // model.attention = "document"

@@ -1,0 +1,289 @@
+"""DiLoCo runs of train_fsdp against an independent PyTorch reference (issue 29).
+
+    python diloco.py BUILD_DIR CASE
+
+CASE (each a real run: torchrun, loopback Gloo):
+  adamw_2x2    2 replicas of 2 ranks, AdamW inner steps
+  muon_4x1     4 replicas of 1 rank, Muon inner steps (MuLoCo)
+  one_replica  1 process, outer lr 1 and momentum 0: plain training (a run without DiLoCo)
+  bytes        2 replicas of 2 ranks, pseudo-gradients as fp32, bf16 and uint8: the bytes across
+               replicas as predicted, and losses close to fp32's
+
+The reference is written here, from PyTorch's own parts: transformers' LlamaForCausalLM (its logits
+equal ours, tests/reference/hf_check.py) from the same initial weights, one copy per replica, each
+trained on that replica's rows of the same batches by torch.optim.AdamW (and torch.optim.Muon for
+the hidden matrices, its Newton-Schulz in fp32 as ours runs on the CPU) after
+torch.nn.utils.clip_grad_norm_; every inner_steps steps and after the last, the mean over the
+copies of (outer - inner) is the gradient of torch.optim.SGD(nesterov=True) on an outer copy, which
+every copy then takes. Per step, each replica's loss must equal ours within 1e-5, and the final
+parameters (our checkpoint's outer copy, exported) within 1e-5.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+BUILD, CASE = sys.argv[1], sys.argv[2]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = os.path.join(BUILD, "apps", "train_fsdp")
+EXPORT = os.path.join(BUILD, "apps", "export_hf")
+STEPS, INNER, SEQ, BATCH, VOCAB = 6, 2, 32, 8, 128
+tmp = tempfile.mkdtemp(prefix="zb_diloco_")
+
+COMMON = [
+    "--config", os.path.join(ROOT, "configs/debug/normal.toml"), "--runtime.device", "cpu",
+    "--runtime.num_threads", "1", "--model.dim", "64", "--model.n_heads", "4", "--model.n_kv_heads", "2",
+    "--model.vocab_size", str(VOCAB), "--model.multiple_of", "32", "--model.attention", "causal",
+    "--data.fake", "false", "--data.shuffle", "false", "--data.dataset_name_or_paths", f"{tmp}/data",
+    "--data.seq_length", str(SEQ), "--optim.batch_size", str(BATCH), "--train.micro_bs", "2",
+    "--optim.total_steps", str(STEPS), "--optim.sched_type", "wsd-sqrt", "--optim.warmup_steps", "0",
+    "--optim.stable_steps", str(STEPS), "--optim.optim.ns_dtype", "float32", "--ckpt.init_from", f"{tmp}/init",
+    # AdamW's update g/(sqrt(v) + eps) turns fp32 summation differences in a gradient near eps into
+    # visible ones (ZeroBand's eps 1e-10 with the embedding's lr 0.6 moves an element by up to 1e-4
+    # in one step over them); a larger eps and a gentler embedding keep the comparison meaningful.
+    "--optim.adam.eps", "1e-5", "--optim.adam.lr_embedding", "0.05",
+]
+
+
+def fail(msg):
+    print("FAIL:", msg)
+    sys.exit(1)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def run(name, ranks, *extra):
+    """One training run; returns (its metrics records, its final parameters in HF names)."""
+    metrics, ckpt = f"{tmp}/{name}.jsonl", f"{tmp}/{name}_ckpt"
+    args = COMMON + ["--logging.metrics_file", metrics, "--ckpt.path", ckpt, *extra]
+    if ranks == 1:
+        cmd = [TRAIN, *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_addr",
+               "127.0.0.1", "--master_port", str(free_port()), "--no-python", TRAIN, *args]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        print(out.stdout[-3000:], out.stderr[-3000:])
+        fail(f"{name}: exit code {out.returncode}")
+    log = out.stdout + out.stderr
+    exported = f"{tmp}/{name}_hf"
+    subprocess.run([EXPORT, f"{ckpt}/step_{STEPS:08d}", exported], check=True, capture_output=True)
+    from safetensors.torch import load_file
+    return [json.loads(line) for line in open(metrics)], load_file(f"{exported}/model.safetensors"), log
+
+
+def resolved(*extra):
+    """The run's settings as train_fsdp resolves them (the reference reads its numbers from here)."""
+    out = subprocess.run([TRAIN, *COMMON, *extra, "--print-config"], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def make_model(cfg):
+    """The initial weights, as a Hugging Face directory."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    m = cfg["model"]
+    hf_config = LlamaConfig(vocab_size=m["vocab_size"], hidden_size=m["dim"], intermediate_size=m["ffn_hidden"],
+                            num_hidden_layers=m["n_layers"], num_attention_heads=m["n_heads"],
+                            num_key_value_heads=m["n_kv_heads"], head_dim=m["head_dim"], rms_norm_eps=m["norm_eps"],
+                            rope_theta=m["rope_theta"], max_position_embeddings=2 * m["max_seq_len"],
+                            tie_word_embeddings=False, attention_bias=False, mlp_bias=False)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(hf_config).float()
+    model.save_pretrained(f"{tmp}/init", safe_serialization=True)
+    # Our reader computes the FFN width from ZeroBand's rounding, as our exports record it.
+    path = f"{tmp}/init/config.json"
+    c = json.load(open(path))
+    c.update(zeroband_multiple_of=m["multiple_of"], zeroband_ffn_dim_multiplier=m["ffn_dim_multiplier"])
+    json.dump(c, open(path, "w"))
+    return hf_config, model.state_dict()
+
+
+def make_data():
+    """A token shard of random tokens, enough for every step without repeating."""
+    os.makedirs(f"{tmp}/data")
+    tokens = torch.randint(0, VOCAB, (STEPS * BATCH * SEQ + 1,), generator=torch.Generator().manual_seed(1))
+    header = np.zeros(256, dtype=np.int32)
+    header[0], header[1], header[2] = 20240520, 1, tokens.numel()  # llm.c's format, uint16 tokens
+    with open(f"{tmp}/data/train_000000.bin", "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.numpy().astype(np.uint16).tobytes())
+    return tokens
+
+
+def muon_ns_fp32():
+    """torch.optim.Muon with its Newton-Schulz iteration in fp32 (PyTorch's runs it in bf16)."""
+    from torch.optim import _muon
+    original = _muon._zeropower_via_newtonschulz
+
+    def fp32(grad, *args, **kwargs):
+        saved = torch.Tensor.bfloat16
+        torch.Tensor.bfloat16 = torch.Tensor.float
+        try:
+            return original(grad, *args, **kwargs)
+        finally:
+            torch.Tensor.bfloat16 = saved
+    _muon._zeropower_via_newtonschulz = fp32
+
+
+def reference(cfg, hf_config, init, tokens, replicas, inner_type, outer_lr, outer_momentum):
+    """Per step each replica's loss, and the final outer parameters."""
+    from transformers import LlamaForCausalLM
+    muon_ns_fp32()
+    adam, hidden = cfg["adam"], cfg["hidden"]
+    models, optimizers = [], []
+    for _ in range(replicas):
+        model = LlamaForCausalLM(hf_config).float()
+        model.load_state_dict(init)
+        groups = {"hidden": [], "embedding": [], "head": [], "norm": []}
+        for name, p in model.named_parameters():
+            role = ("embedding" if "embed_tokens" in name else "head" if name.startswith("lm_head")
+                    else "norm" if p.dim() < 2 else "hidden")
+            groups[role].append(p)
+        betas = tuple(adam["betas"])
+        adamw_groups = [dict(params=groups["embedding"], lr=adam["lr_embedding"], weight_decay=adam["wd"]),
+                        dict(params=groups["head"], lr=adam["lr_head"], weight_decay=adam["wd"]),
+                        dict(params=groups["norm"], lr=adam["lr_norm"], weight_decay=adam["wd"])]
+        opts = []
+        if inner_type == "muon":
+            opts.append(torch.optim.Muon(groups["hidden"], lr=hidden["lr"], weight_decay=hidden["wd"],
+                                         momentum=hidden["momentum"], nesterov=hidden["nesterov"],
+                                         ns_steps=hidden["ns_steps"], adjust_lr_fn=hidden["update_scale"]))
+        else:
+            adamw_groups.append(dict(params=groups["hidden"], lr=hidden["lr"], weight_decay=hidden["wd"]))
+        opts.append(torch.optim.AdamW(adamw_groups, betas=betas, eps=adam["eps"]))
+        models.append(model)
+        optimizers.append(opts)
+    outer = [p.detach().clone() for p in models[0].parameters()]
+    outer_params = [torch.nn.Parameter(t) for t in outer]
+    outer_opt = torch.optim.SGD(outer_params, lr=outer_lr, momentum=outer_momentum, nesterov=outer_momentum > 0)
+    losses = []
+    rows = BATCH // replicas
+    for step in range(1, STEPS + 1):
+        step_losses = []
+        for q, (model, opts) in enumerate(zip(models, optimizers)):
+            # Replica q reads positions [q*rows, (q+1)*rows) of global batch step-1; sample p is
+            # tokens [p*SEQ, p*SEQ + SEQ + 1) (no shuffling).
+            first = (step - 1) * BATCH + q * rows
+            batch = torch.stack([tokens[p * SEQ:p * SEQ + SEQ + 1] for p in range(first, first + rows)]).long()
+            logits = model(batch[:, :-1]).logits
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
+            for o in opts:
+                o.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["max_norm"])
+            for o in opts:
+                o.step()
+            step_losses.append(loss.item())
+        losses.append(step_losses)
+        if step % INNER == 0 or step == STEPS:
+            with torch.no_grad():
+                for i, p in enumerate(outer_params):
+                    p.grad = torch.stack([p.detach() - list(m.parameters())[i].detach() for m in models]).mean(0)
+                outer_opt.step()
+                for m in models:
+                    for p, o in zip(m.parameters(), outer_params):
+                        p.copy_(o)
+    final = {name: p.detach() for (name, _), p in zip(models[0].named_parameters(), outer_params)}
+    return losses, final
+
+
+def compare(name, records, params, ref_losses, ref_params, replicas):
+    steps = [r["step"] for r in records]
+    if steps != list(range(1, STEPS + 1)):
+        fail(f"{name}: steps {steps}")
+    worst_loss = 0.0
+    for r, want in zip(records, ref_losses):
+        got = r["replica_losses"] if replicas > 1 else [r["loss"]]
+        worst_loss = max(worst_loss, max(abs(a - b) for a, b in zip(got, want)))
+    worst_param = max((params[k] - v).abs().max().item() for k, v in ref_params.items())
+    outer_steps = [r["outer_step"]["step"] for r in records if "outer_step" in r]
+    print(f"{name}: losses {[round(r['loss'], 5) for r in records]}; largest difference from the reference: "
+          f"loss {worst_loss:.2e}, parameter {worst_param:.2e}; outer steps after steps "
+          f"{[r['step'] for r in records if 'outer_step' in r]}")
+    if outer_steps != list(range(1, len(outer_steps) + 1)) or len(outer_steps) != (STEPS + INNER - 1) // INNER:
+        fail(f"{name}: outer steps {outer_steps}")
+    # Losses within 1e-5 each step; parameters within 1e-4 (a hundredth of a step at these learning
+    # rates: the few elements whose gradient is near AdamW's eps carry fp32 summation differences).
+    if worst_loss > 1e-5 or worst_param > 1e-4:
+        fail(f"{name}: differs from the reference (loss by more than 1e-5 or a parameter by more than 1e-4)")
+
+
+def main():
+    tokens = make_data()
+    cfg = resolved()
+    hf_config, init = make_model(cfg)
+    diloco = ["--diloco.inner_steps", str(INNER)]
+    if CASE in ("adamw_2x2", "muon_4x1"):
+        replicas, shard = (2, 2) if CASE == "adamw_2x2" else (4, 1)
+        inner = ["--optim.optim.type", "adamw", "--optim.optim.lr", "0.01"] if CASE == "adamw_2x2" else []
+        records, params, log = run(CASE, replicas * shard, *diloco, "--parallel.dp_replicate", str(replicas), *inner)
+        if f"DiLoCo: {replicas} replica(s) of {shard} rank(s) train apart" not in log:
+            fail("the run does not describe DiLoCo")
+        cfg = resolved(*inner)
+        ref_losses, ref_params = reference(cfg, hf_config, init, tokens, replicas, cfg["hidden"]["type"], 0.7, 0.9)
+        compare(CASE, records, params, ref_losses, ref_params, replicas)
+    elif CASE == "one_replica":
+        plain, plain_params, _ = run("plain", 1)
+        one, one_params, _ = run("one", 1, *diloco, "--diloco.outer_lr", "1", "--diloco.outer_momentum", "0")
+        loss_diff = max(abs(a["loss"] - b["loss"]) for a, b in zip(plain, one))
+        # Relative to each tensor's largest value: AdamW moves the embedding to values of several units.
+        param_diff = max(((plain_params[k] - one_params[k]).abs().max() / plain_params[k].abs().max()).item()
+                         for k in plain_params)
+        print(f"one replica, outer lr 1, momentum 0 vs plain training: losses {[r['loss'] for r in one]}, "
+              f"largest difference: loss {loss_diff:.2e}, parameter {param_diff:.2e} (relative to the tensor's largest value)")
+        # θ_outer - (θ_outer - θ_inner) in fp32 is θ_inner up to a rounding at θ_outer's scale where
+        # θ_inner moved by more than half its value (Sterbenz): a few units in the last place, which
+        # Muon's orthogonalisation spreads over the whole matrix by the next outer step.
+        if loss_diff > 1e-6 or param_diff > 1e-5:
+            fail("one replica with outer lr 1 and momentum 0 is not plain training")
+        if any("outer_step" not in r for r in one if r["step"] % INNER == 0):
+            fail("no outer step records")
+    elif CASE == "bytes":
+        results = {}
+        for compression in ("none", "bf16", "uint8"):
+            results[compression] = run(compression, 4, *diloco, "--parallel.dp_replicate", "2",
+                                       "--diloco.compression", compression)[0]
+        # This rank's rows: half the model (2 ranks a replica); rank 0 writes the metrics.
+        n = sum(int(np.prod(v.shape)) for v in init.values())
+        shard_rows = 0
+        for v in init.values():  # rank 0 holds the first ceil(rows / 2) rows of each tensor
+            rows = v.shape[0]
+            shard_rows += (rows + 1) // 2 * (int(np.prod(v.shape)) // rows)
+        chunk, buckets = 65536, 256
+        predicted = {  # the convention of src/dist/comm_bytes.h, 2 replicas
+            "none": 4 * (2 - 1) * (4 * shard_rows) // 2,                   # all-reduce of fp32
+            "bf16": 2 * (2 - 1) * 2 * shard_rows,                          # all-gather of bf16
+            "uint8": 2 * (2 - 1) * (shard_rows + (shard_rows + chunk - 1) // chunk * buckets * 4),  # codes, tables
+        }
+        for compression, records in results.items():
+            outer = [r["outer_step"] for r in records if "outer_step" in r]
+            got = {o["bytes_across_replicas"] for o in outer}
+            per_step = sum(r["comm_bytes_replicate_group"]["all_gather"] + r["comm_bytes_replicate_group"]["all_reduce"]
+                           for r in records)
+            print(f"{compression}: {len(outer)} outer steps, {sorted(got)} bytes each across replicas (predicted "
+                  f"{predicted[compression]}; {n} parameters, {shard_rows} on rank 0), {per_step} in the steps' "
+                  f"records; final loss {records[-1]['loss']:.6f}")
+            if got != {predicted[compression]} or per_step != len(outer) * predicted[compression]:
+                fail(f"{compression}: bytes across replicas not as predicted")
+        for compression in ("bf16", "uint8"):
+            diff = max(abs(a["loss"] - b["loss"]) for a, b in zip(results["none"], results[compression]))
+            print(f"{compression} vs fp32: largest loss difference {diff:.2e}")
+            if diff > 2e-2:
+                fail(f"{compression} strays from fp32 pseudo-gradients")
+    else:
+        fail(f"unknown case {CASE}")
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()

@@ -8,6 +8,8 @@ CASE (each a real run: torchrun, loopback Gloo):
   one_replica  1 process, outer lr 1 and momentum 0: plain training (a run without DiLoCo)
   bytes        2 replicas of 2 ranks, pseudo-gradients as fp32, bf16 and uint8: the bytes across
                replicas as predicted, and losses close to fp32's
+  resume       a rank killed inside an outer step and a kill inside a save: the last checkpoint (taken
+               inside an outer period) resumes exactly, on the same layout and on another
 
 The reference is written here, from PyTorch's own parts: transformers' LlamaForCausalLM (its logits
 equal ours, tests/reference/hf_check.py) from the same initial weights, one copy per replica, each
@@ -62,24 +64,39 @@ def free_port():
     return s.getsockname()[1]
 
 
-def run(name, ranks, *extra):
-    """One training run; returns (its metrics records, its final parameters in HF names)."""
-    metrics, ckpt = f"{tmp}/{name}.jsonl", f"{tmp}/{name}_ckpt"
-    args = COMMON + ["--logging.metrics_file", metrics, "--ckpt.path", ckpt, *extra]
+def launch(name, ranks, *extra, ckpt=None, env=None):
+    """Starts one training run (torchrun for several ranks) writing {name}.jsonl and {name}.log."""
+    args = COMMON + ["--logging.metrics_file", f"{tmp}/{name}.jsonl", "--ckpt.path", ckpt or f"{tmp}/{name}_ckpt",
+                     *extra]
     if ranks == 1:
         cmd = [TRAIN, *args]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_addr",
                "127.0.0.1", "--master_port", str(free_port()), "--no-python", TRAIN, *args]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode != 0:
-        print(out.stdout[-3000:], out.stderr[-3000:])
-        fail(f"{name}: exit code {out.returncode}")
-    log = out.stdout + out.stderr
-    exported = f"{tmp}/{name}_hf"
-    subprocess.run([EXPORT, f"{ckpt}/step_{STEPS:08d}", exported], check=True, capture_output=True)
+    log = open(f"{tmp}/{name}.log", "w")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+
+
+def records(name):
+    return [json.loads(line) for line in open(f"{tmp}/{name}.jsonl")]
+
+
+def exported(ckpt_step_dir):
+    """A checkpoint's model (under DiLoCo its outer copy) as export_hf writes it, by HF names."""
     from safetensors.torch import load_file
-    return [json.loads(line) for line in open(metrics)], load_file(f"{exported}/model.safetensors"), log
+    out = ckpt_step_dir + "_hf"
+    subprocess.run([EXPORT, ckpt_step_dir, out], check=True, capture_output=True)
+    return load_file(f"{out}/model.safetensors")
+
+
+def run(name, ranks, *extra, ckpt=None):
+    """One training run to the end; returns (its metrics records, its final parameters, its log)."""
+    rc = launch(name, ranks, *extra, ckpt=ckpt).wait()
+    log = open(f"{tmp}/{name}.log").read()
+    if rc != 0:
+        print(log[-4000:])
+        fail(f"{name}: exit code {rc}")
+    return records(name), exported(f"{ckpt or tmp + '/' + name + '_ckpt'}/step_{STEPS:08d}"), log
 
 
 def resolved(*extra):
@@ -218,6 +235,75 @@ def compare(name, records, params, ref_losses, ref_params, replicas):
         fail(f"{name}: differs from the reference (loss by more than 1e-5 or a parameter by more than 1e-4)")
 
 
+def resume_cases():
+    """2 replicas of 2 ranks, checkpoints every 3 steps (step 3 is inside an outer period): a rank
+    killed inside the second outer step, a kill inside a save; each resume continues exactly."""
+    layout = ["--diloco.inner_steps", str(INNER), "--parallel.dp_replicate", "2", "--ckpt.interval", "3"]
+    straight, straight_params, _ = run("straight", 4, *layout)
+
+    # A rank dies at the start of the outer step after step 4: the run stops (the others fail in
+    # the exchange, or torchrun stops them), the checkpoint of step 3 is there and whole.
+    ckpt = f"{tmp}/killed_ckpt"
+    rc = launch("killed", 4, *layout, "--runtime.timeout_s", "20", ckpt=ckpt,
+                env={"ZB_TEST_KILL_IN_OUTER_STEP": "2"}).wait()
+    log = open(f"{tmp}/killed.log").read()
+    latest = open(f"{ckpt}/latest").read().strip()
+    print(f"killed in outer step 2: exit code {rc}, latest checkpoint {latest}")
+    if rc == 0 or "kills itself" not in log or latest != "step_00000003":
+        print(log[-3000:])
+        fail("a rank killed in the outer step: the run did not stop as it should")
+    _, resumed_params, _ = run("resumed", 4, *layout, "--ckpt.resume", "latest", ckpt=ckpt)
+    resumed = records("resumed")
+    want = {r["step"]: r for r in straight}
+    print("resumed from step 3:", [(r["step"], r["loss"], r.get("replica_losses")) for r in resumed])
+    if [r["step"] for r in resumed] != [4, 5, 6]:
+        fail(f"resumed steps {[r['step'] for r in resumed]}")
+    for r in resumed:
+        if r["replica_losses"] != want[r["step"]]["replica_losses"] or r.get("outer_step", {}).get("step") != \
+                want[r["step"]].get("outer_step", {}).get("step"):
+            fail(f"step {r['step']} after the resume differs from the run without one")
+    if any(not torch.equal(resumed_params[k], straight_params[k]) for k in straight_params):
+        fail("final parameters after the resume differ from the run without one")
+
+    # The same checkpoint on another layout: 2 replicas of 1 rank (the same rows per replica).
+    _, _, _ = run("resharded", 2, *layout, "--ckpt.resume", f"{ckpt}/step_00000003", ckpt=f"{tmp}/resharded_ckpt")
+    diff = max(abs(a - b) for r in records("resharded") for a, b in zip(r["replica_losses"],
+                                                                         want[r["step"]]["replica_losses"]))
+    print(f"resumed on 2 replicas of 1 rank: largest loss difference {diff:.2e}")
+    if diff > 1e-5:
+        fail("the resume on another shard size strays")
+
+    # More replicas than were saved: refused, naming why.
+    rc = launch("more_replicas", 4, "--diloco.inner_steps", str(INNER), "--parallel.dp_replicate", "4",
+                "--ckpt.resume", f"{ckpt}/step_00000003", ckpt=f"{tmp}/more_ckpt").wait()
+    log = open(f"{tmp}/more_replicas.log").read()
+    if rc == 0 or "it holds no replica_2/model/" not in log or "fewer replicas" not in log:
+        print(log[-3000:])
+        fail("a checkpoint of 2 replicas resumed on 4 without a clear error")
+
+    # Killed inside the save of step 6 (every writer paused after its data file): the checkpoint of
+    # step 3 stays the latest, whole, and resumes to the same end.
+    ckpt = f"{tmp}/save_killed_ckpt"
+    proc = launch("save_killed", 4, *layout, ckpt=ckpt, env={"ZB_TEST_PAUSE_SAVE_AT_STEP": "6"})
+    import time
+    for _ in range(600):
+        if open(f"{tmp}/save_killed.log").read().count("writer paused inside the save of step 6") == 4:
+            break
+        time.sleep(0.1)
+    else:
+        proc.kill()
+        fail("the writers never paused in the save of step 6")
+    subprocess.run(["pkill", "-KILL", "-f", f"{ckpt}"])
+    proc.wait()
+    latest = open(f"{ckpt}/latest").read().strip()
+    print(f"killed inside the save of step 6: latest checkpoint {latest}")
+    if latest != "step_00000003":
+        fail("a save killed midway replaced the last good checkpoint")
+    _, again, _ = run("save_resumed", 4, *layout, "--ckpt.resume", "latest", ckpt=ckpt)
+    if any(not torch.equal(again[k], straight_params[k]) for k in straight_params):
+        fail("the resume after a killed save differs from the run without one")
+
+
 def main():
     tokens = make_data()
     cfg = resolved()
@@ -280,6 +366,8 @@ def main():
             print(f"{compression} vs fp32: largest loss difference {diff:.2e}")
             if diff > 2e-2:
                 fail(f"{compression} strays from fp32 pseudo-gradients")
+    elif CASE == "resume":
+        resume_cases()
     else:
         fail(f"unknown case {CASE}")
     print("PASS")

@@ -8,7 +8,10 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstdlib>
 
+#include "util/log.h"
 #include "util/phase.h"
 
 namespace zb {
@@ -70,6 +73,14 @@ OuterSyncStats DiLoCo::sync() {
   at::NoGradGuard no_grad;
   const auto start = std::chrono::steady_clock::now();
   const CommStats before = replicas_ ? replicas_->stats() : CommStats{};
+  // For tests: the last replica's first rank dies at the start of this outer step, as a machine
+  // lost mid-exchange would leave the others.
+  if (const char* kill = std::getenv("ZB_TEST_KILL_IN_OUTER_STEP");
+      kill && std::to_string(outer_steps_ + 1) == kill && replicas_ && replicas_->rank() == replicas_->size() - 1 &&
+      shard_.rank() == 0) {
+    log::warn(strf("outer step %ld: this rank kills itself (ZB_TEST_KILL_IN_OUTER_STEP)", outer_steps_ + 1));
+    std::raise(SIGKILL);
+  }
   const std::vector<at::Tensor> inner = inner_tensors();
   // One flat vector of this rank's Δ: one exchange, and uint8's chunks span tensor boundaries.
   std::vector<at::Tensor> flat_deltas;

@@ -8,8 +8,10 @@ CASE (each a real run: torchrun, loopback Gloo):
   one_replica  1 process, outer lr 1 and momentum 0: plain training (a run without DiLoCo)
   bytes        2 replicas of 2 ranks, pseudo-gradients as fp32, bf16 and uint8: the bytes across
                replicas as predicted, and losses close to fp32's
+  streaming_2x2  2 replicas of 2 ranks, 2 fragments, each exchange applied a step after it starts
   resume       a rank killed inside an outer step and a kill inside a save: the last checkpoint (taken
-               inside an outer period) resumes exactly, on the same layout and on another
+               inside an outer period) resumes exactly, on the same layout and on another; streaming
+               with an exchange in flight at the checkpoint resumes exactly
 
 The reference is written here, from PyTorch's own parts: transformers' LlamaForCausalLM (its logits
 equal ours, tests/reference/hf_check.py) from the same initial weights, one copy per replica, each
@@ -20,6 +22,7 @@ copies of (outer - inner) is the gradient of torch.optim.SGD(nesterov=True) on a
 every copy then takes. Per step, each replica's loss must equal ours within 1e-5, and the final
 parameters (our checkpoint's outer copy, exported) within 1e-5.
 """
+import itertools
 import json
 import os
 import socket
@@ -49,7 +52,7 @@ COMMON = [
     # AdamW's update g/(sqrt(v) + eps) turns fp32 summation differences in a gradient near eps into
     # visible ones (ZeroBand's eps 1e-10 with the embedding's lr 0.6 moves an element by up to 1e-4
     # in one step over them); a larger eps and a gentler embedding keep the comparison meaningful.
-    "--optim.adam.eps", "1e-5", "--optim.adam.lr_embedding", "0.05",
+    "--optim.adam.eps", "1e-5", "--optim.adam.lr_embedding", "0.01",
 ]
 
 
@@ -152,8 +155,19 @@ def muon_ns_fp32():
     _muon._zeropower_via_newtonschulz = fp32
 
 
-def reference(cfg, hf_config, init, tokens, replicas, inner_type, outer_lr, outer_momentum):
-    """Per step each replica's loss, and the final outer parameters."""
+def fragment_of(name, layers, fragments):
+    """Streaming DiLoCo's fragments, as documented in src/train/diloco.h: runs of consecutive blocks
+    (the first layers % fragments runs one longer), the embedding with the first, the rest the last."""
+    if ".layers." in name:
+        layer = int(name.split(".layers.")[1].split(".")[0])
+        base, longer = divmod(layers, fragments)
+        return layer // (base + 1) if layer < longer * (base + 1) else longer + (layer - longer * (base + 1)) // base
+    return 0 if "embed_tokens" in name else fragments - 1
+
+
+def reference(cfg, hf_config, init, tokens, replicas, inner_type, outer_lr, outer_momentum, fragments=1, delay=0):
+    """Per step each replica's loss and the fragments that took an outer step; the final outer
+    parameters."""
     from transformers import LlamaForCausalLM
     muon_ns_fp32()
     adam, hidden = cfg["adam"], cfg["hidden"]
@@ -183,7 +197,31 @@ def reference(cfg, hf_config, init, tokens, replicas, inner_type, outer_lr, oute
     outer = [p.detach().clone() for p in models[0].parameters()]
     outer_params = [torch.nn.Parameter(t) for t in outer]
     outer_opt = torch.optim.SGD(outer_params, lr=outer_lr, momentum=outer_momentum, nesterov=outer_momentum > 0)
-    losses = []
+    names = [name for name, _ in models[0].named_parameters()]
+    layers = hf_config.num_hidden_layers
+    members = [[i for i, n in enumerate(names) if fragment_of(n, layers, fragments) == f] for f in range(fragments)]
+    in_flight = {}  # fragment -> (step to apply after, mean pseudo-gradient, each replica's inner at the start)
+
+    def begin(f, step):
+        apply_at = min(step + delay, STEPS)
+        params = [list(m.parameters()) for m in models]
+        mean = {i: torch.stack([outer_params[i].detach() - params[q][i].detach() for q in range(replicas)]).mean(0)
+                for i in members[f]}
+        start = {(q, i): params[q][i].detach().clone() for q in range(replicas) for i in members[f]}
+        in_flight[f] = (apply_at, mean, start)
+
+    def apply(f):
+        _, mean, start = in_flight.pop(f)
+        for i, p in enumerate(outer_params):  # SGD steps the parameters that have a gradient
+            p.grad = mean[i] if i in mean else None
+        outer_opt.step()
+        for q, m in enumerate(models):
+            params = list(m.parameters())
+            for i in members[f]:
+                drift = params[i].detach() - start[(q, i)]  # the inner steps since the start
+                params[i].copy_(outer_params[i].detach() + drift)
+
+    losses, applied = [], []
     rows = BATCH // replicas
     for step in range(1, STEPS + 1):
         step_losses = []
@@ -202,19 +240,29 @@ def reference(cfg, hf_config, init, tokens, replicas, inner_type, outer_lr, oute
                 o.step()
             step_losses.append(loss.item())
         losses.append(step_losses)
-        if step % INNER == 0 or step == STEPS:
-            with torch.no_grad():
-                for i, p in enumerate(outer_params):
-                    p.grad = torch.stack([p.detach() - list(m.parameters())[i].detach() for m in models]).mean(0)
-                outer_opt.step()
-                for m in models:
-                    for p, o in zip(m.parameters(), outer_params):
-                        p.copy_(o)
+        done = []
+        with torch.no_grad():
+            for f in range(fragments):  # due exchanges (every one after the last step), then new ones
+                if f in in_flight and (in_flight[f][0] == step or step == STEPS):
+                    apply(f)
+                    done.append(f)
+            for f in range(fragments):  # fragment f starts when (step + f * INNER / fragments) % INNER == 0
+                if step == STEPS or (step + f * (INNER // fragments)) % INNER == 0:
+                    begin(f, step)
+                    if in_flight[f][0] == step:
+                        apply(f)
+                        done.append(f)
+        applied.append(done)
     final = {name: p.detach() for (name, _), p in zip(models[0].named_parameters(), outer_params)}
-    return losses, final
+    return losses, applied, final
 
 
-def compare(name, records, params, ref_losses, ref_params, replicas):
+def rank0_values(tensors):
+    """Values of `tensors` on rank 0 of a shard group of 2: the first ceil(rows / 2) rows of each."""
+    return sum((v.shape[0] + 1) // 2 * (int(np.prod(v.shape)) // v.shape[0]) for v in tensors.values())
+
+
+def compare(name, records, params, ref_losses, ref_applied, ref_params, replicas):
     steps = [r["step"] for r in records]
     if steps != list(range(1, STEPS + 1)):
         fail(f"{name}: steps {steps}")
@@ -223,12 +271,14 @@ def compare(name, records, params, ref_losses, ref_params, replicas):
         got = r["replica_losses"] if replicas > 1 else [r["loss"]]
         worst_loss = max(worst_loss, max(abs(a - b) for a, b in zip(got, want)))
     worst_param = max((params[k] - v).abs().max().item() for k, v in ref_params.items())
-    outer_steps = [r["outer_step"]["step"] for r in records if "outer_step" in r]
+    applied = [r["outer_step"]["fragments"] if "outer_step" in r else [] for r in records]
     print(f"{name}: losses {[round(r['loss'], 5) for r in records]}; largest difference from the reference: "
-          f"loss {worst_loss:.2e}, parameter {worst_param:.2e}; outer steps after steps "
-          f"{[r['step'] for r in records if 'outer_step' in r]}")
-    if outer_steps != list(range(1, len(outer_steps) + 1)) or len(outer_steps) != (STEPS + INNER - 1) // INNER:
-        fail(f"{name}: outer steps {outer_steps}")
+          f"loss {worst_loss:.2e}, parameter {worst_param:.2e}; fragments' outer steps by step {applied}")
+    if applied != ref_applied:
+        fail(f"{name}: outer steps {applied}, the reference's {ref_applied}")
+    counts = [r["outer_step"]["outer_steps"] for r in records if r.get("outer_step", {}).get("fragments")]
+    if counts != list(itertools.accumulate(len(a) for a in applied if a)):
+        fail(f"{name}: outer step counts {counts}")
     # Losses within 1e-5 each step; parameters within 1e-4 (a hundredth of a step at these learning
     # rates: the few elements whose gradient is near AdamW's eps carry fp32 summation differences).
     if worst_loss > 1e-5 or worst_param > 1e-4:
@@ -259,8 +309,8 @@ def resume_cases():
     if [r["step"] for r in resumed] != [4, 5, 6]:
         fail(f"resumed steps {[r['step'] for r in resumed]}")
     for r in resumed:
-        if r["replica_losses"] != want[r["step"]]["replica_losses"] or r.get("outer_step", {}).get("step") != \
-                want[r["step"]].get("outer_step", {}).get("step"):
+        if r["replica_losses"] != want[r["step"]]["replica_losses"] or r.get("outer_step", {}).get("outer_steps") != \
+                want[r["step"]].get("outer_step", {}).get("outer_steps"):
             fail(f"step {r['step']} after the resume differs from the run without one")
     if any(not torch.equal(resumed_params[k], straight_params[k]) for k in straight_params):
         fail("final parameters after the resume differ from the run without one")
@@ -280,6 +330,17 @@ def resume_cases():
     if rc == 0 or "it holds no replica_2/model/" not in log or "fewer replicas" not in log:
         print(log[-3000:])
         fail("a checkpoint of 2 replicas resumed on 4 without a clear error")
+
+    # Streaming with an exchange in flight at the checkpoint (fragment 1 starts after step 3 and is
+    # applied after step 4): the resume from step 3 continues exactly.
+    stream = layout + ["--diloco.fragments", "2", "--diloco.fragment_delay", "1"]
+    _, stream_params, _ = run("stream", 4, *stream)
+    _, stream_resumed, _ = run("stream_resumed", 4, *stream, "--ckpt.resume", f"{tmp}/stream_ckpt/step_00000003")
+    want_stream = {r["step"]: r for r in records("stream")}
+    if any(r["replica_losses"] != want_stream[r["step"]]["replica_losses"] for r in records("stream_resumed")) or \
+            any(not torch.equal(stream_resumed[k], stream_params[k]) for k in stream_params):
+        fail("streaming: the resume with an exchange in flight differs from the run without one")
+    print("streaming: resumed with an exchange in flight, steps 4-6 and the final parameters identical")
 
     # Killed inside the save of step 6 (every writer paused after its data file): the checkpoint of
     # step 3 stays the latest, whole, and resumes to the same end.
@@ -316,8 +377,30 @@ def main():
         if f"DiLoCo: {replicas} replica(s) of {shard} rank(s) train apart" not in log:
             fail("the run does not describe DiLoCo")
         cfg = resolved(*inner)
-        ref_losses, ref_params = reference(cfg, hf_config, init, tokens, replicas, cfg["hidden"]["type"], 0.7, 0.9)
-        compare(CASE, records, params, ref_losses, ref_params, replicas)
+        ref = reference(cfg, hf_config, init, tokens, replicas, cfg["hidden"]["type"], 0.7, 0.9)
+        compare(CASE, records, params, *ref, replicas)
+    elif CASE == "streaming_2x2":
+        # Two fragments (a block each; the embedding with the first, the head with the second), an
+        # exchange every step, each applied one step after it starts; Muon inner steps.
+        stream = ["--diloco.fragments", "2", "--diloco.fragment_delay", "1"]
+        records, params, log = run(CASE, 4, *diloco, *stream, "--parallel.dp_replicate", "2")
+        if "DiLoCo streaming: 2 fragments of blocks, one exchange every 1 steps, each applied 1 step(s)" not in log:
+            fail("the run does not describe streaming")
+        ref = reference(cfg, hf_config, init, tokens, 2, "muon", 0.7, 0.9, fragments=2, delay=1)
+        compare(CASE, records, params, *ref, 2)
+        # Each exchange moves one fragment: the steps' bytes across replicas are a fragment's, not
+        # the model's (the unfragmented run above moves both fragments at once).
+        names = list(init)
+        values = [rank0_values({n: v for n, v in init.items()
+                                if fragment_of(n, hf_config.num_hidden_layers, 2) == f}) for f in range(2)]
+        got = [r["outer_step"]["bytes_across_replicas"] for r in records]
+        # Fragment f starts after the steps t with (t + f) % 2 == 0, both after the last; each start
+        # an fp32 all-reduce of its values over 2 replicas (src/dist/comm_bytes.h: 4(W-1)/W bytes).
+        want = [sum(8 * values[f] for f in range(2) if t == STEPS or (t + f) % 2 == 0) for t in range(1, STEPS + 1)]
+        print(f"bytes across replicas by step: {got} (predicted {want}; the whole model's exchange: "
+              f"{8 * sum(values)})")
+        if got != want:
+            fail("streaming: bytes across replicas not as predicted")
     elif CASE == "one_replica":
         plain, plain_params, _ = run("plain", 1)
         one, one_params, _ = run("one", 1, *diloco, "--diloco.outer_lr", "1", "--diloco.outer_momentum", "0")
@@ -341,10 +424,7 @@ def main():
                                        "--diloco.compression", compression)[0]
         # This rank's rows: half the model (2 ranks a replica); rank 0 writes the metrics.
         n = sum(int(np.prod(v.shape)) for v in init.values())
-        shard_rows = 0
-        for v in init.values():  # rank 0 holds the first ceil(rows / 2) rows of each tensor
-            rows = v.shape[0]
-            shard_rows += (rows + 1) // 2 * (int(np.prod(v.shape)) // rows)
+        shard_rows = rank0_values(init)
         chunk, buckets = 65536, 256
         predicted = {  # the convention of src/dist/comm_bytes.h, 2 replicas
             "none": 4 * (2 - 1) * (4 * shard_rows) // 2,                   # all-reduce of fp32

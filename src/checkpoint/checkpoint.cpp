@@ -421,6 +421,7 @@ void load_checkpoint(const std::string& dir, TrainingState& run, Communicator& c
 
   // Read everything first (nothing is modified if anything is missing), then copy in.
   std::vector<std::pair<at::Tensor, at::Tensor>> assignments;  // (destination, loaded value)
+  run.prepare_restore(meta["step"].get<int64_t>());
   for (const StateTensor& t : run.state()) {
     at::Tensor value = at::empty(t.local.sizes(), at::kFloat);
     char* out = static_cast<char*>(value.data_ptr());

@@ -48,6 +48,9 @@ class TrainingState {
   // Rows of the training data each rank has consumed (recorded for inspection; a resume derives
   // the position from the step).
   virtual int64_t data_rows_consumed() const = 0;
+  // Before a checkpoint of `step` steps is loaded into state(): what it holds may depend on the
+  // step (DiLoCo's exchanges in flight).
+  virtual void prepare_restore(int64_t /*step*/) {}
   // Continue after `step` steps, `skipped` of them not applied, with the data seeded by `seed`.
   virtual void restore_position(int64_t step, int64_t skipped, uint64_t seed) = 0;
 };

@@ -154,6 +154,10 @@ struct DilocoConfig {  // [diloco], prime's names: DiLoCo over the replicas (tra
   // How the pseudo-gradients cross between replicas: "none" (fp32), "bf16" or "uint8" (a
   // per-chunk quantiser with its table, dist/compression.h); summed in fp32 on arrival.
   std::string compression = "none";
+  // Streaming: the blocks in `fragments` groups synced at staggered steps, each exchange applied
+  // `fragment_delay` steps after it starts (overlapping the inner steps between).
+  int64_t fragments = 1;
+  int64_t fragment_delay = 0;
 };
 
 struct Config {

@@ -214,6 +214,11 @@ const std::vector<Field>& schema() {
       ZB_CHOICE("diloco.compression", diloco.compression,
                 "DiLoCo: pseudo-gradients between replicas as fp32, bf16 or 8-bit codes with a table per chunk",
                 "none", "bf16", "uint8"),
+      ZB_FIELD("diloco.fragments", Int, int64_t, diloco.fragments,
+               "DiLoCo streaming: the blocks in N groups, synced at staggered steps (1/N of the model each)"),
+      ZB_FIELD("diloco.fragment_delay", Int, int64_t, diloco.fragment_delay,
+               "DiLoCo streaming: steps between an exchange's start and its outer step (overlapped with "
+               "inner steps; 0 = at once)"),
   };
   return fields;
 }

@@ -149,6 +149,16 @@ void validate(const Config& c, int64_t world_size) {
     positive("diloco.outer_lr", c.diloco.outer_lr);
     if (!(c.diloco.outer_momentum >= 0 && c.diloco.outer_momentum < 1))
       fail("diloco.outer_momentum", "diloco.outer_momentum must be in [0, 1), got " + show(c.diloco.outer_momentum));
+    positive("diloco.fragments", c.diloco.fragments);
+    if (c.diloco.fragments > a.n_layers)
+      fail("diloco.fragments", "diloco.fragments (" + show(c.diloco.fragments) + ") must not exceed the model's " +
+                                   show(a.n_layers) + " blocks");
+    if (c.diloco.inner_steps % c.diloco.fragments != 0)
+      fail("diloco.fragments", "diloco.fragments (" + show(c.diloco.fragments) + ") must divide diloco.inner_steps (" +
+                                   show(c.diloco.inner_steps) + "): the fragments' exchanges are spread evenly");
+    if (!(c.diloco.fragment_delay >= 0 && c.diloco.fragment_delay < c.diloco.inner_steps))
+      fail("diloco.fragment_delay", "diloco.fragment_delay must be in [0, diloco.inner_steps = " +
+                                        show(c.diloco.inner_steps) + "), got " + show(c.diloco.fragment_delay));
   }
 }
 

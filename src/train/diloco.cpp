@@ -6,6 +6,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -16,63 +17,91 @@
 
 namespace zb {
 
-DiLoCo::DiLoCo(const DilocoConfig& config, std::vector<ShardedParameter> params, Communicator& shard,
-               Communicator* replicas)
-    : config_(config), compression_(parse_compression(config.compression)), params_(std::move(params)),
-      shard_(shard), replicas_(replicas && replicas->size() > 1 ? replicas : nullptr),
-      outer_(config.outer_lr, config.outer_momentum) {
+int64_t fragment_of(const std::string& name, int64_t n_layers, int64_t fragments) {
+  if (name.rfind("layers.", 0) == 0) {
+    const int64_t layer = std::stoll(name.substr(7));
+    // Runs of n_layers / F blocks; the first n_layers % F runs one longer.
+    const int64_t base = n_layers / fragments, longer = n_layers % fragments;
+    const int64_t in_longer = longer * (base + 1);
+    return layer < in_longer ? layer / (base + 1) : longer + (layer - in_longer) / base;
+  }
+  return name.rfind("tok_embeddings.", 0) == 0 ? 0 : fragments - 1;
+}
+
+// One fragment: its parameters, their outer copies, and the exchange it has in flight, if any.
+struct DiLoCo::Fragment {
+  int64_t index;
+  std::vector<ShardedParameter> params;
+  OuterNesterov outer;
+  int64_t numel = 0;  // this rank's values of the fragment
+  // In flight: started after some step, applied after step apply_at.
+  bool in_flight = false;
+  int64_t apply_at = 0;
+  at::Tensor start;                  // the inner values it started from (with a delay only)
+  PendingCollective first, second;   // the exchange
+  at::Tensor sent, sent_tables;      // its inputs, alive until it completes
+  at::Tensor received, received_tables;
+  at::Tensor mean;                   // Δ̄, once the exchange is finished
+
+  Fragment(int64_t i, double lr, double momentum) : index(i), outer(lr, momentum) {}
+  std::vector<at::Tensor> inner() const {
+    std::vector<at::Tensor> out;
+    for (const ShardedParameter& p : params) out.push_back(*p.tensor);
+    return out;
+  }
+  at::Tensor flat_inner() const {
+    std::vector<at::Tensor> flat;
+    for (const ShardedParameter& p : params) flat.push_back(p.tensor->detach().reshape({-1}).to(at::kFloat));
+    return at::cat(flat);
+  }
+  // A flat fragment vector as one view per parameter, in the parameters' shapes.
+  std::vector<at::Tensor> split(const at::Tensor& flat) const {
+    std::vector<at::Tensor> out;
+    int64_t offset = 0;
+    for (const ShardedParameter& p : params) {
+      out.push_back(flat.narrow(0, offset, p.tensor->numel()).view(p.tensor->sizes()));
+      offset += p.tensor->numel();
+    }
+    return out;
+  }
+  void clear_exchange() {
+    in_flight = false;
+    first = PendingCollective();
+    second = PendingCollective();
+    start = sent = sent_tables = received = received_tables = mean = at::Tensor();
+  }
+};
+
+DiLoCo::DiLoCo(const DilocoConfig& config, std::vector<ShardedParameter> params, int64_t n_layers,
+               Communicator& shard, Communicator* replicas)
+    : config_(config), compression_(parse_compression(config.compression)), shard_(shard),
+      replicas_(replicas && replicas->size() > 1 ? replicas : nullptr) {
+  for (int64_t f = 0; f < config.fragments; ++f)
+    fragments_.push_back(std::make_unique<Fragment>(f, config.outer_lr, config.outer_momentum));
+  for (ShardedParameter& p : params) {
+    Fragment& f = *fragments_[static_cast<size_t>(fragment_of(p.name, n_layers, config.fragments))];
+    f.numel += p.tensor->numel();
+    f.params.push_back(std::move(p));
+  }
   start();
 }
 
-bool DiLoCo::due(int64_t step, int64_t total_steps) const {
-  return step % config_.inner_steps == 0 || step == total_steps;
+DiLoCo::~DiLoCo() = default;
+
+void DiLoCo::start() {
+  for (auto& f : fragments_) f->outer.start_from(f->inner());
 }
 
-std::vector<at::Tensor> DiLoCo::inner_tensors() const {
-  std::vector<at::Tensor> out;
-  for (const ShardedParameter& p : params_) out.push_back(*p.tensor);
-  return out;
+bool DiLoCo::starts_at(int64_t f, int64_t step, int64_t total_steps) const {
+  const int64_t H = config_.inner_steps;
+  return step == total_steps || (step + f * (H / fragments())) % H == 0;
 }
 
-void DiLoCo::start() { outer_.start_from(inner_tensors()); }
-
-at::Tensor DiLoCo::average_over_replicas(const at::Tensor& flat) {
-  if (!replicas_) return flat;
-  const int64_t R = replicas_->size(), n = flat.numel();
-  at::Tensor sum;
-  switch (compression_) {
-    case Compression::None:
-      sum = flat.clone();
-      replicas_->all_reduce_sum(sum).wait();
-      break;
-    case Compression::BF16: {
-      // Every replica's bf16 values, summed here in fp32 (an all-reduce would add in bf16).
-      at::Tensor all = at::empty({R * n}, flat.options().dtype(at::kBFloat16));
-      replicas_->all_gather(all, flat.to(at::kBFloat16)).wait();
-      sum = all.view({R, n}).to(at::kFloat).sum(0);
-      break;
-    }
-    case Compression::UInt8: {
-      const Uint8Code mine = quantize_uint8(flat, kUint8Chunk);
-      at::Tensor codes = at::empty({R * n}, mine.codes.options());
-      at::Tensor tables = at::empty({R * mine.tables.numel()}, mine.tables.options());
-      replicas_->all_gather(codes, mine.codes).wait();
-      replicas_->all_gather(tables, mine.tables.reshape({-1})).wait();
-      const at::Tensor table_rows = tables.view({R, -1, kUint8Buckets});
-      sum = at::zeros({n}, flat.options());
-      for (int64_t r = 0; r < R; ++r)
-        sum += dequantize_uint8({codes.narrow(0, r * n, n), table_rows[r], kUint8Chunk});
-      break;
-    }
-  }
-  return sum / static_cast<double>(R);
+int64_t DiLoCo::applies_at(int64_t start, int64_t total_steps) const {
+  return std::min(start + config_.fragment_delay, total_steps);
 }
 
-OuterSyncStats DiLoCo::sync() {
-  Phase phase("zb.outer_step");
-  at::NoGradGuard no_grad;
-  const auto start = std::chrono::steady_clock::now();
-  const CommStats before = replicas_ ? replicas_->stats() : CommStats{};
+void DiLoCo::begin(Fragment& f, int64_t step, int64_t total_steps, OuterSyncStats& stats) {
   // For tests: the last replica's first rank dies at the start of this outer step, as a machine
   // lost mid-exchange would leave the others.
   if (const char* kill = std::getenv("ZB_TEST_KILL_IN_OUTER_STEP");
@@ -81,42 +110,171 @@ OuterSyncStats DiLoCo::sync() {
     log::warn(strf("outer step %ld: this rank kills itself (ZB_TEST_KILL_IN_OUTER_STEP)", outer_steps_ + 1));
     std::raise(SIGKILL);
   }
-  const std::vector<at::Tensor> inner = inner_tensors();
+  f.in_flight = true;
+  f.apply_at = applies_at(step, total_steps);
+  if (f.apply_at > step) f.start = f.flat_inner();  // the inner steps until then are kept
   // One flat vector of this rank's Δ: one exchange, and uint8's chunks span tensor boundaries.
-  std::vector<at::Tensor> flat_deltas;
-  for (const at::Tensor& d : outer_.pseudo_gradients(inner)) flat_deltas.push_back(d.reshape({-1}));
-  const at::Tensor mean = average_over_replicas(at::cat(flat_deltas));
-  std::vector<at::Tensor> averaged;
-  int64_t offset = 0;
-  for (const at::Tensor& t : inner) {
-    averaged.push_back(mean.narrow(0, offset, t.numel()).view(t.sizes()));
-    offset += t.numel();
+  std::vector<at::Tensor> flat;
+  for (const at::Tensor& d : f.outer.pseudo_gradients(f.inner())) flat.push_back(d.reshape({-1}));
+  const at::Tensor delta = at::cat(flat);
+  if (!replicas_ || f.numel == 0) {
+    f.mean = delta;
+    return;
   }
-  // ‖Δ̄‖ over the model: the replicas hold the same Δ̄, the shard group the model's rows.
-  at::Tensor squares = mean.square().sum().reshape({1});
-  shard_.all_reduce_sum(squares).wait();
-  outer_.step(averaged, inner);
+  const int64_t R = replicas_->size(), n = f.numel;
+  const CommStats before = replicas_->stats();
+  switch (compression_) {
+    case Compression::None:
+      f.received = delta;
+      f.first = replicas_->all_reduce_sum(f.received);
+      break;
+    case Compression::BF16:
+      // Every replica's bf16 values, summed on arrival in fp32 (an all-reduce would add in bf16).
+      f.sent = delta.to(at::kBFloat16);
+      f.received = at::empty({R * n}, f.sent.options());
+      f.first = replicas_->all_gather(f.received, f.sent);
+      break;
+    case Compression::UInt8: {
+      const Uint8Code code = quantize_uint8(delta, kUint8Chunk);
+      f.sent = code.codes;
+      f.sent_tables = code.tables.reshape({-1});
+      f.received = at::empty({R * n}, f.sent.options());
+      f.received_tables = at::empty({R * f.sent_tables.numel()}, f.sent_tables.options());
+      f.first = replicas_->all_gather(f.received, f.sent);
+      f.second = replicas_->all_gather(f.received_tables, f.sent_tables);
+      break;
+    }
+  }
+  const CommStats after = replicas_->stats();
+  for (size_t k = 0; k < after.bytes.size(); ++k) stats.bytes_across_replicas += after.bytes[k] - before.bytes[k];
+}
 
+void DiLoCo::finish(Fragment& f, OuterSyncStats* stats) {
+  if (f.mean.defined()) return;
+  const auto start = std::chrono::steady_clock::now();
+  f.first.wait();
+  f.second.wait();
+  if (stats) stats->seconds_waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // The sum over the replicas, in replica order in fp32, so that every replica gets the same bits.
+  const int64_t R = replicas_->size(), n = f.numel;
+  at::Tensor sum;
+  switch (compression_) {
+    case Compression::None:
+      sum = f.received;
+      break;
+    case Compression::BF16:
+      sum = f.received.view({R, n}).to(at::kFloat).sum(0);
+      break;
+    case Compression::UInt8: {
+      const at::Tensor tables = f.received_tables.view({R, -1, kUint8Buckets});
+      sum = at::zeros({n}, tables.options());
+      for (int64_t r = 0; r < R; ++r) sum += dequantize_uint8({f.received.narrow(0, r * n, n), tables[r], kUint8Chunk});
+      break;
+    }
+  }
+  f.mean = sum / static_cast<double>(R);
+  f.sent = f.sent_tables = f.received = f.received_tables = at::Tensor();
+}
+
+void DiLoCo::apply(Fragment& f, OuterSyncStats& stats) {
+  finish(f, &stats);
+  const std::vector<at::Tensor> inner = f.inner();
+  at::Tensor drift;  // the inner steps taken since the exchange started
+  if (f.start.defined()) drift = f.flat_inner() - f.start;
+  f.outer.step(f.split(f.mean), inner);
+  if (drift.defined()) {
+    const std::vector<at::Tensor> parts = f.split(drift);
+    for (size_t i = 0; i < inner.size(); ++i) inner[i].add_(parts[i]);
+  }
+  ++outer_steps_;
+  stats.fragments.push_back(f.index);
+}
+
+std::optional<OuterSyncStats> DiLoCo::after_step(int64_t step, int64_t total_steps) {
+  at::NoGradGuard no_grad;
+  const auto start = std::chrono::steady_clock::now();
   OuterSyncStats stats;
-  stats.outer_step = ++outer_steps_;
-  stats.pseudo_gradient_norm = std::sqrt(squares.item<double>());
-  if (replicas_)
-    for (size_t k = 0; k < before.bytes.size(); ++k)
-      stats.bytes_across_replicas += replicas_->stats().bytes[k] - before.bytes[k];
+  bool any = false;
+  at::Tensor squares;  // Σ Δ̄² over this rank's rows of the fragments applied
+  auto apply_and_count = [&](Fragment& f) {
+    Phase phase("zb.outer_step", f.index);
+    apply(f, stats);
+    const at::Tensor s = f.mean.square().sum().reshape({1});
+    squares = squares.defined() ? squares + s : s;
+    f.clear_exchange();
+  };
+  // Exchanges in flight that are due (all of them after the last step), then those starting now.
+  for (auto& f : fragments_)
+    if (f->in_flight && (f->apply_at == step || step == total_steps)) {
+      any = true;
+      apply_and_count(*f);
+    }
+  for (auto& f : fragments_)
+    if (starts_at(f->index, step, total_steps)) {
+      any = true;
+      Phase phase("zb.outer_exchange", f->index);
+      begin(*f, step, total_steps, stats);
+      if (f->apply_at == step) apply_and_count(*f);
+    }
+  if (!any) return std::nullopt;
+  if (squares.defined()) {
+    // ‖Δ̄‖ over the model: the replicas hold the same Δ̄, the shard group the model's rows.
+    shard_.all_reduce_sum(squares).wait();
+    stats.pseudo_gradient_norm = std::sqrt(squares.item<double>());
+  }
+  stats.outer_steps = outer_steps_;
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;
 }
 
-std::vector<StateTensor> DiLoCo::state() const {
+std::vector<StateTensor> DiLoCo::state(int64_t /*step*/) {
   std::vector<StateTensor> out;
-  const auto& outer = outer_.outer();
-  const auto& momentum = outer_.momentum_buffers();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const ShardedParameter& p = params_[i];
-    out.push_back({"diloco/outer/" + p.name, outer[i], p.global_shape, p.row_start, p.replicated});
-    out.push_back({"diloco/momentum/" + p.name, momentum[i], p.global_shape, p.row_start, p.replicated});
+  for (auto& f : fragments_) {
+    const auto& outer = f->outer.outer();
+    const auto& momentum = f->outer.momentum_buffers();
+    for (size_t i = 0; i < f->params.size(); ++i) {
+      const ShardedParameter& p = f->params[i];
+      out.push_back({"diloco/outer/" + p.name, outer[i], p.global_shape, p.row_start, p.replicated});
+      out.push_back({"diloco/momentum/" + p.name, momentum[i], p.global_shape, p.row_start, p.replicated});
+    }
+    if (!f->in_flight) continue;
+    finish(*f, nullptr);  // its Δ̄ is what a resume needs; it is applied when due all the same
+    const std::vector<at::Tensor> mean = f->split(f->mean);
+    const std::vector<at::Tensor> start = f->start.defined() ? f->split(f->start) : std::vector<at::Tensor>{};
+    for (size_t i = 0; i < f->params.size(); ++i) {
+      const ShardedParameter& p = f->params[i];
+      out.push_back({"diloco/in_flight/mean/" + p.name, mean[i], p.global_shape, p.row_start, p.replicated});
+      if (!start.empty())  // each replica's own
+        out.push_back({"diloco/in_flight/start/" + p.name, start[i], p.global_shape, p.row_start, p.replicated,
+                       /*per_replica=*/true});
+    }
   }
   return out;
+}
+
+void DiLoCo::prepare_restore(int64_t step, int64_t total_steps) {
+  const int64_t H = config_.inner_steps;
+  for (auto& f : fragments_) {
+    f->clear_exchange();
+    // Its latest start at or before `step` (starts are H apart and a delay is shorter than H).
+    for (int64_t t = step; t > std::max<int64_t>(0, step - H); --t)
+      if (starts_at(f->index, t, total_steps)) {
+        if (applies_at(t, total_steps) > step) {
+          f->in_flight = true;
+          f->apply_at = applies_at(t, total_steps);
+          f->mean = at::zeros({f->numel}, f->outer.outer().front().options());
+          f->start = at::zeros({f->numel}, f->mean.options());
+        }
+        break;
+      }
+  }
+}
+
+void DiLoCo::restore(int64_t step, int64_t total_steps) {
+  outer_steps_ = 0;  // the fragment outer steps applied by `step`
+  for (int64_t t = 1; t <= step; ++t)
+    for (auto& f : fragments_)
+      if (starts_at(f->index, t, total_steps) && applies_at(t, total_steps) <= step) ++outer_steps_;
 }
 
 }  // namespace zb

@@ -1,18 +1,30 @@
 #pragma once
 // DiLoCo over the replicas of a sharded run (diloco.inner_steps > 0; arXiv 2311.08105, with
-// Muon inner steps as MuLoCo, arXiv 2505.23725). Each replica, a shard group, trains alone: its
-// gradients are averaged within the group only, and its optimizer state (AdamW's moments, Muon's
-// momentum) is its own. Every inner_steps steps, and after the run's last, an outer step:
+// Muon inner steps as MuLoCo, arXiv 2505.23725, and Streaming DiLoCo's fragments, 2501.18512).
+// Each replica, a shard group, trains alone: its gradients are averaged within the group only,
+// and its optimizer state (AdamW's moments, Muon's momentum) is its own. Every inner_steps steps
+// each fragment of the model takes an outer step:
 //
-//   Δ = θ_outer − θ_inner                 on each rank's rows, fp32
+//   Δ = θ_outer − θ_inner                 on each rank's rows of the fragment, fp32
 //   Δ̄ = mean of Δ over the replicas       through the replicate group, compressed on the way
 //   outer Nesterov SGD on θ_outer with Δ̄  (optim/outer_nesterov.h), then θ_inner ← θ_outer
 //
+// Fragments (diloco.fragments = F): the blocks in F consecutive runs (the embedding with the
+// first, the final norm and head with the last), fragment f synced at the steps t with
+// (t + f·H/F) % H == 0, so that the exchanges are spread over the period and each moves 1/F of
+// the model. With diloco.fragment_delay = d > 0 an exchange starts after step t and is applied
+// after step t + d, overlapping d steps of inner compute; the inner steps taken meanwhile are
+// kept: θ_inner ← θ_outer + (θ_inner − θ_inner at t). After the run's last step every fragment is
+// synced once more, at once, so the run ends on one model.
+//
 // The outer copies and their momentum sit beside the shards, on the same device: 8 bytes per
-// parameter over the shard group's size. One replica is allowed: no traffic, the outer step alone.
+// parameter over the shard group's size (plus, for an exchange in flight, 8 per parameter of its
+// fragment). One replica is allowed: no traffic, the outer step alone.
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,49 +37,64 @@
 
 namespace zb {
 
-// What one outer step did, for the metrics.
+// What the outer steps of one training step did, for the metrics.
 struct OuterSyncStats {
-  int64_t outer_step = 0;               // 1, 2, ...
-  double pseudo_gradient_norm = 0;      // of Δ̄, over the whole model
-  int64_t bytes_across_replicas = 0;    // what this rank's replicate group moved for it
-  double seconds = 0;                   // wall time of the outer step, the exchange included
+  int64_t outer_steps = 0;           // fragment outer steps so far (F per period; 1 per period unfragmented)
+  std::vector<int64_t> fragments;    // the fragments that took an outer step in this step
+  double pseudo_gradient_norm = 0;   // of their Δ̄, together, over the whole model
+  int64_t bytes_across_replicas = 0; // what this rank's replicate group moved for the exchanges started
+  double seconds_waited = 0;         // the host blocked on those exchanges
+  double seconds = 0;                // wall time of the outer work in this step
 };
 
 // Values per uint8 chunk: each chunk carries a 1 KiB table, 1.6% of its 64 KiB of codes.
 constexpr int64_t kUint8Chunk = 65536;
 
+// Which fragment (0 .. fragments-1) a parameter belongs to: its block's run of n_layers / F
+// consecutive blocks (the first gets the extra ones); the embedding the first, the rest the last.
+int64_t fragment_of(const std::string& name, int64_t n_layers, int64_t fragments);
+
 class DiLoCo {
  public:
   // `params`: this rank's shards (the engine's parameters); `shard`: the replica's own group;
   // `replicas`: this rank's replicate group (null for a single replica).
-  DiLoCo(const DilocoConfig& config, std::vector<ShardedParameter> params, Communicator& shard,
+  DiLoCo(const DilocoConfig& config, std::vector<ShardedParameter> params, int64_t n_layers, Communicator& shard,
          Communicator* replicas);
+  ~DiLoCo();
 
-  // Whether step `step` (1-based) ends with an outer step: every inner_steps and the run's last.
-  bool due(int64_t step, int64_t total_steps) const;
   // The outer copies take the inner values: the start of a run (or of new initial weights).
   void start();
-  // One outer step (collective over the replicate and shard groups).
-  OuterSyncStats sync();
-  // The outer copies and momentum for checkpoints ("diloco/outer/<name>", "diloco/momentum/<name>"),
-  // sharded like the parameters; every replica holds the same.
-  std::vector<StateTensor> state() const;
+  // After step `step`'s optimizer (1-based; collective): the outer steps due then, if any.
+  std::optional<OuterSyncStats> after_step(int64_t step, int64_t total_steps);
+
+  // For checkpoints after step `step`: the outer copies and momentum ("diloco/outer/<name>",
+  // "diloco/momentum/<name>"), sharded like the parameters and the same on every replica; for an
+  // exchange in flight, its Δ̄ and the inner values it started from ("diloco/in_flight/..."), waited
+  // for first.
+  std::vector<StateTensor> state(int64_t step);
+  // Before a checkpoint of step `step` is loaded into state(step): makes room for the exchanges
+  // in flight then. After it is loaded, restore(step) picks the schedule up there.
+  void prepare_restore(int64_t step, int64_t total_steps);
+  void restore(int64_t step, int64_t total_steps);
+
   int64_t replicas() const { return replicas_ ? replicas_->size() : 1; }
-  int64_t outer_steps() const { return outer_steps_; }
-  void set_outer_steps(int64_t n) { outer_steps_ = n; }
+  int64_t fragments() const { return static_cast<int64_t>(fragments_.size()); }
 
  private:
-  // The mean over the replicas of `flat` (fp32), exchanged as the compression says and summed
-  // in fp32, in replica order, so every replica gets the same bits.
-  at::Tensor average_over_replicas(const at::Tensor& flat);
-  std::vector<at::Tensor> inner_tensors() const;
+  struct Fragment;
+  // Whether fragment f starts an exchange after step `step`, and when one started at `start` applies.
+  bool starts_at(int64_t f, int64_t step, int64_t total_steps) const;
+  int64_t applies_at(int64_t start, int64_t total_steps) const;
+  void begin(Fragment& f, int64_t step, int64_t total_steps, OuterSyncStats& stats);
+  // Waits for the exchange (once) and leaves Δ̄ in f.mean.
+  void finish(Fragment& f, OuterSyncStats* stats);
+  void apply(Fragment& f, OuterSyncStats& stats);
 
   DilocoConfig config_;
   Compression compression_;
-  std::vector<ShardedParameter> params_;
   Communicator& shard_;
   Communicator* replicas_;
-  OuterNesterov outer_;
+  std::vector<std::unique_ptr<Fragment>> fragments_;
   int64_t outer_steps_ = 0;
 };
 

@@ -55,6 +55,10 @@ std::vector<std::string> describe_run(const Config& c, const ModelArgs& a, int64
                          "pseudo-gradients averaged over the replicas, sent as %s",
                          layout.replicate, layout.shard, c.diloco.inner_steps, c.diloco.outer_lr,
                          c.diloco.outer_momentum, c.diloco.compression.c_str()));
+  if (parallelism == Parallelism::FSDP && c.diloco.inner_steps > 0 && c.diloco.fragments > 1)
+    lines.push_back(strf("DiLoCo streaming: %ld fragments of blocks, one exchange every %ld steps, each applied %ld "
+                         "step(s) after it starts",
+                         c.diloco.fragments, c.diloco.inner_steps / c.diloco.fragments, c.diloco.fragment_delay));
   else if (parallelism == Parallelism::FSDP && layout.replicate > 1)
     lines.push_back(strf("hybrid sharding: parameters sharded over groups of %ld consecutive ranks, replicated %ld "
                          "times (gradients: reduce-scatter in the group, then all-reduce over the replicas)",

@@ -93,9 +93,11 @@ void MetricsLogger::log_step(const StepStats& s, std::optional<double> val_loss)
   if (val_loss) record["val_loss"] = *val_loss;
   if (!s.replica_losses.empty()) record["replica_losses"] = s.replica_losses;  // DiLoCo
   if (s.outer)
-    record["outer_step"] = {{"step", s.outer->outer_step},
+    record["outer_step"] = {{"outer_steps", s.outer->outer_steps},
+                            {"fragments", s.outer->fragments},
                             {"pseudo_gradient_norm", s.outer->pseudo_gradient_norm},
                             {"bytes_across_replicas", s.outer->bytes_across_replicas},
+                            {"seconds_waited", s.outer->seconds_waited},
                             {"seconds", s.outer->seconds}};
   for (const auto& [key, value] : texts_) record[key] = value;
   for (const auto& [key, value] : numbers_) record[key] = value;
@@ -121,10 +123,14 @@ void MetricsLogger::log_step(const StepStats& s, std::optional<double> val_loss)
                    static_cast<double>(peak_mem) / (1 << 30), format_duration(eta).c_str()));
   }
   if (val_loss) log::info(strf("step %ld/%ld | val_loss %.4f", s.step, total, *val_loss));
-  if (s.outer)
-    log::info(strf("step %ld/%ld | outer step %ld | pseudo-gradient norm %.4f | %s bytes across replicas | %.3f s",
-                   s.step, total, s.outer->outer_step, s.outer->pseudo_gradient_norm,
-                   with_commas(s.outer->bytes_across_replicas).c_str(), s.outer->seconds));
+  if (s.outer && !s.outer->fragments.empty()) {
+    std::string which;
+    for (int64_t f : s.outer->fragments) which += (which.empty() ? "" : ",") + std::to_string(f);
+    log::info(strf("step %ld/%ld | outer step (fragment %s; %ld so far) | pseudo-gradient norm %.4f | %s bytes across "
+                   "replicas | waited %.3f s",
+                   s.step, total, which.c_str(), s.outer->outer_steps, s.outer->pseudo_gradient_norm,
+                   with_commas(s.outer->bytes_across_replicas).c_str(), s.outer->seconds_waited));
+  }
 }
 
 }  // namespace zb

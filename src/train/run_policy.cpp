@@ -81,7 +81,8 @@ nlohmann::json resolved_run(const Config& c) {
                      ? nlohmann::json(nullptr)
                      : nlohmann::json{{"inner_steps", c.diloco.inner_steps}, {"outer_lr", c.diloco.outer_lr},
                                       {"outer_momentum", c.diloco.outer_momentum},
-                                      {"compression", c.diloco.compression}}},
+                                      {"compression", c.diloco.compression}, {"fragments", c.diloco.fragments},
+                                      {"fragment_delay", c.diloco.fragment_delay}}},
       {"max_norm", o.max_norm},
       {"schedule", {{"type", o.sched_type}, {"warmup_steps", o.warmup_steps},
                     {"stable_steps", o.stable_steps}, {"total_steps", o.total_steps}}},

@@ -89,7 +89,8 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
   }
 
   if (diloco)
-    diloco_ = std::make_unique<DiLoCo>(config.diloco, parallel_->parameters(), *shard_comm, replicate_comm_.get());
+    diloco_ = std::make_unique<DiLoCo>(config.diloco, parallel_->parameters(), model_->args().n_layers, *shard_comm,
+                                       replicate_comm_.get());
 
   // Data: token shards, or ZeroBand's fake documents.
   const uint64_t seed = static_cast<uint64_t>(config.runtime.seed);
@@ -221,7 +222,7 @@ StepStats Trainer::train_step() {
     ++skipped_in_a_row_;
   }
   const int optimizer_done = clock_.mark();
-  if (diloco_ && diloco_->due(step_, config_.optim.total_steps)) stats.outer = diloco_->sync();
+  if (diloco_) stats.outer = diloco_->after_step(step_, config_.optim.total_steps);
   // The device's times are read once it has finished the step (the optimizer ran after the host's
   // read above): one wait for the step's end, which the loop's next host read would make anyway.
   clock_.synchronize();
@@ -264,19 +265,21 @@ std::vector<StateTensor> Trainer::state() {
   std::vector<StateTensor> state = training_state(*parallel_, *optimizer_);
   if (!diloco_) return state;
   // The inner parameters and optimizer state are each replica's own; the outer ones are shared.
+  for (StateTensor& t : state) t.per_replica = !t.global_shape.empty();
+  for (StateTensor& t : diloco_->state(step_)) state.push_back(std::move(t));
   for (StateTensor& t : state)
-    if (!t.global_shape.empty()) {
-      t.name = "replica_" + std::to_string(replica_) + "/" + t.name;
-      t.per_replica = true;
-    }
-  for (StateTensor& t : diloco_->state()) state.push_back(std::move(t));
+    if (t.per_replica) t.name = "replica_" + std::to_string(replica_) + "/" + t.name;
   return state;
 }
 
+void Trainer::prepare_restore(int64_t step) {
+  if (diloco_) diloco_->prepare_restore(step, config_.optim.total_steps);
+}
+
 void Trainer::restore_position(int64_t step, int64_t skipped, uint64_t seed) {
-  if (diloco_) {  // the checkpoint held the outer copies: the outer steps taken follow from the step
+  if (diloco_) {  // the checkpoint held the outer copies and the exchanges in flight
     outer_restored_ = true;
-    diloco_->set_outer_steps(step / config_.diloco.inner_steps);
+    diloco_->restore(step, config_.optim.total_steps);
   }
   step_ = step;
   skipped_ = skipped;

@@ -83,6 +83,7 @@ class Trainer : public TrainingState {
   // data at the next global batch (the loader's position follows from the step, whatever the
   // world size).
   void restore_position(int64_t step, int64_t skipped, uint64_t seed) override;
+  void prepare_restore(int64_t step) override;
   int64_t grad_accum_steps() const { return accum_; }
   // Gradients reduced on every micro-batch into sharded sums (train.reduce_every_micro_batch),
   // rather than summed whole in fp32 and reduced on the last.

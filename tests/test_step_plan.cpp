@@ -23,6 +23,7 @@ struct Layout {
   Parallelism parallelism;
   int64_t shard;  // FSDP: ranks per shard group (the world: plain FSDP)
   std::string name;
+  bool diloco = false;  // the shard groups train apart, an outer step every 2 steps
 };
 
 std::vector<Layout> layouts(int64_t world) {
@@ -30,6 +31,9 @@ std::vector<Layout> layouts(int64_t world) {
   for (int64_t s = 1; s < world; ++s)
     if (world % s == 0)
       out.push_back({Parallelism::FSDP, s, "HSDP " + std::to_string(s) + "x" + std::to_string(world / s)});
+  for (int64_t s = 1; s <= world; ++s)
+    if (world % s == 0)
+      out.push_back({Parallelism::FSDP, s, "DiLoCo " + std::to_string(s) + "x" + std::to_string(world / s), true});
   return out;
 }
 
@@ -46,6 +50,7 @@ Config config(const Layout& l, int64_t world, bool reshard, int64_t ac, bool red
        << "[data]\nfake = true\nseq_length = 16\n[runtime]\ndevice = \"cpu\"\n";
   if (l.parallelism == Parallelism::FSDP)
     toml << "[parallel]\ndp_shard = " << l.shard << "\ndp_replicate = " << world / l.shard << "\n";
+  if (l.diloco) toml << "[diloco]\ninner_steps = 2\n";
   Config c = load_config_string(toml.str(), "test");
   validate(c, world);
   return c;
@@ -86,6 +91,7 @@ TEST_P(StepPlanMatchesTheTrace, EveryLayoutAndOption) {
         for (const int64_t ac : {0, 2})
           for (const bool reduce_every : {false, true}) {
             if (l.parallelism == Parallelism::DDP && (!reshard || ac > 0)) continue;  // FSDP's options
+            if (l.diloco && !(reshard && ac == 0 && reduce_every)) continue;  // the inner step and the outer
             // AdamW once per layout (no optimizer collectives), Muon everywhere else.
             const std::string opt = reshard && ac == 0 && !reduce_every ? "adamw" : "muon";
             const Config c = config(l, world, reshard, ac, reduce_every, opt);
@@ -100,7 +106,13 @@ TEST_P(StepPlanMatchesTheTrace, EveryLayoutAndOption) {
             for (int step = 1; step <= 2; ++step) {  // the first step and one after it
               trace.clear();
               trainer.train_step();
-              expect_same_events(lines(trace.events()), lines(plan.events), what + ", step " + std::to_string(step));
+              std::vector<StepEvent> planned = plan.events;
+              if (l.diloco && step == 2) {  // DiLoCo's outer step: the exchange, then the norm
+                ASSERT_TRUE(plan.diloco.has_value());
+                for (const StepEvent& e : plan.diloco->exchanges.front()) planned.push_back(e);
+                planned.push_back(plan.diloco->norm);
+              }
+              expect_same_events(lines(trace.events()), lines(planned), what + ", step " + std::to_string(step));
             }
             trainer.set_step_trace(nullptr);
             // The loop's agreement on stopping, after the step's record.
@@ -111,7 +123,10 @@ TEST_P(StepPlanMatchesTheTrace, EveryLayoutAndOption) {
             expect_same_events(lines(trace.events()), lines(plan.after_step), what + ", after the step");
             ++checked;
           }
-    EXPECT_EQ(checked, 8 * (static_cast<int>(layouts(world).size()) - 1) + 2);  // 8 per FSDP layout, 2 for DDP
+    // 8 per FSDP layout, 2 for DDP, 1 per DiLoCo layout (one per divisor of the world size).
+    int diloco_layouts = 0;
+    for (const Layout& l : layouts(world)) diloco_layouts += l.diloco;
+    EXPECT_EQ(checked, 8 * (static_cast<int>(layouts(world).size()) - 1 - diloco_layouts) + 2 + diloco_layouts);
   });
 }
 

@@ -6,6 +6,7 @@
 #   scripts/perf/memory_check.sh                     # debug, 70M and 150M on 1, 2, 4 ranks, AC off/on
 #   MODELS="debug" RANKS="1 2" scripts/perf/memory_check.sh
 #   MAX_ERROR=10 ...                            # exit 1 when a row's |error| exceeds 10% (the test)
+#   EXTRA="--diloco.inner_steps 1 --parallel.dp_replicate 2" ...   # more arguments for every run
 #
 # Shapes: the debug preset as it is (8 x 1024 tokens per micro-batch); 70M and 150M (from the
 # 150M preset) at 2 x 256 tokens per micro-batch; two micro-batches per rank per step (so the
@@ -30,7 +31,7 @@ for model in ${MODELS:-debug 70M 150M}; do
                   --optim.batch_size $((W * 4))) ;;
       esac
       args=("${shape[@]}" --wandb false --train.ac_ckpt "$ac" --data.fake --runtime.device cpu --optim.optim.ns_dtype float32
-            --ckpt.path "" --data.eval_interval 0 --optim.total_steps 2 --optim.warmup_steps 1)
+            --ckpt.path "" --data.eval_interval 0 --optim.total_steps 2 --optim.warmup_steps 1 ${EXTRA:-})
       predicted=$(RANK=0 WORLD_SIZE=1 "$train" "${args[@]}" --dry-run --world-size "$W" 2>&1 |
                   sed -n 's/.*(\([0-9]*\) bytes), at the \(.*\)/\1\t\2/p')
       metrics=$out/$model-$W-$ac.jsonl

@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """What a step costs in communication, and what that makes of step time and MFU, from one node to
-many: FSDP over every GPU, or hybrid sharding (HSDP: shard within a node, replicate across).
+many: FSDP over every GPU, hybrid sharding (HSDP: shard within a node, replicate across), or
+DiLoCo over the nodes (--diloco H: each node a replica training alone, an outer exchange every H
+steps).
 
   scale_model.py --train build/apps/train_fsdp --config A.toml [B.toml] [-- OVERRIDES]
                                        # the table for 1..64 nodes of 8 H100s
   scale_model.py --train build/apps/train_fsdp --config A.toml --bytes --world 4 [--shard 2] [--ddp] [-- OVERRIDES]
                                        # one rank's bytes per step, by group and kind
+  scale_model.py ... --config A.toml --diloco 10 100 --inter-gbps 0.0156 --inter-latency-ms 100
+                                       # nodes joined by 1 Gbit/s links (shared by 8 GPUs), 100 ms away
 
 OVERRIDES are the program's own: for a GPU run planned here, --runtime.device cuda and the GPU's
 memory (--runtime.device_memory_gb 80), so that dtypes and the memory verdict (which decides
@@ -29,7 +33,9 @@ stated assumptions:
 - overlap as the plan marks it: each block's all-gather hides behind the block before it
   (prefetch), its gather for backward and its reduce-scatter (and HSDP's all-reduce) behind a
   block's backward, so a block exposes only what its collectives take beyond its compute; the
-  root's first gather, the last reduction, Muon's exchange and the small all-reduces are exposed.
+  root's first gather, the last reduction, Muon's exchange and the small all-reduces are exposed;
+- DiLoCo: the plan's outer exchanges (each fragment's, over the replicate group, across nodes) once
+  per H steps; blocking without a fragment delay, else hidden behind that many steps of compute.
 """
 import argparse
 import json
@@ -49,7 +55,7 @@ def run_of(train, config, overrides):
     return program_json(train, config, overrides, "--print-config")
 
 
-def step_plan(train, config, overrides, world, shard, ddp=False, rank=0, batch_size=None):
+def step_plan(train, config, overrides, world, shard, ddp=False, rank=0, batch_size=None, inner_steps=0):
     """Rank `rank`'s plan of one step (--print-plan) on `world` ranks, `shard` per shard group
     (train_ddp's for --ddp: the program beside train_fsdp)."""
     program = os.path.join(os.path.dirname(train), "train_ddp") if ddp else train
@@ -58,6 +64,8 @@ def step_plan(train, config, overrides, world, shard, ddp=False, rank=0, batch_s
         extra += ["--parallel.dp_shard", str(shard), "--parallel.dp_replicate", str(world // shard)]
     if batch_size:
         extra += ["--optim.batch_size", str(batch_size)]
+    if inner_steps:
+        extra += ["--diloco.inner_steps", str(inner_steps)]
     return program_json(program, config, overrides, *extra)
 
 
@@ -84,12 +92,13 @@ def collective_seconds(counted_bytes, hops, bw, lat):
     return hops * lat + counted_bytes / 2 / bw
 
 
-def predict(train, config, overrides, run, nodes, gpus, hsdp, link, efficiency):
+def predict(train, config, overrides, run, nodes, gpus, hsdp, link, efficiency, inner_steps=0):
     """Step time, exposed communication and MFU for `nodes` x `gpus` ranks, each GPU training the
     sequences it trains on one node (weak scaling: the global batch grows with the nodes). The
-    collectives are the step plan's for rank 0, each timed on the link its group spans."""
+    collectives are the step plan's for rank 0, each timed on the link its group spans. With
+    `inner_steps`: DiLoCo over the nodes (shard groups of a node), its outer exchanges amortised."""
     W = nodes * gpus
-    S = gpus if hsdp else W
+    S = gpus if hsdp or inner_steps else W
     L = run["model"]["n_layers"]
     per_gpu = run["batch_size"] // gpus  # sequences per GPU and step, as on one node
     accum = per_gpu // run["micro_bs"]
@@ -102,7 +111,7 @@ def predict(train, config, overrides, run, nodes, gpus, hsdp, link, efficiency):
     hide = {"gather": forward, "regather": 2 * forward, "reduce": 2 * forward, "exposed": 0.0}
     intra, inter = (link["intra_bw"], link["intra_lat"]), (link["inter_bw"], link["inter_lat"])
     spans = {"shard": S > gpus, "replicate": True, "world": W > gpus}  # crosses nodes?
-    plan = step_plan(train, config, overrides, W, S, batch_size=per_gpu * W)
+    plan = step_plan(train, config, overrides, W, S, batch_size=per_gpu * W, inner_steps=inner_steps)
     calls = plan_calls(plan)
     seconds, slots, moved = {}, {}, {False: 0, True: 0}
     for group, cs in calls.items():
@@ -116,6 +125,15 @@ def predict(train, config, overrides, run, nodes, gpus, hsdp, link, efficiency):
             moved[spans[group]] += counted
     # The blocks are alike: what each exposes beyond its slot, summed, is the total beyond them all.
     exposed = sum(max(0.0, t - slots[role] * hide[role]) for role, t in seconds.items())
+    d = plan.get("diloco")
+    if d and nodes > 1:
+        # Each fragment's exchange once per period: blocking, or hidden behind fragment_delay steps.
+        bw, lat = inter
+        for events in d["exchanges"]:
+            t = sum(collective_seconds(e["counted"], hops(e["kind"], e["ranks"]), bw, lat) for e in events)
+            hidden = d["fragment_delay"] * (compute + exposed)
+            exposed += max(0.0, t - hidden) / d["inner_steps"]
+        moved[True] += d["replicate_bytes_per_period"] / d["inner_steps"]
     step = compute + exposed
     return {"world": W, "exposed_comm_s": exposed, "step_s": step,
             "reduce_every_micro_batch": plan["reduce_every_micro_batch"],
@@ -137,15 +155,31 @@ def main():
     ap.add_argument("--compute-efficiency", type=float, default=0.5, help="fraction of peak the math runs at")
     ap.add_argument("--intra-gbps", type=float, default=H100["intra_bw"] / 1e9, help="GB/s per GPU within a node")
     ap.add_argument("--inter-gbps", type=float, default=H100["inter_bw"] / 1e9, help="GB/s per GPU across nodes")
+    ap.add_argument("--inter-latency-ms", type=float, default=H100["inter_lat"] * 1e3,
+                    help="latency of a hop across nodes")
+    ap.add_argument("--diloco", type=int, nargs="*", default=[], metavar="H",
+                    help="add DiLoCo rows over the nodes, an outer step every H steps (the config's other "
+                         "[diloco] keys, or overrides, apply)")
     ap.add_argument("overrides", nargs=argparse.REMAINDER, help="-- then the program's own --key value overrides")
     args = ap.parse_args()
     overrides = args.overrides[1:] if args.overrides[:1] == ["--"] else args.overrides
     if args.bytes:
         plan = step_plan(args.train, args.config[0], overrides, args.world, args.shard or args.world, args.ddp,
                          args.rank)
-        print(json.dumps(plan["counted_bytes"], indent=1))
+        bytes_ = plan["counted_bytes"]
+        if plan.get("diloco"):  # the outer exchanges, over a period of inner_steps steps
+            d = plan["diloco"]
+            bytes_["diloco"] = {k: d[k] for k in ("replicate_bytes_per_period", "replicate_bytes_per_step")}
+            # A step in which every fragment takes its outer step: the exchanges and the norm's sum.
+            outer = {}
+            for e in [x for events in d["exchanges"] for x in events] + [d["norm"]]:
+                outer.setdefault(e["group"], {}).setdefault(e["kind"], 0)
+                outer[e["group"]][e["kind"]] += e["counted"]
+            bytes_["diloco"]["outer_step"] = outer
+        print(json.dumps(bytes_, indent=1))
         return 0
-    link = dict(H100, intra_bw=args.intra_gbps * 1e9, inter_bw=args.inter_gbps * 1e9)
+    link = dict(H100, intra_bw=args.intra_gbps * 1e9, inter_bw=args.inter_gbps * 1e9,
+                inter_lat=args.inter_latency_ms / 1e3)
     print(f"assumptions: {link['peak'] / 1e12:.0f} TFLOP/s peak at {args.compute_efficiency:.0%}, "
           f"{args.intra_gbps:.0f} GB/s in a node, {args.inter_gbps:.0f} GB/s per GPU across nodes, "
           f"{link['intra_lat'] * 1e6:.0f}/{link['inter_lat'] * 1e6:.0f} us latency, {args.gpus_per_node} GPUs a node")
@@ -153,13 +187,14 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for config in args.config:
         run = run_of(args.train, config, overrides)
-        for hsdp in (False, True):
+        layouts = [("FSDP", False, 0), ("HSDP", True, 0)] + [(f"DiLoCo H={h}", True, h) for h in args.diloco]
+        for name, hsdp, inner_steps in layouts:
             for n in args.nodes:
                 if hsdp and n == 1:
                     continue
                 p = predict(args.train, config, overrides, run, n, args.gpus_per_node, hsdp, link,
-                            args.compute_efficiency)
-                print(f"| {run['name_model']} | {'HSDP' if hsdp else 'FSDP'} | {n} | {p['world']} | "
+                            args.compute_efficiency, inner_steps)
+                print(f"| {run['name_model']} | {name} | {n} | {p['world']} | "
                       f"{run['batch_size'] * run['seq_length'] // args.gpus_per_node:,} tokens | "
                       f"{'every micro-batch' if p['reduce_every_micro_batch'] else 'last micro-batch'} | {p['step_s']:.3f} | "
                       f"{p['exposed_comm_s']:.3f} | {p['mfu_percent']:.1f}% | {p['bytes_intra'] / 1e9:.2f} | "

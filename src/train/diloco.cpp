@@ -163,7 +163,8 @@ void DiLoCo::finish(Fragment& f, OuterSyncStats* stats) {
       sum = f.received;
       break;
     case Compression::BF16:
-      sum = f.received.view({R, n}).to(at::kFloat).sum(0);
+      sum = f.received.narrow(0, 0, n).to(at::kFloat);  // one replica's values widened at a time
+      for (int64_t r = 1; r < R; ++r) sum += f.received.narrow(0, r * n, n).to(at::kFloat);
       break;
     case Compression::UInt8: {
       const at::Tensor tables = f.received_tables.view({R, -1, kUint8Buckets});

@@ -50,8 +50,8 @@ std::vector<std::string> describe_run(const Config& c, const ModelArgs& a, int64
   };
   const ShardLayout layout = shard_layout(c, world_size);
   if (parallelism == Parallelism::FSDP && c.diloco.inner_steps > 0)
-    lines.push_back(strf("DiLoCo: %ld replica(s) of %ld rank(s) train apart (gradients: reduce-scatter in the "
-                         "group only); every %ld steps an outer Nesterov step (lr %g, momentum %g) on the "
+    lines.push_back(strf("DiLoCo: %ld replica(s) of %ld rank(s) train apart (gradients averaged within a "
+                         "replica only); every %ld steps an outer Nesterov step (lr %g, momentum %g) on the "
                          "pseudo-gradients averaged over the replicas, sent as %s",
                          layout.replicate, layout.shard, c.diloco.inner_steps, c.diloco.outer_lr,
                          c.diloco.outer_momentum, c.diloco.compression.c_str()));

@@ -10,6 +10,7 @@
 #include "config/model_config.h"
 #include "optim/optimizer.h"
 #include "optim/param_groups.h"
+#include "train/diloco.h"
 #include "train/step_plan.h"
 #include "util/log.h"
 
@@ -33,6 +34,10 @@ class Timeline {
   void free(const std::string& kind, int64_t bytes) {
     live_[kind] -= bytes;
     total_ -= bytes;
+  }
+  int64_t live(const std::string& kind) const {
+    const auto it = live_.find(kind);
+    return it == live_.end() ? 0 : it->second;
   }
   int64_t peak() const { return peak_; }
   const std::string& peak_at() const { return peak_at_; }
@@ -107,6 +112,18 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
   t.alloc("parameter shards (fp32)", 4 * local);
   // AdamW: two moments per element; Muon: one momentum buffer per element of its matrices.
   t.alloc("optimizer state (fp32)", 4 * (2 * (local - hidden_local) + hidden_local));
+  // DiLoCo (train/diloco.h): the outer copies and their momentum; with a fragment delay, an
+  // exchange in flight between steps holds its fragment's Δ̄ and start values.
+  int64_t largest_fragment = 0;
+  if (plan.diloco) {
+    std::vector<int64_t> fragment(static_cast<size_t>(plan.diloco->fragments), 0);
+    for (const ParamSpec& p : param_specs(a))
+      fragment[static_cast<size_t>(fragment_of(p.name, L, plan.diloco->fragments))] +=
+          RowShard::of(p.shape, W).numel_of(0);
+    largest_fragment = *std::max_element(fragment.begin(), fragment.end());
+    t.alloc("DiLoCo outer copies and momentum (fp32)", 8 * local);
+    if (plan.diloco->fragment_delay > 0) t.alloc("DiLoCo exchange in flight", 8 * largest_fragment);
+  }
   // RoPE table: complex64 for 2 * max_seq_len positions.
   t.alloc("RoPE table", 8 * 2 * a.max_seq_len * (a.head_dim() / 2));
   // The loader's prefetched micro-batches (4) and the one in use: inputs and targets, int64.
@@ -300,6 +317,21 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
       t.alloc("optimizer work", ns * g);  // the result, kept until every group is done
     }
     if (W > 1) t.alloc("optimizer work", ns * (owned + hidden_block));  // back, returned
+  }
+
+  if (plan.diloco) {
+    // After the step's gradients and the optimizer's temporaries are freed: a fragment's Δ as
+    // tensors and flat, then what the exchange receives (the flat Δ itself for fp32; every
+    // replica's bf16 values or codes with their tables otherwise) and Δ̄.
+    t.at("DiLoCo outer step");
+    t.free("optimizer work", t.live("optimizer work"));
+    t.free("gradient shards (fp32)", t.live("gradient shards (fp32)"));
+    const int64_t n = largest_fragment, R = plan.replicate;
+    const std::string& compression = c.diloco.compression;
+    const int64_t received = compression == "bf16"    ? R * 2 * n
+                             : compression == "uint8" ? R * (n + 4 * kUint8Buckets * ((n + kUint8Chunk - 1) / kUint8Chunk))
+                                                      : 0;
+    t.alloc("DiLoCo outer step", 8 * n + received);
   }
 
   MemoryEstimate est;

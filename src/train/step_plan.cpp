@@ -8,6 +8,7 @@
 #include "config/model_config.h"
 #include "optim/muon.h"
 #include "optim/param_groups.h"
+#include "train/diloco.h"
 
 namespace zb {
 
@@ -42,9 +43,10 @@ class PlanWriter {
 // The sharding engine's micro-batches (fsdp/fsdp_engine.cpp, fsdp/fsdp_unit.cpp), in the order
 // it makes them: units are blocks 0..L-1 and the root L; `block[u]` is the elements unit u puts
 // into a collective (its rows on each rank, padded); `group` the engine's communicator.
-void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, int64_t L,
+// `R`: the replicas the gradients are summed over (1 under DiLoCo, whose replicas train apart).
+void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, int64_t L, int64_t R,
                              const std::vector<int64_t>& block, int64_t compute_bytes, const std::string& group) {
-  const int64_t S = p.shard, R = p.replicate;
+  const int64_t S = p.shard;
   const bool raf = c.train.reshard_after_forward;
   const int64_t ac = c.train.ac_ckpt;
   auto name = [L](int64_t u) { return u == L ? std::string("root") : "block " + std::to_string(u); };
@@ -163,20 +165,22 @@ StepPlan plan_step(const Config& c, int64_t world_size, int64_t rank, Parallelis
 
   PlanWriter w(p.events);
   const bool fsdp = parallelism == Parallelism::FSDP;
+  const bool diloco = fsdp && c.diloco.inner_steps > 0;
   const std::string shard_group = R > 1 && fsdp ? "shard" : "world";  // the engine's communicator
   if (fsdp) {
     std::vector<int64_t> block(L + 1, 0);
     for (const ParamSpec& s : specs) block[s.layer >= 0 ? s.layer : L] += RowShard::of(s.shape, S).block_numel();
-    plan_fsdp_micro_batches(w, c, p, L, block, at::elementSize(compute_dtype), shard_group);
+    plan_fsdp_micro_batches(w, c, p, L, diloco ? 1 : R, block, at::elementSize(compute_dtype), shard_group);
   } else {
     plan_ddp_micro_batches(w, p, specs, L, c.train.bucket_mb);
   }
 
   // The step's own: the gradient norm's sum of squares over the ranks holding different rows (a
-  // replica computes it alone), then the mean loss and the non-finite flag over every rank.
+  // replica computes it alone), then the mean loss (under DiLoCo each replica's) and the
+  // non-finite flag over every rank.
   w.mark(StepEvent::Op::Optimizer);
   if (fsdp) w.ring(CommKind::AllReduce, shard_group, S, 4, "gradient norm", "exposed");
-  w.ring(CommKind::AllReduce, "world", p.world, 8, "loss and non-finite flag", "exposed");
+  w.ring(CommKind::AllReduce, "world", p.world, 4 * ((diloco ? R : 1) + 1), "loss and non-finite flag", "exposed");
 
   // Muon (optim/sharded_muon.cpp, optim/replicated_muon.cpp), in its Newton-Schulz dtype.
   auto total_elements = [](const std::vector<std::vector<int64_t>>& shapes) {
@@ -184,7 +188,7 @@ StepPlan plan_step(const Config& c, int64_t world_size, int64_t rank, Parallelis
     for (const auto& s : shapes) n += s[0] * s[1];
     return n;
   };
-  const bool split = c.parallel.muon_split_over_replicas;
+  const bool split = c.parallel.muon_split_over_replicas && !diloco;  // DiLoCo's momenta differ
   if (!muon.empty() && fsdp && S > 1) {
     // Every matrix's padded rows to its owner in the shard group, and its rows of the result back.
     const std::vector<int64_t> owner = assign_owners_by_cost(muon, S);
@@ -211,7 +215,45 @@ StepPlan plan_step(const Config& c, int64_t world_size, int64_t rank, Parallelis
 
   PlanWriter after(p.after_step);
   after.ring(CommKind::AllReduce, "world", p.world, 8, "agreement on stopping", "exposed");
+
+  if (diloco) {  // train/diloco.cpp: each fragment's Δ, this rank's rows, flat
+    StepPlan::Diloco d;
+    d.inner_steps = c.diloco.inner_steps;
+    d.fragments = c.diloco.fragments;
+    d.fragment_delay = c.diloco.fragment_delay;
+    std::vector<int64_t> values(static_cast<size_t>(d.fragments), 0);
+    for (const ParamSpec& s : specs)
+      values[static_cast<size_t>(fragment_of(s.name, L, d.fragments))] += RowShard::of(s.shape, S).numel_of(rank % S);
+    const Compression compression = parse_compression(c.diloco.compression);
+    for (int64_t f = 0; f < d.fragments; ++f) {
+      std::vector<StepEvent> events;
+      PlanWriter x(events);
+      const int64_t n = values[static_cast<size_t>(f)];
+      const std::string what = "DiLoCo: fragment " + std::to_string(f) + "'s pseudo-gradients";
+      if (R > 1 && n > 0) {
+        if (compression == Compression::None) x.ring(CommKind::AllReduce, "replicate", R, 4 * n, what, "outer");
+        if (compression == Compression::BF16) x.ring(CommKind::AllGather, "replicate", R, 2 * n, what, "outer");
+        if (compression == Compression::UInt8) {
+          x.ring(CommKind::AllGather, "replicate", R, n, what + " (codes)", "outer");
+          x.ring(CommKind::AllGather, "replicate", R, 4 * kUint8Buckets * ((n + kUint8Chunk - 1) / kUint8Chunk),
+                 what + " (tables)", "outer");
+        }
+      }
+      d.exchanges.push_back(std::move(events));
+    }
+    std::vector<StepEvent> norm;
+    PlanWriter(norm).ring(CommKind::AllReduce, shard_group, S, 4, "DiLoCo: pseudo-gradient norm", "exposed");
+    d.norm = norm.front();
+    p.diloco = std::move(d);
+  }
   return p;
+}
+
+int64_t StepPlan::Diloco::replicate_bytes_per_period() const {
+  int64_t bytes = 0;
+  for (const auto& events : exchanges)
+    for (const StepEvent& e : events) bytes += e.counted;
+  return bytes;
 }
 
 std::map<std::string, std::map<std::string, int64_t>> StepPlan::counted_bytes() const {
@@ -248,6 +290,19 @@ nlohmann::json plan_to_json(const StepPlan& p) {
     }
     return out;
   };
+  nlohmann::json diloco = nullptr;
+  if (p.diloco) {
+    nlohmann::json exchanges = nlohmann::json::array();
+    for (const auto& x : p.diloco->exchanges) exchanges.push_back(events(x));
+    const int64_t period = p.diloco->replicate_bytes_per_period();
+    diloco = {{"inner_steps", p.diloco->inner_steps},
+              {"fragments", p.diloco->fragments},
+              {"fragment_delay", p.diloco->fragment_delay},
+              {"exchanges", exchanges},
+              {"norm", events({p.diloco->norm}).front()},
+              {"replicate_bytes_per_period", period},
+              {"replicate_bytes_per_step", static_cast<double>(period) / static_cast<double>(p.diloco->inner_steps)}};
+  }
   return {
       {"parallelism", p.parallelism == Parallelism::FSDP ? "fsdp" : "ddp"},
       {"world", p.world},
@@ -259,6 +314,7 @@ nlohmann::json plan_to_json(const StepPlan& p) {
       {"events", events(p.events)},
       {"after_step", events(p.after_step)},
       {"counted_bytes", p.counted_bytes()},
+      {"diloco", diloco},
   };
 }
 

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,8 +40,22 @@ struct StepPlan {
 
   // Bytes counted per group ("world", "shard", "replicate") and kind, over events and after_step:
   // one step's record from the second on, in a step without evaluation or a checkpoint save (their
-  // collectives count in the record of the step they follow). "total" sums the groups.
+  // collectives count in the record of the step they follow). "total" sums the groups. Under
+  // DiLoCo an inner step's; the outer steps' are below.
   std::map<std::string, std::map<std::string, int64_t>> counted_bytes() const;
+
+  // DiLoCo (diloco.inner_steps > 0): the steps above are inner steps (no gradient crosses between
+  // replicas). Each fragment's outer step adds, after the step it falls in (train/diloco.h), its
+  // exchange over the replicate group (none with one replica) and, in the step its Δ̄ is applied,
+  // the norm's sum over the shard group.
+  struct Diloco {
+    int64_t inner_steps = 0, fragments = 1, fragment_delay = 0;
+    std::vector<std::vector<StepEvent>> exchanges;  // per fragment
+    StepEvent norm;
+    // The exchanges' counted bytes over one period of inner_steps steps (every fragment once).
+    int64_t replicate_bytes_per_period() const;
+  };
+  std::optional<Diloco> diloco;
 };
 
 // The plan of rank `rank` of `world_size` (config validated for it). `reduce_every_micro_batch`

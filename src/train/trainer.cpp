@@ -222,12 +222,14 @@ StepStats Trainer::train_step() {
     ++skipped_in_a_row_;
   }
   const int optimizer_done = clock_.mark();
-  if (diloco_) stats.outer = diloco_->after_step(step_, config_.optim.total_steps);
   // The device's times are read once it has finished the step (the optimizer ran after the host's
   // read above): one wait for the step's end, which the loop's next host read would make anyway.
   clock_.synchronize();
   comm_.settle();
   for (const ShardedParameter& p : parallel_->parameters()) p.tensor->mutable_grad().reset();
+  // DiLoCo's outer steps due after this step, once the gradients are freed (its temporaries take
+  // their place).
+  if (diloco_) stats.outer = diloco_->after_step(step_, config_.optim.total_steps);
   stats.skipped_in_a_row = skipped_in_a_row_;
   stats.skipped_total = skipped_;
   stats.learning_rates = optimizer_->learning_rates(lr_multiplier);

@@ -1,9 +1,10 @@
 #pragma once
 // The run's configuration: ZeroBand's TOML schema (name_model, type_model, project, [train],
-// [optim], [optim.optim], [data]) plus sections of our own ([model], [runtime], [logging]).
+// [optim], [optim.optim], [data]) plus sections of our own ([model], [parallel], [runtime],
+// [logging], [profiling], [ckpt], [diloco], [optim.adam]).
 // Every key is declared once in schema.cpp, with its allowed values where it is an enumeration;
 // loading and overrides (fields.cpp), --help, the unknown-key check and validation
-// (validate.cpp) all come from that one list. The model's shapes: model/model_config.h.
+// (validate.cpp) all come from that one list. The model's shapes: config/model_config.h.
 #include <cstdint>
 #include <map>
 #include <optional>

@@ -10,7 +10,6 @@
 #include <cmath>
 #include <exception>
 #include <mutex>
-#include <cstdlib>
 #include <stdexcept>
 
 namespace zb {

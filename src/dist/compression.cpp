@@ -21,15 +21,6 @@ Compression parse_compression(const std::string& name) {
   throw std::invalid_argument("compression \"" + name + "\": one of none, bf16, uint8");
 }
 
-const char* compression_name(Compression c) {
-  switch (c) {
-    case Compression::None: return "none";
-    case Compression::BF16: return "bf16";
-    case Compression::UInt8: return "uint8";
-  }
-  return "?";
-}
-
 Uint8Code quantize_uint8(const at::Tensor& values, int64_t chunk) {
   TORCH_CHECK(chunk > 0, "quantize_uint8: chunk must be positive");
   // Statistics and bucket sums in float64: a bucket's mean then carries only the table's fp32

@@ -1,6 +1,6 @@
 #pragma once
-// Pseudo-gradients crossing slow links in fewer bits (DiLoCo's outer exchange between replicas,
-// issue 29): a building block, not yet wired into training.
+// Pseudo-gradients crossing slow links in fewer bits: DiLoCo's outer exchange between replicas
+// (train/diloco.h, diloco.compression).
 //
 //   bf16   each value rounded to bfloat16 (8 significant bits), 2 bytes a value.
 //   uint8  the values cut into chunks; in each chunk, 256 equal buckets span mean ± 4 standard
@@ -20,7 +20,6 @@ namespace zb {
 enum class Compression { None, BF16, UInt8 };
 // "none", "bf16", "uint8"; throws std::invalid_argument naming the value otherwise.
 Compression parse_compression(const std::string& name);
-const char* compression_name(Compression c);
 
 constexpr double kUint8Spread = 4.0;  // buckets span mean ± this many standard deviations
 constexpr int64_t kUint8Buckets = 256;

@@ -67,7 +67,6 @@ class StepProfiler {
   std::optional<ProfileSummary> step_end(int64_t step);
   // The run ends (or stops) after `step`: a window still open is closed and written.
   std::optional<ProfileSummary> finish(int64_t step);
-  bool recording() const { return recording_; }
   // The folder traces are written to ("" when profiling is off).
   const std::string& folder() const { return folder_; }
 

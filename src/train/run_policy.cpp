@@ -44,13 +44,14 @@ NonfiniteDecision decide_nonfinite(const StepStats& s, const Config& c, const st
                     (last_good.empty() ? "none (no checkpoint yet)" : last_good)};
 }
 
-// The run as another implementation needs it to train the same model the same way: the resolved
-// shapes, batch and optimizer settings. scripts/perf/bench_peer.py builds its PyTorch twin from this.
+// The device runtime.device names, before any process has one ("auto": CUDA when usable).
 c10::Device planned_device(const Config& c) {
   const bool cuda = c.runtime.device == "cuda" || (c.runtime.device == "auto" && cuda_available());
   return cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
 }
 
+// The run as another implementation needs it to train the same model the same way: the resolved
+// shapes, batch and optimizer settings. scripts/perf/bench_peer.py builds its PyTorch twin from this.
 nlohmann::json resolved_run(const Config& c) {
   const ModelArgs a = resolve_model_args(c);
   nlohmann::json model = model_args_to_json(a);

@@ -106,7 +106,6 @@ class Trainer : public TrainingState {
   // Hybrid sharding's groups by name ("shard_group": within a node under train_hsdp,
   // "replicate_group": across nodes), for the metrics' bytes by group; empty otherwise.
   std::vector<std::pair<std::string, Communicator*>> communication_groups() const;
-  DataLoader& data() { return *data_; }
   int64_t data_rows_consumed() const override { return data_->state().rows_consumed; }
   Optimizer& optimizer() override { return *optimizer_; }
   // Records every step's events into `trace` from now on (the engine's, the collectives of every

@@ -126,19 +126,32 @@ def predict(train, config, overrides, run, nodes, gpus, hsdp, link, efficiency, 
     # The blocks are alike: what each exposes beyond its slot, summed, is the total beyond them all.
     exposed = sum(max(0.0, t - slots[role] * hide[role]) for role, t in seconds.items())
     d = plan.get("diloco")
+    outer = 0.0
     if d and nodes > 1:
         # Each fragment's exchange once per period: blocking, or hidden behind fragment_delay steps.
         bw, lat = inter
         for events in d["exchanges"]:
             t = sum(collective_seconds(e["counted"], hops(e["kind"], e["ranks"]), bw, lat) for e in events)
             hidden = d["fragment_delay"] * (compute + exposed)
-            exposed += max(0.0, t - hidden) / d["inner_steps"]
+            outer += max(0.0, t - hidden) / d["inner_steps"]
+        exposed += outer
         moved[True] += d["replicate_bytes_per_period"] / d["inner_steps"]
     step = compute + exposed
-    return {"world": W, "exposed_comm_s": exposed, "step_s": step,
+    return {"world": W, "exposed_comm_s": exposed, "step_s": step, "outer_s": outer,
             "reduce_every_micro_batch": plan["reduce_every_micro_batch"],
             "mfu_percent": 100 * run["flops_per_token"] * tokens / step / link["peak"],
             "bytes_intra": moved[False], "bytes_inter": moved[True]}
+
+
+def split_diloco(overrides):
+    """The overrides of [diloco] keys apart from the rest: the layouts without DiLoCo refuse them."""
+    rest, diloco, i = [], [], 0
+    while i < len(overrides):
+        takes_value = "=" not in overrides[i] and i + 1 < len(overrides) and not overrides[i + 1].startswith("--")
+        item = overrides[i:i + 2] if takes_value else overrides[i:i + 1]
+        (diloco if overrides[i].startswith("--diloco.") else rest).extend(item)
+        i += len(item)
+    return rest, diloco
 
 
 def main():
@@ -181,8 +194,10 @@ def main():
     link = dict(H100, intra_bw=args.intra_gbps * 1e9, inter_bw=args.inter_gbps * 1e9,
                 inter_lat=args.inter_latency_ms / 1e3)
     print(f"assumptions: {link['peak'] / 1e12:.0f} TFLOP/s peak at {args.compute_efficiency:.0%}, "
-          f"{args.intra_gbps:.0f} GB/s in a node, {args.inter_gbps:.0f} GB/s per GPU across nodes, "
-          f"{link['intra_lat'] * 1e6:.0f}/{link['inter_lat'] * 1e6:.0f} us latency, {args.gpus_per_node} GPUs a node")
+          f"{args.intra_gbps:g} GB/s in a node, {args.inter_gbps:g} GB/s per GPU across nodes, "
+          f"{link['intra_lat'] * 1e6:g}/{link['inter_lat'] * 1e6:g} us latency, {args.gpus_per_node} GPUs a node")
+    overrides, diloco_overrides = split_diloco(overrides)
+    notes = []
     print("| model | layout | nodes | GPUs | batch/GPU/step | reduced | step s | exposed comm s | MFU | GB/step/GPU in node | GB/step/GPU across |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for config in args.config:
@@ -192,13 +207,17 @@ def main():
             for n in args.nodes:
                 if hsdp and n == 1:
                     continue
-                p = predict(args.train, config, overrides, run, n, args.gpus_per_node, hsdp, link,
-                            args.compute_efficiency, inner_steps)
+                p = predict(args.train, config, overrides + (diloco_overrides if inner_steps else []), run, n,
+                            args.gpus_per_node, hsdp, link, args.compute_efficiency, inner_steps)
+                if inner_steps:
+                    notes.append(f"{name} on {n} nodes: the outer exchanges expose {p['outer_s']:.3f} s per step")
                 print(f"| {run['name_model']} | {name} | {n} | {p['world']} | "
                       f"{run['batch_size'] * run['seq_length'] // args.gpus_per_node:,} tokens | "
                       f"{'every micro-batch' if p['reduce_every_micro_batch'] else 'last micro-batch'} | {p['step_s']:.3f} | "
                       f"{p['exposed_comm_s']:.3f} | {p['mfu_percent']:.1f}% | {p['bytes_intra'] / 1e9:.2f} | "
                       f"{p['bytes_inter'] / 1e9:.2f} |")
+    for note in notes:
+        print(note)
     return 0
 
 

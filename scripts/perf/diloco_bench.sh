@@ -4,6 +4,7 @@
 #
 #   ddp              train_ddp: every step's gradients averaged over the 4 ranks (synchronous)
 #   h10, h50         4 replicas of 1 rank, an outer step every 10 / 50 steps, Muon inner steps
+#   h10_average      h10 with outer lr 1 and no momentum: plain averaging every 10 steps
 #   h10_uint8        h10 with the pseudo-gradients sent as 8-bit codes
 #   h10_adamw        h10 with AdamW inner steps for the hidden matrices too
 #   h10_streaming    h10 in 2 fragments, each exchange applied a step after it starts
@@ -29,13 +30,14 @@ config=(--config configs/debug/convergence.toml --optim.total_steps "$steps" --r
 declare -A runs=(
   [ddp]="train_ddp 4"
   [h10]="train_fsdp 4 --parallel.dp_replicate 4 --diloco.inner_steps 10"
+  [h10_average]="train_fsdp 4 --parallel.dp_replicate 4 --diloco.inner_steps 10 --diloco.outer_lr 1 --diloco.outer_momentum 0"
   [h50]="train_fsdp 4 --parallel.dp_replicate 4 --diloco.inner_steps 50"
   [h10_uint8]="train_fsdp 4 --parallel.dp_replicate 4 --diloco.inner_steps 10 --diloco.compression uint8"
   [h10_adamw]="train_fsdp 4 --parallel.dp_replicate 4 --diloco.inner_steps 10 --optim.optim.type adamw --optim.optim.lr 0.003"
   [h10_streaming]="train_fsdp 4 --parallel.dp_replicate 4 --diloco.inner_steps 10 --diloco.fragments 2 --diloco.fragment_delay 1"
   [one_replica]="train_fsdp 1 --optim.batch_size 4"
 )
-order=(ddp h10 h50 h10_uint8 h10_adamw h10_streaming one_replica)
+order=(ddp h10 h10_average h50 h10_uint8 h10_adamw h10_streaming one_replica)
 for name in ${ONLY:-${order[@]}}; do
   read -r program nproc args <<<"${runs[$name]}"
   echo "== $name: $program on $nproc process(es) $args"

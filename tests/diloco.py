@@ -11,7 +11,8 @@ CASE (each a real run: torchrun, loopback Gloo):
   streaming_2x2  2 replicas of 2 ranks, 2 fragments, each exchange applied a step after it starts
   resume       a rank killed inside an outer step and a kill inside a save: the last checkpoint (taken
                inside an outer period) resumes exactly, on the same layout and on another; streaming
-               with an exchange in flight at the checkpoint resumes exactly
+               with an exchange in flight at the checkpoint resumes exactly; SIGTERM mid-run saves and
+               the resume reaches the same end
 
 The reference is written here, from PyTorch's own parts: transformers' LlamaForCausalLM (its logits
 equal ours, tests/reference/hf_check.py) from the same initial weights, one copy per replica, each
@@ -92,14 +93,14 @@ def exported(ckpt_step_dir):
     return load_file(f"{out}/model.safetensors")
 
 
-def run(name, ranks, *extra, ckpt=None):
+def run(name, ranks, *extra, ckpt=None, final_step=STEPS):
     """One training run to the end; returns (its metrics records, its final parameters, its log)."""
     rc = launch(name, ranks, *extra, ckpt=ckpt).wait()
     log = open(f"{tmp}/{name}.log").read()
     if rc != 0:
         print(log[-4000:])
         fail(f"{name}: exit code {rc}")
-    return records(name), exported(f"{ckpt or tmp + '/' + name + '_ckpt'}/step_{STEPS:08d}"), log
+    return records(name), exported(f"{ckpt or tmp + '/' + name + '_ckpt'}/step_{final_step:08d}"), log
 
 
 def resolved(*extra):
@@ -341,6 +342,29 @@ def resume_cases():
             any(not torch.equal(stream_resumed[k], stream_params[k]) for k in stream_params):
         fail("streaming: the resume with an exchange in flight differs from the run without one")
     print("streaming: resumed with an exchange in flight, steps 4-6 and the final parameters identical")
+
+    # SIGTERM to every rank mid-run (as a scheduler's preemption): they finish the step, save and exit
+    # 0; the resume reaches the uninterrupted run's end bit for bit.
+    longer = ["--optim.total_steps", "20", "--optim.stable_steps", "20"]  # the data wrap around
+    _, long_params, _ = run("long", 4, *layout, *longer, final_step=20)
+    ckpt = f"{tmp}/term_ckpt"
+    proc = launch("term", 4, *layout, *longer, ckpt=ckpt)
+    import time
+    for _ in range(600):
+        if "step 5/20" in open(f"{tmp}/term.log").read():
+            break
+        time.sleep(0.05)
+    subprocess.run(["pkill", "-TERM", "-f", f"^{TRAIN} .*{ckpt}"])  # the workers, not torchrun
+    rc = proc.wait()
+    log = open(f"{tmp}/term.log").read()
+    stopped = [line for line in log.splitlines() if "stopped by a signal after step" in line]
+    print(f"SIGTERM: exit code {rc}; {stopped[:1]}")
+    if rc != 0 or len(stopped) != 4 or "checkpoint saved" not in stopped[0]:
+        print(log[-3000:])
+        fail("SIGTERM did not stop every rank with a checkpoint")
+    _, term_params, _ = run("term_resumed", 4, *layout, *longer, "--ckpt.resume", "latest", ckpt=ckpt, final_step=20)
+    if any(not torch.equal(term_params[k], long_params[k]) for k in long_params):
+        fail("the resume after SIGTERM differs from the run without one")
 
     # Killed inside the save of step 6 (every writer paused after its data file): the checkpoint of
     # step 3 stays the latest, whole, and resumes to the same end.

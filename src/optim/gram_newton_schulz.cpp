@@ -1,0 +1,41 @@
+#include "optim/gram_newton_schulz.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/sqrt.h>
+
+#include "optim/muon.h"
+
+namespace zb {
+
+int64_t gram_newton_schulz_gram_numel(int64_t shard_dim, int64_t rows, int64_t cols) {
+  const int64_t unsplit = shard_dim == 0 ? cols : rows;
+  return unsplit * unsplit;
+}
+
+at::Tensor gram_newton_schulz(const at::Tensor& local, int64_t shard_dim, int64_t rows, int64_t cols,
+                              Communicator& group, int64_t steps, at::ScalarType dtype, double eps) {
+  TORCH_CHECK(local.dim() == 2 && (shard_dim == 0 || shard_dim == 1), "gram_newton_schulz: a 2-D block split along 0 or 1");
+  TORCH_CHECK(local.size(1 - shard_dim) == (shard_dim == 0 ? cols : rows),
+              "gram_newton_schulz: the block ", local.sizes(), " does not span the unsplit side of [", rows, ", ", cols, "]");
+  // The iterate on the short side, as newton_schulz: a tall matrix is transposed, and so is the
+  // side its blocks split.
+  at::Tensor X = local.to(dtype);
+  const bool tall = rows > cols;
+  if (tall) X = X.t();
+  const bool split_long_side = (tall ? 1 - shard_dim : shard_dim) == 1;
+
+  at::Tensor norm_squared = X.square().sum().reshape({1});
+  group.all_reduce_sum(norm_squared).wait();
+  X = X / at::sqrt(norm_squared).clamp_min(eps);
+  for (int64_t i = 0; i < steps; ++i) {
+    at::Tensor gram = split_long_side ? at::mm(X, X.t()) : at::mm(X.t(), X);
+    group.all_reduce_sum(gram).wait();
+    const at::Tensor poly = at::addmm(gram, gram, gram, /*beta=*/kNsB, /*alpha=*/kNsC);  // b G + c G²
+    X = split_long_side ? at::addmm(X, poly, X, /*beta=*/kNsA) : at::addmm(X, X, poly, /*beta=*/kNsA);
+  }
+  return tall ? X.t() : X;
+}
+
+}  // namespace zb

@@ -228,7 +228,7 @@ std::optional<OuterSyncStats> DiLoCo::after_step(int64_t step, int64_t total_ste
   return stats;
 }
 
-std::vector<StateTensor> DiLoCo::state(int64_t /*step*/) {
+std::vector<StateTensor> DiLoCo::state() {
   std::vector<StateTensor> out;
   for (auto& f : fragments_) {
     const auto& outer = f->outer.outer();

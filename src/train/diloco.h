@@ -67,17 +67,16 @@ class DiLoCo {
   // After step `step`'s optimizer (1-based; collective): the outer steps due then, if any.
   std::optional<OuterSyncStats> after_step(int64_t step, int64_t total_steps);
 
-  // For checkpoints after step `step`: the outer copies and momentum ("diloco/outer/<name>",
+  // For checkpoints: the outer copies and momentum ("diloco/outer/<name>",
   // "diloco/momentum/<name>"), sharded like the parameters and the same on every replica; for an
   // exchange in flight, its Δ̄ and the inner values it started from ("diloco/in_flight/..."), waited
   // for first.
-  std::vector<StateTensor> state(int64_t step);
-  // Before a checkpoint of step `step` is loaded into state(step): makes room for the exchanges
+  std::vector<StateTensor> state();
+  // Before a checkpoint of step `step` is loaded into state(): makes room for the exchanges
   // in flight then. After it is loaded, restore(step) picks the schedule up there.
   void prepare_restore(int64_t step, int64_t total_steps);
   void restore(int64_t step, int64_t total_steps);
 
-  int64_t replicas() const { return replicas_ ? replicas_->size() : 1; }
   int64_t fragments() const { return static_cast<int64_t>(fragments_.size()); }
 
  private:

@@ -49,20 +49,21 @@ std::vector<std::string> describe_run(const Config& c, const ModelArgs& a, int64
            c.train.micro_bs, grad_accum_steps(c, world_size), world_size),
   };
   const ShardLayout layout = shard_layout(c, world_size);
-  if (parallelism == Parallelism::FSDP && c.diloco.inner_steps > 0)
+  if (parallelism == Parallelism::FSDP && c.diloco.inner_steps > 0) {
     lines.push_back(strf("DiLoCo: %ld replica(s) of %ld rank(s) train apart (gradients averaged within a "
                          "replica only); every %ld steps an outer Nesterov step (lr %g, momentum %g) on the "
                          "pseudo-gradients averaged over the replicas, sent as %s",
                          layout.replicate, layout.shard, c.diloco.inner_steps, c.diloco.outer_lr,
                          c.diloco.outer_momentum, c.diloco.compression.c_str()));
-  if (parallelism == Parallelism::FSDP && c.diloco.inner_steps > 0 && c.diloco.fragments > 1)
-    lines.push_back(strf("DiLoCo streaming: %ld fragments of blocks, one exchange every %ld steps, each applied %ld "
-                         "step(s) after it starts",
-                         c.diloco.fragments, c.diloco.inner_steps / c.diloco.fragments, c.diloco.fragment_delay));
-  else if (parallelism == Parallelism::FSDP && layout.replicate > 1)
+    if (c.diloco.fragments > 1)
+      lines.push_back(strf("DiLoCo streaming: %ld fragments of blocks, one exchange every %ld steps, each applied "
+                           "%ld step(s) after it starts",
+                           c.diloco.fragments, c.diloco.inner_steps / c.diloco.fragments, c.diloco.fragment_delay));
+  } else if (parallelism == Parallelism::FSDP && layout.replicate > 1) {
     lines.push_back(strf("hybrid sharding: parameters sharded over groups of %ld consecutive ranks, replicated %ld "
                          "times (gradients: reduce-scatter in the group, then all-reduce over the replicas)",
                          layout.shard, layout.replicate));
+  }
   return lines;
 }
 

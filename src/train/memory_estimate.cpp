@@ -116,11 +116,7 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
   // exchange in flight between steps holds its fragment's Δ̄ and start values.
   int64_t largest_fragment = 0;
   if (plan.diloco) {
-    std::vector<int64_t> fragment(static_cast<size_t>(plan.diloco->fragments), 0);
-    for (const ParamSpec& p : param_specs(a))
-      fragment[static_cast<size_t>(fragment_of(p.name, L, plan.diloco->fragments))] +=
-          RowShard::of(p.shape, W).numel_of(0);
-    largest_fragment = *std::max_element(fragment.begin(), fragment.end());
+    largest_fragment = *std::max_element(plan.diloco->values.begin(), plan.diloco->values.end());
     t.alloc("DiLoCo outer copies and momentum (fp32)", 8 * local);
     if (plan.diloco->fragment_delay > 0) t.alloc("DiLoCo exchange in flight", 8 * largest_fragment);
   }
@@ -326,11 +322,10 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
     t.at("DiLoCo outer step");
     t.free("optimizer work", t.live("optimizer work"));
     t.free("gradient shards (fp32)", t.live("gradient shards (fp32)"));
-    const int64_t n = largest_fragment, R = plan.replicate;
-    const std::string& compression = c.diloco.compression;
-    const int64_t received = compression == "bf16"    ? R * 2 * n
-                             : compression == "uint8" ? R * (n + 4 * kUint8Buckets * ((n + kUint8Chunk - 1) / kUint8Chunk))
-                                                      : 0;
+    const int64_t n = largest_fragment;
+    const Compression compression = plan.diloco->compression;
+    const int64_t received =
+        compression == Compression::None ? 0 : plan.replicate * compressed_bytes(compression, n, kUint8Chunk);
     t.alloc("DiLoCo outer step", 8 * n + received);
   }
 

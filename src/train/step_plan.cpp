@@ -221,21 +221,21 @@ StepPlan plan_step(const Config& c, int64_t world_size, int64_t rank, Parallelis
     d.inner_steps = c.diloco.inner_steps;
     d.fragments = c.diloco.fragments;
     d.fragment_delay = c.diloco.fragment_delay;
-    std::vector<int64_t> values(static_cast<size_t>(d.fragments), 0);
+    d.compression = parse_compression(c.diloco.compression);
+    d.values.assign(static_cast<size_t>(d.fragments), 0);
     for (const ParamSpec& s : specs)
-      values[static_cast<size_t>(fragment_of(s.name, L, d.fragments))] += RowShard::of(s.shape, S).numel_of(rank % S);
-    const Compression compression = parse_compression(c.diloco.compression);
+      d.values[static_cast<size_t>(fragment_of(s.name, L, d.fragments))] += RowShard::of(s.shape, S).numel_of(rank % S);
     for (int64_t f = 0; f < d.fragments; ++f) {
       std::vector<StepEvent> events;
       PlanWriter x(events);
-      const int64_t n = values[static_cast<size_t>(f)];
+      const int64_t n = d.values[static_cast<size_t>(f)];
       const std::string what = "DiLoCo: fragment " + std::to_string(f) + "'s pseudo-gradients";
       if (R > 1 && n > 0) {
-        if (compression == Compression::None) x.ring(CommKind::AllReduce, "replicate", R, 4 * n, what, "outer");
-        if (compression == Compression::BF16) x.ring(CommKind::AllGather, "replicate", R, 2 * n, what, "outer");
-        if (compression == Compression::UInt8) {
+        if (d.compression == Compression::None) x.ring(CommKind::AllReduce, "replicate", R, 4 * n, what, "outer");
+        if (d.compression == Compression::BF16) x.ring(CommKind::AllGather, "replicate", R, 2 * n, what, "outer");
+        if (d.compression == Compression::UInt8) {  // the codes, then the chunks' tables
           x.ring(CommKind::AllGather, "replicate", R, n, what + " (codes)", "outer");
-          x.ring(CommKind::AllGather, "replicate", R, 4 * kUint8Buckets * ((n + kUint8Chunk - 1) / kUint8Chunk),
+          x.ring(CommKind::AllGather, "replicate", R, compressed_bytes(Compression::UInt8, n, kUint8Chunk) - n,
                  what + " (tables)", "outer");
         }
       }

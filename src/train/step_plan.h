@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "dist/compression.h"
 #include "parallel/step_trace.h"
 #include "train/trainer.h"
 
@@ -50,6 +51,8 @@ struct StepPlan {
   // the norm's sum over the shard group.
   struct Diloco {
     int64_t inner_steps = 0, fragments = 1, fragment_delay = 0;
+    Compression compression = Compression::None;
+    std::vector<int64_t> values;                     // this rank's values of each fragment
     std::vector<std::vector<StepEvent>> exchanges;  // per fragment
     StepEvent norm;
     // The exchanges' counted bytes over one period of inner_steps steps (every fragment once).

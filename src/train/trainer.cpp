@@ -197,8 +197,9 @@ StepStats Trainer::train_step() {
   // Under DiLoCo each replica's mean has its own slot (replicas_ of them, then the flag); the loss
   // is their mean. Every replica skips a step that is not finite on any, so that steps stay aligned.
   const at::Tensor norm = grad_norm.reshape({1}).to(at::kFloat);
+  const int64_t slot = diloco_ ? replica_ : 0;
   at::Tensor reduced = at::zeros({replicas_ + 1}, loss_sum.options());
-  reduced.narrow(0, replica_ % replicas_, 1).copy_(loss_sum / static_cast<double>(comm_.size() / replicas_));
+  reduced.narrow(0, slot, 1).copy_(loss_sum / static_cast<double>(comm_.size() / replicas_));
   reduced.narrow(0, replicas_, 1).copy_(at::isfinite(norm).logical_not().to(at::kFloat));
   comm_.all_reduce_sum(reduced).wait();
   // The step's one host synchronisation (the loop adds one more for its stop flags).
@@ -268,7 +269,7 @@ std::vector<StateTensor> Trainer::state() {
   if (!diloco_) return state;
   // The inner parameters and optimizer state are each replica's own; the outer ones are shared.
   for (StateTensor& t : state) t.per_replica = !t.global_shape.empty();
-  for (StateTensor& t : diloco_->state(step_)) state.push_back(std::move(t));
+  for (StateTensor& t : diloco_->state()) state.push_back(std::move(t));
   for (StateTensor& t : state)
     if (t.per_replica) t.name = "replica_" + std::to_string(replica_) + "/" + t.name;
   return state;

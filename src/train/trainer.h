@@ -101,8 +101,6 @@ class Trainer : public TrainingState {
   // Under DiLoCo: the inner state under this replica's name, and the outer copies.
   std::vector<StateTensor> state() override;
   int64_t replica() override { return replica_; }
-  // DiLoCo's outer optimizer (diloco.inner_steps > 0), else null.
-  const DiLoCo* diloco() const { return diloco_.get(); }
   // Hybrid sharding's groups by name ("shard_group": within a node under train_hsdp,
   // "replicate_group": across nodes), for the metrics' bytes by group; empty otherwise.
   std::vector<std::pair<std::string, Communicator*>> communication_groups() const;

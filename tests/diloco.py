@@ -26,10 +26,12 @@ parameters (our checkpoint's outer copy, exported) within 1e-5.
 import itertools
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 import torch
@@ -292,15 +294,28 @@ def resume_cases():
     layout = ["--diloco.inner_steps", str(INNER), "--parallel.dp_replicate", "2", "--ckpt.interval", "3"]
     straight, straight_params, _ = run("straight", 4, *layout)
 
-    # A rank dies at the start of the outer step after step 4: the run stops (the others fail in
-    # the exchange, or torchrun stops them), the checkpoint of step 3 is there and whole.
+    # A rank stops at the start of the outer step after step 4 and, once the checkpoint of step 3 is
+    # published, is killed there: the run stops (the others fail in the exchange, or torchrun stops
+    # them), the checkpoint of step 3 is there and whole.
     ckpt = f"{tmp}/killed_ckpt"
-    rc = launch("killed", 4, *layout, "--runtime.timeout_s", "20", ckpt=ckpt,
-                env={"ZB_TEST_KILL_IN_OUTER_STEP": "2"}).wait()
+    proc = launch("killed", 4, *layout, "--runtime.timeout_s", "20", ckpt=ckpt,
+                  env={"ZB_TEST_HANG_IN_OUTER_STEP": "2"})
+    pid = None
+    for _ in range(1200):
+        found = re.search(r"process (\d+) stops here", open(f"{tmp}/killed.log").read())
+        if found and os.path.exists(f"{ckpt}/latest"):
+            pid = int(found.group(1))
+            break
+        time.sleep(0.05)
+    if pid is None:
+        proc.kill()
+        fail("the rank never stopped in outer step 2 with the checkpoint of step 3 published")
+    os.kill(pid, 9)
+    rc = proc.wait()
     log = open(f"{tmp}/killed.log").read()
     latest = open(f"{ckpt}/latest").read().strip()
     print(f"killed in outer step 2: exit code {rc}, latest checkpoint {latest}")
-    if rc == 0 or "kills itself" not in log or latest != "step_00000003":
+    if rc == 0 or latest != "step_00000003":
         print(log[-3000:])
         fail("a rank killed in the outer step: the run did not stop as it should")
     _, resumed_params, _ = run("resumed", 4, *layout, "--ckpt.resume", "latest", ckpt=ckpt)
@@ -349,7 +364,6 @@ def resume_cases():
     _, long_params, _ = run("long", 4, *layout, *longer, final_step=20)
     ckpt = f"{tmp}/term_ckpt"
     proc = launch("term", 4, *layout, *longer, ckpt=ckpt)
-    import time
     for _ in range(600):
         if "step 5/20" in open(f"{tmp}/term.log").read():
             break
@@ -370,7 +384,6 @@ def resume_cases():
     # step 3 stays the latest, whole, and resumes to the same end.
     ckpt = f"{tmp}/save_killed_ckpt"
     proc = launch("save_killed", 4, *layout, ckpt=ckpt, env={"ZB_TEST_PAUSE_SAVE_AT_STEP": "6"})
-    import time
     for _ in range(600):
         if open(f"{tmp}/save_killed.log").read().count("writer paused inside the save of step 6") == 4:
             break

@@ -158,7 +158,8 @@ PendingCollective Communicator::all_gather(const at::Tensor& out, const at::Tens
     out.copy_(in.view(out.sizes()));
     return {};
   }
-  at::Tensor output = out, input = in;  // c10d takes non-const handles
+  // c10d takes non-const handles; flat, as Gloo checks the output is size() inputs along dim 0.
+  at::Tensor output = out.view(-1), input = in.view(-1);
   return {backend_->_allgather_base(output, input), this};
 }
 
@@ -172,7 +173,7 @@ PendingCollective Communicator::reduce_scatter_sum(const at::Tensor& out, const 
   }
   c10d::ReduceScatterOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;  // Gloo has no AVG: callers pre-divide
-  at::Tensor output = out, input = in;
+  at::Tensor output = out.view(-1), input = in.view(-1);
   return {backend_->_reduce_scatter_base(output, input, opts), this};
 }
 

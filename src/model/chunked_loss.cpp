@@ -11,6 +11,9 @@
 #include <ATen/ops/logsumexp.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/where.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -27,7 +30,8 @@ namespace {
 struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                                                 const at::Tensor& w, const at::Tensor& targets,
-                                                int64_t chunk_tokens, bool want_x_grad, bool want_w_grad) {
+                                                int64_t chunk_tokens, bool want_x_grad, bool want_w_grad,
+                                                TensorParallelGroup* vocab_group, int64_t vocab_start) {
     const int64_t N = x.size(0);
     const auto logits_dtype = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     // On CUDA the products of bf16/fp16 inputs are written and summed in fp32 by the GEMM itself
@@ -45,14 +49,33 @@ struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
       const int64_t n = std::min(chunk_tokens, N - start);
       Phase phase("zb.loss_chunk", start / chunk_tokens);
       const at::Tensor xc = x.narrow(0, start, n);
-      const at::Tensor tc = targets.narrow(0, start, n).unsqueeze(1);
+      at::Tensor tc = targets.narrow(0, start, n).unsqueeze(1);
       at::Tensor z = fp32_gemm ? at::mm(xc, wt, logits_dtype) : at::mm(xc, wt).to(logits_dtype);  // [n, V]
-      const at::Tensor lse = at::logsumexp(z, {1}, /*keepdim=*/true);
-      loss_sum += (lse - z.gather(1, tc)).sum();
+      at::Tensor lse = at::logsumexp(z, {1}, /*keepdim=*/true);
+      at::Tensor one = at::full_like(tc, -1, z.options());  // the one-hot's entry, negated
+      at::Tensor target_logit;
+      if (!vocab_group) {
+        target_logit = z.gather(1, tc);
+      } else {
+        // z holds this rank's words [vocab_start, vocab_start + V): the target's logit is on one
+        // rank (0 elsewhere), and the log-sum-exp over all words is that of the ranks' own.
+        tc = tc - vocab_start;
+        const at::Tensor here = tc.ge(0).logical_and(tc.lt(z.size(1)));
+        tc = tc.clamp(0, z.size(1) - 1);
+        one = at::where(here, one, at::zeros_like(one));
+        target_logit = at::where(here, z.gather(1, tc), at::zeros_like(lse));
+        const int64_t R = vocab_group->size();
+        at::Tensor mine = at::cat({lse, target_logit}, 1);  // [n, 2]
+        at::Tensor all = at::empty({R, n, 2}, mine.options());
+        vocab_group->all_gather(all, mine);
+        lse = at::logsumexp(all.select(2, 0), {0}).unsqueeze(1);
+        target_logit = all.select(2, 1).sum(0).unsqueeze(1);
+      }
+      loss_sum += (lse - target_logit).sum();
       if (!want_x_grad && !want_w_grad) continue;
       // d(summed loss)/dz = softmax(z) - onehot(target), in z's memory.
       z.sub_(lse).exp_();
-      z.scatter_add_(1, tc, at::full_like(tc, -1, z.options()));
+      z.scatter_add_(1, tc, one);
       const at::Tensor g = z.to(x.scalar_type());  // as the unchunked graph casts it back
       if (want_x_grad) {
         at::Tensor rows = dx.narrow(0, start, n);  // contiguous: whole rows
@@ -77,20 +100,21 @@ struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
     // Scaled in place (nothing else reads them): no second [V, D] buffer.
     at::Tensor dx = saved[0].defined() ? saved[0].mul_(scale) : at::Tensor();
     at::Tensor dw = saved[1].defined() ? saved[1].mul_(scale).to(w_dtype) : at::Tensor();
-    return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor chunked_cross_entropy(const at::Tensor& x, const at::Tensor& w, const at::Tensor& targets,
-                                 int64_t chunk_tokens) {
+                                 int64_t chunk_tokens, TensorParallelGroup* vocab_group, int64_t vocab_start) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1) && targets.numel() == x.size(0),
               "chunked_cross_entropy: x [N, D], w [V, D], targets [N]");
   TORCH_CHECK(chunk_tokens > 0, "chunked_cross_entropy: chunk_tokens must be positive");
   const bool grad = at::GradMode::is_enabled();
+  if (vocab_group && vocab_group->size() == 1) vocab_group = nullptr;
   return ChunkedCrossEntropy::apply(x, w, targets.reshape({-1}), chunk_tokens, grad && x.requires_grad(),
-                                    grad && w.requires_grad())[0];
+                                    grad && w.requires_grad(), vocab_group, vocab_start)[0];
 }
 
 }  // namespace zb

@@ -6,69 +6,87 @@
 #include <ATen/ops/embedding.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/linear.h>
+#include <ATen/ops/logical_and.h>
 
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 #include "model/chunked_loss.h"
 #include "util/phase.h"
 
 namespace zb {
 
-Llama::Llama(const ModelArgs& args, const at::TensorOptions& options, bool allocate_parameters) : args_(args) {
+void check_tensor_parallel(const ModelArgs& a, int64_t tp) {
+  auto fail = [tp](const std::string& what) {
+    throw std::invalid_argument("tensor parallelism over " + std::to_string(tp) + " ranks: " + what);
+  };
+  if (tp < 1) fail("needs at least one rank");
+  if (a.n_heads % tp != 0) fail("the " + std::to_string(a.n_heads) + " attention heads do not divide into them");
+  if (a.n_kv_heads % tp != 0 && tp % a.n_kv_heads != 0)
+    fail("the " + std::to_string(a.n_kv_heads) +
+         " key/value heads must divide into them or each be shared by a whole number of them");
+  if (a.ffn_hidden() % tp != 0) fail("the FFN's hidden size " + std::to_string(a.ffn_hidden()) + " does not divide into them");
+  if (a.vocab_size % tp != 0) fail("the vocabulary of " + std::to_string(a.vocab_size) + " words does not divide into them");
+}
+
+Llama::Llama(const ModelArgs& args, const at::TensorOptions& options, bool allocate_parameters,
+             TensorParallelGroup* tp)
+    : args_(args), tp_(tp && tp->size() > 1 ? tp : nullptr) {
+  const int64_t n = tp_size(), r = tp_rank();
+  check_tensor_parallel(args, n);
+  heads_ = args.n_heads / n;
+  kv_replicated_ = args.n_kv_heads % n != 0;
+  kv_heads_ = kv_replicated_ ? 1 : args.n_kv_heads / n;
+  kv_start_ = kv_replicated_ ? r / (n / args.n_kv_heads) : r * kv_heads_;
+
   // Master weights are fp32 unless the caller asks for float64 (tests compare against float64).
   auto opts = options.dtype(options.has_dtype() && options.dtype() == at::kDouble ? at::kDouble : at::kFloat);
   compute_dtype_ = opts.dtype().toScalarType();
   const auto param_opts = allocate_parameters ? opts : opts.device(c10::kMeta);
-  auto param = [&](std::initializer_list<int64_t> shape) {
-    return at::empty(shape, param_opts).requires_grad_(true);
-  };
-  const int64_t D = args.dim, hd = args.head_dim(), F = args.ffn_hidden();
-  tok_embeddings_ = param({args.vocab_size, D});
+  const int64_t D = args.dim, hd = args.head_dim(), F = args.ffn_hidden(), V = args.vocab_size;
   layers_.resize(args.n_layers);
-  for (auto& b : layers_) {
-    b.wq = param({args.n_heads * hd, D});
-    b.wk = param({args.n_kv_heads * hd, D});
-    b.wv = param({args.n_kv_heads * hd, D});
-    b.wo = param({D, args.n_heads * hd});
-    b.w1 = param({F, D});
-    b.w2 = param({D, F});
-    b.w3 = param({F, D});
-    b.attention_norm = param({D});
-    b.ffn_norm = param({D});
-  }
-  norm_ = param({D});
-  output_ = param({args.vocab_size, D});
   // ZeroBand precomputes RoPE for twice the sequence length.
   rope_ = rope_tables(hd, 2 * args.max_seq_len, args.rope_theta, opts);
 
-  // Slots in param_specs() order: embedding, per block (wq wk wv wo w1 w2 w3 norms), norm, head;
-  // with how each is initialised (see init_weights). torchtitan's trunc_normal_ keeps torch's
-  // default absolute cut at +-2, which at std 0.02 is 100 std away: a plain normal in practice.
+  // Parameters in param_specs() order: embedding, per block (wq wk wv wo w1 w2 w3 norms), norm,
+  // head; with how each is initialised (see init_weights) and, under TP, the slice this rank
+  // holds: `split` of dimension `dim` in n equal parts, this rank's the r-th (see the table in
+  // model/tensor_parallel.h). torchtitan's trunc_normal_ keeps torch's default absolute cut at
+  // +-2, which at std 0.02 is 100 std away: a plain normal in practice.
   int64_t layer = -1;  // of the parameters being added
-  auto add = [&](std::string name, at::Tensor* slot, Init init) {
-    params_.push_back({std::move(name), slot, layer});
+  auto add = [&](std::string name, at::Tensor* slot, Init init, std::vector<int64_t> shape, int64_t dim = -1) {
+    TpSlice slice;
+    std::vector<int64_t> local = shape;
+    if (n > 1 && dim >= 0) {
+      local[dim] /= n;
+      slice = {dim, r * local[dim]};
+    }
+    *slot = at::empty(local, param_opts).requires_grad_(true);
+    params_.push_back({std::move(name), slot, layer, std::move(shape), slice});
     init_.push_back(init);
   };
-  add("tok_embeddings.weight", &tok_embeddings_, {1.0, 0.0});
+  const int64_t kv_dim = kv_replicated_ ? -1 : 0;  // shared key/value heads: whole on every rank
+  add("tok_embeddings.weight", &tok_embeddings_, {1.0, 0.0}, {V, D}, 0);
   for (int64_t i = 0; i < args.n_layers; ++i) {
     const std::string p = "layers." + std::to_string(i) + ".";
     auto& b = layers_[i];
     layer = i;
     const double depth_std = 0.02 / std::sqrt(2.0 * static_cast<double>(i + 1));
-    add(p + "attention.wq.weight", &b.wq, {0.02, 2.0});
-    add(p + "attention.wk.weight", &b.wk, {0.02, 2.0});
-    add(p + "attention.wv.weight", &b.wv, {0.02, 2.0});
-    add(p + "attention.wo.weight", &b.wo, {depth_std, 2.0});
-    add(p + "feed_forward.w1.weight", &b.w1, {0.02, 2.0});
-    add(p + "feed_forward.w2.weight", &b.w2, {depth_std, 2.0});
-    add(p + "feed_forward.w3.weight", &b.w3, {depth_std, 2.0});
-    add(p + "attention_norm.weight", &b.attention_norm, {});
-    add(p + "ffn_norm.weight", &b.ffn_norm, {});
+    add(p + "attention.wq.weight", &b.wq, {0.02, 2.0}, {args.n_heads * hd, D}, 0);
+    add(p + "attention.wk.weight", &b.wk, {0.02, 2.0}, {args.n_kv_heads * hd, D}, kv_dim);
+    add(p + "attention.wv.weight", &b.wv, {0.02, 2.0}, {args.n_kv_heads * hd, D}, kv_dim);
+    add(p + "attention.wo.weight", &b.wo, {depth_std, 2.0}, {D, args.n_heads * hd}, 1);
+    add(p + "feed_forward.w1.weight", &b.w1, {0.02, 2.0}, {F, D}, 0);
+    add(p + "feed_forward.w2.weight", &b.w2, {depth_std, 2.0}, {D, F}, 1);
+    add(p + "feed_forward.w3.weight", &b.w3, {depth_std, 2.0}, {F, D}, 0);
+    add(p + "attention_norm.weight", &b.attention_norm, {}, {D});
+    add(p + "ffn_norm.weight", &b.ffn_norm, {}, {D});
   }
   layer = -1;
-  add("norm.weight", &norm_, {});
+  add("norm.weight", &norm_, {}, {D});
   const double head_std = 1.0 / std::sqrt(static_cast<double>(args.dim));
-  add("output.weight", &output_, {head_std, 3 * head_std});  // cut at 3 std
+  add("output.weight", &output_, {head_std, 3 * head_std}, {V, D}, 0);  // cut at 3 std
 }
 
 void trunc_normal_(at::Tensor& t, double mean, double std, double lo, double hi) {
@@ -87,27 +105,45 @@ void Llama::init_weights() {
 void Llama::init_parameter(size_t i, at::Tensor& t) const {
   at::NoGradGuard no_grad;
   const Init& init = init_.at(i);
-  TORCH_CHECK(t.sizes() == params_[i].slot->sizes(), "init_parameter: ", params_[i].name, " has shape ",
-              params_[i].slot->sizes(), ", not ", t.sizes());
-  if (init.std == 0) t.fill_(1.0);
-  else if (init.cut == 0) t.normal_(0.0, init.std);
-  else trunc_normal_(t, 0.0, init.std, -init.cut, init.cut);
+  const NamedParameter& p = params_[i];
+  TORCH_CHECK(t.sizes() == p.slot->sizes(), "init_parameter: ", p.name, " has shape ", p.slot->sizes(), ", not ",
+              t.sizes());
+  // Under TP the whole parameter is drawn, so that every slice has the values of the whole.
+  at::Tensor whole = p.tp.split() ? at::empty(p.global_shape, t.options()) : t;
+  if (init.std == 0) whole.fill_(1.0);
+  else if (init.cut == 0) whole.normal_(0.0, init.std);
+  else trunc_normal_(whole, 0.0, init.std, -init.cut, init.cut);
+  if (p.tp.split()) t.copy_(whole.narrow(p.tp.dim, p.tp.start, t.size(p.tp.dim)));
 }
 
 at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h, const Documents& documents) const {
   Phase phase("zb.block_forward", layer);
   const auto& b = layers_[layer];
   const auto dt = compute_dtype_;
-  const int64_t B = h.size(0), T = h.size(1), hd = args_.head_dim();
+  const int64_t hd = args_.head_dim();
   const double eps = args_.norm_eps;
+  // Without TP these are the identity. Under TP (model/tensor_parallel.h) h holds this rank's
+  // positions: each norm runs on them, the sequence is gathered whole before the column-parallel
+  // products (this rank's heads, its FFN columns) and the row-parallel ones' partial sums are
+  // reduce-scattered back to this rank's positions.
+  auto shared = [&](const at::Tensor& w) { return tp_ ? replicated_weight(w, *tp_) : w; };
+  auto whole_sequence = [&](const at::Tensor& x) { return tp_ ? gather_sequence(x, *tp_) : x; };
+  auto own_positions = [&](const at::Tensor& y) { return tp_ ? reduce_scatter_sequence(y, *tp_) : y; };
+  at::Tensor wk = b.wk, wv = b.wv;
+  if (kv_replicated_) {  // every rank holds all key/value heads and reads the one it needs
+    wk = shared(wk).narrow(0, kv_start_ * hd, kv_heads_ * hd);
+    wv = shared(wv).narrow(0, kv_start_ * hd, kv_heads_ * hd);
+  }
 
-  at::Tensor x = rms_norm(h, b.attention_norm, eps);
-  at::Tensor q = at::linear(x, b.wq.to(dt)).view({B, T, args_.n_heads, hd});
-  at::Tensor k = at::linear(x, b.wk.to(dt)).view({B, T, args_.n_kv_heads, hd});
-  at::Tensor v = at::linear(x, b.wv.to(dt)).view({B, T, args_.n_kv_heads, hd});
+  at::Tensor x = whole_sequence(rms_norm(h, shared(b.attention_norm), eps));
+  const int64_t B = x.size(0), T = x.size(1);
+  at::Tensor q = at::linear(x, b.wq.to(dt)).view({B, T, heads_, hd});
+  at::Tensor k = at::linear(x, wk.to(dt)).view({B, T, kv_heads_, hd});
+  at::Tensor v = at::linear(x, wv.to(dt)).view({B, T, kv_heads_, hd});
   at::Tensor attn = attention(apply_rope(q, rope_), apply_rope(k, rope_), v, documents);
-  at::Tensor h2 = h + at::linear(attn, b.wo.to(dt));
-  return h2 + swiglu(rms_norm(h2, b.ffn_norm, eps), b.w1.to(dt), b.w2.to(dt), b.w3.to(dt));
+  at::Tensor h2 = h + own_positions(at::linear(attn, b.wo.to(dt)));
+  at::Tensor y = whole_sequence(rms_norm(h2, shared(b.ffn_norm), eps));
+  return h2 + own_positions(swiglu(y, b.w1.to(dt), b.w2.to(dt), b.w3.to(dt)));
 }
 
 ForwardSaves forward_saves(const ModelArgs& a, at::ScalarType compute_dtype, bool cuda) {
@@ -133,10 +169,18 @@ ForwardSaves forward_saves(const ModelArgs& a, at::ScalarType compute_dtype, boo
 }
 
 at::Tensor Llama::embed(const at::Tensor& tokens) const {
-  return at::embedding(tok_embeddings_.to(compute_dtype_), tokens);
+  const at::Tensor w = tok_embeddings_.to(compute_dtype_);
+  if (!tp_) return at::embedding(w, tokens);
+  // This rank's rows are words [start, start + V): the others' tokens get zeros here and their
+  // vectors from the rank that holds them, in the sum the reduce-scatter makes.
+  const int64_t V = w.size(0), start = tp_rank() * V;
+  const at::Tensor local = tokens - start;
+  const at::Tensor here = local.ge(0).logical_and(local.lt(V)).unsqueeze(-1).to(compute_dtype_);
+  return reduce_scatter_sequence(at::embedding(w, local.clamp(0, V - 1)) * here, *tp_);
 }
 
 at::Tensor Llama::head(const at::Tensor& h) const {
+  TORCH_CHECK(!tp_, "Llama::head: the whole logits are not made under tensor parallelism (head_loss is)");
   at::Tensor x = rms_norm(h, norm_, args_.norm_eps);
   // fp32 logits for the loss (float64 stays float64).
   return at::linear(x, output_.to(compute_dtype_)).to(compute_dtype_ == at::kDouble ? at::kDouble : at::kFloat);
@@ -144,9 +188,11 @@ at::Tensor Llama::head(const at::Tensor& h) const {
 
 at::Tensor Llama::head_loss(const at::Tensor& h, const at::Tensor& targets) const {
   Phase phase("zb.loss");
-  at::Tensor x = rms_norm(h, norm_, args_.norm_eps);
+  at::Tensor x = rms_norm(h, tp_ ? replicated_weight(norm_, *tp_) : norm_, args_.norm_eps);
+  if (tp_) x = gather_sequence(x, *tp_);  // every rank scores every token on its words
+  const int64_t V = output_.size(0);
   return chunked_cross_entropy(x.reshape({-1, args_.dim}), output_.to(compute_dtype_), targets,
-                               loss_chunk_tokens(args_.vocab_size, output_.is_cuda()));
+                               loss_chunk_tokens(V, output_.is_cuda()), tp_, tp_rank() * V);
 }
 
 at::Tensor Llama::loss(const at::Tensor& tokens, const at::Tensor& targets, const Documents& documents,

@@ -16,6 +16,7 @@
 #include "model/attention.h"
 #include "model/layers.h"
 #include "model/model_args.h"
+#include "model/tensor_parallel.h"
 
 namespace zb {
 
@@ -23,6 +24,10 @@ struct NamedParameter {
   std::string name;  // e.g. "layers.3.attention.wq.weight"
   at::Tensor* slot;  // the tensor the forward reads (engines fill it; the optimizer's are theirs)
   int64_t layer = -1;  // the block it belongs to; -1: none (embedding, final norm, head)
+  // Under tensor parallelism the slot holds `tp` of the whole parameter, of `global_shape`;
+  // otherwise the whole (tp.dim -1, global_shape the slot's shape).
+  std::vector<int64_t> global_shape;
+  TpSlice tp;
 };
 
 struct TransformerBlockParams {
@@ -52,7 +57,13 @@ class Llama {
   // false the parameters are shapes only (meta) while the rest (RoPE tables) is on `options`'
   // device: the sharding engine then creates each parameter with init_parameter, keeps its own
   // rows and frees the rest, so that no rank ever holds the whole model.
-  Llama(const ModelArgs& args, const at::TensorOptions& options, bool allocate_parameters = true);
+  //
+  // Tensor parallelism (model/tensor_parallel.h): with a `tp` group of more than one rank, every
+  // parameter is this rank's slice (parameters()[i].tp), the residual stream between stages is
+  // this rank's positions [B, T/tp, D], and the loss is the whole micro-batch's on every rank.
+  // Throws std::invalid_argument when the shapes do not divide (check_tensor_parallel).
+  Llama(const ModelArgs& args, const at::TensorOptions& options, bool allocate_parameters = true,
+        TensorParallelGroup* tp = nullptr);
 
   // ZeroBand's initialisation (uses the global generator: seed it first): embedding N(0, 1);
   // wq, wk, wv, w1 truncated normal std 0.02; wo, w2, w3 std 0.02/sqrt(2*(layer+1)); head
@@ -61,7 +72,9 @@ class Llama {
   void init_weights();
   // Fills `t`, a tensor of the shape of parameters()[i], as init_weights() fills that parameter.
   // Called for every i in order from the same generator state, on the same device, it draws the
-  // same random numbers in the same order: the values equal init_weights()'s.
+  // same random numbers in the same order: the values equal init_weights()'s. Under tensor
+  // parallelism it draws the whole parameter and keeps this rank's slice: the values are the
+  // model's without it.
   void init_parameter(size_t i, at::Tensor& t) const;
 
   // tokens [B, T] int64 -> logits [B, T, vocab] fp32. Weights are cast to `compute_dtype` where
@@ -70,10 +83,10 @@ class Llama {
   at::Tensor forward(const at::Tensor& tokens, const Documents& documents = {}) const;
 
   // The three stages forward() chains, for engines that run code between them:
-  at::Tensor embed(const at::Tensor& tokens) const;  // [B, T] -> [B, T, dim]
+  at::Tensor embed(const at::Tensor& tokens) const;  // [B, T] -> [B, T, dim] ([B, T/tp, dim] under TP)
   at::Tensor block_forward(int64_t layer, const at::Tensor& h,
                            const Documents& documents = {}) const;  // [B, T, dim] -> same
-  at::Tensor head(const at::Tensor& h) const;        // -> logits [B, T, vocab]
+  at::Tensor head(const at::Tensor& h) const;        // -> logits [B, T, vocab] (not under TP)
   // Training's end: the mean next-token cross-entropy of the logits head(h) gives, against
   // targets [B, T], computed in chunks of tokens without ever holding them all (chunked_loss.h).
   at::Tensor head_loss(const at::Tensor& h, const at::Tensor& targets) const;
@@ -88,6 +101,9 @@ class Llama {
   at::ScalarType compute_dtype() const { return compute_dtype_; }
 
   const ModelArgs& args() const { return args_; }
+  // The tensor-parallel group's size (1 without) and this rank's place in it.
+  int64_t tp_size() const { return tp_ ? tp_->size() : 1; }
+  int64_t tp_rank() const { return tp_ ? tp_->rank() : 0; }
   // All parameters in model order (the order of param_specs()).
   const std::vector<NamedParameter>& parameters() const { return params_; }
   std::vector<at::Tensor> parameter_tensors() const;
@@ -103,6 +119,12 @@ class Llama {
 
  private:
   ModelArgs args_;
+  TensorParallelGroup* tp_ = nullptr;  // null, or a group of 2 ranks or more
+  // This rank's heads: query heads, and key/value heads with where they start in the whole
+  // (under TP with fewer key/value heads than ranks, wk and wv stay whole on every rank and each
+  // rank reads the one its query heads share).
+  int64_t heads_ = 0, kv_heads_ = 0, kv_start_ = 0;
+  bool kv_replicated_ = false;
   at::ScalarType compute_dtype_ = at::kFloat;
   at::Tensor tok_embeddings_, norm_, output_;
   std::vector<TransformerBlockParams> layers_;
@@ -115,6 +137,11 @@ class Llama {
   };
   std::vector<Init> init_;
 };
+
+// Whether `args` can be split over `tp` ranks; throws std::invalid_argument naming what does not
+// divide: query heads, key/value heads (a multiple of tp, or dividing it: then each is shared),
+// the FFN's hidden size and the vocabulary. tp 1 always can.
+void check_tensor_parallel(const ModelArgs& args, int64_t tp);
 
 // Mean next-token cross-entropy of logits [B, T, V] against targets [B, T].
 at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets);

@@ -1,0 +1,26 @@
+#pragma once
+// The model's tensor-parallel collectives (model/tensor_parallel.h) on a process group: the
+// ranks of one TP group ([parallel] tp consecutive ranks). Each call waits for its result (on
+// CUDA: orders the compute stream after it; the host goes on).
+#include "dist/comm.h"
+#include "model/tensor_parallel.h"
+
+namespace zb {
+
+class CommTensorParallelGroup : public TensorParallelGroup {
+ public:
+  explicit CommTensorParallelGroup(Communicator& comm) : comm_(comm) {}
+  int64_t size() const override { return comm_.size(); }
+  int64_t rank() const override { return comm_.rank(); }
+  void all_gather(const at::Tensor& out, const at::Tensor& in) override { comm_.all_gather(out, in).wait(); }
+  void reduce_scatter_sum(const at::Tensor& out, const at::Tensor& in) override {
+    comm_.reduce_scatter_sum(out, in).wait();
+  }
+  void all_reduce_sum(const at::Tensor& t) override { comm_.all_reduce_sum(t).wait(); }
+  Communicator& communicator() { return comm_; }
+
+ private:
+  Communicator& comm_;
+};
+
+}  // namespace zb

@@ -63,6 +63,8 @@ nlohmann::json plan_json(const zb::CommandLine& cl, zb::Parallelism parallelism,
   if (over_nodes) zb::shard_by_node(cfg, world, /*dry_run=*/cl.world_size > 0);
   const int64_t world_size = cl.world_size > 0 ? cl.world_size : world.size;
   zb::validate(cfg, world_size);
+  if (cfg.parallel.tp > 1)
+    throw zb::ConfigError("--print-plan: the step plan does not model parallel.tp > 1 yet (issue 30)");
   if (cl.print_plan_rank >= world_size)
     throw zb::ConfigError(strf("--print-plan %ld: there are only %ld rank(s) (--world-size)", cl.print_plan_rank,
                                world_size));
@@ -75,6 +77,10 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
   const zb::World world = zb::detect_world();
   if (over_nodes) zb::shard_by_node(cfg, world, cl.dry_run);
   const int64_t planned_world = cl.dry_run && cl.world_size > 0 ? cl.world_size : world.size;
+  if (parallelism == zb::Parallelism::DDP && cfg.parallel.tp > 1)
+    throw zb::ConfigError(cfg.origin("parallel.tp") +
+                          ": tensor parallelism composes with the sharding engine (train_fsdp, train_hsdp), not "
+                          "train_ddp");
   zb::validate(cfg, planned_world);
   if (parallelism == zb::Parallelism::DDP && cfg.diloco.inner_steps > 0)
     throw zb::ConfigError(cfg.origin("diloco.inner_steps") +
@@ -90,7 +96,9 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
     zb::Llama model(args, at::TensorOptions().device(c10::kMeta));
     zb::log::info(strf("dry run: built %s parameters on the meta device",
                        zb::with_commas(model.num_params()).c_str()));
-    if (parallelism == zb::Parallelism::FSDP) {
+    if (parallelism == zb::Parallelism::FSDP && cfg.parallel.tp > 1) {
+      zb::log::info("memory estimate: not for parallel.tp > 1 yet (issue 30)");
+    } else if (parallelism == zb::Parallelism::FSDP) {
       const c10::Device planned = zb::planned_device(cfg);
       zb::check_memory(cfg, planned_world, planned, zb::memory_budget(cfg, planned, /*dry_run=*/true), cl.force,
                        /*dry_run=*/true);
@@ -110,7 +118,9 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
   // must see.
   zb::HybridGroups groups = zb::make_hybrid_groups(cfg, comm, parallelism);
   std::optional<zb::MemoryVerdict> memory;
-  if (parallelism == zb::Parallelism::FSDP)
+  if (parallelism == zb::Parallelism::FSDP && cfg.parallel.tp > 1)
+    zb::log::info("memory estimate: not for parallel.tp > 1 yet (issue 30): nothing checked");
+  else if (parallelism == zb::Parallelism::FSDP)
     memory = zb::check_memory(cfg, world.size, device, zb::memory_budget(cfg, device, /*dry_run=*/false), cl.force,
                               /*dry_run=*/false);
   zb::Trainer trainer(cfg, comm, device, parallelism, std::move(groups),

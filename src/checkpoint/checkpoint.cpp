@@ -38,18 +38,25 @@ using json = nlohmann::json;
 std::string step_name(int64_t step) { return strf("step_%08ld", step); }
 std::string rank_name(int64_t rank, const char* ext) { return strf("rank_%05ld.%s", rank, ext); }
 
-// What this rank writes of one state tensor: rows [row_start, row_start + rows) of the whole,
-// or (rows = -1) a scalar every rank holds. A replicated tensor is written once over the ranks:
-// each writes the rows it would own if it were sharded.
+// What this rank writes of one state tensor: rows [row_start, row_start + rows) of the whole
+// (under tensor parallelism, of a matrix split by columns: their columns [col_start, col_start +
+// cols); cols -1: all), or (rows = -1) a scalar every rank holds. A replicated tensor is written
+// once over the ranks: each writes the rows it would own if it were sharded.
 struct Entry {
   std::string name;
   at::Tensor tensor;
   std::vector<int64_t> global_shape;
-  int64_t row_start = 0, rows = -1;
+  int64_t row_start = 0, rows = -1, col_start = 0, cols = -1;
 };
+
+// A block of the whole's columns, not all of them.
+bool column_block(const StateTensor& t) {
+  return t.global_shape.size() == 2 && t.local.dim() == 2 && t.local.size(1) != t.global_shape[1];
+}
 
 Entry entry_to_write(const StateTensor& t, int64_t rank, int64_t world_size) {
   if (t.global_shape.empty()) return {t.name, t.local, {}, 0, -1};
+  if (column_block(t)) return {t.name, t.local, t.global_shape, t.row_start, t.local.size(0), t.col_start, t.local.size(1)};
   if (!t.replicated) return {t.name, t.local, t.global_shape, t.row_start, t.local.size(0)};
   const RowShard shard = RowShard::of(t.global_shape, world_size);
   const int64_t start = shard.first_row(rank), rows = shard.rows_of(rank);
@@ -244,12 +251,18 @@ std::string CheckpointWriter::save(TrainingState& run) {
   {
     at::NoGradGuard no_grad;
     const bool another_replica = run.replica() != 0;  // hybrid sharding: copy 0 saves the rows
+    const bool another_tp_rank = run.parallel().tp_rank() != 0;  // TP: rank 0 saves what the group shares
     for (const StateTensor& t : state) {
       if (another_replica && !t.replicated && !t.per_replica && !t.global_shape.empty()) continue;
+      if (another_tp_rank && t.tp_shared) continue;
       const Entry e = entry_to_write(t, comm_.rank(), comm_.size());
       at::Tensor host = e.tensor.detach().to(at::kCPU, at::kFloat).contiguous();
       index.push_back({{"name", e.name}, {"global_shape", e.global_shape}, {"row_start", e.row_start},
                        {"rows", e.rows}, {"offset", bytes->size()}, {"numel", host.numel()}});
+      if (e.cols >= 0) {
+        index.back()["col_start"] = e.col_start;
+        index.back()["cols"] = e.cols;
+      }
       bytes->append(static_cast<const char*>(host.data_ptr()), host.numel() * sizeof(float));
     }
   }
@@ -426,9 +439,12 @@ void load_checkpoint(const std::string& dir, TrainingState& run, Communicator& c
     at::Tensor value = at::empty(t.local.sizes(), at::kFloat);
     char* out = static_cast<char*>(value.data_ptr());
     const bool scalar = t.global_shape.empty();
-    // This rank needs rows [b, b + m) of the whole; every saved rank's overlapping rows are read.
+    // This rank needs rows [b, b + m) of the whole (columns [c, c + w) of a column block); every
+    // saved rank's overlapping rows (and columns) are read.
     const int64_t b = t.row_start, m = scalar ? 0 : t.local.size(0);
-    int64_t rows_read = 0;
+    const bool block = column_block(t);
+    const int64_t c = block ? t.col_start : 0, w = block ? t.local.size(1) : (t.global_shape.size() == 2 ? t.global_shape[1] : 0);
+    int64_t values_read = 0;
     bool found = false;
     for (int64_t s = 0; s < saved_world && !(found && scalar); ++s) {
       for (const auto& ie : indices[s]) {
@@ -441,10 +457,19 @@ void load_checkpoint(const std::string& dir, TrainingState& run, Communicator& c
           // Overlap of the saved rows [a, a+n) with mine [b, b+m).
           const int64_t a = ie["row_start"], n = ie["rows"];
           const int64_t lo = std::max(a, b), hi = std::min(a + n, b + m);
-          if (hi > lo) {
+          const int64_t saved_cols = ie.value("cols", int64_t{-1});
+          if (hi > lo && saved_cols < 0 && !block) {  // whole rows on both sides: one read
             const int64_t rn = ie["numel"].get<int64_t>() / std::max<int64_t>(1, n);
             read_exact(files[s], out + (lo - b) * rn * 4, (hi - lo) * rn * 4, offset + (lo - a) * rn * 4);
-            rows_read += hi - lo;
+            values_read += (hi - lo) * rn;
+          } else if (hi > lo) {  // a matrix split by columns on either side: row by row, the common columns
+            const int64_t sc = saved_cols < 0 ? 0 : ie.value("col_start", int64_t{0});
+            const int64_t sw = saved_cols < 0 ? t.global_shape.at(1) : saved_cols;
+            const int64_t clo = std::max(sc, c), chi = std::min(sc + sw, c + w);
+            for (int64_t row = lo; row < hi && chi > clo; ++row)
+              read_exact(files[s], out + ((row - b) * w + (clo - c)) * 4, (chi - clo) * 4,
+                         offset + ((row - a) * sw + (clo - sc)) * 4);
+            if (chi > clo) values_read += (hi - lo) * (chi - clo);
           }
         }
         break;
@@ -455,8 +480,9 @@ void load_checkpoint(const std::string& dir, TrainingState& run, Communicator& c
       throw fail("it holds no " + t.name +
                  (diloco ? " (saved without DiLoCo, or with fewer replicas?)" : " (saved with another optimizer, or with DiLoCo?)"));
     }
-    if (!scalar && rows_read != m)
-      throw fail(strf("%s: found %ld of the %ld rows this rank needs", t.name.c_str(), rows_read, m));
+    if (!scalar && values_read != t.local.numel())
+      throw fail(strf("%s: found %ld of the %ld values this rank needs", t.name.c_str(), values_read,
+                      static_cast<int64_t>(t.local.numel())));
     assignments.emplace_back(t.local, value);
   }
   at::NoGradGuard no_grad;
@@ -480,7 +506,9 @@ void init_from_hf(const std::string& dir, TrainingState& run) {
       throw std::runtime_error("model " + dir + ": " + p.name + " has shape " + json(it->second.sizes().vec()).dump() +
                                " there but " + json(p.global_shape).dump() +
                                " in this run's model (a model of another size?)");
-    assignments.emplace_back(*p.tensor, it->second.narrow(0, p.row_start, p.tensor->size(0)));
+    at::Tensor rows = it->second.narrow(0, p.row_start, p.tensor->size(0));
+    if (p.tensor->dim() == 2 && p.tensor->size(1) != rows.size(1)) rows = rows.narrow(1, p.col_start, p.tensor->size(1));
+    assignments.emplace_back(*p.tensor, rows);
   }
   at::NoGradGuard no_grad;
   for (auto& [dst, value] : assignments) dst.copy_(value);

@@ -1,5 +1,6 @@
 #include "checkpoint/hf_export.h"
 
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <fcntl.h>
@@ -115,13 +116,18 @@ TensorMap consolidate_checkpoint(const std::string& dir, ModelArgs* args) {
       const int64_t rows = e.at("rows"), start = e.at("row_start"), numel = e.at("numel"), offset = e.at("offset");
       if (numel == 0) continue;
       at::Tensor flat = full.view({full.size(0), -1});
-      if (start < 0 || rows < 0 || start + rows > flat.size(0) || numel != rows * flat.size(1))
-        throw std::runtime_error(strf("%s: %s: rows [%ld, %ld) and %ld values do not fit its shape %s", index_path.c_str(),
-                                      name.c_str(), start, start + rows, numel, shape_text(full.sizes().vec()).c_str()));
+      // Under tensor parallelism a matrix split by columns is saved as blocks of them.
+      const int64_t col_start = e.value("col_start", int64_t{0}), cols = e.value("cols", flat.size(1));
+      if (start < 0 || rows < 0 || start + rows > flat.size(0) || col_start < 0 || cols < 0 ||
+          col_start + cols > flat.size(1) || numel != rows * cols)
+        throw std::runtime_error(strf("%s: %s: rows [%ld, %ld), columns [%ld, %ld) and %ld values do not fit its shape %s",
+                                      index_path.c_str(), name.c_str(), start, start + rows, col_start,
+                                      col_start + cols, numel, shape_text(full.sizes().vec()).c_str()));
       if (offset < 0 || offset + numel * 4 > static_cast<int64_t>(bytes.size()))
         throw std::runtime_error(strf("%s has %zu bytes, but %s's rows end at byte %ld (truncated?)", bin_path.c_str(),
                                       bytes.size(), name.c_str(), offset + numel * 4));
-      std::memcpy(flat.narrow(0, start, rows).data_ptr<float>(), bytes.data() + offset, numel * sizeof(float));
+      const at::Tensor saved = at::from_blob(const_cast<char*>(bytes.data() + offset), {rows, cols}, at::kFloat);
+      flat.narrow(0, start, rows).narrow(1, col_start, cols).copy_(saved);
     }
   }
   return out;

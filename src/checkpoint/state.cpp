@@ -9,7 +9,8 @@ std::vector<StateTensor> training_state(ParallelModel& parallel, const Optimizer
   std::vector<StateTensor> out;
   std::map<std::string, ShardedParameter> by_name;
   for (const ShardedParameter& p : parallel.parameters()) {
-    out.push_back({"model/" + p.name, *p.tensor, p.global_shape, p.row_start, p.replicated});
+    out.push_back({"model/" + p.name, *p.tensor, p.global_shape, p.row_start, p.replicated, false, p.col_start,
+                   p.tp_shared});
     by_name.emplace(p.name, p);
   }
   for (const OptimizerState& s : optimizer.state()) {
@@ -17,7 +18,9 @@ std::vector<StateTensor> training_state(ParallelModel& parallel, const Optimizer
     if (it == by_name.end()) throw std::logic_error("optimizer state of unknown parameter " + s.param);
     const std::string name = "optim/" + s.param + "." + s.key;
     if (s.tensor.dim() == 0) out.push_back({name, s.tensor, {}, 0, true});
-    else out.push_back({name, s.tensor, it->second.global_shape, it->second.row_start, it->second.replicated});
+    else
+      out.push_back({name, s.tensor, it->second.global_shape, it->second.row_start, it->second.replicated, false,
+                     it->second.col_start, it->second.tp_shared});
   }
   return out;
 }

@@ -24,6 +24,11 @@ struct StateTensor {
   // Each replica holds its own value under its own name (DiLoCo's inner state, "replica_<r>/..."):
   // every replica writes it. Otherwise one copy is written, the first replica's.
   bool per_replica = false;
+  // Tensor parallelism (ShardedParameter): the rows' first column in the whole (a block of
+  // columns when local.size(1) is less than the whole's), and whether every rank of the TP group
+  // holds the same rows (TP rank 0 writes them).
+  int64_t col_start = 0;
+  bool tp_shared = false;
 };
 
 // Every tensor of the training state, parameters first, in a fixed order. An optimizer state

@@ -51,6 +51,10 @@ struct ParallelConfig {  // [parallel]
   // FSDP: one group of every rank.
   int64_t dp_shard = -1;
   int64_t dp_replicate = 1;
+  // Tensor parallelism (model/tensor_parallel.h): groups of tp consecutive ranks (within a node)
+  // each hold a slice of every matrix and see the same batch; tp x dp_shard x dp_replicate =
+  // the world size, and dp_shard = -1 is then world size / (tp x dp_replicate).
+  int64_t tp = 1;
   // Muon under hybrid sharding: each replica orthogonalises every R-th of its owned matrices and
   // an all-reduce over the replicas shares the results (less Newton-Schulz per rank, more traffic
   // across nodes; measured faster on CPU, docs/BENCHMARKS.md), else every replica does them all.
@@ -204,19 +208,26 @@ struct KeyHelp {
 };
 std::vector<KeyHelp> config_keys();
 
-// Training arithmetic shared by the loop and the logs.
+// Training arithmetic shared by the loop and the logs. The ranks that read different rows of a
+// batch: the world over parallel.tp (a TP group reads the same rows).
+int64_t data_parallel_size(const Config& config, int64_t world_size);
 int64_t grad_accum_steps(const Config& config, int64_t world_size);
 // data.dataset_ratio "70:30" as weights, one per dataset; throws std::invalid_argument for
 // anything else.
 std::vector<double> parse_ratio(const std::string& ratio, size_t expected_count);
 
-// The hybrid-sharding layout of `world_size` ranks (validate() checked it): rank r is member
-// r % shard of shard group r / shard, and member r / shard of replicate group r % shard.
+// The layout of `world_size` ranks (validate() checked it): rank r = (replica x shard + s) x tp + t
+// is member t of its TP group (tp consecutive ranks), member s of its shard group (the ranks of
+// its replica with the same t) and member `replica` of its replicate group (the ranks with its
+// s and t in every replica). Without TP (tp 1): member r % shard of shard group r / shard, and
+// member r / shard of replicate group r % shard.
 struct ShardLayout {
-  int64_t shard = 1, replicate = 1;
-  int64_t shard_group_of(int64_t rank) const { return rank / shard; }  // also its replica number
-  std::vector<int64_t> shard_group_ranks(int64_t rank) const;     // consecutive
-  std::vector<int64_t> replicate_group_ranks(int64_t rank) const;  // strided by `shard`
+  int64_t shard = 1, replicate = 1, tp = 1;
+  int64_t shard_group_of(int64_t rank) const { return rank / (shard * tp); }  // also its replica number
+  int64_t data_parallel_rank(int64_t rank) const { return rank / tp; }     // which rows of a batch it reads
+  std::vector<int64_t> tp_group_ranks(int64_t rank) const;         // consecutive
+  std::vector<int64_t> shard_group_ranks(int64_t rank) const;      // strided by `tp`
+  std::vector<int64_t> replicate_group_ranks(int64_t rank) const;  // strided by `shard x tp`
 };
 ShardLayout shard_layout(const Config& config, int64_t world_size);
 

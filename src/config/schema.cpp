@@ -50,6 +50,9 @@ const std::vector<Field>& schema() {
                "dp_replicate"),
       ZB_FIELD("parallel.dp_replicate", Int, int64_t, parallel.dp_replicate,
                "hybrid sharding: shard groups holding replicas (1 = FSDP over every rank)"),
+      ZB_FIELD("parallel.tp", Int, int64_t, parallel.tp,
+               "tensor parallelism: ranks per TP group, consecutive (within a node); tp x dp_shard x "
+               "dp_replicate = world size"),
       ZB_FIELD("parallel.muon_split_over_replicas", Bool, bool, parallel.muon_split_over_replicas,
                "hybrid sharding: replicas share Muon's Newton-Schulz work (an all-reduce across them) "
                "instead of each doing all of it"),

@@ -6,6 +6,7 @@
 
 #include "config/fields.h"
 #include "config/model_config.h"
+#include "model/llama.h"
 
 namespace zb {
 
@@ -58,18 +59,43 @@ void validate(const Config& c, int64_t world_size) {
   positive("train.bucket_mb", c.train.bucket_mb);
   positive("train.max_skipped_steps", c.train.max_skipped_steps);
   positive("optim.batch_size", c.optim.batch_size);
-  if (c.optim.batch_size % (world_size * c.train.micro_bs) != 0)
+  positive("parallel.tp", c.parallel.tp);
+  const int64_t tp = c.parallel.tp;
+  if (tp == 1 && c.optim.batch_size % (world_size * c.train.micro_bs) != 0)
     fail("optim.batch_size", "optim.batch_size (" + show(c.optim.batch_size) +
                                  ") must be divisible by world size (" + show(world_size) +
                                  ") x train.micro_bs (" + show(c.train.micro_bs) + ")");
+  if (world_size % tp != 0)
+    fail("parallel.tp", "parallel.tp (" + show(tp) + ") must divide the world size (" + show(world_size) + ")");
+  if (tp > 1 && c.optim.batch_size % (world_size / tp * c.train.micro_bs) != 0)
+    fail("optim.batch_size", "optim.batch_size (" + show(c.optim.batch_size) + ") must be divisible by world size (" +
+                                 show(world_size) + ") / parallel.tp (" + show(tp) + ") x train.micro_bs (" +
+                                 show(c.train.micro_bs) + ")");
   positive("parallel.dp_replicate", c.parallel.dp_replicate);
   if (c.parallel.dp_shard != -1) positive("parallel.dp_shard", c.parallel.dp_shard);
-  if (const ShardLayout l = shard_layout(c, world_size); l.shard * l.replicate != world_size) {
+  if (const ShardLayout l = shard_layout(c, world_size); l.tp * l.shard * l.replicate != world_size) {
     const bool rest = c.parallel.dp_shard == -1;
     fail(rest ? "parallel.dp_replicate" : "parallel.dp_shard",
-         "parallel.dp_shard (" + (rest ? std::string("-1, the rest") : show(c.parallel.dp_shard)) +
-             ") x parallel.dp_replicate (" + show(c.parallel.dp_replicate) + ") must equal the world size (" +
-             show(world_size) + ")");
+         (tp > 1 ? "parallel.tp (" + show(tp) + ") x " : std::string()) + "parallel.dp_shard (" +
+             (rest ? std::string("-1, the rest") : show(c.parallel.dp_shard)) + ") x parallel.dp_replicate (" +
+             show(c.parallel.dp_replicate) + ") must equal the world size (" + show(world_size) + ")");
+  }
+  if (tp > 1) {
+    try {
+      check_tensor_parallel(a, tp);
+    } catch (const std::invalid_argument& e) {
+      fail("parallel.tp", std::string("parallel.tp = ") + show(tp) + ": " + e.what());
+    }
+    if (c.data.seq_length % tp != 0)
+      fail("parallel.tp", "parallel.tp (" + show(tp) + ") must divide data.seq_length (" + show(c.data.seq_length) +
+                              "): each rank of a TP group holds an equal part of every sequence");
+    // Not built yet (issue 30): Muon's whole-matrix orthogonalisation over TP slices, and
+    // DiLoCo's exchanges of them.
+    if (c.optim.optim.type == "muon")
+      fail("parallel.tp", "parallel.tp > 1 trains with optim.optim.type = \"adamw\" for now (Muon over "
+                          "tensor-parallel slices is not built yet)");
+    if (c.diloco.inner_steps > 0)
+      fail("parallel.tp", "parallel.tp > 1 does not run under DiLoCo yet (diloco.inner_steps)");
   }
   positive("data.seq_length", c.data.seq_length);
   non_negative("data.num_workers", c.data.num_workers);
@@ -165,25 +191,34 @@ void validate(const Config& c, int64_t world_size) {
 ShardLayout shard_layout(const Config& c, int64_t world_size) {
   ShardLayout l;
   l.replicate = c.parallel.dp_replicate;
-  l.shard = c.parallel.dp_shard == -1 ? world_size / l.replicate : c.parallel.dp_shard;
+  l.tp = c.parallel.tp;
+  l.shard = c.parallel.dp_shard == -1 ? world_size / (l.tp * l.replicate) : c.parallel.dp_shard;
   return l;
+}
+
+std::vector<int64_t> ShardLayout::tp_group_ranks(int64_t rank) const {
+  std::vector<int64_t> out;
+  for (int64_t t = 0; t < tp; ++t) out.push_back(rank / tp * tp + t);
+  return out;
 }
 
 std::vector<int64_t> ShardLayout::shard_group_ranks(int64_t rank) const {
   std::vector<int64_t> out;
-  for (int64_t i = 0; i < shard; ++i) out.push_back(shard_group_of(rank) * shard + i);
+  for (int64_t s = 0; s < shard; ++s) out.push_back(shard_group_of(rank) * shard * tp + s * tp + rank % tp);
   return out;
 }
 
 std::vector<int64_t> ShardLayout::replicate_group_ranks(int64_t rank) const {
   std::vector<int64_t> out;
-  for (int64_t i = 0; i < replicate; ++i) out.push_back(i * shard + rank % shard);
+  for (int64_t i = 0; i < replicate; ++i) out.push_back(i * shard * tp + rank % (shard * tp));
   return out;
 }
 
+int64_t data_parallel_size(const Config& c, int64_t world_size) { return world_size / c.parallel.tp; }
+
 int64_t grad_accum_steps(const Config& c, int64_t world_size) {
   // validate() checked that the batch divides.
-  return c.optim.batch_size / (world_size * c.train.micro_bs);
+  return c.optim.batch_size / (data_parallel_size(c, world_size) * c.train.micro_bs);
 }
 
 std::vector<double> parse_ratio(const std::string& ratio, size_t expected_count) {

@@ -1,6 +1,7 @@
 #include "fsdp/fsdp_engine.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -13,8 +14,11 @@
 
 namespace zb {
 
-FSDPEngine::FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& options, Communicator* replicas)
-    : model_(model), comm_(comm), replicas_(replicas), options_(options) {
+FSDPEngine::FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& options, Communicator* replicas,
+                       Communicator* tp)
+    : model_(model), comm_(comm), replicas_(replicas), tp_(tp && tp->size() > 1 ? tp : nullptr), options_(options) {
+  TORCH_CHECK(model.tp_size() == (tp_ ? tp_->size() : 1), "FSDPEngine: the model is split over ", model.tp_size(),
+              " ranks, the engine's TP group has ", tp_ ? tp_->size() : 1);
   // One FSDPParam per model parameter, grouped into units: a block's parameters, and the root's
   // (those of no block).
   std::vector<std::vector<FSDPParam*>> block_params(model.args().n_layers);
@@ -143,22 +147,49 @@ void FSDPEngine::reshard() {
 }
 
 std::vector<ShardedParameter> FSDPEngine::parameters() {
+  // This rank's rows of the model's tensor; under TP that tensor is itself a slice of the whole.
   std::vector<ShardedParameter> out;
-  for (auto& p : params_) out.push_back({p->name, &p->sharded, p->full_shape, p->first_row(), false});
+  const auto& named = model_.parameters();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const FSDPParam& p = *params_[i];
+    const TpSlice& tp = named[i].tp;
+    ShardedParameter s{p.name, &params_[i]->sharded, named[i].global_shape, p.first_row(), false};
+    if (tp.dim == 0) s.row_start += tp.start;
+    if (tp.dim == 1) s.col_start = tp.start;
+    s.tp_shared = tp_ && !tp.split();
+    out.push_back(std::move(s));
+  }
   return out;
 }
 
 at::Tensor FSDPEngine::clip_grad_norm_(double max_norm) {
   std::vector<at::Tensor> shards;
-  for (const auto& p : params_) shards.push_back(p->sharded);
-  // Shards do not overlap: the global sum of squares is the sum of the shard group's (every
-  // replica holds the same gradients and computes the same norm).
-  return zb::clip_grad_norm_(shards, max_norm, &comm_);
+  std::vector<bool> counted;  // a tensor every rank of the TP group holds alike counts once
+  const auto& named = model_.parameters();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    shards.push_back(params_[i]->sharded);
+    counted.push_back(!tp_ || named[i].tp.split() || tp_->rank() == 0);
+  }
+  // Shards do not overlap: the global sum of squares is the sum of the shard group's, and of the
+  // TP group's (every replica holds the same gradients and computes the same norm).
+  return zb::clip_grad_norm_(shards, max_norm, {&comm_, tp_}, counted);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> FSDPEngine::gather_full_parameters() {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& p : params_) out.emplace_back(p->name, gather_whole(p->shard, p->full_shape, p->sharded, comm_));
+  const auto& named = model_.parameters();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const FSDPParam& p = *params_[i];
+    at::Tensor whole = gather_whole(p.shard, p.full_shape, p.sharded, comm_);
+    if (tp_ && named[i].tp.split()) {  // the TP group's slices, side by side along their dimension
+      at::Tensor slices = at::empty({tp_->size(), whole.numel()}, whole.options());
+      tp_->all_gather(slices, whole.contiguous()).wait();
+      std::vector<at::Tensor> parts;
+      for (int64_t r = 0; r < tp_->size(); ++r) parts.push_back(slices[r].view(whole.sizes()));
+      whole = at::cat(parts, named[i].tp.dim);
+    }
+    out.emplace_back(p.name, whole);
+  }
   return out;
 }
 

@@ -45,7 +45,10 @@ class FSDPEngine : public ParallelModel {
   // and frees the full copies; the model's slots are refilled with gathered tensors during
   // forward. Hybrid sharding (HSDP): `comm` is this rank's shard group and `replicas` the ranks
   // holding the same shards in the other groups, over which the reduced gradients are summed.
-  FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& options, Communicator* replicas = nullptr);
+  // Tensor parallelism: `model` holds this rank's slices (Llama's TP group, `tp` here): the engine
+  // shards those, and reports them in the whole model's coordinates.
+  FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& options, Communicator* replicas = nullptr,
+             Communicator* tp = nullptr);
 
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets, const Documents& documents = {}) override;
   // false on the micro-batches before the last: gradients accumulate unsharded, no collective.
@@ -63,6 +66,7 @@ class FSDPEngine : public ParallelModel {
   // The whole fp32 value of every parameter, gathered from the shards (collective).
   std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters() override;
   int64_t replica() const override { return replicas_ ? replicas_->rank() : 0; }
+  int64_t tp_rank() const override { return tp_ ? tp_->rank() : 0; }
 
   const std::vector<std::unique_ptr<FSDPUnit>>& blocks() const { return blocks_; }
   const FSDPUnit& root() const { return *root_; }
@@ -79,6 +83,7 @@ class FSDPEngine : public ParallelModel {
   Llama& model_;
   Communicator& comm_;
   Communicator* replicas_;
+  Communicator* tp_;
   FSDPOptions options_;
   std::vector<std::unique_ptr<FSDPParam>> params_;  // in model order
   std::vector<std::unique_ptr<FSDPUnit>> blocks_;

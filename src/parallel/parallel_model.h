@@ -22,6 +22,11 @@ struct ShardedParameter {
   int64_t row_start = 0;
   // Every rank holds the same rows (data parallelism): one rank's copy is the value.
   bool replicated = false;
+  // Tensor parallelism: the first of the whole tensor's columns the rows hold (a row-parallel
+  // matrix's slice), or 0 for every column; and whether every rank of the TP group holds these
+  // same rows (norm weights, shared key/value heads): their rank 0's copy is the value.
+  int64_t col_start = 0;
+  bool tp_shared = false;
 };
 
 // Whole tensors (a model on one process, as the tests' references train it).
@@ -50,6 +55,8 @@ class ParallelModel {
   // Which copy of the sharded state this rank holds: under hybrid sharding each shard group is a
   // replica (0, 1, ...); otherwise 0. Checkpoints save copy 0's rows only.
   virtual int64_t replica() const { return 0; }
+  // This rank's place in its tensor-parallel group (0 without one).
+  virtual int64_t tp_rank() const { return 0; }
   // Records the engine's own events (gathers in place, frees, block computations) into `trace`;
   // null stops it. Collectives are recorded by the communicators (Communicator::observe).
   virtual void set_trace(StepTrace* /*trace*/) {}

@@ -76,7 +76,7 @@ nlohmann::json resolved_run(const Config& c) {
       {"reshard_after_forward", c.train.reshard_after_forward},
       {"reduce_every_micro_batch", c.train.reduce_every_micro_batch},
       {"bucket_mb", c.train.bucket_mb},
-      {"parallel", {{"dp_shard", c.parallel.dp_shard}, {"dp_replicate", c.parallel.dp_replicate},
+      {"parallel", {{"dp_shard", c.parallel.dp_shard}, {"dp_replicate", c.parallel.dp_replicate}, {"tp", c.parallel.tp},
                     {"muon_split_over_replicas", c.parallel.muon_split_over_replicas}}},
       {"diloco", c.diloco.inner_steps == 0
                      ? nlohmann::json(nullptr)
@@ -129,7 +129,10 @@ void shard_by_node(Config& cfg, const World& world, bool dry_run) {
                                "are on one node (LOCAL_WORLD_SIZE = WORLD_SIZE = %ld): use train_fsdp",
                                world.size, world.size));
   if (!layout_given) {
-    cfg.parallel.dp_shard = world.local_size;
+    if (world.local_size % cfg.parallel.tp != 0)
+      throw ConfigError(strf("train_hsdp: parallel.tp (%ld) must divide the %ld rank(s) of a node: a TP group "
+                             "stays within one", cfg.parallel.tp, world.local_size));
+    cfg.parallel.dp_shard = world.local_size / cfg.parallel.tp;
     cfg.parallel.dp_replicate = world.size / world.local_size;
   }
 }

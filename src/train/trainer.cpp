@@ -18,23 +18,31 @@
 #include "config/model_config.h"
 #include "optim/replicated_muon.h"
 #include "optim/sharded_muon.h"
+#include "parallel/tensor_parallel_group.h"
 #include "util/phase.h"
 
 namespace zb {
 
 std::vector<std::pair<std::string, Communicator*>> Trainer::communication_groups() const {
-  if (!shard_comm_) return {};
-  return {{"shard_group", shard_comm_.get()}, {"replicate_group", replicate_comm_.get()}};
+  std::vector<std::pair<std::string, Communicator*>> out;
+  if (shard_comm_) out.emplace_back("shard_group", shard_comm_.get());
+  if (replicate_comm_) out.emplace_back("replicate_group", replicate_comm_.get());
+  if (tp_comm_) out.emplace_back("tp_group", tp_comm_.get());
+  return out;
 }
 
 HybridGroups make_hybrid_groups(const Config& config, Communicator& comm, Parallelism parallelism) {
   HybridGroups groups;
   const ShardLayout layout = shard_layout(config, comm.size());
-  if (parallelism != Parallelism::FSDP || layout.replicate == 1) return groups;
-  groups.shard = comm.subgroup("shard" + std::to_string(layout.shard_group_of(comm.rank())),
-                               layout.shard_group_ranks(comm.rank()));
-  groups.replicate = comm.subgroup("replicate" + std::to_string(comm.rank() % layout.shard),
-                                   layout.replicate_group_ranks(comm.rank()));
+  if (parallelism != Parallelism::FSDP || (layout.replicate == 1 && layout.tp == 1)) return groups;
+  const int64_t r = comm.rank();
+  const std::string tp_part = layout.tp > 1 ? "." + std::to_string(r % layout.tp) : "";
+  groups.shard = comm.subgroup("shard" + std::to_string(layout.shard_group_of(r)) + tp_part,
+                               layout.shard_group_ranks(r));
+  if (layout.replicate > 1)
+    groups.replicate = comm.subgroup("replicate" + std::to_string(r % (layout.shard * layout.tp)),
+                                     layout.replicate_group_ranks(r));
+  if (layout.tp > 1) groups.tp = comm.subgroup("tp" + std::to_string(r / layout.tp), layout.tp_group_ranks(r));
   return groups;
 }
 
@@ -46,17 +54,23 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
   // Same seed on every rank: every rank draws the same initial values. Under FSDP the model's
   // parameters are shapes only, and the engine creates, initialises and shards them one at a
   // time (a 7B model would need 27 GB per rank whole); DDP keeps a whole replica anyway.
-  at::manual_seed(static_cast<uint64_t>(config.runtime.seed));
-  const bool sharded = parallelism == Parallelism::FSDP;
-  model_ = std::make_unique<Llama>(resolve_model_args(config), at::TensorOptions().device(device),
-                                   /*allocate_parameters=*/!sharded);
-  model_->init_weights();  // the parameters it holds: none under FSDP
-  model_->set_compute_dtype(compute_dtype_);
-
-  // Hybrid sharding: shard within groups of consecutive ranks, replicate across them.
+  // Hybrid sharding: shard within groups of consecutive ranks, replicate across them; tensor
+  // parallelism within groups of consecutive ranks inside those.
   if (!groups.shard) groups = make_hybrid_groups(config, comm, parallelism);
   shard_comm_ = std::move(groups.shard);
   replicate_comm_ = std::move(groups.replicate);
+  tp_comm_ = std::move(groups.tp);
+  if (tp_comm_) tp_group_ = std::make_unique<CommTensorParallelGroup>(*tp_comm_);
+  const ShardLayout layout = shard_layout(config, comm.size());
+  data_rank_ = layout.data_parallel_rank(comm.rank());
+  data_ranks_ = data_parallel_size(config, comm.size());
+
+  at::manual_seed(static_cast<uint64_t>(config.runtime.seed));
+  const bool sharded = parallelism == Parallelism::FSDP;
+  model_ = std::make_unique<Llama>(resolve_model_args(config), at::TensorOptions().device(device),
+                                   /*allocate_parameters=*/!sharded, tp_group_.get());
+  model_->init_weights();  // the parameters it holds: none under FSDP
+  model_->set_compute_dtype(compute_dtype_);
   Communicator* shard_comm = shard_comm_ ? shard_comm_.get() : &comm;
   // DiLoCo: no gradient crosses between replicas; the outer step does, every inner_steps steps.
   const bool diloco = config.diloco.inner_steps > 0;
@@ -69,7 +83,8 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
     fsdp.compute_dtype = compute_dtype_;
     fsdp.reshard_after_forward = config.train.reshard_after_forward;
     fsdp.checkpoint_every = config.train.ac_ckpt;
-    parallel_ = std::make_unique<FSDPEngine>(*model_, *shard_comm, fsdp, diloco ? nullptr : replicate_comm_.get());
+    parallel_ = std::make_unique<FSDPEngine>(*model_, *shard_comm, fsdp, diloco ? nullptr : replicate_comm_.get(),
+                                             tp_comm_.get());
   } else {
     parallel_ = std::make_unique<DDPEngine>(*model_, comm, config.train.bucket_mb);
   }
@@ -103,8 +118,7 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
   attention_kernel_ = zb::attention_kernel(device, compute_dtype_, config.data.seq_length, shape.n_heads,
                                        shape.n_kv_heads, shape.head_dim(), documents_.has_value(), flash_documents_);
   data_ = std::make_unique<DataLoader>(sources.train, seed, config.data.shuffle && !config.data.fake,
-                                       config.optim.batch_size, config.train.micro_bs, comm.rank(),
-                                       comm.size());
+                                       config.optim.batch_size, config.train.micro_bs, data_rank_, data_ranks_);
   if (documents_) data_->set_documents(*documents_);
   // Batches are prepared on a background thread, in pinned memory for asynchronous GPU copies.
   data_->start_prefetch(4, device.is_cuda());
@@ -125,6 +139,7 @@ void Trainer::set_step_trace(StepTrace* trace) {
   comm_.observe(trace, "world");
   if (shard_comm_) shard_comm_->observe(trace, "shard");
   if (replicate_comm_) replicate_comm_->observe(trace, "replicate");
+  if (tp_comm_) tp_comm_->observe(trace, "tp");
 }
 
 Documents Trainer::documents_of(const Batch& batch) const {
@@ -247,8 +262,8 @@ double Trainer::evaluate() {
   Phase phase("zb.evaluate");
   // A fresh loader each time: the same batches at every evaluation, split over the ranks.
   const int64_t per_rank = config_.data.eval_batches * config_.train.micro_bs;
-  DataLoader loader(val_source_, 0, /*shuffle=*/false, per_rank * comm_.size(),
-                    config_.train.micro_bs, comm_.rank(), comm_.size());
+  DataLoader loader(val_source_, 0, /*shuffle=*/false, per_rank * data_ranks_, config_.train.micro_bs, data_rank_,
+                    data_ranks_);
   if (documents_) loader.set_documents(*documents_);
   at::NoGradGuard no_grad;
   at::Tensor sum = at::zeros({1}, at::TensorOptions().device(device_));
@@ -288,7 +303,7 @@ void Trainer::restore_position(int64_t step, int64_t skipped, uint64_t seed) {
   skipped_ = skipped;
   skipped_in_a_row_ = 0;
   const int64_t rows = step * accum_ * config_.train.micro_bs;  // this rank's rows per step
-  data_->load_state({rows, seed, comm_.size()});
+  data_->load_state({rows, seed, data_ranks_});
 }
 
 }  // namespace zb

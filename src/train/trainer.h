@@ -50,8 +50,11 @@ enum class Parallelism { FSDP, DDP };
 // Hybrid sharding's groups: shard within groups of consecutive ranks, replicate across them (both
 // null for FSDP over every rank and for DDP). Made before the trainer by a program that must
 // know what its communicators hold before planning memory; otherwise the trainer makes them.
+// The process groups of the layout beside the world (config.h's ShardLayout): a shard group
+// and, with more than one replica, a replicate group when the shard group is not the world; a
+// TP group with parallel.tp > 1.
 struct HybridGroups {
-  std::unique_ptr<Communicator> shard, replicate;
+  std::unique_ptr<Communicator> shard, replicate, tp;
 };
 // Every rank calls it at the same point: on NCCL each group is split from the world's communicator.
 HybridGroups make_hybrid_groups(const Config& config, Communicator& comm, Parallelism parallelism);
@@ -122,7 +125,8 @@ class Trainer : public TrainingState {
   at::ScalarType compute_dtype_;
   // Hybrid sharding's groups (both null for FSDP over every rank and for DDP): before the engine,
   // which uses them, so that they outlive it.
-  std::unique_ptr<Communicator> shard_comm_, replicate_comm_;
+  std::unique_ptr<Communicator> shard_comm_, replicate_comm_, tp_comm_;
+  std::unique_ptr<TensorParallelGroup> tp_group_;  // the model's view of tp_comm_
   std::unique_ptr<Llama> model_;
   std::unique_ptr<ParallelModel> parallel_;
   std::unique_ptr<Optimizer> optimizer_;
@@ -131,6 +135,7 @@ class Trainer : public TrainingState {
   // DiLoCo). The outer copies start from the first step's parameters unless a checkpoint set them.
   std::unique_ptr<DiLoCo> diloco_;
   int64_t replica_ = 0, replicas_ = 1;
+  int64_t data_rank_ = 0, data_ranks_ = 1;  // which rows of each batch this rank reads, of how many
   bool outer_restored_ = false;
   std::unique_ptr<DataLoader> data_;
   std::shared_ptr<const SampleSource> val_source_;

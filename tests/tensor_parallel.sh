@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Tensor parallelism end to end with real processes (parallel.tp; issue 30):
+#   tensor_parallel.sh layouts|checkpoints  TRAIN_FSDP CONFIG PYTHON
+# layouts: TP 2 x FSDP 2, TP 4, TP 2 x HSDP (2 x 1 x 2), TP 2 with activation checkpointing and
+#   TP 4 with 2 key/value heads (each shared by two ranks) train as the single process does: the
+#   loss of every step within 1e-5 (fp32, summation order only). AdamW (Muon under TP is not
+#   built yet).
+# checkpoints: a checkpoint saved under TP 2 x FSDP 2 resumes on one process, under TP 4 and on 2
+#   FSDP ranks without TP, and one saved by the single process resumes under TP 2 x FSDP 2, each following
+#   the straight run; the TP checkpoint exports to Hugging Face as the whole model
+#   (transformers' logits equal ours).
+set -u
+what=$1 train=$2 config=$3 python=${4:-python3}
+export_hf="$(dirname "$train")/export_hf"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/ranks.sh"
+# 8 sequences of 64 tokens a step, 2 per micro-batch: 1, 2 or 4 micro-batches per rank.
+common+=(--optim.optim.type adamw --optim.batch_size 8 --optim.total_steps 20 --optim.warmup_steps 5)
+
+case $what in
+layouts)
+  run_ranks 1 "$work/one.log" --logging.metrics_file "$work/one.jsonl"
+  wait_ranks || fail "single process"
+  run_ranks 1 "$work/one_gqa.log" --model.n_kv_heads 2 --logging.metrics_file "$work/one_gqa.jsonl"
+  wait_ranks || fail "single process, 2 key/value heads"
+  # name RANKS REFERENCE LAST ARGS...: steps 1-LAST as the reference's.
+  layout() {
+    local name=$1 w=$2 ref=$3 last=$4; shift 4
+    run_ranks "$w" "$work/$name.log" --logging.metrics_file "$work/$name.jsonl" "$@"
+    wait_ranks || fail "$name"
+    compare_losses "$work/$ref.jsonl" "$work/$name.jsonl" 1e-5 "$name" 1 "$last" || fail "$name: losses differ"
+  }
+  layout tp2_fsdp2 4 one 20 --parallel.tp 2
+  grep -q "tensor parallelism: groups of 2 consecutive ranks" "$work/tp2_fsdp2.log.0" || fail "no TP in the log"
+  layout tp4 4 one 20 --parallel.tp 4
+  layout tp2_hsdp_1x2 4 one 20 --parallel.tp 2 --parallel.dp_shard 1 --parallel.dp_replicate 2
+  layout tp2_ac 2 one 20 --parallel.tp 2 --train.ac_ckpt true
+  # The 2-key/value-head model spikes at step 11 at these learning rates, which amplifies fp32
+  # rounding into 1e-3 differences (plain FSDP on 2 ranks departs from one process as much):
+  # steps 1-10.
+  layout tp4_gqa 4 one_gqa 10 --parallel.tp 4 --model.n_kv_heads 2
+  # The TP group's traffic is counted apart in the metrics.
+  "$python" - "$work/tp2_fsdp2.jsonl" <<'PY' || fail "no tp_group bytes"
+import json, sys
+r = json.loads(open(sys.argv[1]).readline())
+groups = {g: sum(r["comm_bytes_" + g].values()) for g in ("tp_group", "shard_group")}
+print("bytes by group:", groups)
+assert groups["tp_group"] > 0 and groups["shard_group"] > 0
+PY
+  ;;
+checkpoints)
+  run_ranks 1 "$work/one.log" --ckpt.path "$work/one" --ckpt.interval 10 --ckpt.keep 0 \
+    --logging.metrics_file "$work/one.jsonl"
+  wait_ranks || fail "single process"
+  run_ranks 4 "$work/tp.log" --parallel.tp 2 --ckpt.path "$work/tp" --ckpt.interval 10 --ckpt.keep 0 \
+    --logging.metrics_file "$work/tp.jsonl"
+  wait_ranks || fail "TP 2 x FSDP 2"
+  # name RANKS CHECKPOINT ARGS...: resumes at step 10, steps 11-20 as the straight run's.
+  resume() {
+    local name=$1 w=$2 from=$3; shift 3
+    run_ranks "$w" "$work/$name.log" --ckpt.resume "$from" --logging.metrics_file "$work/$name.jsonl" "$@"
+    wait_ranks || fail "$name"
+    compare_losses "$work/one.jsonl" "$work/$name.jsonl" 1e-5 "$name" 11 20 || fail "$name: losses differ"
+  }
+  resume tp2_to_one 1 "$work/tp/step_00000010"
+  resume tp2_to_tp4 4 "$work/tp/step_00000010" --parallel.tp 4
+  resume tp2_to_fsdp2 2 "$work/tp/step_00000010"
+  resume one_to_tp2 4 "$work/one/step_00000010" --parallel.tp 2
+  # Norm weights are shared by a TP group: written by its rank 0 only; wo's columns in blocks.
+  "$python" - "$work/tp/step_00000010" <<'PY' || fail "TP checkpoint layout"
+import json, sys
+index = [json.load(open(f"{sys.argv[1]}/rank_{r:05d}.json")) for r in range(4)]
+for r in range(4):
+    norms = [e for e in index[r] if e["name"] == "model/norm.weight"]
+    assert (len(norms) == 1) == (r % 2 == 0), f"rank {r} norm entries: {norms}"
+    wo = [e for e in index[r] if e["name"] == "model/layers.0.attention.wo.weight"][0]
+    assert wo["cols"] == 128 and wo["col_start"] == 128 * (r % 2), wo
+print("norms from TP rank 0 only; wo saved as column blocks")
+PY
+  "$export_hf" "$work/tp/step_00000010" "$work/hf" --check-logits || fail "export"
+  "$python" "$(dirname "$0")/reference/hf_check.py" "$work/hf" 2>/dev/null || fail "logits differ"
+  ;;
+*)
+  echo "unknown case $what"; exit 2 ;;
+esac
+echo PASS

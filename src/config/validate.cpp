@@ -61,16 +61,12 @@ void validate(const Config& c, int64_t world_size) {
   positive("optim.batch_size", c.optim.batch_size);
   positive("parallel.tp", c.parallel.tp);
   const int64_t tp = c.parallel.tp;
-  if (tp == 1 && c.optim.batch_size % (world_size * c.train.micro_bs) != 0)
-    fail("optim.batch_size", "optim.batch_size (" + show(c.optim.batch_size) +
-                                 ") must be divisible by world size (" + show(world_size) +
-                                 ") x train.micro_bs (" + show(c.train.micro_bs) + ")");
   if (world_size % tp != 0)
     fail("parallel.tp", "parallel.tp (" + show(tp) + ") must divide the world size (" + show(world_size) + ")");
-  if (tp > 1 && c.optim.batch_size % (world_size / tp * c.train.micro_bs) != 0)
+  if (c.optim.batch_size % (data_parallel_size(c, world_size) * c.train.micro_bs) != 0)
     fail("optim.batch_size", "optim.batch_size (" + show(c.optim.batch_size) + ") must be divisible by world size (" +
-                                 show(world_size) + ") / parallel.tp (" + show(tp) + ") x train.micro_bs (" +
-                                 show(c.train.micro_bs) + ")");
+                                 show(world_size) + ")" + (tp > 1 ? " / parallel.tp (" + show(tp) + ")" : "") +
+                                 " x train.micro_bs (" + show(c.train.micro_bs) + ")");
   positive("parallel.dp_replicate", c.parallel.dp_replicate);
   if (c.parallel.dp_shard != -1) positive("parallel.dp_shard", c.parallel.dp_shard);
   if (const ShardLayout l = shard_layout(c, world_size); l.tp * l.shard * l.replicate != world_size) {

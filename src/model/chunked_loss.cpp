@@ -52,17 +52,15 @@ struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
       at::Tensor tc = targets.narrow(0, start, n).unsqueeze(1);
       at::Tensor z = fp32_gemm ? at::mm(xc, wt, logits_dtype) : at::mm(xc, wt).to(logits_dtype);  // [n, V]
       at::Tensor lse = at::logsumexp(z, {1}, /*keepdim=*/true);
-      at::Tensor one = at::full_like(tc, -1, z.options());  // the one-hot's entry, negated
-      at::Tensor target_logit;
+      at::Tensor target_logit, here;  // here: the target is one of this rank's words (vocab_group)
       if (!vocab_group) {
         target_logit = z.gather(1, tc);
       } else {
         // z holds this rank's words [vocab_start, vocab_start + V): the target's logit is on one
         // rank (0 elsewhere), and the log-sum-exp over all words is that of the ranks' own.
         tc = tc - vocab_start;
-        const at::Tensor here = tc.ge(0).logical_and(tc.lt(z.size(1)));
+        here = tc.ge(0).logical_and(tc.lt(z.size(1)));
         tc = tc.clamp(0, z.size(1) - 1);
-        one = at::where(here, one, at::zeros_like(one));
         target_logit = at::where(here, z.gather(1, tc), at::zeros_like(lse));
         const int64_t R = vocab_group->size();
         at::Tensor mine = at::cat({lse, target_logit}, 1);  // [n, 2]
@@ -75,6 +73,8 @@ struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
       if (!want_x_grad && !want_w_grad) continue;
       // d(summed loss)/dz = softmax(z) - onehot(target), in z's memory.
       z.sub_(lse).exp_();
+      at::Tensor one = at::full_like(tc, -1, z.options());  // the one-hot's entry, negated
+      if (here.defined()) one = at::where(here, one, at::zeros_like(one));  // another rank's word
       z.scatter_add_(1, tc, one);
       const at::Tensor g = z.to(x.scalar_type());  // as the unchunked graph casts it back
       if (want_x_grad) {

@@ -17,7 +17,6 @@ class CommTensorParallelGroup : public TensorParallelGroup {
     comm_.reduce_scatter_sum(out, in).wait();
   }
   void all_reduce_sum(const at::Tensor& t) override { comm_.all_reduce_sum(t).wait(); }
-  Communicator& communicator() { return comm_; }
 
  private:
   Communicator& comm_;

@@ -52,7 +52,7 @@ std::vector<std::string> describe_run(const Config& c, const ModelArgs& a, int64
   if (layout.tp > 1)
     lines.push_back(strf("tensor parallelism: groups of %ld consecutive ranks split every matrix (heads, FFN "
                          "columns, vocabulary) and every sequence between them; %ld group(s) read different rows",
-                         layout.tp, world_size / layout.tp));
+                         layout.tp, data_parallel_size(c, world_size)));
   if (parallelism == Parallelism::FSDP && c.diloco.inner_steps > 0) {
     lines.push_back(strf("DiLoCo: %ld replica(s) of %ld rank(s) train apart (gradients averaged within a "
                          "replica only); every %ld steps an outer Nesterov step (lr %g, momentum %g) on the "

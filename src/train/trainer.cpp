@@ -75,8 +75,8 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
   // DiLoCo: no gradient crosses between replicas; the outer step does, every inner_steps steps.
   const bool diloco = config.diloco.inner_steps > 0;
   TORCH_CHECK(!diloco || sharded, "DiLoCo (diloco.inner_steps) runs over the shard groups of train_fsdp or train_hsdp");
-  if (sharded) replica_ = shard_layout(config, comm.size()).shard_group_of(comm.rank());
-  if (diloco) replicas_ = shard_layout(config, comm.size()).replicate;
+  if (sharded) replica_ = layout.shard_group_of(comm.rank());
+  if (diloco) replicas_ = layout.replicate;
   if (sharded) {
     FSDPOptions fsdp;
     fsdp.device = device;

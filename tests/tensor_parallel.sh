@@ -3,8 +3,16 @@
 #   tensor_parallel.sh layouts|checkpoints  TRAIN_FSDP CONFIG PYTHON
 # layouts: TP 2 x FSDP 2, TP 4, TP 2 x HSDP (2 x 1 x 2), TP 2 with activation checkpointing and
 #   TP 4 with 2 key/value heads (each shared by two ranks) train as the single process does: the
-#   loss of every step within 1e-5 (fp32, summation order only). AdamW (Muon under TP is not
-#   built yet).
+#   loss of every step within 1e-5 (fp32, summation order only). AdamW.
+# muon: the same with Muon (Newton-Schulz in fp32): TP 2 x FSDP 2 gathering each split matrix to
+#   an owner and distributing Newton-Schulz over the slices (Gram all-reduce), TP 4 alone (shard
+#   groups of one), TP 2 x HSDP with replicas sharing the work, TP 4 with shared key/value heads;
+#   a TP 2 x FSDP 2 checkpoint (momentum in column blocks) resumed under TP 4; and DiLoCo (2
+#   replicas, streaming in 2 fragments, bf16 pseudo-gradients) with each replica a TP group of 2,
+#   as DiLoCo's 2 replicas of one rank (itself checked against PyTorch in tests/diloco.py), and
+#   its checkpoint (outer state in column blocks) resumed by the latter.
+#   (uint8 compression is left out: its chunks follow each rank's slice or shard, so its rounding
+#   depends on the layout, under FSDP alone too.)
 # checkpoints: a checkpoint saved under TP 2 x FSDP 2 resumes on one process, under TP 4 and on 2
 #   FSDP ranks without TP, and one saved by the single process resumes under TP 2 x FSDP 2, each following
 #   the straight run; the TP checkpoint exports to Hugging Face as the whole model
@@ -16,7 +24,16 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/ranks.sh"
 # 8 sequences of 64 tokens a step, 2 per micro-batch: 1, 2 or 4 micro-batches per rank.
-common+=(--optim.optim.type adamw --optim.batch_size 8 --optim.total_steps 20 --optim.warmup_steps 5)
+common+=(--optim.batch_size 8 --optim.total_steps 20 --optim.warmup_steps 5)
+[ "$what" = muon ] || common+=(--optim.optim.type adamw)
+
+# name RANKS REFERENCE LAST ARGS...: steps 1-LAST as the reference's.
+layout() {
+  local name=$1 w=$2 ref=$3 last=$4; shift 4
+  run_ranks "$w" "$work/$name.log" --logging.metrics_file "$work/$name.jsonl" "$@"
+  wait_ranks || fail "$name"
+  compare_losses "$work/$ref.jsonl" "$work/$name.jsonl" 1e-5 "$name" 1 "$last" || fail "$name: losses differ"
+}
 
 case $what in
 layouts)
@@ -24,13 +41,6 @@ layouts)
   wait_ranks || fail "single process"
   run_ranks 1 "$work/one_gqa.log" --model.n_kv_heads 2 --logging.metrics_file "$work/one_gqa.jsonl"
   wait_ranks || fail "single process, 2 key/value heads"
-  # name RANKS REFERENCE LAST ARGS...: steps 1-LAST as the reference's.
-  layout() {
-    local name=$1 w=$2 ref=$3 last=$4; shift 4
-    run_ranks "$w" "$work/$name.log" --logging.metrics_file "$work/$name.jsonl" "$@"
-    wait_ranks || fail "$name"
-    compare_losses "$work/$ref.jsonl" "$work/$name.jsonl" 1e-5 "$name" 1 "$last" || fail "$name: losses differ"
-  }
   layout tp2_fsdp2 4 one 20 --parallel.tp 2
   grep -q "tensor parallelism: groups of 2 consecutive ranks" "$work/tp2_fsdp2.log.0" || fail "no TP in the log"
   layout tp4 4 one 20 --parallel.tp 4
@@ -48,6 +58,41 @@ groups = {g: sum(r["comm_bytes_" + g].values()) for g in ("tp_group", "shard_gro
 print("bytes by group:", groups)
 assert groups["tp_group"] > 0 and groups["shard_group"] > 0
 PY
+  ;;
+muon)
+  run_ranks 1 "$work/one.log" --logging.metrics_file "$work/one.jsonl"
+  wait_ranks || fail "single process"
+  run_ranks 1 "$work/one_gqa.log" --model.n_kv_heads 2 --logging.metrics_file "$work/one_gqa.jsonl"
+  wait_ranks || fail "single process, 2 key/value heads"
+  layout tp2_fsdp2_gather 4 one 20 --parallel.tp 2 --parallel.muon_tp gather \
+    --ckpt.path "$work/tp" --ckpt.interval 10 --ckpt.keep 0
+  layout tp2_fsdp2_gram 4 one 20 --parallel.tp 2 --parallel.muon_tp gram
+  layout tp4 4 one 20 --parallel.tp 4
+  layout tp2_hsdp_1x2 4 one 20 --parallel.tp 2 --parallel.dp_shard 1 --parallel.dp_replicate 2
+  layout tp4_gqa 4 one_gqa 10 --parallel.tp 4 --model.n_kv_heads 2  # steps 1-10: see layouts
+  # Each mode's traffic: gather all-to-alls over the TP group, gram all-reduces Gram matrices.
+  "$python" - "$work/tp2_fsdp2_gather.jsonl" "$work/tp2_fsdp2_gram.jsonl" <<'PY' || fail "TP Muon traffic"
+import json, sys
+gather, gram = (json.loads(open(f).readline())["comm_bytes_tp_group"] for f in sys.argv[1:])
+print("TP group bytes, gather:", gather, "gram:", gram)
+assert gather.get("all_to_all", 0) > 0 and gram.get("all_to_all", 0) == 0
+assert gram["all_reduce"] > gather["all_reduce"]
+PY
+  run_ranks 4 "$work/tp2_to_tp4.log" --parallel.tp 4 --ckpt.resume "$work/tp/step_00000010" \
+    --logging.metrics_file "$work/tp2_to_tp4.jsonl"
+  wait_ranks || fail "tp2_to_tp4"
+  compare_losses "$work/one.jsonl" "$work/tp2_to_tp4.jsonl" 1e-5 tp2_to_tp4 11 20 || fail "tp2_to_tp4: losses differ"
+  diloco=(--diloco.inner_steps 4 --diloco.fragments 2 --diloco.compression bf16 --parallel.dp_shard 1
+          --parallel.dp_replicate 2)
+  run_ranks 2 "$work/diloco.log" --logging.metrics_file "$work/diloco.jsonl" "${diloco[@]}"
+  wait_ranks || fail "DiLoCo without TP"
+  layout diloco_tp2 4 diloco 20 "${diloco[@]}" --parallel.tp 2 --ckpt.path "$work/dtp" --ckpt.interval 10 --ckpt.keep 0
+  # DiLoCo's outer state saved in column blocks too: the TP checkpoint resumes without TP.
+  run_ranks 2 "$work/diloco_resume.log" --logging.metrics_file "$work/diloco_resume.jsonl" "${diloco[@]}" \
+    --ckpt.resume "$work/dtp/step_00000010"
+  wait_ranks || fail "DiLoCo resume"
+  compare_losses "$work/diloco.jsonl" "$work/diloco_resume.jsonl" 1e-5 diloco_tp2_to_one_rank_replicas 11 20 ||
+    fail "DiLoCo resume: losses differ"
   ;;
 checkpoints)
   run_ranks 1 "$work/one.log" --ckpt.path "$work/one" --ckpt.interval 10 --ckpt.keep 0 \

@@ -11,6 +11,7 @@
 #include "multiprocess.h"
 #include "optim/gram_newton_schulz.h"
 #include "optim/muon.h"
+#include "optim/tensor_parallel_muon.h"
 #include "reference_data.h"
 
 using namespace zb;
@@ -209,6 +210,73 @@ TEST(GramNewtonSchulz, EqualsTheIterationOnTheWholeMatrix) {
                       ring_counted_bytes(CommKind::AllReduce, world, element) +
                           5 * ring_counted_bytes(CommKind::AllReduce, world, element * gram));
           }
+    });
+  }
+}
+
+// Muon's tensor-parallel stage on 2 and 4 real ranks (issue 30): every rank holds slices (rows of a
+// column-parallel matrix, columns of a row-parallel one, a very tall matrix split along its long
+// side, and one held whole like shared key/value heads) and their gradients; after a step each
+// rank's slice equals its slice of Muon on the whole matrices on one process (float64
+// Newton-Schulz, 1e-12), whichever mode: "gather" moves the slices by all-to-all and never
+// all-reduces, "gram" all-reduces and never all-to-alls, "auto" takes gram only for the tall one.
+TEST(TensorParallelMuon, EachRankGetsItsSliceOfTheWholeUpdate) {
+  struct Matrix {
+    std::vector<int64_t> shape;
+    int64_t tp_dim;
+  };
+  const std::vector<Matrix> matrices = {{{16, 12}, 0}, {{16, 12}, 0}, {{12, 16}, 1}, {{160, 4}, 0}, {{8, 12}, -1}};
+  EXPECT_FALSE(muon_tp_uses_gram("auto", 0, 16, 12, 2, 5));  // Llama's shapes: gather
+  EXPECT_FALSE(muon_tp_uses_gram("auto", 1, 12, 16, 4, 5));
+  EXPECT_TRUE(muon_tp_uses_gram("auto", 0, 160, 4, 2, 5));  // 5 x 4² Gram values < 320 in a slice
+  for (const int world : {2, 4}) {
+    multiprocess::run_ranks(world, [world, &matrices](int rank) {
+      Communicator tp(detect_world(), c10::Device(c10::kCPU), std::chrono::seconds(60));
+      MuonHyper h;
+      h.ns_dtype = at::kDouble;
+      for (const std::string mode : {"gather", "gram", "auto"}) {
+        at::manual_seed(7);  // the same whole matrices and gradients on every rank
+        Muon whole(h), sliced(h);
+        std::vector<at::Tensor> full, grads, mine;
+        for (const Matrix& m : matrices) {
+          full.push_back(at::randn(m.shape, at::kDouble));
+          grads.push_back(at::randn(m.shape, at::kDouble));
+        }
+        for (size_t i = 0; i < matrices.size(); ++i) {
+          const Matrix& m = matrices[i];
+          at::Tensor w = full[i].clone(), g = grads[i];
+          std::vector<int64_t> slice_shape = m.shape;
+          at::Tensor s = w.clone();
+          at::Tensor sg = g;
+          if (m.tp_dim >= 0) {
+            s = w.tensor_split(world, m.tp_dim)[rank].clone();
+            sg = g.tensor_split(world, m.tp_dim)[rank].clone();
+            slice_shape[static_cast<size_t>(m.tp_dim)] /= world;
+          }
+          w.mutable_grad() = g;
+          s.mutable_grad() = sg;
+          whole.add_param("m" + std::to_string(i), w);
+          sliced.add_param("m" + std::to_string(i), s, m.shape, slice_shape, m.tp_dim);
+          mine.push_back(s);
+        }
+        make_muon_tensor_parallel(sliced, tp, mode);
+        const CommStats before = tp.stats();
+        whole.step(1.0);
+        sliced.step(1.0);
+        auto moved = [&](CommKind k) {
+          return tp.stats().bytes[static_cast<size_t>(k)] - before.bytes[static_cast<size_t>(k)];
+        };
+        if (mode == "gather") EXPECT_EQ(moved(CommKind::AllReduce), 0);
+        if (mode != "gather") EXPECT_GT(moved(CommKind::AllReduce), 0);
+        if (mode == "gram") EXPECT_EQ(moved(CommKind::AllToAll), 0);
+        if (mode != "gram") EXPECT_GT(moved(CommKind::AllToAll), 0);
+        for (size_t i = 0; i < matrices.size(); ++i) {
+          const Matrix& m = matrices[i];
+          const at::Tensor& w = whole.params()[i].param;
+          const at::Tensor want = m.tp_dim >= 0 ? w.tensor_split(world, m.tp_dim)[rank] : w;
+          EXPECT_LE(max_abs(mine[i] - want), 1e-12) << mode << ", matrix " << i << ", rank " << rank << " of " << world;
+        }
+      }
     });
   }
 }

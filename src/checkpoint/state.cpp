@@ -5,12 +5,16 @@
 
 namespace zb {
 
+StateTensor state_tensor(const std::string& name, const at::Tensor& local, const ShardedParameter& p,
+                         bool per_replica) {
+  return {name, local, p.global_shape, p.row_start, p.replicated, per_replica, p.col_start, p.tp_shared};
+}
+
 std::vector<StateTensor> training_state(ParallelModel& parallel, const Optimizer& optimizer) {
   std::vector<StateTensor> out;
   std::map<std::string, ShardedParameter> by_name;
   for (const ShardedParameter& p : parallel.parameters()) {
-    out.push_back({"model/" + p.name, *p.tensor, p.global_shape, p.row_start, p.replicated, false, p.col_start,
-                   p.tp_shared});
+    out.push_back(state_tensor("model/" + p.name, *p.tensor, p));
     by_name.emplace(p.name, p);
   }
   for (const OptimizerState& s : optimizer.state()) {
@@ -19,8 +23,7 @@ std::vector<StateTensor> training_state(ParallelModel& parallel, const Optimizer
     const std::string name = "optim/" + s.param + "." + s.key;
     if (s.tensor.dim() == 0) out.push_back({name, s.tensor, {}, 0, true});
     else
-      out.push_back({name, s.tensor, it->second.global_shape, it->second.row_start, it->second.replicated, false,
-                     it->second.col_start, it->second.tp_shared});
+      out.push_back(state_tensor(name, s.tensor, it->second));
   }
   return out;
 }

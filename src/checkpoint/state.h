@@ -31,6 +31,11 @@ struct StateTensor {
   bool tp_shared = false;
 };
 
+// A tensor shaped like this rank's part of parameter `p` (the parameter itself, or state kept
+// for it), placed where p's part sits in the whole.
+StateTensor state_tensor(const std::string& name, const at::Tensor& local, const ShardedParameter& p,
+                         bool per_replica = false);
+
 // Every tensor of the training state, parameters first, in a fixed order. An optimizer state
 // tensor sits where its parameter does.
 std::vector<StateTensor> training_state(ParallelModel& parallel, const Optimizer& optimizer);

@@ -59,6 +59,10 @@ struct ParallelConfig {  // [parallel]
   // an all-reduce over the replicas shares the results (less Newton-Schulz per rank, more traffic
   // across nodes; measured faster on CPU, docs/BENCHMARKS.md), else every replica does them all.
   bool muon_split_over_replicas = true;
+  // Muon under tensor parallelism (optim/tensor_parallel_muon.h): "gather" each split matrix to an
+  // owner in the TP group, "gram" (Newton-Schulz distributed over the slices) or "auto" (per
+  // matrix, whichever moves fewer bytes).
+  std::string muon_tp = "auto";
 };
 
 struct OptimizerConfig {  // [optim.optim]

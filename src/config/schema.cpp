@@ -56,6 +56,11 @@ const std::vector<Field>& schema() {
       ZB_FIELD("parallel.muon_split_over_replicas", Bool, bool, parallel.muon_split_over_replicas,
                "hybrid sharding: replicas share Muon's Newton-Schulz work (an all-reduce across them) "
                "instead of each doing all of it"),
+      ZB_CHOICE("parallel.muon_tp", parallel.muon_tp,
+                "tensor parallelism: how Muon orthogonalises a matrix split over a TP group: gather "
+                "(to an owner, whole), gram (Newton-Schulz on the slices, a Gram matrix all-reduced per "
+                "iteration) or auto (whichever moves fewer bytes)",
+                "auto", "gather", "gram"),
       ZB_FIELD("train.micro_bs", Int, int64_t, train.micro_bs,
                "sequences per forward/backward on one rank"),
       Field{"train.ac_ckpt", Kind::BoolOrInt,

@@ -85,13 +85,6 @@ void validate(const Config& c, int64_t world_size) {
     if (c.data.seq_length % tp != 0)
       fail("parallel.tp", "parallel.tp (" + show(tp) + ") must divide data.seq_length (" + show(c.data.seq_length) +
                               "): each rank of a TP group holds an equal part of every sequence");
-    // Not built yet (issue 30): Muon's whole-matrix orthogonalisation over TP slices, and
-    // DiLoCo's exchanges of them.
-    if (c.optim.optim.type == "muon")
-      fail("parallel.tp", "parallel.tp > 1 trains with optim.optim.type = \"adamw\" for now (Muon over "
-                          "tensor-parallel slices is not built yet)");
-    if (c.diloco.inner_steps > 0)
-      fail("parallel.tp", "parallel.tp > 1 does not run under DiLoCo yet (diloco.inner_steps)");
   }
   positive("data.seq_length", c.data.seq_length);
   non_negative("data.num_workers", c.data.num_workers);

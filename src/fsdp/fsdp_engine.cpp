@@ -157,6 +157,8 @@ std::vector<ShardedParameter> FSDPEngine::parameters() {
     if (tp.dim == 0) s.row_start += tp.start;
     if (tp.dim == 1) s.col_start = tp.start;
     s.tp_shared = tp_ && !tp.split();
+    s.tp_dim = tp.dim;
+    s.slice_shape = p.full_shape;
     out.push_back(std::move(s));
   }
   return out;

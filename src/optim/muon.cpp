@@ -49,12 +49,18 @@ Muon::Muon(const MuonHyper& hyper) : hyper_(hyper) {
   muon_update_scale(hyper.update_scale, 1, 1);  // reject an unknown mode now
 }
 
-void Muon::add_param(const std::string& name, const at::Tensor& param,
-                     std::vector<int64_t> global_shape) {
+void Muon::add_param(const std::string& name, const at::Tensor& param, std::vector<int64_t> global_shape,
+                     std::vector<int64_t> slice_shape, int64_t tp_dim) {
   TORCH_CHECK(param.dim() == 2, "Muon takes 2-D matrices; ", name, " has shape ", param.sizes());
   if (global_shape.empty()) global_shape = param.sizes().vec();
+  if (slice_shape.empty()) slice_shape = global_shape;
   params_.push_back({name, param, at::zeros_like(param, at::MemoryFormat::Contiguous),
-                     std::move(global_shape)});
+                     std::move(global_shape), std::move(slice_shape), tp_dim});
+}
+
+std::vector<at::Tensor> Muon::orthogonalize_held(const std::vector<at::Tensor>& inputs,
+                                                 const std::vector<const Param*>& params) const {
+  return tensor_parallel_ ? tensor_parallel_(inputs, params) : orthogonalize_local(inputs);
 }
 
 std::vector<at::Tensor> Muon::orthogonalize_local(const std::vector<at::Tensor>& inputs) const {
@@ -89,7 +95,7 @@ void Muon::step(double lr_multiplier) {
   at::_foreach_lerp_(bufs, grads, 1.0 - mu);  // EMA momentum, on whatever rows this rank holds
   std::vector<at::Tensor> inputs = hyper_.nesterov ? at::_foreach_lerp(grads, bufs, mu) : bufs;
   std::vector<at::Tensor> updates =
-      orthogonalize_ ? orthogonalize_(inputs, active) : orthogonalize_local(inputs);
+      orthogonalize_ ? orthogonalize_(inputs, active) : orthogonalize_held(inputs, active);
 
   const double lr = hyper_.lr * lr_multiplier;
   at::_foreach_mul_(params, 1.0 - lr * hyper_.weight_decay);

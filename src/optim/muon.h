@@ -6,8 +6,10 @@
 //   O      = NewtonSchulz5(u)                           (bf16 by default; whole matrix)
 //   param *= 1 - lr*wd                                   (decoupled decay, unadjusted lr)
 //   param -= lr * scale(rows, cols) * O                  (scale from the *global* shape)
-// The orthogonalisation stage is a replaceable function so that a sharded engine can run it on
-// whole matrices assembled from row shards while momentum and update stay on the shards.
+// The orthogonalisation is a replaceable function so that a sharded engine can run it on whole
+// matrices assembled from row shards while momentum and update stay on the shards; under tensor
+// parallelism a second replaceable stage completes what the data-parallel one assembles (each
+// rank's TP slice of a matrix) into the whole matrix's orthogonalisation.
 #include <ATen/core/Tensor.h>
 
 #include <functional>
@@ -46,7 +48,12 @@ class Muon {
     std::string name;
     at::Tensor param;                   // updated in place (a local shard when sharded)
     at::Tensor momentum_buffer;         // fp32, shaped like `param`
-    std::vector<int64_t> global_shape;  // [rows, cols] of the whole matrix
+    std::vector<int64_t> global_shape;  // [rows, cols] of the whole matrix (the update scale)
+    // Under tensor parallelism: the slice of it this rank's TP group position holds (what the
+    // data-parallel shards divide) and the whole matrix's dimension split over TP (-1: none, every
+    // TP rank holds it whole). Without TP: global_shape and -1.
+    std::vector<int64_t> slice_shape;
+    int64_t tp_dim = -1;
   };
   // inputs[i] is the update of params()[i] before orthogonalisation; returns the orthogonalised
   // updates, same shapes.
@@ -54,14 +61,23 @@ class Muon {
                                                                const std::vector<const Param*>& params)>;
 
   explicit Muon(const MuonHyper& hyper);
-  void add_param(const std::string& name, const at::Tensor& param,
-                 std::vector<int64_t> global_shape = {});
+  void add_param(const std::string& name, const at::Tensor& param, std::vector<int64_t> global_shape = {},
+                 std::vector<int64_t> slice_shape = {}, int64_t tp_dim = -1);
   // One step at lr = hyper.lr * lr_multiplier. Parameters without a gradient are skipped.
   void step(double lr_multiplier);
 
-  // Replaces the default stage (batched Newton-Schulz of same-shape matrices on this process).
+  // Replaces the default stage (orthogonalize_held on the parameters as they are).
   void set_orthogonalizer(Orthogonalizer fn) { orthogonalize_ = std::move(fn); }
-  // The default stage, callable by replacements on the matrices they assemble.
+  // Under tensor parallelism: the stage that turns TP slices (inputs[i] is params[i]'s slice,
+  // shaped slice_shape) into their slices of the whole matrices' orthogonalisation, collective
+  // over the TP group (optim/tensor_parallel_muon.h).
+  void set_tensor_parallel_stage(Orthogonalizer fn) { tensor_parallel_ = std::move(fn); }
+  // Orthogonalises matrices as this rank holds them once assembled from data-parallel shards:
+  // through the tensor-parallel stage if there is one, else whole, on this process. Replacements
+  // of the default stage call it on what they assemble.
+  std::vector<at::Tensor> orthogonalize_held(const std::vector<at::Tensor>& inputs,
+                                             const std::vector<const Param*>& params) const;
+  // Batched Newton-Schulz of whole matrices on this process (same-shape matrices together).
   std::vector<at::Tensor> orthogonalize_local(const std::vector<at::Tensor>& inputs) const;
 
   const MuonHyper& hyper() const { return hyper_; }
@@ -74,6 +90,7 @@ class Muon {
   MuonHyper hyper_;
   std::vector<Param> params_;
   Orthogonalizer orthogonalize_;
+  Orthogonalizer tensor_parallel_;
   mutable int64_t matrices_orthogonalized_ = 0;
 };
 

@@ -27,6 +27,10 @@ struct ShardedParameter {
   // same rows (norm weights, shared key/value heads): their rank 0's copy is the value.
   int64_t col_start = 0;
   bool tp_shared = false;
+  // The whole tensor's dimension split over the TP group (-1: none) and this rank's slice's
+  // shape (the tensor the data-parallel shards divide; global_shape without TP).
+  int64_t tp_dim = -1;
+  std::vector<int64_t> slice_shape;
 };
 
 // Whole tensors (a model on one process, as the tests' references train it).

@@ -239,8 +239,8 @@ std::vector<StateTensor> DiLoCo::state() {
     const auto& momentum = f->outer.momentum_buffers();
     for (size_t i = 0; i < f->params.size(); ++i) {
       const ShardedParameter& p = f->params[i];
-      out.push_back({"diloco/outer/" + p.name, outer[i], p.global_shape, p.row_start, p.replicated});
-      out.push_back({"diloco/momentum/" + p.name, momentum[i], p.global_shape, p.row_start, p.replicated});
+      out.push_back(state_tensor("diloco/outer/" + p.name, outer[i], p));
+      out.push_back(state_tensor("diloco/momentum/" + p.name, momentum[i], p));
     }
     if (!f->in_flight) continue;
     finish(*f, nullptr);  // its Δ̄ is what a resume needs; it is applied when due all the same
@@ -248,10 +248,9 @@ std::vector<StateTensor> DiLoCo::state() {
     const std::vector<at::Tensor> start = f->start.defined() ? f->split(f->start) : std::vector<at::Tensor>{};
     for (size_t i = 0; i < f->params.size(); ++i) {
       const ShardedParameter& p = f->params[i];
-      out.push_back({"diloco/in_flight/mean/" + p.name, mean[i], p.global_shape, p.row_start, p.replicated});
+      out.push_back(state_tensor("diloco/in_flight/mean/" + p.name, mean[i], p));
       if (!start.empty())  // each replica's own
-        out.push_back({"diloco/in_flight/start/" + p.name, start[i], p.global_shape, p.row_start, p.replicated,
-                       /*per_replica=*/true});
+        out.push_back(state_tensor("diloco/in_flight/start/" + p.name, start[i], p, /*per_replica=*/true));
     }
   }
   return out;

@@ -53,20 +53,29 @@ std::vector<std::string> describe_run(const Config& c, const ModelArgs& a, int64
     lines.push_back(strf("tensor parallelism: groups of %ld consecutive ranks split every matrix (heads, FFN "
                          "columns, vocabulary) and every sequence between them; %ld group(s) read different rows",
                          layout.tp, data_parallel_size(c, world_size)));
+  if (layout.tp > 1 && c.optim.optim.type == "muon")
+    lines.push_back(strf("Muon under tensor parallelism (parallel.muon_tp = %s): %s", c.parallel.muon_tp.c_str(),
+                         c.parallel.muon_tp == "gram"
+                             ? "Newton-Schulz on the slices, one Gram matrix all-reduced over the TP group per iteration"
+                         : c.parallel.muon_tp == "gather"
+                             ? "each split matrix gathered to one owner in the TP group, orthogonalised whole"
+                             : "per matrix, a gather to an owner or Newton-Schulz over the slices, whichever moves "
+                               "fewer bytes (gather, for Llama's shapes)"));
   if (parallelism == Parallelism::FSDP && c.diloco.inner_steps > 0) {
     lines.push_back(strf("DiLoCo: %ld replica(s) of %ld rank(s) train apart (gradients averaged within a "
                          "replica only); every %ld steps an outer Nesterov step (lr %g, momentum %g) on the "
                          "pseudo-gradients averaged over the replicas, sent as %s",
-                         layout.replicate, layout.shard, c.diloco.inner_steps, c.diloco.outer_lr,
+                         layout.replicate, layout.shard * layout.tp, c.diloco.inner_steps, c.diloco.outer_lr,
                          c.diloco.outer_momentum, c.diloco.compression.c_str()));
     if (c.diloco.fragments > 1)
       lines.push_back(strf("DiLoCo streaming: %ld fragments of blocks, one exchange every %ld steps, each applied "
                            "%ld step(s) after it starts",
                            c.diloco.fragments, c.diloco.inner_steps / c.diloco.fragments, c.diloco.fragment_delay));
   } else if (parallelism == Parallelism::FSDP && layout.replicate > 1) {
-    lines.push_back(strf("hybrid sharding: parameters sharded over groups of %ld consecutive ranks, replicated %ld "
+    lines.push_back(strf("hybrid sharding: parameters sharded over groups of %ld %s, replicated %ld "
                          "times (gradients: reduce-scatter in the group, then all-reduce over the replicas)",
-                         layout.shard, layout.replicate));
+                         layout.shard, layout.tp > 1 ? "ranks (one per TP group)" : "consecutive ranks",
+                         layout.replicate));
   }
   return lines;
 }

@@ -77,7 +77,8 @@ nlohmann::json resolved_run(const Config& c) {
       {"reduce_every_micro_batch", c.train.reduce_every_micro_batch},
       {"bucket_mb", c.train.bucket_mb},
       {"parallel", {{"dp_shard", c.parallel.dp_shard}, {"dp_replicate", c.parallel.dp_replicate}, {"tp", c.parallel.tp},
-                    {"muon_split_over_replicas", c.parallel.muon_split_over_replicas}}},
+                    {"muon_split_over_replicas", c.parallel.muon_split_over_replicas},
+                    {"muon_tp", c.parallel.muon_tp}}},
       {"diloco", c.diloco.inner_steps == 0
                      ? nlohmann::json(nullptr)
                      : nlohmann::json{{"inner_steps", c.diloco.inner_steps}, {"outer_lr", c.diloco.outer_lr},

@@ -18,6 +18,7 @@
 #include "config/model_config.h"
 #include "optim/replicated_muon.h"
 #include "optim/sharded_muon.h"
+#include "optim/tensor_parallel_muon.h"
 #include "parallel/tensor_parallel_group.h"
 #include "util/phase.h"
 
@@ -101,6 +102,8 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
       make_muon_sharded(*muon, *shard_comm, split ? replicate_comm_.get() : nullptr);
     else if (sharded && replicate_comm_ && split)
       make_muon_replicated(*muon, *replicate_comm_);  // shard groups of one: whole matrices
+    // Under TP what the above assemble are slices: the TP group completes each matrix.
+    if (tp_comm_) make_muon_tensor_parallel(*muon, *tp_comm_, config.parallel.muon_tp);
   }
 
   if (diloco)

@@ -63,8 +63,6 @@ nlohmann::json plan_json(const zb::CommandLine& cl, zb::Parallelism parallelism,
   if (over_nodes) zb::shard_by_node(cfg, world, /*dry_run=*/cl.world_size > 0);
   const int64_t world_size = cl.world_size > 0 ? cl.world_size : world.size;
   zb::validate(cfg, world_size);
-  if (cfg.parallel.tp > 1)
-    throw zb::ConfigError("--print-plan: the step plan does not model parallel.tp > 1 yet (issue 30)");
   if (cl.print_plan_rank >= world_size)
     throw zb::ConfigError(strf("--print-plan %ld: there are only %ld rank(s) (--world-size)", cl.print_plan_rank,
                                world_size));

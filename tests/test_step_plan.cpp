@@ -1,5 +1,5 @@
 // The step plan (train/step_plan.h) against what real steps do: on 1 to 4 processes over Gloo,
-// every layout (FSDP, each hybrid-sharding split, DDP) and every combination of resharding after
+// every layout (FSDP, each hybrid-sharding split, DDP, DiLoCo, tensor parallelism with each) and every combination of resharding after
 // forward, activation checkpointing and reducing on every micro-batch, the events a Trainer's
 // step records (the engine's gathers, frees and hand-offs, and every collective with its group
 // and bytes) must be exactly the plan's, in order.
@@ -24,6 +24,9 @@ struct Layout {
   int64_t shard;  // FSDP: ranks per shard group (the world: plain FSDP)
   std::string name;
   bool diloco = false;  // the shard groups train apart, an outer step every 2 steps
+  int64_t tp = 1;       // tensor parallelism (shard x replicate x tp = world)
+  std::string muon_tp = "auto";
+  int64_t kv_heads = 0;  // 0: the preset's
 };
 
 std::vector<Layout> layouts(int64_t world) {
@@ -34,6 +37,18 @@ std::vector<Layout> layouts(int64_t world) {
   for (int64_t s = 1; s <= world; ++s)
     if (world % s == 0)
       out.push_back({Parallelism::FSDP, s, "DiLoCo " + std::to_string(s) + "x" + std::to_string(world / s), true});
+  // Tensor parallelism: alone (Muon's Gram mode too), under FSDP, HSDP and DiLoCo, and with key/value
+  // heads shared by two ranks each.
+  if (world == 2) {
+    out.push_back({Parallelism::FSDP, 1, "TP 2", false, 2});
+    out.push_back({Parallelism::FSDP, 1, "TP 2, Muon by Gram matrices", false, 2, "gram"});
+  }
+  if (world == 4) {
+    out.push_back({Parallelism::FSDP, 2, "TP 2 x FSDP 2", false, 2});
+    out.push_back({Parallelism::FSDP, 1, "TP 2 x HSDP 1x2", false, 2});
+    out.push_back({Parallelism::FSDP, 1, "TP 2 x DiLoCo 1x2", true, 2});
+    out.push_back({Parallelism::FSDP, 1, "TP 4, shared key/value heads", false, 4, "auto", 2});
+  }
   return out;
 }
 
@@ -42,14 +57,15 @@ std::vector<Layout> layouts(int64_t world) {
 Config config(const Layout& l, int64_t world, bool reshard, int64_t ac, bool reduce_every, const std::string& opt) {
   std::ostringstream toml;
   toml << "name_model = \"debugmodel\"\ntype_model = \"llama2\"\n"
-       << "[model]\nn_layers = 3\n"
+       << "[model]\nn_layers = 3\n" << (l.kv_heads ? "n_kv_heads = " + std::to_string(l.kv_heads) + "\n" : "")
        << "[train]\nmicro_bs = 1\nac_ckpt = " << ac << "\nreshard_after_forward = " << (reshard ? "true" : "false")
        << "\nreduce_every_micro_batch = " << (reduce_every ? "true" : "false") << "\nbucket_mb = 0.05\n"
-       << "[optim]\nbatch_size = " << 2 * world << "\ntotal_steps = 4\n"
+       << "[optim]\nbatch_size = " << 2 * world / l.tp << "\ntotal_steps = 4\n"
        << "[optim.optim]\ntype = \"" << opt << "\"\nns_dtype = \"float32\"\n"
        << "[data]\nfake = true\nseq_length = 16\n[runtime]\ndevice = \"cpu\"\n";
   if (l.parallelism == Parallelism::FSDP)
-    toml << "[parallel]\ndp_shard = " << l.shard << "\ndp_replicate = " << world / l.shard << "\n";
+    toml << "[parallel]\ndp_shard = " << l.shard << "\ndp_replicate = " << world / (l.shard * l.tp) << "\ntp = " << l.tp
+         << "\nmuon_tp = \"" << l.muon_tp << "\"\n";
   if (l.diloco) toml << "[diloco]\ninner_steps = 2\n";
   Config c = load_config_string(toml.str(), "test");
   validate(c, world);
@@ -92,6 +108,10 @@ TEST_P(StepPlanMatchesTheTrace, EveryLayoutAndOption) {
           for (const bool reduce_every : {false, true}) {
             if (l.parallelism == Parallelism::DDP && (!reshard || ac > 0)) continue;  // FSDP's options
             if (l.diloco && !(reshard && ac == 0 && reduce_every)) continue;  // the inner step and the outer
+            // Under TP: AdamW once, Muon with recompute, and Muon keeping blocks gathered.
+            if (l.tp > 1 && !l.diloco && !((reshard && ac == 0 && !reduce_every) || (reshard && ac > 0 && reduce_every) ||
+                                          (!reshard && ac > 0 && !reduce_every)))
+              continue;
             // AdamW once per layout (no optimizer collectives), Muon everywhere else.
             const std::string opt = reshard && ac == 0 && !reduce_every ? "adamw" : "muon";
             const Config c = config(l, world, reshard, ac, reduce_every, opt);
@@ -123,10 +143,12 @@ TEST_P(StepPlanMatchesTheTrace, EveryLayoutAndOption) {
             expect_same_events(lines(trace.events()), lines(plan.after_step), what + ", after the step");
             ++checked;
           }
-    // 8 per FSDP layout, 2 for DDP, 1 per DiLoCo layout (one per divisor of the world size).
-    int diloco_layouts = 0;
-    for (const Layout& l : layouts(world)) diloco_layouts += l.diloco;
-    EXPECT_EQ(checked, 8 * (static_cast<int>(layouts(world).size()) - 1 - diloco_layouts) + 2 + diloco_layouts);
+    // 8 per FSDP layout, 2 for DDP, 1 per DiLoCo layout (one per divisor of the world size), 3 per
+    // TP layout without DiLoCo.
+    int diloco_layouts = 0, tp_layouts = 0;
+    for (const Layout& l : layouts(world)) diloco_layouts += l.diloco, tp_layouts += l.tp > 1 && !l.diloco;
+    EXPECT_EQ(checked, 8 * (static_cast<int>(layouts(world).size()) - 1 - diloco_layouts - tp_layouts) + 2 +
+                           diloco_layouts + 3 * tp_layouts);
   });
 }
 

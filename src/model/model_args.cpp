@@ -77,24 +77,30 @@ int64_t ParamSpec::numel() const {
   return n;
 }
 
-std::vector<ParamSpec> param_specs(const ModelArgs& a) {
+std::vector<ParamSpec> param_specs(const ModelArgs& a, int64_t tp) {
   const int64_t hd = a.head_dim(), hidden = a.ffn_hidden();
   std::vector<ParamSpec> specs;
-  specs.push_back({"tok_embeddings.weight", {a.vocab_size, a.dim}});
+  const int64_t kv = a.n_kv_heads % tp == 0 ? 0 : -1;  // fewer kv heads than ranks: whole
+  auto add = [&](std::string name, std::vector<int64_t> shape, int64_t layer, int64_t tp_dim) {
+    if (tp == 1) tp_dim = -1;
+    if (tp_dim >= 0) shape[static_cast<size_t>(tp_dim)] /= tp;
+    specs.push_back({std::move(name), std::move(shape), layer, tp_dim});
+  };
+  add("tok_embeddings.weight", {a.vocab_size, a.dim}, -1, 0);
   for (int64_t i = 0; i < a.n_layers; ++i) {
     const std::string p = "layers." + std::to_string(i) + ".";
-    specs.push_back({p + "attention.wq.weight", {a.n_heads * hd, a.dim}, i});
-    specs.push_back({p + "attention.wk.weight", {a.n_kv_heads * hd, a.dim}, i});
-    specs.push_back({p + "attention.wv.weight", {a.n_kv_heads * hd, a.dim}, i});
-    specs.push_back({p + "attention.wo.weight", {a.dim, a.n_heads * hd}, i});
-    specs.push_back({p + "feed_forward.w1.weight", {hidden, a.dim}, i});
-    specs.push_back({p + "feed_forward.w2.weight", {a.dim, hidden}, i});
-    specs.push_back({p + "feed_forward.w3.weight", {hidden, a.dim}, i});
-    specs.push_back({p + "attention_norm.weight", {a.dim}, i});
-    specs.push_back({p + "ffn_norm.weight", {a.dim}, i});
+    add(p + "attention.wq.weight", {a.n_heads * hd, a.dim}, i, 0);
+    add(p + "attention.wk.weight", {a.n_kv_heads * hd, a.dim}, i, kv);
+    add(p + "attention.wv.weight", {a.n_kv_heads * hd, a.dim}, i, kv);
+    add(p + "attention.wo.weight", {a.dim, a.n_heads * hd}, i, 1);
+    add(p + "feed_forward.w1.weight", {hidden, a.dim}, i, 0);
+    add(p + "feed_forward.w2.weight", {a.dim, hidden}, i, 1);
+    add(p + "feed_forward.w3.weight", {hidden, a.dim}, i, 0);
+    add(p + "attention_norm.weight", {a.dim}, i, -1);
+    add(p + "ffn_norm.weight", {a.dim}, i, -1);
   }
-  specs.push_back({"norm.weight", {a.dim}});
-  specs.push_back({"output.weight", {a.vocab_size, a.dim}});
+  add("norm.weight", {a.dim}, -1, -1);
+  add("output.weight", {a.vocab_size, a.dim}, -1, 0);
   return specs;
 }
 

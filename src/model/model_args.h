@@ -31,12 +31,15 @@ std::vector<std::string> known_model_names(const std::string& type_model);
 
 struct ParamSpec {
   std::string name;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;  // the whole tensor's, or under tensor parallelism one rank's slice
   int64_t layer = -1;  // the transformer block it belongs to; -1: none (embedding, final norm, head)
+  int64_t tp_dim = -1;  // the whole's dimension split over the TP group; -1: each TP rank holds it whole
   int64_t numel() const;
 };
-// Every parameter of the model, in the model's order, with its stable name.
-std::vector<ParamSpec> param_specs(const ModelArgs& args);
+// Every parameter of the model, in the model's order, with its stable name; with tp > 1 each
+// rank's slice under tensor parallelism (model/tensor_parallel.h: heads, FFN columns and the
+// vocabulary split; key/value heads whole when fewer than tp; norms whole).
+std::vector<ParamSpec> param_specs(const ModelArgs& args, int64_t tp = 1);
 
 int64_t count_params(const ModelArgs& args);
 int64_t count_params_without_embedding(const ModelArgs& args);  // what MFU counts

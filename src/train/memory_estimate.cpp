@@ -67,7 +67,7 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
   // block, in place).
   const c10::Device device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
   const StepPlan plan = plan_step(c, world_size, /*rank=*/0, Parallelism::FSDP, compute_dtype,
-                                  resolve_ns_dtype(c, device), reduce_every_micro_batch);
+                                  resolve_ns_dtype(c, device), reduce_every_micro_batch, cuda);
   const int64_t W = plan.shard;  // parameters are sharded over the shard group
   const ModelArgs a = resolve_model_args(c);
   const int64_t L = a.n_layers, D = a.dim, V = a.vocab_size, H = a.n_heads;

@@ -140,12 +140,13 @@ void shard_by_node(Config& cfg, const World& world, bool dry_run) {
 
 StepPlan plan_run(const Config& c, int64_t world_size, int64_t rank, Parallelism parallelism) {
   const c10::Device device = planned_device(c);
-  const bool reduce_every = parallelism == Parallelism::FSDP
+  // The memory estimate decides "auto" (not yet under TP, where the trainer reads it as false).
+  const bool reduce_every = parallelism == Parallelism::FSDP && c.parallel.tp == 1
                                 ? judge_memory(c, world_size, device, memory_budget(c, device, /*dry_run=*/true))
                                       .reduce_every_micro_batch
                                 : c.train.reduce_every_micro_batch == "true";
   return plan_step(c, world_size, rank, parallelism, Trainer::resolve_compute_dtype(c, device),
-                   resolve_ns_dtype(c, device), reduce_every);
+                   resolve_ns_dtype(c, device), reduce_every, device.is_cuda());
 }
 
 }  // namespace zb

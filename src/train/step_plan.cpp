@@ -2,11 +2,16 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <functional>
+
 #include "ddp/ddp_engine.h"
 #include "parallel/row_shard.h"
 #include "model/model_args.h"
 #include "config/model_config.h"
+#include "model/chunked_loss.h"
+#include "optim/gram_newton_schulz.h"
 #include "optim/muon.h"
+#include "optim/tensor_parallel_muon.h"
 #include "optim/param_groups.h"
 #include "train/diloco.h"
 
@@ -40,12 +45,64 @@ class PlanWriter {
   std::vector<StepEvent>& out_;
 };
 
+// Tensor parallelism's collectives inside the model (model/llama.cpp, model/tensor_parallel.h),
+// over the "tp" group, in the order autograd runs them. `seq`: one rank's part of a micro-batch's
+// activations [micro_bs, T/tp, D] in the compute dtype (the payload of every sequence gather and
+// reduce-scatter); `norm`: a norm weight's gradient; `kv`: a shared key/value weight's gradient (0
+// when the heads are split); `chunks`: the loss's chunks, in tokens.
+struct TensorParallelEvents {
+  int64_t tp = 1, seq = 0, norm = 0, kv = 0;
+  std::vector<int64_t> chunks;
+
+  void ring(PlanWriter& w, CommKind kind, int64_t payload, const std::string& what) const {
+    w.ring(kind, "tp", tp, payload, what, "exposed");
+  }
+  // The embedding's vocabulary slices summed and split into each rank's positions.
+  void embedding_forward(PlanWriter& w) const {
+    if (tp > 1) ring(w, CommKind::ReduceScatter, seq, "TP: embedding to sequence parts");
+  }
+  void embedding_backward(PlanWriter& w) const {
+    if (tp > 1) ring(w, CommKind::AllGather, seq, "TP: embedding gradient, whole sequence");
+  }
+  // A block: the sequence gathered before attention's and the MLP's column-parallel products, the
+  // row-parallel products' partial sums reduce-scattered back (a recompute does it again).
+  void block_forward(PlanWriter& w) const {
+    if (tp == 1) return;
+    for (const char* part : {"attention", "MLP"}) {
+      ring(w, CommKind::AllGather, seq, std::string("TP: sequence for the ") + part);
+      ring(w, CommKind::ReduceScatter, seq, std::string("TP: ") + part + " partial sums");
+    }
+  }
+  // Its backward, the MLP first: each gather's backward a reduce-scatter and the reverse, then the
+  // norm weight's gradient summed over the group (and the shared key/value weights', wv's first).
+  void block_backward(PlanWriter& w) const {
+    if (tp == 1) return;
+    for (const char* part : {"MLP", "attention"}) {
+      ring(w, CommKind::AllGather, seq, std::string("TP: ") + part + " output gradient");
+      ring(w, CommKind::ReduceScatter, seq, std::string("TP: ") + part + " input gradient");
+      ring(w, CommKind::AllReduce, norm, std::string("TP: ") + part + " norm weight gradient");
+    }
+    if (kv > 0)
+      for (const char* m : {"wv", "wk"}) ring(w, CommKind::AllReduce, kv, std::string("TP: shared ") + m + " gradient");
+  }
+  // The head: the sequence gathered, per chunk each rank's log-sum-exp and target logit gathered
+  // (fp32 pairs); in backward the gather's reduce-scatter and the final norm's gradient.
+  void loss(PlanWriter& w) const {
+    if (tp == 1) return;
+    ring(w, CommKind::AllGather, seq, "TP: sequence for the head");
+    for (const int64_t n : chunks) ring(w, CommKind::AllGather, 4 * 2 * n, "TP: loss chunk's log-sum-exp and target");
+    ring(w, CommKind::ReduceScatter, seq, "TP: head input gradient");
+    ring(w, CommKind::AllReduce, norm, "TP: final norm weight gradient");
+  }
+};
+
 // The sharding engine's micro-batches (fsdp/fsdp_engine.cpp, fsdp/fsdp_unit.cpp), in the order
 // it makes them: units are blocks 0..L-1 and the root L; `block[u]` is the elements unit u puts
 // into a collective (its rows on each rank, padded); `group` the engine's communicator.
 // `R`: the replicas the gradients are summed over (1 under DiLoCo, whose replicas train apart).
 void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, int64_t L, int64_t R,
-                             const std::vector<int64_t>& block, int64_t compute_bytes, const std::string& group) {
+                             const std::vector<int64_t>& block, int64_t compute_bytes, const std::string& group,
+                             const TensorParallelEvents& tp) {
   const int64_t S = p.shard;
   const bool raf = c.train.reshard_after_forward;
   const int64_t ac = c.train.ac_ckpt;
@@ -77,13 +134,16 @@ void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, 
     gather(L, "exposed");
     w.mark(StepEvent::Op::Unshard, L);
     if (L > 0) gather(0, "gather");
+    tp.embedding_forward(w);
     for (int64_t i = 0; i < L; ++i) {
       w.mark(StepEvent::Op::Unshard, i);
       if (i + 1 < L) gather(i + 1, "gather");
       w.mark(StepEvent::Op::Forward, i);
+      tp.block_forward(w);
       if (resharded_after_forward(i)) w.mark(StepEvent::Op::Reshard, i);
     }
     w.mark(StepEvent::Op::Loss);
+    tp.loss(w);
     // Backward, last block first. A block freed after forward is gathered again from a hook on
     // its output's gradient, which also prefetches the block before; the block nearest the
     // head is gathered there, the others were prefetched.
@@ -93,12 +153,17 @@ void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, 
         w.mark(StepEvent::Op::Unshard, i);
         if (i > 0) gather(i - 1, "regather");
       }
-      if (ac > 0 && i % ac == 0) w.mark(StepEvent::Op::Recompute, i);
+      if (ac > 0 && i % ac == 0) {
+        w.mark(StepEvent::Op::Recompute, i);
+        tp.block_forward(w);
+      }
+      tp.block_backward(w);
       // Post-backward: the gathered copy freed, the gradients reduced (or summed for later).
       w.mark(StepEvent::Op::Reshard, i);
       reduce(i);
       w.mark(StepEvent::Op::Backward, i);
     }
+    tp.embedding_backward(w);
     w.mark(StepEvent::Op::Reshard, L);
     reduce(L);
     w.mark(StepEvent::Op::Backward, L);
@@ -142,7 +207,7 @@ void plan_ddp_micro_batches(PlanWriter& w, const StepPlan& p, const std::vector<
 }  // namespace
 
 StepPlan plan_step(const Config& c, int64_t world_size, int64_t rank, Parallelism parallelism,
-                   at::ScalarType compute_dtype, at::ScalarType ns_dtype, bool reduce_every_micro_batch) {
+                   at::ScalarType compute_dtype, at::ScalarType ns_dtype, bool reduce_every_micro_batch, bool cuda) {
   StepPlan p;
   p.parallelism = parallelism;
   p.world = world_size;
@@ -150,27 +215,43 @@ StepPlan plan_step(const Config& c, int64_t world_size, int64_t rank, Parallelis
   const ShardLayout layout = parallelism == Parallelism::FSDP ? shard_layout(c, world_size) : ShardLayout{};
   p.shard = parallelism == Parallelism::FSDP ? layout.shard : 1;
   p.replicate = parallelism == Parallelism::FSDP ? layout.replicate : world_size;
+  p.tp = parallelism == Parallelism::FSDP ? layout.tp : 1;
   p.micro_batches = grad_accum_steps(c, world_size);
   p.reduce_every_micro_batch = reduce_every_micro_batch && p.micro_batches > 1;
 
   const ModelArgs a = resolve_model_args(c);
-  const std::vector<ParamSpec> specs = param_specs(a);
-  const int64_t L = a.n_layers, S = p.shard, R = p.replicate;
+  const int64_t L = a.n_layers, S = p.shard, R = p.replicate, tp = p.tp;
+  const std::vector<ParamSpec> specs = param_specs(a, tp);  // this rank's slices under TP
   const int64_t ns = at::elementSize(ns_dtype);
-  // Muon's matrices, in the order the optimizer holds them (model order).
-  std::vector<std::vector<int64_t>> muon;
+  const int64_t shard_rank = (rank / tp) % S;  // its place in its shard group
+  // Muon's matrices, in the order the optimizer holds them (model order), with their whole shapes
+  // and how TP splits them.
+  std::vector<ParamSpec> muon;
   if (c.optim.optim.type == "muon")
     for (const ParamSpec& s : specs)
-      if (param_role(s.name, static_cast<int64_t>(s.shape.size())) == ParamRole::Hidden) muon.push_back(s.shape);
+      if (param_role(s.name, static_cast<int64_t>(s.shape.size())) == ParamRole::Hidden) muon.push_back(s);
 
   PlanWriter w(p.events);
   const bool fsdp = parallelism == Parallelism::FSDP;
   const bool diloco = fsdp && c.diloco.inner_steps > 0;
-  const std::string shard_group = R > 1 && fsdp ? "shard" : "world";  // the engine's communicator
+  // The engine's communicator: the world unless groups were made.
+  const std::string shard_group = (R > 1 || tp > 1) && fsdp ? "shard" : "world";
   if (fsdp) {
     std::vector<int64_t> block(L + 1, 0);
     for (const ParamSpec& s : specs) block[s.layer >= 0 ? s.layer : L] += RowShard::of(s.shape, S).block_numel();
-    plan_fsdp_micro_batches(w, c, p, L, diloco ? 1 : R, block, at::elementSize(compute_dtype), shard_group);
+    const int64_t compute_bytes = at::elementSize(compute_dtype);
+    TensorParallelEvents tp_events;
+    if (tp > 1) {
+      tp_events.tp = tp;
+      tp_events.seq = compute_bytes * c.train.micro_bs * (c.data.seq_length / tp) * a.dim;
+      tp_events.norm = compute_bytes * a.dim;
+      if (a.n_kv_heads % tp != 0) tp_events.kv = compute_bytes * a.n_kv_heads * a.head_dim() * a.dim;
+      // The head's chunks over the whole sequence, sized by the rank's slice of the vocabulary.
+      const int64_t n = c.train.micro_bs * c.data.seq_length;
+      const int64_t chunk = loss_chunk_tokens(a.vocab_size / tp, cuda);
+      for (int64_t start = 0; start < n; start += chunk) tp_events.chunks.push_back(std::min(chunk, n - start));
+    }
+    plan_fsdp_micro_batches(w, c, p, L, diloco ? 1 : R, block, compute_bytes, shard_group, tp_events);
   } else {
     plan_ddp_micro_batches(w, p, specs, L, c.train.bucket_mb);
   }
@@ -180,37 +261,93 @@ StepPlan plan_step(const Config& c, int64_t world_size, int64_t rank, Parallelis
   // non-finite flag over every rank.
   w.mark(StepEvent::Op::Optimizer);
   if (fsdp) w.ring(CommKind::AllReduce, shard_group, S, 4, "gradient norm", "exposed");
+  if (tp > 1) w.ring(CommKind::AllReduce, "tp", tp, 4, "gradient norm over the TP group", "exposed");
   w.ring(CommKind::AllReduce, "world", p.world, 4 * ((diloco ? R : 1) + 1), "loss and non-finite flag", "exposed");
 
-  // Muon (optim/sharded_muon.cpp, optim/replicated_muon.cpp), in its Newton-Schulz dtype.
-  auto total_elements = [](const std::vector<std::vector<int64_t>>& shapes) {
+  // Muon (optim/sharded_muon.cpp, optim/replicated_muon.cpp, optim/tensor_parallel_muon.cpp), in
+  // its Newton-Schulz dtype. Owners are chosen by the whole matrices' cost, the same on every rank.
+  auto total_elements = [](const std::vector<ParamSpec>& matrices) {
     int64_t n = 0;
-    for (const auto& s : shapes) n += s[0] * s[1];
+    for (const auto& m : matrices) n += m.numel();
     return n;
   };
+  auto whole_shapes = [&](const std::vector<ParamSpec>& matrices) {
+    std::vector<std::vector<int64_t>> out;
+    for (const ParamSpec& m : matrices) {
+      std::vector<int64_t> shape = m.shape;
+      if (m.tp_dim >= 0) shape[static_cast<size_t>(m.tp_dim)] *= tp;
+      out.push_back(shape);
+    }
+    return out;
+  };
+  // An owner exchange over `ranks` ranks of `group` (orthogonalize_by_owner): rows of `shapes` to
+  // their owners, then `middle` (what the owner does), then the results back.
+  auto owner_exchange = [&](const std::string& group, int64_t ranks, int64_t me,
+                            const std::vector<std::vector<int64_t>>& shapes, const std::vector<int64_t>& owner,
+                            const std::string& what, const std::function<void()>& middle) {
+    int64_t total = 0, mine = 0;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const int64_t b = RowShard::of(shapes[i], ranks).block_numel();
+      total += b;
+      if (owner[i] == me) mine += b;
+    }
+    const int64_t counted = ns * ((total - mine) + (ranks - 1) * mine);
+    w.collective(CommKind::AllToAll, group, ranks, ns * total, counted, what + ": rows to their owners", "exposed");
+    middle();
+    w.collective(CommKind::AllToAll, group, ranks, ns * ranks * mine, counted, what + ": results back", "exposed");
+  };
+  // The TP group completing the matrices `held` (their slices): gram matrices one by one, then
+  // the split ones gathered to owners in the group (a column slice as rows of the transpose).
+  auto tensor_parallel_stage = [&](const std::vector<ParamSpec>& held) {
+    if (tp == 1) return;
+    std::vector<std::vector<int64_t>> gathered, gathered_whole;
+    for (const ParamSpec& m : held) {
+      if (m.tp_dim < 0) continue;
+      const std::vector<int64_t> whole = whole_shapes({m}).front();
+      if (muon_tp_uses_gram(c.parallel.muon_tp, m.tp_dim, whole[0], whole[1], tp, c.optim.optim.ns_steps)) {
+        w.ring(CommKind::AllReduce, "tp", tp, ns, "Muon: " + m.name + "'s norm over the TP group", "exposed");
+        for (int64_t k = 0; k < c.optim.optim.ns_steps; ++k)
+          w.ring(CommKind::AllReduce, "tp", tp, ns * gram_newton_schulz_gram_numel(m.tp_dim, whole[0], whole[1]),
+                 "Muon: " + m.name + "'s Gram matrix", "exposed");
+        continue;
+      }
+      gathered.push_back(m.tp_dim == 1 ? std::vector<int64_t>{whole[1], whole[0]} : whole);
+      gathered_whole.push_back(whole);
+    }
+    if (!gathered.empty())
+      owner_exchange("tp", tp, rank % tp, gathered, assign_owners_by_cost(gathered_whole, tp), "Muon over TP", [] {});
+  };
+  // Whole (TP-local) matrices every rank of `group` holds alike: each orthogonalises its share,
+  // one all-reduce shares them.
+  auto split_stage = [&](const std::string& group, int64_t ranks, int64_t me, const std::vector<ParamSpec>& held) {
+    const std::vector<int64_t> owner = assign_owners_by_cost(whole_shapes(held), ranks);
+    std::vector<ParamSpec> mine;
+    for (size_t i = 0; i < held.size(); ++i)
+      if (owner[i] == me) mine.push_back(held[i]);
+    tensor_parallel_stage(mine);
+    if (!held.empty()) w.ring(CommKind::AllReduce, group, ranks, ns * total_elements(held), "Muon: results", "exposed");
+  };
   const bool split = c.parallel.muon_split_over_replicas && !diloco;  // DiLoCo's momenta differ
+  const int64_t replica = fsdp ? layout.shard_group_of(rank) : rank;
   if (!muon.empty() && fsdp && S > 1) {
     // Every matrix's padded rows to its owner in the shard group, and its rows of the result back.
-    const std::vector<int64_t> owner = assign_owners_by_cost(muon, S);
-    const int64_t me = rank % S;
-    int64_t total = 0, mine = 0;
-    std::vector<std::vector<int64_t>> owned;
-    for (size_t i = 0; i < muon.size(); ++i) {
-      const int64_t b = RowShard::of(muon[i], S).block_numel();
-      total += b;
-      if (owner[i] == me) mine += b, owned.push_back(muon[i]);
-    }
-    const int64_t counted = ns * ((total - mine) + (S - 1) * mine);
-    w.collective(CommKind::AllToAll, shard_group, S, ns * total, counted, "Muon: rows to their owners", "exposed");
-    // The replicas own the same matrices: they split them and share the results.
-    if (split && R > 1 && !owned.empty())
-      w.ring(CommKind::AllReduce, "replicate", R, ns * total_elements(owned), "Muon: results over the replicas",
-             "exposed");
-    w.collective(CommKind::AllToAll, shard_group, S, ns * S * mine, counted, "Muon: results back", "exposed");
-  } else if (!muon.empty() && ((fsdp && R > 1 && split) || (!fsdp && p.world > 1))) {
-    // Whole matrices on every rank: each orthogonalises its share, one all-reduce shares them.
-    w.ring(CommKind::AllReduce, fsdp ? "replicate" : "world", R, ns * total_elements(muon), "Muon: results",
-           "exposed");
+    std::vector<std::vector<int64_t>> slices;
+    for (const ParamSpec& m : muon) slices.push_back(m.shape);
+    const std::vector<int64_t> owner = assign_owners_by_cost(whole_shapes(muon), S);
+    std::vector<ParamSpec> owned;
+    for (size_t i = 0; i < muon.size(); ++i)
+      if (owner[i] == shard_rank) owned.push_back(muon[i]);
+    owner_exchange(shard_group, S, shard_rank, slices, owner, "Muon", [&] {
+      // The replicas own the same matrices: they split them and share the results.
+      if (split && R > 1) split_stage("replicate", R, replica, owned);
+      else tensor_parallel_stage(owned);
+    });
+  } else if (!muon.empty() && fsdp && R > 1 && split) {
+    split_stage("replicate", R, replica, muon);  // shard groups of one: whole slices
+  } else if (!muon.empty() && !fsdp && p.world > 1) {
+    split_stage("world", p.world, rank, muon);
+  } else if (!muon.empty()) {
+    tensor_parallel_stage(muon);
   }
 
   PlanWriter after(p.after_step);
@@ -224,7 +361,7 @@ StepPlan plan_step(const Config& c, int64_t world_size, int64_t rank, Parallelis
     d.compression = parse_compression(c.diloco.compression);
     d.values.assign(static_cast<size_t>(d.fragments), 0);
     for (const ParamSpec& s : specs)
-      d.values[static_cast<size_t>(fragment_of(s.name, L, d.fragments))] += RowShard::of(s.shape, S).numel_of(rank % S);
+      d.values[static_cast<size_t>(fragment_of(s.name, L, d.fragments))] += RowShard::of(s.shape, S).numel_of(shard_rank);
     for (int64_t f = 0; f < d.fragments; ++f) {
       std::vector<StepEvent> events;
       PlanWriter x(events);
@@ -308,6 +445,7 @@ nlohmann::json plan_to_json(const StepPlan& p) {
       {"world", p.world},
       {"shard", p.shard},
       {"replicate", p.replicate},
+      {"tp", p.tp},
       {"rank", p.rank},
       {"micro_batches", p.micro_batches},
       {"reduce_every_micro_batch", p.reduce_every_micro_batch},

@@ -30,7 +30,7 @@ namespace zb {
 struct StepPlan {
   // What it was made for.
   Parallelism parallelism = Parallelism::FSDP;
-  int64_t world = 1, shard = 1, replicate = 1, rank = 0;
+  int64_t world = 1, shard = 1, replicate = 1, tp = 1, rank = 0;
   int64_t micro_batches = 1;
   bool reduce_every_micro_batch = false;
   // Trainer::train_step's events, in order.
@@ -62,9 +62,11 @@ struct StepPlan {
 };
 
 // The plan of rank `rank` of `world_size` (config validated for it). `reduce_every_micro_batch`
-// as the trainer resolved it (the memory estimate decides "auto").
+// as the trainer resolved it (the memory estimate decides "auto"); `cuda`: the loss's chunks are
+// sized for a GPU (model/chunked_loss.h), which tensor parallelism's per-chunk gathers follow.
 StepPlan plan_step(const Config& config, int64_t world_size, int64_t rank, Parallelism parallelism,
-                   at::ScalarType compute_dtype, at::ScalarType ns_dtype, bool reduce_every_micro_batch);
+                   at::ScalarType compute_dtype, at::ScalarType ns_dtype, bool reduce_every_micro_batch,
+                   bool cuda = false);
 
 // The plan as JSON: layout, events (each with its notes), after_step and counted bytes.
 nlohmann::json plan_to_json(const StepPlan& plan);

@@ -6,16 +6,16 @@
 #   HSDP and shared key/value heads run under Muon below, which goes through the same model and
 #   engine.)
 # muon: the same with Muon (Newton-Schulz in fp32): TP 2 x FSDP 2 gathering each split matrix to
-#   an owner and distributing Newton-Schulz over the slices (Gram all-reduce), TP 4 alone (shard
-#   groups of one), TP 2 x HSDP with replicas sharing the work, TP 4 with shared key/value heads;
+#   an owner and distributing Newton-Schulz over the slices (Gram all-reduce), TP 2 x HSDP with
+#   replicas sharing the work, TP 4 alone (shard groups of one) with shared key/value heads;
 #   a TP 2 x FSDP 2 checkpoint (momentum in column blocks) resumed under TP 4; and DiLoCo (2
 #   replicas, streaming in 2 fragments, bf16 pseudo-gradients) with each replica a TP group of 2,
 #   as DiLoCo's 2 replicas of one rank (itself checked against PyTorch in tests/diloco.py), and
 #   its checkpoint (outer state in column blocks) resumed by the latter.
 #   (uint8 compression is left out: its chunks follow each rank's slice or shard, so its rounding
 #   depends on the layout, under FSDP alone too.)
-# checkpoints: a checkpoint saved under TP 2 x FSDP 2 resumes on one process, under TP 4 and on 2
-#   FSDP ranks without TP, and one saved by the single process resumes under TP 2 x FSDP 2, each following
+# checkpoints: a checkpoint saved under TP 2 x FSDP 2 resumes on one process and on 2 FSDP ranks
+#   without TP, and one saved by the single process resumes under TP 2 x FSDP 2, each following
 #   the straight run; the TP checkpoint exports to Hugging Face as the whole model
 #   (transformers' logits equal ours).
 set -u
@@ -60,11 +60,11 @@ muon)
   layout tp2_fsdp2_gather 4 one 20 --parallel.tp 2 --parallel.muon_tp gather \
     --ckpt.path "$work/tp" --ckpt.interval 10 --ckpt.keep 0
   layout tp2_fsdp2_gram 4 one 20 --parallel.tp 2 --parallel.muon_tp gram
-  layout tp4 4 one 20 --parallel.tp 4
   layout tp2_hsdp_1x2 4 one 20 --parallel.tp 2 --parallel.dp_shard 1 --parallel.dp_replicate 2
-  # The 2-key/value-head model spikes at step 11 at these learning rates (with AdamW), which
-  # amplifies fp32 rounding into 1e-3 differences (plain FSDP on 2 ranks departs from one process
-  # as much there): steps 1-10.
+  # TP 4 alone (shard groups of one), with 2 key/value heads each shared by two ranks. This
+  # model spikes at step 11 at these learning rates (seen with AdamW), which amplifies fp32
+  # rounding into 1e-3 differences (plain FSDP on 2 ranks departs from one process as much
+  # there): steps 1-10.
   layout tp4_gqa 4 one_gqa 10 --parallel.tp 4 --model.n_kv_heads 2
   # Each mode's traffic: gather all-to-alls over the TP group, gram all-reduces Gram matrices.
   "$python" - "$work/tp2_fsdp2_gather.jsonl" "$work/tp2_fsdp2_gram.jsonl" <<'PY' || fail "TP Muon traffic"
@@ -105,7 +105,7 @@ checkpoints)
     compare_losses "$work/one.jsonl" "$work/$name.jsonl" 1e-5 "$name" 11 20 || fail "$name: losses differ"
   }
   resume tp2_to_one 1 "$work/tp/step_00000010"
-  resume tp2_to_tp4 4 "$work/tp/step_00000010" --parallel.tp 4
+  # (TP 2 -> TP 4: tensor_parallel.muon, with Muon's momentum too.)
   resume tp2_to_fsdp2 2 "$work/tp/step_00000010"
   resume one_to_tp2 4 "$work/one/step_00000010" --parallel.tp 2
   # Norm weights are shared by a TP group: written by its rank 0 only; wo's columns in blocks.

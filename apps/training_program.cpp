@@ -94,9 +94,7 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
     zb::Llama model(args, at::TensorOptions().device(c10::kMeta));
     zb::log::info(strf("dry run: built %s parameters on the meta device",
                        zb::with_commas(model.num_params()).c_str()));
-    if (parallelism == zb::Parallelism::FSDP && cfg.parallel.tp > 1) {
-      zb::log::info("memory estimate: not for parallel.tp > 1 yet (issue 30)");
-    } else if (parallelism == zb::Parallelism::FSDP) {
+    if (parallelism == zb::Parallelism::FSDP) {
       const c10::Device planned = zb::planned_device(cfg);
       zb::check_memory(cfg, planned_world, planned, zb::memory_budget(cfg, planned, /*dry_run=*/true), cl.force,
                        /*dry_run=*/true);
@@ -116,9 +114,7 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
   // must see.
   zb::HybridGroups groups = zb::make_hybrid_groups(cfg, comm, parallelism);
   std::optional<zb::MemoryVerdict> memory;
-  if (parallelism == zb::Parallelism::FSDP && cfg.parallel.tp > 1)
-    zb::log::info("memory estimate: not for parallel.tp > 1 yet (issue 30): nothing checked");
-  else if (parallelism == zb::Parallelism::FSDP)
+  if (parallelism == zb::Parallelism::FSDP)
     memory = zb::check_memory(cfg, world.size, device, zb::memory_budget(cfg, device, /*dry_run=*/false), cl.force,
                               /*dry_run=*/false);
   zb::Trainer trainer(cfg, comm, device, parallelism, std::move(groups),

@@ -85,6 +85,41 @@ TEST(MemoryEstimate, CheckpointedBlocksKeepOnlyTheirOutput) {
   EXPECT_LT(half.peak, off.peak);
 }
 
+// Tensor parallelism on 8 ranks (TP t x FSDP 8/t, the 7B preset, whose 32 key/value heads divide
+// into every degree): each rank still holds an eighth of the parameters and of Adam's state, now
+// its TP slices sharded over fewer ranks. Of a block's saved activations only the two gathered
+// sequences (the inputs of the column-parallel products, [N, D] each) stay whole; everything else,
+// the residual stream's positions and the heads' and FFN columns' products, is a t-th: so t times
+// the activations at degree t exceed those without TP by exactly (t - 1) whole [N, D] pairs per block.
+TEST(MemoryEstimate, TensorParallelismSplitsAllButTheGatheredSequences) {
+  Config c = load_config_file(kConfigs + "7B/H100.toml");
+  c.optim.optim.type = "adamw";
+  const ModelArgs a = resolve_model_args(c);
+  const int64_t P = num_params(a), N = c.train.micro_bs * c.data.seq_length, bf16 = 2;
+  int64_t one_row_each = 0;
+  for (const ParamSpec& p : param_specs(a)) one_row_each += p.numel() / p.shape[0];
+  c.train.ac_ckpt = 0;
+  const MemoryEstimate none = estimate_step_memory(c, 8, at::kBFloat16, true, true);
+  int64_t last_peak = none.peak;
+  for (int64_t t : {2, 4, 8}) {
+    c.parallel.tp = t;
+    c.train.ac_ckpt = 0;
+    const MemoryEstimate e = estimate_step_memory(c, 8, at::kBFloat16, true, true);
+    EXPECT_NEAR(static_cast<double>(part(e, "parameter shards (fp32)")), 4.0 * P / 8, 4.0 * one_row_each) << t;
+    EXPECT_EQ(part(e, "optimizer state (fp32)"), 2 * part(e, "parameter shards (fp32)")) << t;
+    EXPECT_EQ(t * e.activations_per_micro_batch - none.activations_per_micro_batch,
+              a.n_layers * (t - 1) * 2 * bf16 * a.dim * N)
+        << t;
+    EXPECT_LT(e.peak, last_peak) << t;  // what TP is for: less of a block's activations per rank
+    last_peak = e.peak;
+    // Checkpointed, a block keeps its output: this rank's positions only.
+    c.train.ac_ckpt = 1;
+    EXPECT_EQ(estimate_step_memory(c, 8, at::kBFloat16, true, true).activations_per_micro_batch,
+              a.n_layers * bf16 * a.dim * N / t)
+        << t;
+  }
+}
+
 TEST(MemoryEstimate, DeviceMemoryFromTheConfigElseTheGpusName) {
   Config c = load_config_file(kConfigs + "1B/H100.toml");
   constexpr int64_t MiB = 1 << 20;

@@ -7,11 +7,12 @@
 #   MODELS="debug" RANKS="1 2" scripts/perf/memory_check.sh
 #   MAX_ERROR=10 ...                            # exit 1 when a row's |error| exceeds 10% (the test)
 #   EXTRA="--diloco.inner_steps 1 --parallel.dp_replicate 2" ...   # more arguments for every run
+#   RANKS=4 EXTRA="--parallel.tp 2" ACS=true ...   # TP 2 x FSDP 2, activation checkpointing on only
 #
 # Shapes: the debug preset as it is (8 x 1024 tokens per micro-batch); 70M and 150M (from the
 # 150M preset) at 2 x 256 tokens per micro-batch; two micro-batches per rank per step (so the
 # gradient accumulators count), 2 steps (so the optimizer state exists), fp32, Newton-Schulz in
-# fp32. Environment: OUT, MODELS, RANKS, MAX_ERROR, PYTHON (default .venv/bin/python), TRAIN_FSDP.
+# fp32. Environment: OUT, MODELS, RANKS, ACS (default "false true"), MAX_ERROR, PYTHON (default .venv/bin/python), TRAIN_FSDP.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
@@ -24,7 +25,7 @@ rows=$out/rows.jsonl
 
 for model in ${MODELS:-debug 70M 150M}; do
   for W in ${RANKS:-1 2 4}; do
-    for ac in false true; do
+    for ac in ${ACS:-false true}; do
       case $model in
         debug) shape=(--config configs/debug/normal.toml --train.micro_bs 8 --optim.batch_size $((W * 16))) ;;
         *) shape=(--config configs/150M/H100.toml --name_model "$model" --data.seq_length 256 --train.micro_bs 2

@@ -146,25 +146,29 @@ at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h, const Docume
   return h2 + own_positions(swiglu(y, b.w1.to(dt), b.w2.to(dt), b.w3.to(dt)));
 }
 
-ForwardSaves forward_saves(const ModelArgs& a, at::ScalarType compute_dtype, bool cuda) {
-  const int64_t e = at::elementSize(compute_dtype), D = a.dim, H = a.n_heads, F = a.ffn_hidden();
-  const int64_t Q = a.n_heads * a.head_dim(), K = a.n_kv_heads * a.head_dim();
+ForwardSaves forward_saves(const ModelArgs& a, at::ScalarType compute_dtype, bool cuda, int64_t tp) {
+  const int64_t e = at::elementSize(compute_dtype), D = a.dim, hd = a.head_dim();
+  // This rank's heads, key/value heads (one, shared, when there are fewer than ranks) and FFN
+  // columns, as the constructor splits them.
+  const int64_t H = a.n_heads / tp, F = a.ffn_hidden() / tp;
+  const int64_t Q = H * hd, K = (a.n_kv_heads % tp == 0 ? a.n_kv_heads / tp : 1) * hd;
   ForwardSaves s;
   // An RMSNorm keeps its fp32 rstd, and on the CPU (composite kernel) also the normalised input
   // before the weight (fp32; for a bf16 input also the input cast to fp32); on CUDA the fused
   // kernel keeps only rstd (its input is kept anyway).
   s.norm = cuda ? 4 : (e == 4 ? 4 * D + 4 : 8 * D + 4);
-  // block_forward: its two norms; the normed input x of wq/wk/wv (D); q and k after RoPE (Q, K);
-  // v (K); attention's output (Q; its layout is already [B, T, H*Dh], so wo reads it as is) and
-  // fp32 log-sum-exp per head (H); the residual h2 (D, kept by the second norm); the normed y of
-  // w1/w3 (D); w1's output (SiLU's input), SiLU's output, w3's output and their product (w2's
-  // input): 4 F; and the block's output (D), which the next block keeps as its input.
-  s.block = 2 * s.norm + e * (4 * D + 2 * Q + 2 * K + 4 * F) + 4 * H;
-  s.checkpointed = e * D;  // its input is the block before's output
-  // head_loss: the final norm keeps as a block's norm does, and the normed x [N, D]; the chunked
-  // loss makes the gradient in the forward: dx [N, D] and the head's fp32 [V, D].
-  s.head = s.norm + 2 * e * D;
-  s.head_weight = 4 * a.vocab_size * D;
+  // block_forward: at the rank's own positions its two norms, the residual h2 (D, kept by the
+  // second norm) and the block's output (D), which the next block keeps as its input. For every
+  // token: the normed input x of wq/wk/wv (D) and y of w1/w3 (D), gathered whole under TP; q and k
+  // after RoPE (Q, K); v (K); attention's output (Q; its layout is already [B, T, H*Dh], so wo
+  // reads it as is) and fp32 log-sum-exp per head (H); w1's output (SiLU's input), SiLU's output,
+  // w3's output and their product (w2's input): 4 F.
+  s.block = {2 * s.norm + 2 * e * D, e * (2 * D + 2 * Q + 2 * K + 4 * F) + 4 * H};
+  s.checkpointed = {e * D, 0};  // its input is the block before's output
+  // head_loss: the final norm at the rank's positions; the normed x [N, D] (gathered whole under
+  // TP) and the gradient the chunked loss makes in the forward, dx [N, D]; the head's fp32 rows.
+  s.head = {s.norm, 2 * e * D};
+  s.head_weight = 4 * (a.vocab_size / tp) * D;
   return s;
 }
 

@@ -38,17 +38,25 @@ struct TransformerBlockParams {
 
 // What the forward keeps for backward, in bytes, as the memory estimate counts it
 // (train/memory_estimate.cpp): each figure is defined beside the forward it describes
-// (llama.cpp), so a change to a layer and to its memory are made together. Per token, but for
-// head_weight.
+// (llama.cpp), so a change to a layer and to its memory are made together. Per token of a
+// micro-batch of N tokens, in two parts: `own` for each position the rank holds of the residual
+// stream (N / tp of them under tensor parallelism, all N without) and `all` for every token
+// (what the column-parallel products read of the gathered sequence, and their outputs at this
+// rank's heads and FFN columns).
 struct ForwardSaves {
-  int64_t norm = 0;          // one RMSNorm
-  int64_t block = 0;         // one transformer block, its output included
-  int64_t checkpointed = 0;  // a block under activation checkpointing: its output alone
-  int64_t head = 0;          // the final norm and the chunked loss's per-token products
-  int64_t head_weight = 0;   // the chunked loss's fp32 gradient of the head, [vocab, dim]
+  struct PerToken {
+    int64_t own = 0, all = 0;
+    int64_t bytes(int64_t tokens, int64_t tp) const { return own * (tokens / tp) + all * tokens; }
+  };
+  int64_t norm = 0;        // one RMSNorm, per position it normalises
+  PerToken block;          // one transformer block, its output included
+  PerToken checkpointed;   // a block under activation checkpointing: its output alone
+  PerToken head;           // the final norm and the chunked loss's per-token products
+  int64_t head_weight = 0; // the chunked loss's fp32 gradient of this rank's head rows, [vocab / tp, dim]
 };
-// `cuda`: the device's kernels (fused RMSNorm keeps less than the CPU's composite one).
-ForwardSaves forward_saves(const ModelArgs& args, at::ScalarType compute_dtype, bool cuda);
+// `cuda`: the device's kernels (fused RMSNorm keeps less than the CPU's composite one); `tp`:
+// the tensor-parallel degree (model/tensor_parallel.h; 1: none).
+ForwardSaves forward_saves(const ModelArgs& args, at::ScalarType compute_dtype, bool cuda, int64_t tp = 1);
 
 class Llama {
  public:

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "parallel/row_shard.h"
 #include "model/attention.h"
@@ -10,6 +11,7 @@
 #include "config/model_config.h"
 #include "optim/optimizer.h"
 #include "optim/param_groups.h"
+#include "optim/tensor_parallel_muon.h"
 #include "train/diloco.h"
 #include "train/step_plan.h"
 #include "util/log.h"
@@ -65,14 +67,24 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
   // each allocating and freeing what it does. Not counted under hybrid sharding: the unit whose
   // reduced rows are being all-reduced over the replicas keeps them one unit longer (a W-th of a
   // block, in place).
+  //
+  // Under tensor parallelism (model/tensor_parallel.h) rank 0 holds its slice of every matrix,
+  // this rank's heads, FFN columns and vocabulary rows, and a tp-th of each micro-batch's positions
+  // in the residual stream; what the column-parallel products read, the gathered sequence, is
+  // whole. The TP group's collectives in the plan allocate nothing counted here: a gathered
+  // sequence is the activation the next product keeps (ForwardSaves), and the gradients gathered
+  // in backward are counted where they are made.
   const c10::Device device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
   const StepPlan plan = plan_step(c, world_size, /*rank=*/0, Parallelism::FSDP, compute_dtype,
                                   resolve_ns_dtype(c, device), reduce_every_micro_batch, cuda);
   const int64_t W = plan.shard;  // parameters are sharded over the shard group
+  const int64_t tp = plan.tp;
   const ModelArgs a = resolve_model_args(c);
-  const int64_t L = a.n_layers, D = a.dim, V = a.vocab_size, H = a.n_heads;
-  const int64_t Q = a.n_heads * a.head_dim(), K = a.n_kv_heads * a.head_dim(), F = a.ffn_hidden();
+  // This rank's part of each dimension tensor parallelism splits (all of it without).
+  const int64_t L = a.n_layers, D = a.dim, V = a.vocab_size / tp, H = a.n_heads / tp, F = a.ffn_hidden() / tp;
+  const int64_t Q = H * a.head_dim(), K = (a.n_kv_heads % tp == 0 ? a.n_kv_heads / tp : 1) * a.head_dim();
   const int64_t N = c.train.micro_bs * c.data.seq_length;  // tokens per micro-batch
+  const int64_t own = N / tp;  // of them, the positions this rank holds in the residual stream
   const int64_t A = plan.micro_batches;                     // micro-batches per step
   const int64_t e = at::elementSize(compute_dtype);          // bytes of a gathered weight / activation
   const bool muon = c.optim.optim.type == "muon";
@@ -84,7 +96,8 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
 
   // Units: blocks 0..L-1, then the root.
   std::vector<UnitSizes> units(L + 1);
-  for (const ParamSpec& p : param_specs(a)) {
+  const std::vector<ParamSpec> specs = param_specs(a, tp);  // this rank's slices under TP
+  for (const ParamSpec& p : specs) {
     UnitSizes& u = p.layer >= 0 ? units[p.layer] : units[L];
     const RowShard s = RowShard::of(p.shape, W);
     u.full += p.numel();
@@ -101,12 +114,21 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
   }
 
   // What the forward keeps for backward (defined beside it: model/llama.h's forward_saves).
-  const ForwardSaves saves = forward_saves(a, compute_dtype, cuda);
-  const int64_t block_keeps = saves.block;
+  const ForwardSaves saves = forward_saves(a, compute_dtype, cuda, tp);
+  const int64_t block_keeps = saves.block.bytes(N, tp);
   auto checkpointed = [&](int64_t i) { return c.train.ac_ckpt > 0 && i % c.train.ac_ckpt == 0; };
-  auto keeps_of = [&](int64_t i) { return (checkpointed(i) ? saves.checkpointed : block_keeps) * N; };  // block i
+  auto keeps_of = [&](int64_t i) { return checkpointed(i) ? saves.checkpointed.bytes(N, tp) : block_keeps; };  // block i
 
   Timeline t;
+  // Under TP a block's forward ends with the MLP's partial sums [N, D] and their copy in the
+  // order the reduce-scatter sends them (model/tensor_parallel.cpp), both freed once it is done;
+  // Gloo's reduce-scatter (the CPU's) makes one more copy of its input.
+  const int64_t partial_sum_copies = cuda ? 2 : 3;
+  auto partial_sums = [&] {
+    if (tp == 1) return;
+    t.alloc("activations", partial_sum_copies * e * D * N);
+    t.free("activations", partial_sum_copies * e * D * N);
+  };
   // --- held through the step ----------------------------------------------------------------------
   t.at("start of the step");
   t.alloc("parameter shards (fp32)", 4 * local);
@@ -174,6 +196,7 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
         t.alloc("attention mask", mask);
         break;
       case StepEvent::Op::Collective:
+        if (ev.group == "tp") break;  // inside the model (see above)
         if (ev.kind == CommKind::AllGather) {
           gathering[u] = gather_buffers(units[u]);
           t.alloc("all-gather buffers", gathering[u]);
@@ -186,11 +209,12 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
         t.alloc("gathered parameters", e * units[u].full);
         t.free("all-gather buffers", gathering[u]);
         gathering[u] = 0;
-        if (u == L) t.alloc("activations", e * D * N);  // the embedding's output, block 0's input
+        if (u == L) t.alloc("activations", e * D * own);  // the embedding's output, block 0's input
         break;
       case StepEvent::Op::Forward:
         t.at("forward of " + block + mb);
         t.alloc("activations", keeps_of(u));
+        partial_sums();
         break;
       case StepEvent::Op::Loss: {
         // The loss in chunks (chunked_loss.h): while a chunk's logits exist, fp32 [chunk, V] and
@@ -199,7 +223,7 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
         // gradient's product before it is added to the fp32 sum (on CUDA the GEMMs write fp32).
         t.at("loss" + mb);
         const int64_t chunk = std::min(N, loss_chunk_tokens(V, cuda));
-        const int64_t head_keeps = saves.head * N + saves.head_weight;
+        const int64_t head_keeps = saves.head.bytes(N, tp) + saves.head_weight;
         t.alloc("activations", head_keeps);
         const int64_t logits = e == 4 ? chunk * V * 8
                                : cuda ? chunk * V * (8 + e)
@@ -208,22 +232,24 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
         t.free("loss chunk", logits);
         // Its backward scales the saved gradients in place: the fp32 [V, D] becomes the head's
         // gradient (or is cast to the compute dtype, its fp32 copy then freed), which waits with
-        // the root's others until the embedding's; the final norm hands back [N, D].
+        // the root's others until the embedding's; the final norm hands back the gradient at
+        // this rank's positions.
         t.at("backward of the loss" + mb);
         if (e != 4) t.alloc("parameter gradients", head_grad);
         t.free("activations", saves.head_weight);
         if (e == 4) t.alloc("parameter gradients", head_grad);
-        t.alloc("activation gradients", e * D * N);
+        t.alloc("activation gradients", e * D * own);
         // Freed: what the loss kept, and the last block's output (only the final norm kept it).
         // From here each block's backward frees what it kept, its own output excepted (gone
         // already) and its input included (the same size): what it kept, in all.
-        t.free("activations", head_keeps - saves.head_weight + e * D * N);
+        t.free("activations", head_keeps - saves.head_weight + e * D * own);
         backward = true;
         break;
       }
       case StepEvent::Op::Recompute:
         t.at("backward of " + block + mb);
-        t.alloc("activations", block_keeps * N);
+        t.alloc("activations", block_keeps);
+        partial_sums();
         break;
       case StepEvent::Op::Reshard:
         if (!backward) {  // after the block's forward
@@ -238,9 +264,12 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
           // counting allocator: the recompute adds exactly block_keeps, its backward 2 F per token
           // plus w2's weight gradient). w2's backward hands back the product's gradient [N, F] and
           // w2's weight gradient [D, F] and frees the product it kept; the product's backward
-          // then makes the gradients of SiLU's and w3's outputs, two more [N, F].
+          // then makes the gradients of SiLU's and w3's outputs, two more [N, F]. Under TP w2's
+          // backward reads the output's gradient gathered whole, [N, D], freed when it is done.
+          if (tp > 1) t.alloc("activation gradients", e * D * N);
           t.alloc("activation gradients", e * F * N);
           t.alloc("parameter gradients", e * D * F);
+          if (tp > 1) t.free("activation gradients", e * D * N);
           t.free("activations", e * F * N);
           t.alloc("activation gradients", 2 * e * F * N);
           t.free("activation gradients", 3 * e * F * N);
@@ -259,13 +288,13 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
             t.alloc("attention backward", work);
             t.free("attention backward", work);
           }
-          t.free("activations", keeps_of(u) - e * F * N + (checkpointed(u) ? block_keeps * N : 0));
+          t.free("activations", keeps_of(u) - e * F * N + (checkpointed(u) ? block_keeps : 0));
           t.alloc("parameter gradients", e * (units[u].full - D * F));
         } else {
           // The embedding's gradient (dense, [V, D]), the last of backward.
           t.at("backward of the embedding" + mb);
           t.alloc("parameter gradients", e * V * D);
-          t.free("activation gradients", e * D * N);
+          t.free("activation gradients", e * D * own);
         }
         t.free("gathered parameters", e * units[u].full);
         if (A > 1 && !reduce_every && m == 0) t.alloc("gradient accumulators (fp32)", 4 * units[u].full);
@@ -289,28 +318,50 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
     // (sharded_muon.cpp), in ns_dtype: each matrix's padded rows gathered into send parts and
     // their concatenation, the rows received from every rank, the owner's whole matrices (a W-th
     // of them), and after Newton-Schulz the results, the rows to send back and those returned.
+    // Under TP what the owner holds whole is its TP slice; the TP stage (tensor_parallel_muon.cpp)
+    // gathers a split matrix's slices to one TP rank by the same exchange, a tp-th of them each,
+    // unless it runs Newton-Schulz on the slices themselves (the Gram mode) or the matrix is
+    // whole on every TP rank (shared key/value heads).
     // Newton-Schulz runs same-shape matrices as one batch: their stack, the normalised iterate,
     // X Xᵀ and its polynomial (k m x m for k matrices with m the short side) and the next iterate.
     const int64_t ns = at::elementSize(resolve_ns_dtype(c, cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU)));
-    std::map<std::pair<int64_t, int64_t>, int64_t> groups;  // shape -> matrices
-    int64_t hidden_full = 0, hidden_block = 0;
-    for (const ParamSpec& p : param_specs(a))
+    // (rows, cols, ranks sharing them) of what Newton-Schulz runs on -> matrices
+    std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> groups;
+    int64_t hidden_slices = 0, hidden_block = 0, tp_gathered = 0;
+    for (const ParamSpec& p : specs)
       if (param_role(p.name, static_cast<int64_t>(p.shape.size())) == ParamRole::Hidden) {
-        ++groups[{p.shape[0], p.shape[1]}];
-        hidden_full += p.numel();
+        hidden_slices += p.numel();
         hidden_block += RowShard::of(p.shape, W).block_numel();
+        std::vector<int64_t> whole = p.shape;
+        if (p.tp_dim >= 0) whole[static_cast<size_t>(p.tp_dim)] *= tp;
+        const bool gathered = p.tp_dim >= 0 && !muon_tp_uses_gram(c.parallel.muon_tp, p.tp_dim, whole[0], whole[1], tp,
+                                                                   c.optim.optim.ns_steps);
+        if (gathered) tp_gathered += p.numel();
+        const std::vector<int64_t>& run = gathered ? whole : p.shape;
+        ++groups[{run[0], run[1], gathered ? W * tp : W}];
       }
     t.alloc("optimizer work", 4 * hidden_local);  // the blend
-    const int64_t owned = (hidden_full + W - 1) / W;  // size-balanced owners
-    const int64_t in_bytes = W > 1 ? ns : 4;           // what Newton-Schulz is handed
+    const int64_t owned = (hidden_slices + W - 1) / W;       // size-balanced owners
+    const int64_t tp_owned = (tp_gathered + W - 1) / W;      // of those, what the TP stage moves
+    const int64_t in_bytes = W > 1 || tp_owned > 0 ? ns : 4;  // what Newton-Schulz is handed
     if (W > 1) t.alloc("optimizer work", ns * (2 * hidden_block + 2 * owned));  // send, recv, whole
+    if (tp_owned > 0) t.alloc("optimizer work", ns * 4 * tp_owned);  // the same over TP
+    int64_t tp_results = 0;  // the results of matrices gathered over TP
     for (const auto& [shape, count] : groups) {
-      const int64_t k = (count + W - 1) / W, g = k * shape.first * shape.second;
-      const int64_t m = std::min(shape.first, shape.second);
+      const auto [rows, cols, ranks] = shape;
+      const int64_t k = (count + ranks - 1) / ranks, g = k * rows * cols;
+      const int64_t m = std::min(rows, cols);
       const int64_t temps = in_bytes * g + ns * (2 * g + 2 * k * m * m);
       t.alloc("optimizer work", temps);
       t.free("optimizer work", temps);
       t.alloc("optimizer work", ns * g);  // the result, kept until every group is done
+      if (ranks > W) tp_results += ns * g;
+    }
+    if (tp_owned > 0) {
+      // The TP stage returns each rank its slices: what it sent back and what came back, after
+      // which only the latter is left of its exchange.
+      t.alloc("optimizer work", ns * 2 * tp_owned);
+      t.free("optimizer work", ns * 5 * tp_owned + tp_results);
     }
     if (W > 1) t.alloc("optimizer work", ns * (owned + hidden_block));  // back, returned
   }
@@ -335,7 +386,7 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
   for (const auto& [what, bytes] : t.at_peak())
     if (bytes > 0) est.at_peak.push_back({what, bytes});
   std::sort(est.at_peak.begin(), est.at_peak.end(), [](const auto& x, const auto& y) { return x.bytes > y.bytes; });
-  est.activations_without_checkpointing = (block_keeps * L) * N;
+  est.activations_without_checkpointing = block_keeps * L;
   for (int64_t i = 0; i < L; ++i) est.activations_per_micro_batch += keeps_of(i);
   est.reduce_every_micro_batch = reduce_every;
   return est;

@@ -140,8 +140,8 @@ void shard_by_node(Config& cfg, const World& world, bool dry_run) {
 
 StepPlan plan_run(const Config& c, int64_t world_size, int64_t rank, Parallelism parallelism) {
   const c10::Device device = planned_device(c);
-  // The memory estimate decides "auto" (not yet under TP, where the trainer reads it as false).
-  const bool reduce_every = parallelism == Parallelism::FSDP && c.parallel.tp == 1
+  // The memory estimate decides "auto".
+  const bool reduce_every = parallelism == Parallelism::FSDP
                                 ? judge_memory(c, world_size, device, memory_budget(c, device, /*dry_run=*/true))
                                       .reduce_every_micro_batch
                                 : c.train.reduce_every_micro_batch == "true";

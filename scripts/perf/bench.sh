@@ -6,13 +6,17 @@
 #   scripts/perf/bench.sh [CONFIG] [NPROC] [STEPS] [extra train arguments...]
 #   scripts/perf/bench.sh                                    # CPU: configs/bench/cpu.toml, 2 Gloo ranks, 25 steps
 #   scripts/perf/bench.sh configs/1B/H100.toml 1 30 --train.micro_bs 8   # one GPU, bf16
+#   scripts/perf/bench.sh configs/bench/cpu.toml 4 8 --parallel.tp 2 --optim.optim.type adamw
+#                                 # TP 2 x FSDP 2: the peer is FSDP2 over a (dp_shard, tp) mesh's
+#                                 # dp_shard dimension with DTensor TP over its tp dimension
 #
 # Environment: OUT (output folder), WARMUP (first steps left out, default 5), PEERS (the peers'
 # Muon: "zeroband" = ZeroBand's muon-fsdp2, "torch" = torch.optim.Muon; default both),
 # PEER_COMPILE (1: each peer also torch.compile'd; default 1 on GPU, 0 on CPU), PEER_MASK (the
 # peers' document mask: auto, flex or sdpa; see bench_peer.py --mask-kernel), ZB_SKIP_BUILD=1
 # (use the build as is), TRAIN_FSDP (the binary, default build/apps/train_fsdp), PYTHON (default
-# .venv/bin/python). Rows: zeroband-cpp, then pytorch-MUON-eager / pytorch-MUON-compile.
+# .venv/bin/python). Rows: zeroband-cpp, then pytorch-MUON-eager / pytorch-MUON-compile; with
+# --optim.optim.type adamw one peer, pytorch-adamw-eager / -compile (no Muon to choose).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 gpu=0
@@ -58,20 +62,31 @@ torchrun=("$python" -m torch.distributed.run --standalone --nproc_per_node="$npr
 failed() { echo "FAILED: $1"; grep -v "^W[0-9]" "$1" | grep -i -m 20 -E "bench_peer:|error|terminate|exception|abort|assert"; exit 1; }
 echo "== zeroband-cpp train_fsdp, $nproc rank(s): $config"
 # Every side's last step is recorded by its profiler for the operators it dispatches (left out of
-# the timings by bench_report.py).
+# the timings by bench_report.py). A relative traces folder goes beside the metrics file: into $out.
 "${torchrun[@]}" --no-python "$train" "${args[@]}" --logging.metrics_file "$out/zeroband-cpp.jsonl" \
   --profiling.enable_profiling true --profiling.profile_freq "$steps" --profiling.profile_active 1 \
-  --profiling.save_traces_folder "$out/zeroband-cpp-profile" \
+  --profiling.save_traces_folder zeroband-cpp-profile \
   > "$out/zeroband-cpp.log" 2>&1 || failed "$out/zeroband-cpp.log"
 grep -E "step [0-9]+/[0-9]+ \|" "$out/zeroband-cpp.log" | tail -1 || true  # progress line, for the eye
 runs=(zeroband-cpp="$out/zeroband-cpp.jsonl")
 modes=(eager)
 [ "$compile" = 1 ] && modes+=(compile)
-for muon in ${PEERS:-zeroband torch}; do
+# AdamW on the hidden matrices too leaves no Muon to choose: the peers would be the same run.
+read -r hidden tp < <("$python" -c 'import json, sys; r = json.load(open(sys.argv[1])); print(r["hidden"]["type"], r["parallel"]["tp"])' "$out/run.json")
+peers=${PEERS:-zeroband torch}
+[ "$hidden" = adamw ] && peers=adamw
+layout="FSDP2"
+[ "$tp" -gt 1 ] && layout="FSDP2 x DTensor TP $tp"
+for muon in $peers; do
   for mode in "${modes[@]}"; do
     name=pytorch-$muon-$mode
-    echo "== PyTorch FSDP2 with $muon's Muon ($mode), $nproc rank(s)"
-    extra=(--muon "$muon")
+    if [ "$muon" = adamw ]; then
+      echo "== PyTorch $layout with AdamW ($mode), $nproc rank(s)"
+      extra=()
+    else
+      echo "== PyTorch $layout with $muon's Muon ($mode), $nproc rank(s)"
+      extra=(--muon "$muon")
+    fi
     [ "$mode" = compile ] && extra+=(--compile)
     "${torchrun[@]}" scripts/perf/bench_peer.py --mask-kernel "${PEER_MASK:-auto}" --config-json "$out/run.json" --steps "$steps" \
       --num-threads "$threads" --metrics-file "$out/$name.jsonl" --profile-step "$steps" "${extra[@]}" \

@@ -6,9 +6,16 @@ the muon-fsdp2 package, which gathers each matrix's gradient shards to one owner
 compiled Newton-Schulz there and scatters the result back) or torch.optim.Muon (--muon torch,
 which orthogonalises DTensor shards, all-gathering inside every Newton-Schulz iteration).
 
+With parallel.tp > 1 the model is 2-D as torchtitan builds it: a (dp_shard, tp) DeviceMesh whose
+tp dimension groups consecutive ranks as train_fsdp's TP groups do, each block and the root
+parallelize_module'd over tp (train_fsdp's Megatron layout with sequence parallelism, see
+block_tp_plan) and then fully_shard'ed over dp_shard, the loss vocabulary-parallel (loss_parallel).
+AdamW and torch.optim.Muon run on those 2-D DTensors; muon-fsdp2 0.3.0 cannot (why_not).
+
 It reads the run that `train_fsdp --config X --print-config` resolves (shapes, batch, optimizer
 settings), so both sides train the same thing, and writes the same JSON-lines metrics as
-train_fsdp (rank 0). Its fake data are train_fsdp's random documents; with model.attention =
+train_fsdp (rank 0). Its fake data are train_fsdp's random documents, row for row (the same
+initial weights too, on CPU: the first step's loss matches ours); with model.attention =
 "document" it masks them as ZeroBand does, flex attention with a BlockMask made per batch
 (on CUDA; PyTorch cannot train flex attention on CPU, where it uses SDPA with the same mask as
 dense booleans). A run the peer cannot train as asked (see why_not) leaves one record saying why,
@@ -19,23 +26,28 @@ which the report prints instead of numbers. Launched by torchrun, one process pe
       [--mask-kernel auto|flex|sdpa]
 
 Communication is measured by wrapping torch.distributed's collectives and the functional
-collectives DTensor uses (Muon's matrices and the clipping norm go through DTensor): bytes with
-train_fsdp's conventions, and host time spent waiting for them ("exposed"; on CPU FSDP2 issues its
+collectives DTensor uses (TP's, Muon's matrices and the clipping norm go through DTensor): bytes with
+train_fsdp's conventions, in all and under TP by group (comm_bytes_shard_group, comm_bytes_tp_group,
+as train_fsdp's metrics), and host time spent waiting for them ("exposed"; on CPU FSDP2 issues its
 collectives synchronously, so all of their time is exposed; on CUDA this is the host wait only).
 """
 import argparse
+import contextlib
 import inspect
 import json
 import math
 import os
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 import comm_bytes  # the byte convention, from the C++ definition (same folder)
@@ -52,10 +64,11 @@ class Attention(nn.Module):
         self.wo = nn.Linear(self.n_heads * self.head_dim, m["dim"], bias=False)
 
     def forward(self, x, freqs_cis, mask):
+        # Head counts from the projections' outputs: under TP they are this rank's heads.
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
-        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
-        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
+        q = self.wq(x).view(B, T, -1, self.head_dim)
+        k = self.wk(x).view(B, T, -1, self.head_dim)
+        v = self.wv(x).view(B, T, -1, self.head_dim)
         q, k = rotate(q, freqs_cis), rotate(k, freqs_cis)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         gqa = self.n_kv_heads != self.n_heads
@@ -135,21 +148,172 @@ class Llama(nn.Module):
         return self.output(self.norm(h)).float()
 
 
+# --- tensor parallelism: train_fsdp's layout (src/model/tensor_parallel.h) in DTensor's plans ------
+# Megatron's layout with sequence parallelism, as torchtitan applies it: the residual stream holds
+# this rank's part of the sequence [B, T/tp, D]; the norms run on it, the sequence is all-gathered
+# before the column-parallel products (this rank's heads and FFN columns) and the row-parallel
+# ones' partial sums are reduce-scattered back onto it. The embedding is split over the vocabulary
+# (its partial sums reduce-scattered onto the sequence), the head too, its logits left split for
+# loss_parallel. tests/reference/tp_reference.py checks the same plans against the whole model.
+def block_tp_plan():
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel)
+    return {
+        "attention_norm": SequenceParallel(),
+        "ffn_norm": SequenceParallel(),
+        # The normed sequence parts are all-gathered once per module and stay a DTensor
+        # (use_local_output=False): the products' input gradients, partial sums, add up as DTensors
+        # and go back through that gather as one reduce-scatter. Local tensors there would
+        # all-reduce each product's input gradient (3 in attention, 2 in the FFN) instead.
+        # The RoPE table and the mask are plain tensors (or a BlockMask), whole on every rank.
+        "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                        desired_input_layouts=(Replicate(), None, None), use_local_output=False),
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                           use_local_output=False),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        "feed_forward.w3": ColwiseParallel(),
+    }
+
+
+def root_tp_plan():
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+    return {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+    }
+
+
+def layout_of(run, world):
+    """(dp_shard, tp): train_fsdp's rank = dp_index * tp + tp_index, the TP group consecutive ranks,
+    which init_device_mesh's row-major (dp_shard, tp) mesh reproduces."""
+    par = run["parallel"]
+    tp = par["tp"]
+    dp_shard = par["dp_shard"] if par["dp_shard"] > 0 else world // (tp * par["dp_replicate"])
+    return dp_shard, tp
+
+
 # --- ZeroBand's fake documents and its document mask ------------------------------------------------
-EOS, FIRST_TOKEN = 1, 3  # train_fsdp's fake data (src/data/fake_data.h): EOS closes each document
+# train_fsdp's fake data (src/data/fake_data.cpp) reproduced draw for draw: row i of the endless
+# dataset comes from std::mt19937_64 seeded by std::seed_seq{seed, i, 0x5eed}, through libstdc++'s
+# std::uniform_int_distribution. Both sides train on the same tokens, so their losses compare
+# step for step (the first step's to float rounding: the initial weights are drawn alike too).
+EOS, FIRST_TOKEN = 1, 3
+_M32 = 0xFFFFFFFF
 
 
-def fake_documents(rows, T, V, gen):
-    """Rows of T + 1 tokens packed with documents of length U[1, T], tokens uniform in [3, 1024)
-    (clipped to the vocabulary), each followed by EOS: train_fsdp's fake data, from another RNG."""
-    out = torch.randint(FIRST_TOKEN, min(1024, V), (rows, T + 1), generator=gen)
-    for r in range(rows):
-        n = 0
-        while True:
-            n += int(torch.randint(1, T + 1, (), generator=gen)) + 1  # a document, then its EOS
-            if n > T + 1:  # the document runs to the end of the row without its EOS
-                break
-            out[r, n - 1] = EOS
+def _seed_seq(values, n=624):
+    """std::seed_seq(values).generate() of n 32-bit words (the standard's algorithm)."""
+    v = [x & _M32 for x in values]
+    s, b = len(v), [0x8B8B8B8B] * n
+    t = 11 if n >= 623 else 7 if n >= 68 else 5 if n >= 39 else 3 if n >= 7 else (n - 1) // 2
+    p, q, m = (n - t) // 2, (n - t) // 2 + t, max(s + 1, n)
+    mix = lambda x: x ^ (x >> 27)  # noqa: E731
+    for k in range(m):
+        r1 = 1664525 * mix(b[k % n] ^ b[(k + p) % n] ^ b[(k - 1) % n]) & _M32
+        r2 = r1 + (s if k == 0 else k % n + v[k - 1] if k <= s else k % n) & _M32
+        b[(k + p) % n] = (b[(k + p) % n] + r1) & _M32
+        b[(k + q) % n] = (b[(k + q) % n] + r2) & _M32
+        b[k % n] = r2
+    for k in range(m, m + n):
+        r3 = 1566083941 * mix((b[k % n] + b[(k + p) % n] + b[(k - 1) % n]) & _M32) & _M32
+        r4 = (r3 - k % n) & _M32
+        b[(k + p) % n] ^= r3
+        b[(k + q) % n] ^= r4
+        b[k % n] = r4
+    return b
+
+
+class _MT19937_64:
+    """std::mt19937_64 seeded from a std::seed_seq, 312 outputs at a time."""
+    N, M, A = 312, 156, np.uint64(0xB5026F5AA96619E9)
+    UPPER, LOWER = np.uint64(0xFFFFFFFF80000000), np.uint64(0x7FFFFFFF)
+
+    def __init__(self, seed_values):
+        w = _seed_seq(seed_values, 2 * self.N)
+        self.x = np.array([w[2 * i] | w[2 * i + 1] << 32 for i in range(self.N)], dtype=np.uint64)
+        self.buf, self.pos = np.empty(0, np.uint64), 0
+
+    def _twist(self):
+        x, n, m, one = self.x, self.N, self.M, np.uint64(1)
+        def step(lo, hi, nxt, far):
+            y = (x[lo:hi] & self.UPPER) | (nxt & self.LOWER)
+            x[lo:hi] = far ^ (y >> one) ^ ((y & one) * self.A)
+        step(0, n - m, x[1:n - m + 1], x[m:])          # x[i+1], x[i+m] still old
+        step(n - m, n - 1, x[n - m + 1:], x[:m - 1])   # x[i+m-n] already new
+        step(n - 1, n, x[:1], x[m - 1:m])
+        y = x.copy()  # tempering
+        y ^= (y >> np.uint64(29)) & np.uint64(0x5555555555555555)
+        y ^= (y << np.uint64(17)) & np.uint64(0x71D67FFFEDA60000)
+        y ^= (y << np.uint64(37)) & np.uint64(0xFFF7EEE000000000)
+        y ^= y >> np.uint64(43)
+        return y
+
+    def draws(self, k):
+        while len(self.buf) - self.pos < k:
+            self.buf = np.concatenate([self.buf[self.pos:], self._twist()])
+            self.pos = 0
+        out = self.buf[self.pos:self.pos + k]
+        self.pos += k
+        return out
+
+    def uniform(self, k, lo, hi):
+        """k draws of std::uniform_int_distribution<int64_t>(lo, hi), libstdc++'s way for a 64-bit
+        engine (Lemire's multiply-shift with rejection: the high 64 bits of draw x range)."""
+        r = hi - lo + 1
+        threshold = np.uint64((2**64 - r) % r)
+        R, S32 = np.uint64(r), np.uint64(32)
+        out = []
+        while k:
+            g = self.draws(k)
+            rejected = np.flatnonzero(g * R < threshold)  # the low 64 bits (wraps)
+            take = rejected[0] if rejected.size else k
+            g = g[:take]
+            high = ((g >> S32) * R + (((g & np.uint64(_M32)) * R) >> S32)) >> S32
+            out.append(high.astype(np.int64) + lo)
+            if rejected.size:  # the rejected draw is spent; what followed it is drawn again
+                self.pos -= k - take - 1
+            k -= take
+        return np.concatenate(out) if out else np.empty(0, np.int64)
+
+
+def fake_row(seed, index, T, V):
+    """Sample `index`: T + 1 tokens, documents of length U[1, T] with tokens uniform in [3, 1024)
+    (clipped to the vocabulary), each followed by EOS (none where the row cuts it off)."""
+    rng = _MT19937_64([seed, index, 0x5EED])
+    row = np.empty(T + 1, np.int64)
+    n = 0
+    while n < T + 1:
+        remaining = int(rng.uniform(1, 1, T)[0])
+        k = min(remaining, T + 1 - n)
+        row[n:n + k] = rng.uniform(k, FIRST_TOKEN, min(1024, V) - 1)
+        n += k
+        if k == remaining and n < T + 1:
+            row[n] = EOS
+            n += 1
+    return row
+
+
+def rank_batches(run, data_rank, data_ranks, steps, accum):
+    """This data-parallel rank's micro-batches [micro_bs, T + 1], in order, as train_fsdp's loader
+    (src/data/loader.cpp) deals them: global batch s is samples [s*B, (s+1)*B), and data rank r
+    reads the r-th of its data_ranks equal parts. Made before the steps, as train_fsdp's loader
+    prepares them on a thread of its own."""
+    B, micro, T, V, seed = (run["batch_size"], run["micro_bs"], run["seq_length"], run["model"]["vocab_size"],
+                            run["runtime"]["seed"])
+    per_rank = B // data_ranks
+    out = []
+    for s in range(steps):
+        for i in range(accum):
+            first = s * B + data_rank * per_rank + i * micro
+            out.append(torch.from_numpy(np.stack([fake_row(seed, first + j, T, V) for j in range(micro)])))
     return out
 
 
@@ -188,16 +352,20 @@ flex_attention_kernel = None  # compiled_flex_attention(), set by main() when th
 
 # --- communication meter ---------------------------------------------------------------------------
 # Bytes per rank as train_fsdp counts them (src/dist/comm_bytes.h, through comm_bytes.py): sent +
-# received by this rank for the ring / chain algorithm of each collective. The group is the whole
-# world (the peer's one mesh dimension spans every rank).
+# received by this rank for the ring / chain algorithm of each collective, over the group it runs
+# on (its size, this rank's place in it).
 class CommMeter:
     """Wraps the collectives FSDP2 and DTensor call: bytes by kind (train_fsdp's convention, the
-    functions above) and host seconds spent waiting."""
+    functions above), in all and by named group of ranks, and host seconds spent waiting. `groups`
+    names process groups as train_fsdp's metrics do ({group_name: "shard_group" or "tp_group"});
+    the total counts every group, as train_fsdp's world communicator counts its subgroups'."""
 
-    def __init__(self, world, rank):
-        self.W, self.rank = world, rank
-        self.bytes = {k: 0 for k in ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all",
-                                     "gather", "scatter")}
+    KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "gather", "scatter")
+
+    def __init__(self, groups=None):
+        self.names = dict(groups or {})
+        self.bytes = dict.fromkeys(self.KINDS, 0)
+        self.by_group = {name: dict.fromkeys(self.KINDS, 0) for name in self.names.values()}
         self.wait_seconds = 0.0
         self._wrap()
 
@@ -211,13 +379,20 @@ class CommMeter:
         return call
 
     def _wrap(self):
-        W, rank = self.W, self.rank
-
         def nbytes(t):
             return t.numel() * t.element_size()
 
         def row_bytes(t):  # of dim 0, from the shape (a rank may send no rows)
             return math.prod(t.shape[1:]) * t.element_size()
+
+        def process_group(group):
+            # torch.distributed takes a ProcessGroup (None: the world); functional collectives
+            # any of RANK_TYPES ((mesh, dim) from DTensor), resolved through the group's name.
+            if group is None:
+                return dist.distributed_c10d._get_default_group()
+            if isinstance(group, dist.ProcessGroup):
+                return group
+            return dist.distributed_c10d._resolve_process_group(funcol._resolve_group_name(group))
 
         def counted(module, name, kind, size_of):
             fn = getattr(module, name)
@@ -225,39 +400,46 @@ class CommMeter:
 
             def call(*a, **k):
                 bound = signature.bind(*a, **k)
-                bound.apply_defaults()
-                self.bytes[kind] += size_of(bound.arguments)  # positional or keyword alike
+                bound.apply_defaults()  # positional or keyword alike
+                pg = process_group(bound.arguments["group"])
+                n = size_of(bound.arguments, pg.size(), pg.rank(), pg)
+                self.bytes[kind] += n
+                group = self.names.get(pg.group_name)
+                if group:
+                    self.by_group[group][kind] += n
                 return fn(*a, **k)  # the waiting is timed in Work.wait / wait_tensor below
             setattr(module, name, call)
 
-        def root_of(a):
-            return a["src"] if a["src"] is not None else a["group_src"]
+        def root_of(a, key, pg):  # the root in the group's numbering (`key` global, group_`key` not)
+            return a["group_" + key] if a["group_" + key] is not None else dist.get_group_rank(pg, a[key])
 
         # torch.distributed: the output of an all-gather / input of a reduce-scatter is W parts.
-        counted(dist, "all_gather_into_tensor", "all_gather", lambda a: comm_bytes.counted("all_gather", W, nbytes(a["input_tensor"])))
-        counted(dist, "reduce_scatter_tensor", "reduce_scatter", lambda a: comm_bytes.counted("reduce_scatter", W, nbytes(a["output"])))
-        counted(dist, "all_reduce", "all_reduce", lambda a: comm_bytes.counted("all_reduce", W, nbytes(a["tensor"])))
-        counted(dist, "broadcast", "broadcast", lambda a: comm_bytes.counted("broadcast", W, nbytes(a["tensor"]), rank, root_of(a)))
-        counted(dist, "all_to_all_single", "all_to_all", lambda a: comm_bytes.all_to_all(
-            W, rank, row_bytes(a["input"]), a["input"].size(0), a["output"].size(0),
+        counted(dist, "all_gather_into_tensor", "all_gather", lambda a, W, r, pg: comm_bytes.counted("all_gather", W, nbytes(a["input_tensor"])))
+        counted(dist, "reduce_scatter_tensor", "reduce_scatter", lambda a, W, r, pg: comm_bytes.counted("reduce_scatter", W, nbytes(a["output"])))
+        counted(dist, "all_reduce", "all_reduce", lambda a, W, r, pg: comm_bytes.counted("all_reduce", W, nbytes(a["tensor"])))
+        counted(dist, "broadcast", "broadcast", lambda a, W, r, pg: comm_bytes.counted(
+            "broadcast", W, nbytes(a["tensor"]), r, root_of(a, "src", pg)))
+        counted(dist, "all_to_all_single", "all_to_all", lambda a, W, r, pg: comm_bytes.all_to_all(
+            W, r, row_bytes(a["input"]), a["input"].size(0), a["output"].size(0),
             a["input_split_sizes"], a["output_split_sizes"]))
         # ZeroBand's Muon (muon-fsdp2) gathers each matrix to its owner and scatters the result
         # back, through the names it imported from torch.distributed.
         try:
             import muon_fsdp2
-            counted(muon_fsdp2, "gather", "gather", lambda a: comm_bytes.counted(
-                "gather", W, nbytes(a["tensor"]), rank, a["dst"] if a["dst"] is not None else a["group_dst"]))
-            counted(muon_fsdp2, "scatter", "scatter", lambda a: comm_bytes.counted(
-                "scatter", W, nbytes(a["tensor"]), rank, a["src"] if a["src"] is not None else a["group_src"]))
+            counted(muon_fsdp2, "gather", "gather", lambda a, W, r, pg: comm_bytes.counted(
+                "gather", W, nbytes(a["tensor"]), r, root_of(a, "dst", pg)))
+            counted(muon_fsdp2, "scatter", "scatter", lambda a, W, r, pg: comm_bytes.counted(
+                "scatter", W, nbytes(a["tensor"]), r, root_of(a, "src", pg)))
         except ImportError:
             pass
-        # Functional collectives (DTensor): launched here, waited on in wait_tensor. Their outputs
-        # are allocated inside: a reduce-scatter's is 1/W of the input (W divides it, or it fails).
-        counted(funcol, "all_gather_tensor", "all_gather", lambda a: comm_bytes.counted("all_gather", W, nbytes(a["self"])))
-        counted(funcol, "reduce_scatter_tensor", "reduce_scatter", lambda a: comm_bytes.counted("reduce_scatter", W, nbytes(a["self"]) // W))
-        counted(funcol, "all_reduce", "all_reduce", lambda a: comm_bytes.counted("all_reduce", W, nbytes(a["self"])))
-        counted(funcol, "all_to_all_single", "all_to_all", lambda a: comm_bytes.all_to_all(
-            W, rank, row_bytes(a["self"]), a["self"].size(0),
+        # Functional collectives (DTensor: TP's sequence gathers and reduce-scatters, loss_parallel's
+        # all-reduces, Muon's matrices, the clipping norm): launched here, waited on in wait_tensor.
+        # Their outputs are allocated inside: a reduce-scatter's is 1/W of the input.
+        counted(funcol, "all_gather_tensor", "all_gather", lambda a, W, r, pg: comm_bytes.counted("all_gather", W, nbytes(a["self"])))
+        counted(funcol, "reduce_scatter_tensor", "reduce_scatter", lambda a, W, r, pg: comm_bytes.counted("reduce_scatter", W, nbytes(a["self"]) // W))
+        counted(funcol, "all_reduce", "all_reduce", lambda a, W, r, pg: comm_bytes.counted("all_reduce", W, nbytes(a["self"])))
+        counted(funcol, "all_to_all_single", "all_to_all", lambda a, W, r, pg: comm_bytes.all_to_all(
+            W, r, row_bytes(a["self"]), a["self"].size(0),
             sum(a["output_split_sizes"]) if a["output_split_sizes"] else a["self"].size(0),
             a["input_split_sizes"], a["output_split_sizes"]))
         # Host time blocked on a collective: torch.distributed's calls (synchronous ones too) end
@@ -267,7 +449,7 @@ class CommMeter:
         work.wait = self._timed(work.wait)
 
     def snapshot(self):
-        return dict(self.bytes), self.wait_seconds
+        return dict(self.bytes), {g: dict(b) for g, b in self.by_group.items()}, self.wait_seconds
 
 
 # --- the run ---------------------------------------------------------------------------------------
@@ -305,7 +487,23 @@ def why_not(run, world, device, muon, kernel):
     later PyTorch that can train it is let through); muon-fsdp2's equal shards are its 0.3.0 code's
     assumption (its gather takes equal-size buffers)."""
     m = run["model"]
-    if muon == "zeroband" and run["hidden"]["type"] == "muon" and world > 1:
+    muon_run = run["hidden"]["type"] == "muon"
+    dp_shard, tp = layout_of(run, world)
+    if tp > 1:
+        if run["parallel"]["dp_replicate"] > 1:
+            return "TP with hybrid sharding (parallel.dp_replicate > 1): the peer builds a (dp_shard, tp) mesh only"
+        if muon_run and muon == "zeroband":
+            import muon_fsdp2
+            return (f"muon-fsdp2 {muon_fsdp2.__version__} cannot orthogonalise TP x FSDP matrices: on a 2-D "
+                    "(dp_shard, tp) mesh it takes TpFsdp2dWork, which raises NotImplementedError")
+        # DTensor's plans give each rank whole heads (ours can share a key/value head between
+        # ranks), equal parts of the FFN, the vocabulary and the sequence.
+        split = {"n_heads": m["n_heads"], "n_kv_heads": m["n_kv_heads"], "ffn_hidden": m["ffn_hidden"],
+                 "vocab_size": m["vocab_size"], "seq_length": run["seq_length"]}
+        uneven = [f"{name} {n}" for name, n in split.items() if n % tp]
+        if uneven:
+            return f"DTensor's TP plans need {', '.join(uneven)} divisible by tp {tp}"
+    elif muon == "zeroband" and muon_run and world > 1:
         # muon-fsdp2 gathers the matrices' FSDP2 shards into equal-size buffers: every matrix's
         # rows must divide evenly between the ranks.
         rows = {"wq": m["n_heads"] * m["head_dim"], "wk/wv": m["n_kv_heads"] * m["head_dim"],
@@ -413,7 +611,17 @@ def main():
         torch.set_num_threads(args.num_threads)
     dist.init_process_group("nccl" if device == "cuda" else "gloo")
     rank, W = dist.get_rank(), dist.get_world_size()
-    meter = CommMeter(W, rank)
+    dp_shard, tp = layout_of(run, W)
+    mesh = dp_mesh = None  # without TP, FSDP2's default: one mesh dimension over the world
+    groups = {}
+    if tp > 1:
+        # The same groups as train_fsdp's, named as its metrics name them: FSDP2 over the
+        # dp_shard dimension, TP over the tp dimension.
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh(device, (dp_shard, tp), mesh_dim_names=("dp_shard", "tp"))
+        dp_mesh = mesh["dp_shard"]
+        groups = {mesh.get_group("dp_shard").group_name: "shard_group", mesh.get_group("tp").group_name: "tp_group"}
+    meter = CommMeter(groups)
     compute = torch.bfloat16 if run["resolved_compute_dtype"] == "bfloat16" else torch.float32
 
     torch.manual_seed(run["runtime"]["seed"])
@@ -421,7 +629,13 @@ def main():
         model = Llama(m)
     model.to_empty(device=device)
     model.freqs_cis = rope_table(m).to(device)  # to_empty left the buffer uninitialised
-    model.init_weights()
+    model.init_weights()  # the whole model on every rank, from the same seed: TP and FSDP2 slice it
+    if mesh is not None:
+        # torchtitan's order: TP, then activation checkpointing and compilation, then FSDP2.
+        from torch.distributed.tensor.parallel import parallelize_module
+        parallelize_module(model, mesh["tp"], root_tp_plan())
+        for block in model.layers:
+            parallelize_module(block, mesh["tp"], block_tp_plan())
     mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
     for i, block in enumerate(model.layers):
         if run["ac_ckpt"] and i % run["ac_ckpt"] == 0:
@@ -431,15 +645,19 @@ def main():
         if args.compile:
             block.compile()
         last = i == len(model.layers) - 1
-        fully_shard(block, mp_policy=mp, reshard_after_forward=run["reshard_after_forward"] and not last)
-    fully_shard(model, mp_policy=mp, reshard_after_forward=False)
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=run["reshard_after_forward"] and not last)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False)
     optimizers = build_optimizers(model, run, args.muon)
 
-    micro, T, V = run["micro_bs"], run["seq_length"], m["vocab_size"]
-    accum = run["batch_size"] // (W * micro)
-    assert accum * W * micro == run["batch_size"], "batch_size must divide by world size x micro_bs"
+    micro, T = run["micro_bs"], run["seq_length"]
+    data_ranks = W // tp  # a TP group reads one data rank's rows
+    accum = run["batch_size"] // (data_ranks * micro)
+    assert accum * data_ranks * micro == run["batch_size"], "batch_size must divide by data ranks x micro_bs"
     tokens_per_step = run["batch_size"] * T
-    gen = torch.Generator().manual_seed(1000 + rank)
+    batches = rank_batches(run, rank // tp, data_ranks, args.steps, accum)
+    # Under TP the logits stay split over the vocabulary: loss_parallel's cross-entropy combines
+    # the ranks' parts (forward and backward both inside it).
+    loss_context = loss_parallel if tp > 1 else contextlib.nullcontext
     cuda = device == "cuda"
     # Peak memory counts the steps, not set-up, as train_fsdp's (VmHWM reset on CPU).
     if cuda:
@@ -467,24 +685,25 @@ def main():
             activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
             profiler = torch.profiler.profile(activities=activities)
             profiler.__enter__()
-        comm_before, wait_before = meter.snapshot()
+        comm_before, groups_before, wait_before = meter.snapshot()
         marks = []  # (before forward, after forward, after backward) per micro-batch
         loss_sum = torch.zeros((), device=device)
         for i in range(accum):
-            # Random documents as train_fsdp's fake data, from another RNG: the loss curves are
-            # alike but not comparable. The mask is made here, as ZeroBand makes it per batch.
-            batch = fake_documents(micro, T, V, gen).to(device, non_blocking=True)
+            # train_fsdp's fake documents, the same rows. The mask is made here, as ZeroBand
+            # makes it per batch.
+            batch = batches[(step - 1) * accum + i].to(device, non_blocking=True)
             mask = None
             if kernel != "causal":
                 docs = document_ids(batch[:, :-1])
                 mask = flex_document_mask(docs) if kernel == "flex" else dense_document_mask(docs)
             model.set_requires_gradient_sync(i == accum - 1)
             t0 = phase_timer()
-            loss = F.cross_entropy(model(batch[:, :-1], mask).flatten(0, 1), batch[:, 1:].flatten()) / accum
-            t1 = phase_timer()
-            loss.backward()
+            with loss_context():
+                loss = F.cross_entropy(model(batch[:, :-1], mask).flatten(0, 1), batch[:, 1:].flatten()) / accum
+                t1 = phase_timer()
+                loss.backward()
             marks.append((t0, t1, phase_timer()))
-            loss_sum += loss.detach()
+            loss_sum += loss.detach().to_local() if isinstance(loss, DTensor) else loss.detach()
         t0 = phase_timer()
         # max_norm <= 0 means no clipping (train_fsdp still reports the norm).
         max_norm = run["max_norm"] if run["max_norm"] > 0 else math.inf
@@ -497,12 +716,12 @@ def main():
             opt.zero_grad(set_to_none=True)
         t1 = phase_timer()
         dist.all_reduce(loss_sum)
-        loss_value = loss_sum.item() / W  # the step's synchronisation
+        loss_value = loss_sum.item() / W  # the step's synchronisation (a TP group's ranks hold the same loss)
         fwd = sum(elapsed(a, b) for a, b, _ in marks)
         bwd = sum(elapsed(b, c) for _, b, c in marks)
         grad_norm = grad_norm.full_tensor().item() if hasattr(grad_norm, "full_tensor") else grad_norm.item()
         optimizer_seconds = elapsed(t0, t1)
-        comm_after, wait_after = meter.snapshot()
+        comm_after, groups_after, wait_after = meter.snapshot()
         peak = torch.cuda.max_memory_allocated() if cuda else vm_hwm_bytes()
         counts = {}
         if profiler:
@@ -514,6 +733,8 @@ def main():
                 "peak_memory_bytes": peak, "comm_wait_seconds": wait_after - wait_before,
                 "forward_seconds": fwd, "backward_seconds": bwd, "optimizer_seconds": optimizer_seconds,
                 "comm_bytes": {k: comm_after[k] - comm_before[k] for k in comm_after},
+                # By group of ranks, under train_fsdp's names (comm_bytes_shard_group, _tp_group).
+                **{f"comm_bytes_{g}": {k: b[k] - groups_before[g][k] for k in b} for g, b in groups_after.items()},
                 "total_tokens": step * tokens_per_step, "attention_kernel": kernel,
             }) + "\n")
             out.flush()

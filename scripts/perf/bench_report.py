@@ -9,7 +9,11 @@ as JSON.
 Steps before --warmup are left out (allocator growth, first-touch, compilation). Throughput is
 tokens over wall time between the first and last kept steps, per rank; the step split is the
 mean of the kept steps; MFU is train_fsdp's formula, FLOPs/token x tokens/s per rank / the
-device's peak (n/a on CPU unless runtime.peak_flops is set).
+device's peak (n/a on CPU unless runtime.peak_flops is set). Bytes are per rank and step, in all
+and by group of ranks as train_fsdp's metrics name them (comm_bytes_shard_group, _tp_group,
+_replicate_group); a run without such groups shards over the whole world, so its shard group is
+the world. The groups' bytes add up to a little less than the total: collectives over the whole
+world (the loss's all-reduce, a norm over both mesh dimensions) belong to neither.
 """
 import argparse
 import json
@@ -58,11 +62,31 @@ def summarise(path, run, world, warmup, peak, profile_summary=None):
         "peak_memory_bytes": max(r["peak_memory_bytes"] for r in rows),
         "comm_bytes_per_step": comm,
         "comm_bytes_per_step_by_group": groups,
+        "first_loss": rows[0]["loss"],  # before any update: the same weights and rows on every side
         "final_loss": rows[-1]["loss"],
         "ops_dispatched_per_step": counts and counts.get("ops_dispatched", counts.get("ops_per_step")),
         "kernels_launched_per_step": counts and counts.get("kernels_launched", counts.get("kernels_per_step")),
         "attention_kernel": last.get("attention_kernel"),
     }
+
+
+def layout_of(run, world):
+    """The ranks' layout as train_fsdp reads parallel.*: TP groups of consecutive ranks inside shard
+    groups, replicated across them."""
+    par = run.get("parallel", {})
+    tp, replicate = par.get("tp", 1), par.get("dp_replicate", 1)
+    shard = par["dp_shard"] if par.get("dp_shard", -1) > 0 else world // (tp * replicate)
+    parts = ([f"TP {tp}"] if tp > 1 else []) + [f"FSDP {shard}"] + ([f"{replicate} replicas"] if replicate > 1 else [])
+    return " x ".join(parts)
+
+
+def group_bytes(r, group):
+    """Mean bytes per step in `group` ("shard", "tp", "replicate"), or None if the run has no such
+    group (a run without groups: its one shard group is the world)."""
+    by_group = r["comm_bytes_per_step_by_group"]
+    if not by_group:
+        return sum(r["comm_bytes_per_step"].values()) if group == "shard" else None
+    return by_group.get(group + "_group")
 
 
 def main():
@@ -101,26 +125,34 @@ def main():
         }
 
     fmt = lambda v, f: "n/a" if v is None else f.format(v)
-    print(f"{run['name_model']} ({run['num_params']:,} parameters), {args.world_size} rank(s), "
+    layout = layout_of(run, args.world_size)
+    print(f"{run['name_model']} ({run['num_params']:,} parameters), {args.world_size} rank(s) as {layout}, "
           f"batch {run['batch_size']} x {run['seq_length']}, micro_bs {run['micro_bs']}, device {args.device or '?'}, "
           f"attention {run['attention']}, compute {run['resolved_compute_dtype']}, "
+          f"hidden matrices {run['hidden']['type']}, "
           f"Newton-Schulz {run['resolved_ns_dtype'] if run['hidden']['type'] == 'muon' else 'n/a'} on every side")
     kernels = {name: r["attention_kernel"] for name, r in ran.items() if r.get("attention_kernel")}
     if kernels:
         print("peers' attention kernels: " + ", ".join(f"{name} {k}" for name, k in kernels.items()))
     print()
+    # Bytes by group: shard and TP always, the replicas' when a run has them.
+    group_names = ["shard", "tp"] + (["replicate"] if any(group_bytes(r, "replicate") is not None
+                                                         for r in ran.values()) else [])
     print("| run | tokens/s/rank | MFU | step s | forward s | backward s | optimizer s | exposed comm s "
-          "| peak mem GiB/rank | comm MB/step/rank | final loss |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| peak mem GiB/rank | comm MB/step/rank | " + " | ".join(f"{g} MB" for g in group_names)
+          + " | first loss | final loss |")
+    print("|---|" + "---|" * (11 + len(group_names)))
     for name, r in results.items():
         if "unsupported" in r:
-            print(f"| {name} | not run: {r['unsupported']} " + "| " * 9 + "|")
+            print(f"| {name} | not run: {r['unsupported']} " + "| " * (10 + len(group_names)) + "|")
             continue
         mb = sum(r["comm_bytes_per_step"].values()) / 1e6
+        groups = " | ".join("-" if group_bytes(r, g) is None else f"{group_bytes(r, g) / 1e6:.1f}" for g in group_names)
         print(f"| {name} | {r['tokens_per_second_per_rank']:,.0f} | {fmt(r['mfu_percent'], '{:.1f}%')} "
               f"| {r['step_seconds']:.3f} | {r['forward_seconds']:.3f} | {r['backward_seconds']:.3f} "
               f"| {r['optimizer_seconds']:.3f} | {r['exposed_comm_seconds']:.3f} "
-              f"| {r['peak_memory_bytes'] / 2**30:.2f} | {mb:.1f} | {r['final_loss']:.4f} |")
+              f"| {r['peak_memory_bytes'] / 2**30:.2f} | {mb:.1f} | {groups} | {r['first_loss']:.6f} "
+              f"| {r['final_loss']:.4f} |")
     print()
     for label, q in ratios.items():
         print(f"{label}: tokens/s x{q['tokens_per_second']:.2f}, peak memory x{q['peak_memory']:.2f}, "
@@ -139,7 +171,7 @@ def main():
             groups = ", ".join(f"{k} {v / 1e6:.1f}" for k, v in r["comm_bytes_per_step_by_group"].items())
             print(f"{name} comm MB/step by group of ranks: {groups}")
 
-    record = {"config": run["name_model"], "world_size": args.world_size, "device": args.device,
+    record = {"config": run["name_model"], "world_size": args.world_size, "layout": layout, "device": args.device,
               "warmup_steps_skipped": args.warmup, "peak_flops": peak, "results": results, "ratios": ratios}
     record.update(json.loads(args.meta))
     with open(args.out, "w") as f:

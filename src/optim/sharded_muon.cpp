@@ -39,12 +39,17 @@ std::vector<at::Tensor> orthogonalize_by_owner(const std::vector<at::Tensor>& ro
   for (size_t i = 0; i < n; ++i)
     if (owner[i] == me) owned.push_back(i), mine += shard[i].block_numel();
   std::fill(recv_splits.begin(), recv_splits.end(), mine);
+  // Each buffer is freed as soon as it has been copied on: the owner's share of every matrix is
+  // held several times over otherwise (memory_estimate.cpp counts them as they are here).
   at::Tensor send = at::cat(send_parts);
+  send_parts.clear();
+  const int64_t sent = send.numel();
   at::Tensor recv = at::empty({W * mine}, opts);
   {
     Phase p(phase);  // each matrix's rows to its owner
     comm.all_to_all(recv, send, recv_splits, send_splits).wait();
   }
+  send.reset();
 
   // 2. The owner assembles whole matrices (source rank r's block holds r's rows) and runs the stage.
   std::vector<at::Tensor> whole;
@@ -56,7 +61,10 @@ std::vector<at::Tensor> orthogonalize_by_owner(const std::vector<at::Tensor>& ro
     whole.push_back(m);
     offset += shard[i].block_numel();
   }
-  const std::vector<at::Tensor> results = stage(whole, owned);
+  recv.reset();
+  by_source.reset();
+  std::vector<at::Tensor> results = stage(whole, owned);
+  whole.clear();
 
   // 3. Return each rank its rows of every result.
   at::Tensor back = at::zeros({W, mine}, opts);
@@ -65,7 +73,8 @@ std::vector<at::Tensor> orthogonalize_by_owner(const std::vector<at::Tensor>& ro
     copy_full_to_blocks(shard[owned[k]], results[k], back, offset);
     offset += shard[owned[k]].block_numel();
   }
-  at::Tensor returned = at::empty({send.numel()}, opts);
+  results.clear();
+  at::Tensor returned = at::empty({sent}, opts);
   at::Tensor back_flat = back.view({-1});
   {
     Phase p(phase);  // the orthogonalised rows back

@@ -167,6 +167,10 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
     t.alloc("reduce-scatter buffers", 4 * W * u.block);
     finish_reduce();
     t.alloc("reduce-scatter buffers", 4 * u.block);
+    if (!cuda) {  // Gloo's reduce-scatter (the CPU's) copies its input as it starts
+      t.alloc("reduce-scatter buffers", 4 * W * u.block);
+      t.free("reduce-scatter buffers", 4 * W * u.block);
+    }
     reducing = &u;
   };
   // One rank without replicas adds its sums straight into the shards' .grad(), no reduce-scatter.
@@ -314,14 +318,14 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
   // --- optimizer --------------------------------------------------------------------------------
   t.at("optimizer step");
   if (muon) {
-    // Nesterov's blend of gradient and momentum (fp32, on the shards). Then, over several ranks
-    // (sharded_muon.cpp), in ns_dtype: each matrix's padded rows gathered into send parts and
-    // their concatenation, the rows received from every rank, the owner's whole matrices (a W-th
-    // of them), and after Newton-Schulz the results, the rows to send back and those returned.
-    // Under TP what the owner holds whole is its TP slice; the TP stage (tensor_parallel_muon.cpp)
-    // gathers a split matrix's slices to one TP rank by the same exchange, a tp-th of them each,
-    // unless it runs Newton-Schulz on the slices themselves (the Gram mode) or the matrix is
-    // whole on every TP rank (shared key/value heads).
+    // Nesterov's blend of gradient and momentum (fp32, on the shards). Then, over several ranks,
+    // the owner exchange (sharded_muon.cpp), in ns_dtype, each buffer freed once copied on: each
+    // matrix's padded rows gathered into send parts and their concatenation, the rows received
+    // from every rank, the owner's whole matrices (a W-th of them); after Newton-Schulz the rows
+    // to send back and those returned. Under TP what the owner holds whole is its TP slice; the
+    // TP stage (tensor_parallel_muon.cpp) gathers a split matrix's slices to one TP rank by the
+    // same exchange, a tp-th of them each, unless it runs Newton-Schulz on the slices themselves
+    // (the Gram mode) or the matrix is whole on every TP rank (shared key/value heads).
     // Newton-Schulz runs same-shape matrices as one batch: their stack, the normalised iterate,
     // X Xᵀ and its polynomial (k m x m for k matrices with m the short side) and the next iterate.
     const int64_t ns = at::elementSize(resolve_ns_dtype(c, cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU)));
@@ -340,30 +344,46 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
         const std::vector<int64_t>& run = gathered ? whole : p.shape;
         ++groups[{run[0], run[1], gathered ? W * tp : W}];
       }
-    t.alloc("optimizer work", 4 * hidden_local);  // the blend
+    const std::string work = "optimizer work";
+    // Into an exchange: `sent` elements out, `owned` assembled; the whole matrices are left.
+    auto exchange_in = [&](int64_t sent, int64_t owned) {
+      t.alloc(work, ns * 2 * sent);  // send parts, their concatenation
+      t.free(work, ns * sent);
+      t.alloc(work, ns * owned);  // received
+      t.free(work, ns * sent);
+      t.alloc(work, ns * owned);  // whole
+      t.free(work, ns * owned);
+    };
+    // Out of it, once the stage made `results` bytes: the rows to send back, then what returns.
+    auto exchange_out = [&](int64_t sent, int64_t owned, int64_t results) {
+      t.free(work, ns * owned);  // whole
+      t.alloc(work, ns * owned);  // back
+      t.free(work, results);
+      t.alloc(work, ns * sent);  // returned: this rank's rows of every result
+      t.free(work, ns * owned);
+    };
+    t.alloc(work, 4 * hidden_local);  // the blend
     const int64_t owned = (hidden_slices + W - 1) / W;       // size-balanced owners
     const int64_t tp_owned = (tp_gathered + W - 1) / W;      // of those, what the TP stage moves
     const int64_t in_bytes = W > 1 || tp_owned > 0 ? ns : 4;  // what Newton-Schulz is handed
-    if (W > 1) t.alloc("optimizer work", ns * (2 * hidden_block + 2 * owned));  // send, recv, whole
-    if (tp_owned > 0) t.alloc("optimizer work", ns * 4 * tp_owned);  // the same over TP
-    int64_t tp_results = 0;  // the results of matrices gathered over TP
+    if (W > 1) exchange_in(hidden_block, owned);
+    if (tp_owned > 0) exchange_in(tp_owned, tp_owned);
+    int64_t results = 0, tp_results = 0;  // of the data-parallel owner's matrices; of those gathered over TP
     for (const auto& [shape, count] : groups) {
       const auto [rows, cols, ranks] = shape;
       const int64_t k = (count + ranks - 1) / ranks, g = k * rows * cols;
       const int64_t m = std::min(rows, cols);
       const int64_t temps = in_bytes * g + ns * (2 * g + 2 * k * m * m);
-      t.alloc("optimizer work", temps);
-      t.free("optimizer work", temps);
-      t.alloc("optimizer work", ns * g);  // the result, kept until every group is done
-      if (ranks > W) tp_results += ns * g;
+      t.alloc(work, temps);
+      t.free(work, temps);
+      t.alloc(work, ns * g);  // the result, kept until every group is done
+      (ranks > W ? tp_results : results) += ns * g;
     }
     if (tp_owned > 0) {
-      // The TP stage returns each rank its slices: what it sent back and what came back, after
-      // which only the latter is left of its exchange.
-      t.alloc("optimizer work", ns * 2 * tp_owned);
-      t.free("optimizer work", ns * 5 * tp_owned + tp_results);
+      exchange_out(tp_owned, tp_owned, tp_results);
+      results += ns * tp_owned;  // what the TP stage returned is the data-parallel stage's result
     }
-    if (W > 1) t.alloc("optimizer work", ns * (owned + hidden_block));  // back, returned
+    if (W > 1) exchange_out(hidden_block, owned, results);
   }
 
   if (plan.diloco) {

@@ -13,17 +13,18 @@ import os
 import sys
 import warnings
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "perf"))
-from bench_peer import EOS, FIRST_TOKEN, dense_document_mask, document_ids, fake_documents, flex_document_mask
+from bench_peer import EOS, FIRST_TOKEN, dense_document_mask, document_ids, fake_row, flex_document_mask
 
 warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")  # intended: eager
 B, H, T, Dh, V = 6, 2, 200, 8, 32000  # T over 128: the BlockMask has more than one block per row
 gen = torch.Generator().manual_seed(7)
-rows = fake_documents(B, T, V, gen)
+rows = torch.from_numpy(np.stack([fake_row(7, i, T, V) for i in range(B)]))  # train_fsdp's rows 0..B-1, seed 7
 assert rows.shape == (B, T + 1)
 assert ((rows == EOS) | ((rows >= FIRST_TOKEN) & (rows < 1024))).all()
 lengths = []  # of every document closed within its row, EOS included

@@ -120,14 +120,15 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
   auto keeps_of = [&](int64_t i) { return checkpointed(i) ? saves.checkpointed.bytes(N, tp) : block_keeps; };  // block i
 
   Timeline t;
+  // Gloo's reduce-scatter (the CPU's) copies its input as it starts; NCCL's does not.
+  const int64_t reduce_scatter_copies = cuda ? 0 : 1;
   // Under TP a block's forward ends with the MLP's partial sums [N, D] and their copy in the
-  // order the reduce-scatter sends them (model/tensor_parallel.cpp), both freed once it is done;
-  // Gloo's reduce-scatter (the CPU's) makes one more copy of its input.
-  const int64_t partial_sum_copies = cuda ? 2 : 3;
+  // order the reduce-scatter sends them (model/tensor_parallel.cpp), freed once it is done.
   auto partial_sums = [&] {
     if (tp == 1) return;
-    t.alloc("activations", partial_sum_copies * e * D * N);
-    t.free("activations", partial_sum_copies * e * D * N);
+    const int64_t bytes = (2 + reduce_scatter_copies) * e * D * N;
+    t.alloc("activations", bytes);
+    t.free("activations", bytes);
   };
   // --- held through the step ----------------------------------------------------------------------
   t.at("start of the step");
@@ -167,10 +168,8 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
     t.alloc("reduce-scatter buffers", 4 * W * u.block);
     finish_reduce();
     t.alloc("reduce-scatter buffers", 4 * u.block);
-    if (!cuda) {  // Gloo's reduce-scatter (the CPU's) copies its input as it starts
-      t.alloc("reduce-scatter buffers", 4 * W * u.block);
-      t.free("reduce-scatter buffers", 4 * W * u.block);
-    }
+    t.alloc("reduce-scatter buffers", reduce_scatter_copies * 4 * W * u.block);
+    t.free("reduce-scatter buffers", reduce_scatter_copies * 4 * W * u.block);
     reducing = &u;
   };
   // One rank without replicas adds its sums straight into the shards' .grad(), no reduce-scatter.

@@ -66,7 +66,19 @@ nlohmann::json plan_json(const zb::CommandLine& cl, zb::Parallelism parallelism,
   if (cl.print_plan_rank >= world_size)
     throw zb::ConfigError(strf("--print-plan %ld: there are only %ld rank(s) (--world-size)", cl.print_plan_rank,
                                world_size));
-  return zb::plan_to_json(zb::plan_run(cfg, world_size, cl.print_plan_rank, parallelism));
+  std::optional<zb::MemoryVerdict> memory;
+  if (parallelism == zb::Parallelism::FSDP) memory.emplace();
+  nlohmann::json plan = zb::plan_to_json(
+      zb::plan_run(cfg, world_size, cl.print_plan_rank, parallelism, memory ? &*memory : nullptr));
+  // The memory estimate's verdict on the run (rank 0's peak; usable 0 where no budget is known).
+  if (memory) {
+    plan["memory"] = {{"peak_bytes", memory->estimate.peak},
+                      {"peak_at", memory->estimate.peak_at},
+                      {"usable_bytes", memory->budget.usable},
+                      {"fits", memory->fits}};
+  } else
+    plan["memory"] = nullptr;
+  return plan;
 }
 
 int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
@@ -213,7 +225,8 @@ int training_main(int argc, char** argv, Parallelism parallelism, const char* pr
       return 0;
     }
     if (cl.print_config) {
-      zb::validate(cl.config, zb::detect_world().size);  // the world the launcher variables describe
+      // Checked against the world it is for: --world-size, else the launcher's.
+      zb::validate(cl.config, cl.world_size > 0 ? cl.world_size : zb::detect_world().size);
       std::cout << zb::resolved_run(cl.config).dump(2) << "\n";
       return 0;
     }

@@ -165,3 +165,36 @@ TEST(RunPolicy, ResolvedRunAndPlanSayWhatAutoBecame) {
   big.train.reduce_every_micro_batch = "true";
   EXPECT_TRUE(plan_run(big, 8, 0, Parallelism::FSDP).reduce_every_micro_batch);
 }
+
+// The plan of a run carries the verdict a launch would reach (what --print-plan reports and the
+// scale model's peak column reads): the 70B preset fits no single node of 80 GB GPUs, fits on 64
+// with every micro-batch reduced, and the verdict is the memory check's own.
+TEST(RunPolicy, PlanReportsTheMemoryVerdictOfTheLaunch) {
+  Config c = load_config_file(kConfigs + "70B/H100.toml");
+  c.runtime.device = "cuda";
+  c.runtime.device_memory_gb = 80;
+  MemoryVerdict one_node, eight_nodes;
+  plan_run(c, 8, 0, Parallelism::FSDP, &one_node);
+  const StepPlan plan = plan_run(c, 64, 0, Parallelism::FSDP, &eight_nodes);
+  EXPECT_FALSE(one_node.fits);
+  EXPECT_GT(one_node.estimate.peak, int64_t{12} * 68'976'648'192 / 8);  // fp32 masters, gradients, momentum
+  EXPECT_TRUE(eight_nodes.fits);
+  EXPECT_TRUE(plan.reduce_every_micro_batch);
+  EXPECT_TRUE(eight_nodes.reduce_every_micro_batch);
+  const c10::Device gpu(c10::kCUDA);
+  const MemoryVerdict direct = judge_memory(c, 64, gpu, memory_budget(c, gpu, /*dry_run=*/true));
+  EXPECT_EQ(eight_nodes.estimate.peak, direct.estimate.peak);
+  EXPECT_EQ(eight_nodes.budget.usable, direct.budget.usable);
+  EXPECT_LT(eight_nodes.estimate.peak, eight_nodes.budget.usable);
+  // Tensor parallelism inside each node, FSDP across: TP 8 x FSDP 8 fits too, with less saved per micro-batch.
+  c.parallel.tp = 8;
+  MemoryVerdict tp8;
+  plan_run(c, 64, 0, Parallelism::FSDP, &tp8);
+  EXPECT_TRUE(tp8.fits);
+  EXPECT_LT(tp8.estimate.activations_per_micro_batch, eight_nodes.estimate.activations_per_micro_batch);
+  // train_ddp's plans leave the verdict alone (the estimate is the sharding engine's).
+  MemoryVerdict untouched;
+  c.parallel.tp = 1;
+  plan_run(c, 64, 0, Parallelism::DDP, &untouched);
+  EXPECT_EQ(untouched.estimate.peak, 0);
+}

@@ -13,8 +13,8 @@ steps).
   scale_model.py ... --config A.toml --tp 1 2 4 8   # rows with tensor parallelism inside each node
 
 OVERRIDES are the program's own: for a GPU run planned here, --runtime.device cuda and the GPU's
-memory (--runtime.device_memory_gb 80), so that dtypes and the memory verdict (which decides
-whether gradients are reduced on every micro-batch) are the GPU's. Nothing about a step is
+memory (--runtime.device_memory_gb 80), so that dtypes and the memory verdict (the peak per GPU,
+whether the run fits, and so whether gradients are reduced on every micro-batch) are the GPU's. Nothing about a step is
 derived here: the program's step plan (`--print-plan`, src/train/step_plan.h) lists every
 collective of a step with its group, bytes as src/dist/comm_bytes.h counts them and what it can hide
 behind, and `--print-config` gives the FLOPs per token and the batch. The plan is the engine's
@@ -51,9 +51,9 @@ def program_json(train, config, overrides, *extra):
     return json.loads(out.stdout)
 
 
-def run_of(train, config, overrides):
-    """The resolved run (--print-config): name, FLOPs per token, batch, micro-batch."""
-    return program_json(train, config, overrides, "--print-config")
+def run_of(train, config, overrides, world):
+    """The resolved run (--print-config) on `world` ranks: name, FLOPs per token, batch, micro-batch."""
+    return program_json(train, config, overrides, "--print-config", "--world-size", str(world))
 
 
 def step_plan(train, config, overrides, world, shard, ddp=False, rank=0, batch_size=None, inner_steps=0, tp=1):
@@ -142,9 +142,24 @@ def predict(train, config, overrides, run, nodes, gpus, hsdp, link, efficiency, 
         moved[True] += d["replicate_bytes_per_period"] / d["inner_steps"]
     step = compute + exposed
     return {"world": W, "exposed_comm_s": exposed, "step_s": step, "outer_s": outer,
-            "reduce_every_micro_batch": plan["reduce_every_micro_batch"],
+            "reduce_every_micro_batch": plan["reduce_every_micro_batch"], "memory": plan.get("memory"),
             "mfu_percent": 100 * run["flops_per_token"] * tokens / step / link["peak"],
             "bytes_intra": moved[False], "bytes_inter": moved[True]}
+
+
+def peak_text(memory):
+    """The memory estimate's peak per GPU (rank 0's), and whether the program would start the run."""
+    if not memory:
+        return "-"
+    peak = f"{memory['peak_bytes'] / 2**30:.1f} GiB"
+    return peak if memory["fits"] else f"{peak}: does not fit"
+
+
+def timing_text(p):
+    """Step seconds, exposed seconds and MFU; none for a run the program would refuse to start."""
+    if p["memory"] and not p["memory"]["fits"]:
+        return "- | - | -"
+    return f"{p['step_s']:.3f} | {p['exposed_comm_s']:.3f} | {p['mfu_percent']:.1f}%"
 
 
 def split_diloco(overrides):
@@ -205,10 +220,10 @@ def main():
           f"{link['intra_lat'] * 1e6:g}/{link['inter_lat'] * 1e6:g} us latency, {args.gpus_per_node} GPUs a node")
     overrides, diloco_overrides = split_diloco(overrides)
     notes = []
-    print("| model | layout | nodes | GPUs | batch/GPU/step | reduced | step s | exposed comm s | MFU | GB/step/GPU in node | GB/step/GPU across |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | layout | nodes | GPUs | batch/GPU/step | reduced | peak/GPU | step s | exposed comm s | MFU | GB/step/GPU in node | GB/step/GPU across |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for config in args.config:
-        run = run_of(args.train, config, overrides)
+        run = run_of(args.train, config, overrides, args.gpus_per_node)
         layouts = [("FSDP", False, 0), ("HSDP", True, 0)] + [(f"DiLoCo H={h}", True, h) for h in args.diloco]
         for (name, hsdp, inner_steps), tp in [(l, t) for t in args.tp for l in layouts]:
             if tp > 1:
@@ -222,8 +237,8 @@ def main():
                     notes.append(f"{name} on {n} nodes: the outer exchanges expose {p['outer_s']:.3f} s per step")
                 print(f"| {run['name_model']} | {name} | {n} | {p['world']} | "
                       f"{run['batch_size'] * run['seq_length'] // args.gpus_per_node:,} tokens | "
-                      f"{'every micro-batch' if p['reduce_every_micro_batch'] else 'last micro-batch'} | {p['step_s']:.3f} | "
-                      f"{p['exposed_comm_s']:.3f} | {p['mfu_percent']:.1f}% | {p['bytes_intra'] / 1e9:.2f} | "
+                      f"{'every micro-batch' if p['reduce_every_micro_batch'] else 'last micro-batch'} | "
+                      f"{peak_text(p['memory'])} | {timing_text(p)} | {p['bytes_intra'] / 1e9:.2f} | "
                       f"{p['bytes_inter'] / 1e9:.2f} |")
     for note in notes:
         print(note)

@@ -16,7 +16,7 @@ cxxopts::Options make_options(const std::string& program) {
   options.add_options()
       ("config", "TOML config file (also: @ FILE)", cxxopts::value<std::string>())
       ("dry-run", "print sizes, FLOPs and the predicted peak memory per rank, then exit")
-      ("world-size", "the number of ranks --dry-run and --print-plan predict for (default: the launcher's)",
+      ("world-size", "the number of ranks --dry-run, --print-config and --print-plan plan for (default: the launcher's)",
        cxxopts::value<int64_t>())
       ("force", "train even where the memory estimate says the run will not fit")
       ("print-config", "print the resolved run (model shapes, batch, optimizers) as JSON, then exit")

@@ -14,6 +14,7 @@ MemoryVerdict judge_memory(const Config& c, int64_t world_size, const c10::Devic
   const at::ScalarType compute = Trainer::resolve_compute_dtype(c, device);
   const std::string& setting = c.train.reduce_every_micro_batch;
   MemoryVerdict v;
+  v.budget = budget;
   v.estimate = estimate_step_memory(c, world_size, compute, device.is_cuda(), setting == "true");
   const bool known = budget.device_bytes > 0;
   if (setting == "auto" && known && v.estimate.peak > budget.usable) {
@@ -138,13 +139,16 @@ void shard_by_node(Config& cfg, const World& world, bool dry_run) {
   }
 }
 
-StepPlan plan_run(const Config& c, int64_t world_size, int64_t rank, Parallelism parallelism) {
+StepPlan plan_run(const Config& c, int64_t world_size, int64_t rank, Parallelism parallelism,
+                  MemoryVerdict* memory) {
   const c10::Device device = planned_device(c);
   // The memory estimate decides "auto".
-  const bool reduce_every = parallelism == Parallelism::FSDP
-                                ? judge_memory(c, world_size, device, memory_budget(c, device, /*dry_run=*/true))
-                                      .reduce_every_micro_batch
-                                : c.train.reduce_every_micro_batch == "true";
+  bool reduce_every = c.train.reduce_every_micro_batch == "true";
+  if (parallelism == Parallelism::FSDP) {
+    MemoryVerdict v = judge_memory(c, world_size, device, memory_budget(c, device, /*dry_run=*/true));
+    reduce_every = v.reduce_every_micro_batch;
+    if (memory) *memory = std::move(v);
+  }
   return plan_step(c, world_size, rank, parallelism, Trainer::resolve_compute_dtype(c, device),
                    resolve_ns_dtype(c, device), reduce_every, device.is_cuda());
 }

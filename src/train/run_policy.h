@@ -22,6 +22,7 @@ namespace zb {
 
 struct MemoryVerdict {
   MemoryEstimate estimate;  // of the step as it will run
+  MemoryBudget budget;      // what it was judged against
   bool fits = true;         // within the budget, or no budget to check against (the CPU)
   // train.reduce_every_micro_batch resolved: as set, or for "auto" on only when the run fits
   // only that way.
@@ -66,7 +67,9 @@ c10::Device planned_device(const Config& config);
 // One step of `rank` of `world_size` as the step plan lists it, resolved as a launch of it would
 // be on its planned device: dtypes, and train.reduce_every_micro_batch = "auto" by a dry run's
 // memory verdict (which knows the device's memory from runtime.device_memory_gb, or the GPU's
-// name where this machine has it).
-StepPlan plan_run(const Config& config, int64_t world_size, int64_t rank, Parallelism parallelism);
+// name where this machine has it). `memory`, when given, receives that verdict (the sharding
+// engine only; left alone for train_ddp).
+StepPlan plan_run(const Config& config, int64_t world_size, int64_t rank, Parallelism parallelism,
+                  MemoryVerdict* memory = nullptr);
 
 }  // namespace zb

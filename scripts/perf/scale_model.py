@@ -28,7 +28,9 @@ stated assumptions:
   NIC per GPU): a ring that stays in a node runs at the intra-node bandwidth, one that crosses
   nodes at the inter-node one per GPU;
 - compute: FLOPs per token (train_fsdp's 6N + 12 L H Dh T) at --compute-efficiency of the
-  peak (default 0.5 of 989 TFLOP/s: the MFU of one node is this assumption, not a prediction);
+  peak (default 0.5 of 989 TFLOP/s: the MFU of one node is this assumption, not a prediction),
+  plus, under activation checkpointing, each recomputed block's forward again (time that MFU,
+  counting the model's FLOPs only, does not credit: every block recomputed costs a quarter of MFU);
 - weak scaling: every GPU trains as many sequences per step as on one node (the preset's batch
   over --gpus-per-node), so the global batch grows with the nodes;
 - overlap as the plan marks it: each block's all-gather hides behind the block before it
@@ -107,15 +109,22 @@ def predict(train, config, overrides, run, nodes, gpus, hsdp, link, efficiency, 
     per_gpu = run["batch_size"] // gpus  # sequences per GPU and step, as on one node
     accum = per_gpu * tp // run["micro_bs"]  # micro-batches of a TP group
     tokens = per_gpu * run["seq_length"]  # per rank per step
-    compute = run["flops_per_token"] * tokens / (link["peak"] * efficiency)
+    plan = step_plan(train, config, overrides, W, S, batch_size=per_gpu * W, inner_steps=inner_steps, tp=tp)
+    # Activation checkpointing runs a recomputed block's forward again in its backward: a third of
+    # the block's FLOPs more, which takes time but is not in MFU's count (the model's FLOPs only).
+    m = run["model"]
+    head = 6 * (m["vocab_size"] * m["dim"] + m["dim"])  # output head and final norm: never recomputed
+    recomputed = sum(e["op"] == "recompute" for e in plan["events"]) / plan["micro_batches"] / L
+    flops = run["flops_per_token"] + recomputed * (run["flops_per_token"] - head) / 3
+    compute = flops * tokens / (link["peak"] * efficiency)
     # What a block's collective can hide behind, per micro-batch: the forward of the block before
-    # it (a third of a block's compute) for its gather, the backward of the next one (two thirds)
-    # for its gather again and for its reduction.
-    forward = compute / L / accum / 3
-    hide = {"gather": forward, "regather": 2 * forward, "reduce": 2 * forward, "exposed": 0.0}
+    # it (a third of a block's model FLOPs) for its gather, the backward of the next one (two
+    # thirds, with its recompute) for its gather again and for its reduction.
+    forward = run["flops_per_token"] * tokens / (link["peak"] * efficiency) / L / accum / 3
+    backward = (2 + recomputed) * forward
+    hide = {"gather": forward, "regather": backward, "reduce": backward, "exposed": 0.0}
     intra, inter = (link["intra_bw"], link["intra_lat"]), (link["inter_bw"], link["inter_lat"])
     spans = {"shard": S * tp > gpus, "replicate": True, "world": W > gpus, "tp": False}  # crosses nodes?
-    plan = step_plan(train, config, overrides, W, S, batch_size=per_gpu * W, inner_steps=inner_steps, tp=tp)
     calls = plan_calls(plan)
     seconds, slots, moved = {}, {}, {False: 0, True: 0}
     for group, cs in calls.items():

@@ -95,6 +95,9 @@ def _muon_fsdp2_rank(rank, world, outdir):
     if rank == 0:
         with open(os.path.join(outdir, "rank0_manifest.json"), "w") as f:
             json.dump(manifest, f)
+    # Both ranks done before either tears down: a rank that closes its Gloo pairs while the other
+    # still has the last collective's traffic in flight aborts it (seen under a loaded suite).
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -97,6 +97,7 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
                           ": DiLoCo trains the replicas of train_fsdp or train_hsdp apart (parallel.dp_replicate "
                           "shard groups); train_ddp has none");
   zb::log::init(static_cast<int>(world.rank), cfg.logging.level);
+  if (const std::string w = zb::tp_across_nodes_warning(cfg, world); !w.empty() && world.rank == 0) zb::log::warn(w);
   const zb::ModelArgs args = zb::resolve_model_args(cfg);
   zb::log::info("config: " + cfg.source);
   for (const auto& line : zb::describe_run(cfg, args, planned_world, parallelism)) zb::log::info(line);

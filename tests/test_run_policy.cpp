@@ -198,3 +198,22 @@ TEST(RunPolicy, PlanReportsTheMemoryVerdictOfTheLaunch) {
   plan_run(c, 64, 0, Parallelism::DDP, &untouched);
   EXPECT_EQ(untouched.estimate.peak, 0);
 }
+
+// A TP group split by the launcher's nodes is said at start-up; one within a node is not.
+TEST(RunPolicy, WarnsWhereATensorParallelGroupSpansNodes) {
+  Config c = load_config_file(kConfigs + "debug/normal.toml");
+  World two_nodes;
+  two_nodes.size = 8;
+  two_nodes.local_size = 4;
+  c.parallel.tp = 8;
+  const std::string w = tp_across_nodes_warning(c, two_nodes);
+  EXPECT_NE(w.find("parallel.tp = 8 spans nodes of 4 rank(s)"), std::string::npos) << w;
+  for (int64_t tp : {1, 2, 4}) {
+    c.parallel.tp = tp;
+    EXPECT_EQ(tp_across_nodes_warning(c, two_nodes), "") << tp;
+  }
+  World one_node;
+  one_node.size = one_node.local_size = 8;
+  c.parallel.tp = 8;
+  EXPECT_EQ(tp_across_nodes_warning(c, one_node), "");
+}

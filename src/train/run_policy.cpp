@@ -139,6 +139,15 @@ void shard_by_node(Config& cfg, const World& world, bool dry_run) {
   }
 }
 
+std::string tp_across_nodes_warning(const Config& c, const World& world) {
+  const int64_t tp = c.parallel.tp;
+  if (tp <= 1 || world.local_size >= world.size || world.local_size % tp == 0) return "";
+  return strf("parallel.tp = %ld spans nodes of %ld rank(s) (LOCAL_WORLD_SIZE): every block's sequence gathers "
+              "and reduce-scatters cross the network between them; a tp that divides the ranks of a node "
+              "keeps each TP group within one",
+              tp, world.local_size);
+}
+
 StepPlan plan_run(const Config& c, int64_t world_size, int64_t rank, Parallelism parallelism,
                   MemoryVerdict* memory) {
   const c10::Device device = planned_device(c);

@@ -60,6 +60,12 @@ MemoryBudget memory_budget(const Config& config, const c10::Device& device, bool
 // config errors.
 void shard_by_node(Config& config, const World& world, bool dry_run);
 
+// Tensor parallelism meant to stay within a node: a warning (empty when none) where the launcher's
+// nodes (LOCAL_WORLD_SIZE ranks each, consecutive) split a TP group, so that every block's
+// sequence gathers and reduce-scatters would cross the network. Not an error: some machines join
+// nodes by NVLink.
+std::string tp_across_nodes_warning(const Config& config, const World& world);
+
 // The device a run of this config trains on, whether or not this machine has it (dry runs and
 // plans for a GPU made on a CPU): runtime.device, "auto" being CUDA where CUDA is usable here.
 c10::Device planned_device(const Config& config);

@@ -80,8 +80,8 @@ TEST(Clip, ScalesToMaxNormAndReportsTheNormBefore) {
   EXPECT_NEAR(a.grad()[0].item<double>(), 0.6, 1e-6);
 }
 
-// The norm of a long fp32 gradient to float precision (float64 the reference), and the same
-// whether the gradient is whole or split in two (as over two ranks' shards): ATen's own CPU norm
+// The norm of a long fp32 gradient to float precision (float64 the reference), whether the
+// gradient is whole or split in two (as over two ranks' shards): ATen's own CPU norm
 // is off by 4e-4 at this length, and the two ways 2e-4 apart.
 TEST(Clip, LongGradientsNormedToFloatPrecisionHoweverSplit) {
   at::manual_seed(0);
@@ -97,6 +97,10 @@ TEST(Clip, LongGradientsNormedToFloatPrecisionHoweverSplit) {
   EXPECT_NEAR(one / exact, 1.0, 1e-6);
   EXPECT_NEAR(two / exact, 1.0, 1e-6);
   EXPECT_NEAR(one / two, 1.0, 1e-6);
+  // Any strides: the same elements as a transposed [4000, 2500] view.
+  at::Tensor transposed = at::zeros({4000, 2500}).requires_grad_(true);
+  transposed.mutable_grad() = g.view({2500, 4000}).t();
+  EXPECT_NEAR(clip_grad_norm_({transposed}, 0).item<double>() / exact, 1.0, 1e-6);
 }
 
 TEST(ParamGroups, ByRoleForEveryPreset) {

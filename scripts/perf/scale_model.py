@@ -118,9 +118,9 @@ def predict(train, config, overrides, run, nodes, gpus, hsdp, link, efficiency, 
     flops = run["flops_per_token"] + recomputed * (run["flops_per_token"] - head) / 3
     compute = flops * tokens / (link["peak"] * efficiency)
     # What a block's collective can hide behind, per micro-batch: the forward of the block before
-    # it (a third of a block's model FLOPs) for its gather, the backward of the next one (two
-    # thirds, with its recompute) for its gather again and for its reduction.
-    forward = run["flops_per_token"] * tokens / (link["peak"] * efficiency) / L / accum / 3
+    # it (a third of a block's FLOPs) for its gather, the backward of the next one (two thirds,
+    # and its recompute) for its gather again and for its reduction.
+    forward = (run["flops_per_token"] - head) * tokens / (link["peak"] * efficiency) / L / accum / 3
     backward = (2 + recomputed) * forward
     hide = {"gather": forward, "regather": backward, "reduce": backward, "exposed": 0.0}
     intra, inter = (link["intra_bw"], link["intra_lat"]), (link["inter_bw"], link["inter_lat"])
@@ -161,6 +161,8 @@ def peak_text(memory):
     if not memory:
         return "-"
     peak = f"{memory['peak_bytes'] / 2**30:.1f} GiB"
+    if not memory["usable_bytes"]:
+        return f"{peak} (no budget: --runtime.device_memory_gb)"
     return peak if memory["fits"] else f"{peak}: does not fit"
 
 
@@ -242,7 +244,7 @@ def main():
                     continue
                 p = predict(args.train, config, overrides + (diloco_overrides if inner_steps else []), run, n,
                             args.gpus_per_node, hsdp, link, args.compute_efficiency, inner_steps, tp)
-                if inner_steps:
+                if inner_steps and (not p["memory"] or p["memory"]["fits"]):
                     notes.append(f"{name} on {n} nodes: the outer exchanges expose {p['outer_s']:.3f} s per step")
                 print(f"| {run['name_model']} | {name} | {n} | {p['world']} | "
                       f"{run['batch_size'] * run['seq_length'] // args.gpus_per_node:,} tokens | "

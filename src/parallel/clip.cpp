@@ -12,22 +12,24 @@
 namespace zb {
 
 namespace {
-// ATen's CPU norm kernel keeps one fp32 running sum per tensor, so its relative error grows with
-// the length (1e-5 at a million elements, 2e-3 at 33 million: the 150M model's embedding), and a
-// norm would depend on how the tensors are split over ranks. On the CPU each gradient is taken
-// in slices short enough to sum to float precision; CUDA's tree reductions need none.
-constexpr int64_t kCpuNormSlice = int64_t{1} << 16;
+// ATen's CPU norm kernel sums in fp32 accumulators (per thread and vector lane), so its relative
+// error grows with a tensor's length (4e-4 at 10 million elements, 2e-3 at 33 million: the 150M
+// model's embedding), and a norm would depend on how the tensors are split over ranks. On the CPU
+// each gradient is normed in blocks of rows of about kCpuNormSlice elements (any strides), whose
+// squares add in float64: equal to ~1e-7 however split. CUDA's tree reductions need no blocks.
+constexpr int64_t kCpuNormSlice = int64_t{1} << 14;
 
 std::vector<at::Tensor> norm_pieces(const std::vector<at::Tensor>& tensors) {
   std::vector<at::Tensor> pieces;
   for (const at::Tensor& t : tensors) {
-    if (!t.is_cpu() || t.numel() <= kCpuNormSlice || !t.is_contiguous()) {
+    if (!t.is_cpu() || t.numel() <= kCpuNormSlice || t.dim() == 0) {
       pieces.push_back(t);
       continue;
     }
-    const at::Tensor flat = t.view({-1});
-    for (int64_t start = 0; start < flat.numel(); start += kCpuNormSlice)
-      pieces.push_back(flat.narrow(0, start, std::min(kCpuNormSlice, flat.numel() - start)));
+    const int64_t rows = t.size(0), per_row = t.numel() / rows;
+    const int64_t step = std::max<int64_t>(1, kCpuNormSlice / per_row);
+    for (int64_t start = 0; start < rows; start += step)
+      pieces.push_back(t.narrow(0, start, std::min(step, rows - start)));
   }
   return pieces;
 }

@@ -178,6 +178,13 @@ TEST(RunPolicy, PlanReportsTheMemoryVerdictOfTheLaunch) {
   const StepPlan plan = plan_run(c, 64, 0, Parallelism::FSDP, &eight_nodes);
   EXPECT_FALSE(one_node.fits);
   EXPECT_GT(one_node.estimate.peak, int64_t{12} * 68'976'648'192 / 8);  // fp32 masters, gradients, momentum
+  // Fitting neither way, "auto" takes the smaller: sharded sums (what --force would train with).
+  EXPECT_TRUE(one_node.reduce_every_micro_batch);
+  c.train.reduce_every_micro_batch = "false";
+  MemoryVerdict whole_sums;
+  plan_run(c, 8, 0, Parallelism::FSDP, &whole_sums);
+  EXPECT_GT(whole_sums.estimate.peak, one_node.estimate.peak);
+  c.train.reduce_every_micro_batch = "auto";
   EXPECT_TRUE(eight_nodes.fits);
   EXPECT_TRUE(plan.reduce_every_micro_batch);
   EXPECT_TRUE(eight_nodes.reduce_every_micro_batch);

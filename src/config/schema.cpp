@@ -85,7 +85,7 @@ const std::vector<Field>& schema() {
       Field{"train.reduce_every_micro_batch", Kind::BoolOrAuto,
             "reduce the gradients of every micro-batch and accumulate shards (memory: no whole fp32 "
             "accumulators; traffic: one reduction per micro-batch) or only the last micro-batch's "
-            "(false); auto: false today",
+            "(false); auto: the memory estimate decides (on where whole fp32 sums do not fit)",
             {},
             [](Config& c, const Value& v) {
               c.train.reduce_every_micro_batch = std::holds_alternative<bool>(v)

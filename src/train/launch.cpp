@@ -118,7 +118,9 @@ void log_placement(const Communicator& comm, const c10::Device& device) {
 MemoryVerdict check_memory(const Config& config, int64_t world_size, const c10::Device& device,
                            const MemoryBudget& budget, bool force, bool dry_run) {
   const MemoryVerdict v = judge_memory(config, world_size, device, budget);
-  if (v.auto_turned_on) log::info("train.reduce_every_micro_batch = auto: on (the run fits only with sharded gradient sums)");
+  if (v.auto_turned_on)
+    log::info(v.fits ? "train.reduce_every_micro_batch = auto: on (the run fits only with sharded gradient sums)"
+                     : "train.reduce_every_micro_batch = auto: on (whole gradient sums need more, and neither fits)");
   if (v.fits || dry_run || force) {
     for (const auto& line : v.table) (v.fits ? log::info : log::warn)(line);
     if (!v.fits && !dry_run) log::warn("--force: training anyway");

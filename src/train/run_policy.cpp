@@ -17,9 +17,11 @@ MemoryVerdict judge_memory(const Config& c, int64_t world_size, const c10::Devic
   v.budget = budget;
   v.estimate = estimate_step_memory(c, world_size, compute, device.is_cuda(), setting == "true");
   const bool known = budget.device_bytes > 0;
+  // "auto": sharded sums where whole ones do not fit and they need less, whether or not they fit
+  // (a run started with --force anyway then takes the smaller, and a refusal names the smaller).
   if (setting == "auto" && known && v.estimate.peak > budget.usable) {
     MemoryEstimate sharded = estimate_step_memory(c, world_size, compute, device.is_cuda(), true);
-    if (sharded.reduce_every_micro_batch && sharded.peak <= budget.usable) {
+    if (sharded.reduce_every_micro_batch && sharded.peak < v.estimate.peak) {
       v.estimate = sharded;
       v.auto_turned_on = true;
     }

@@ -24,8 +24,8 @@ struct MemoryVerdict {
   MemoryEstimate estimate;  // of the step as it will run
   MemoryBudget budget;      // what it was judged against
   bool fits = true;         // within the budget, or no budget to check against (the CPU)
-  // train.reduce_every_micro_batch resolved: as set, or for "auto" on only when the run fits
-  // only that way.
+  // train.reduce_every_micro_batch resolved: as set, or for "auto" on where the run does not fit
+  // with whole fp32 sums (and needs less so, whether or not it then fits).
   bool reduce_every_micro_batch = false;
   bool auto_turned_on = false;     // "auto" chose it
   std::vector<std::string> table;  // the estimate and the budget, as lines (describe_memory)

@@ -35,9 +35,10 @@ Llama::Llama(const ModelArgs& args, const at::TensorOptions& options, bool alloc
     : args_(args), tp_(tp && tp->size() > 1 ? tp : nullptr) {
   const int64_t n = tp_size(), r = tp_rank();
   check_tensor_parallel(args, n);
-  heads_ = args.n_heads / n;
-  kv_replicated_ = args.n_kv_heads % n != 0;
-  kv_heads_ = kv_replicated_ ? 1 : args.n_kv_heads / n;
+  const TpShare share = tp_share(args, n);
+  heads_ = share.heads;
+  kv_replicated_ = share.kv_shared;
+  kv_heads_ = share.kv_heads;
   kv_start_ = kv_replicated_ ? r / (n / args.n_kv_heads) : r * kv_heads_;
 
   // Master weights are fp32 unless the caller asks for float64 (tests compare against float64).
@@ -148,10 +149,8 @@ at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h, const Docume
 
 ForwardSaves forward_saves(const ModelArgs& a, at::ScalarType compute_dtype, bool cuda, int64_t tp) {
   const int64_t e = at::elementSize(compute_dtype), D = a.dim, hd = a.head_dim();
-  // This rank's heads, key/value heads (one, shared, when there are fewer than ranks) and FFN
-  // columns, as the constructor splits them.
-  const int64_t H = a.n_heads / tp, F = a.ffn_hidden() / tp;
-  const int64_t Q = H * hd, K = (a.n_kv_heads % tp == 0 ? a.n_kv_heads / tp : 1) * hd;
+  const TpShare share = tp_share(a, tp);  // this rank's heads and FFN columns (all without TP)
+  const int64_t H = share.heads, F = share.ffn, Q = H * hd, K = share.kv_heads * hd;
   ForwardSaves s;
   // An RMSNorm keeps its fp32 rstd, and on the CPU (composite kernel) also the normalised input
   // before the weight (fp32; for a bf16 input also the input cast to fp32); on CUDA the fused
@@ -168,7 +167,7 @@ ForwardSaves forward_saves(const ModelArgs& a, at::ScalarType compute_dtype, boo
   // head_loss: the final norm at the rank's positions; the normed x [N, D] (gathered whole under
   // TP) and the gradient the chunked loss makes in the forward, dx [N, D]; the head's fp32 rows.
   s.head = {s.norm, 2 * e * D};
-  s.head_weight = 4 * (a.vocab_size / tp) * D;
+  s.head_weight = 4 * share.vocab * D;
   return s;
 }
 

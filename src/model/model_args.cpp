@@ -77,14 +77,25 @@ int64_t ParamSpec::numel() const {
   return n;
 }
 
+TpShare tp_share(const ModelArgs& a, int64_t tp) {
+  TpShare s;
+  s.kv_shared = a.n_kv_heads % tp != 0;
+  s.heads = a.n_heads / tp;
+  s.kv_heads = s.kv_shared ? 1 : a.n_kv_heads / tp;
+  s.ffn = a.ffn_hidden() / tp;
+  s.vocab = a.vocab_size / tp;
+  return s;
+}
+
 std::vector<ParamSpec> param_specs(const ModelArgs& a, int64_t tp) {
   const int64_t hd = a.head_dim(), hidden = a.ffn_hidden();
   std::vector<ParamSpec> specs;
-  const int64_t kv = a.n_kv_heads % tp == 0 ? 0 : -1;  // fewer kv heads than ranks: whole
-  auto add = [&](std::string name, std::vector<int64_t> shape, int64_t layer, int64_t tp_dim) {
+  const int64_t kv = tp_share(a, tp).kv_shared ? -1 : 0;  // shared key/value heads: whole
+  auto add = [&](std::string name, std::vector<int64_t> whole, int64_t layer, int64_t tp_dim) {
     if (tp == 1) tp_dim = -1;
+    std::vector<int64_t> shape = whole;
     if (tp_dim >= 0) shape[static_cast<size_t>(tp_dim)] /= tp;
-    specs.push_back({std::move(name), std::move(shape), layer, tp_dim});
+    specs.push_back({std::move(name), std::move(shape), layer, tp_dim, std::move(whole)});
   };
   add("tok_embeddings.weight", {a.vocab_size, a.dim}, -1, 0);
   for (int64_t i = 0; i < a.n_layers; ++i) {

@@ -29,11 +29,21 @@ struct ModelArgs {
 ModelArgs lookup_model_args(const std::string& type_model, const std::string& name_model);
 std::vector<std::string> known_model_names(const std::string& type_model);
 
+// One rank's share of what tensor parallelism over `tp` ranks splits (model/tensor_parallel.h):
+// attention heads, key/value heads, FFN columns and vocabulary rows (tp = 1: all of them). With
+// fewer key/value heads than ranks each rank holds wk and wv whole and uses one head, shared.
+struct TpShare {
+  int64_t heads = 0, kv_heads = 0, ffn = 0, vocab = 0;
+  bool kv_shared = false;
+};
+TpShare tp_share(const ModelArgs& args, int64_t tp);
+
 struct ParamSpec {
   std::string name;
   std::vector<int64_t> shape;  // the whole tensor's, or under tensor parallelism one rank's slice
   int64_t layer = -1;  // the transformer block it belongs to; -1: none (embedding, final norm, head)
   int64_t tp_dim = -1;  // the whole's dimension split over the TP group; -1: each TP rank holds it whole
+  std::vector<int64_t> whole;  // the whole tensor's shape (`shape` without TP)
   int64_t numel() const;
 };
 // Every parameter of the model, in the model's order, with its stable name; with tp > 1 each

@@ -22,7 +22,7 @@ constexpr int64_t kCpuNormSlice = int64_t{1} << 14;
 std::vector<at::Tensor> norm_pieces(const std::vector<at::Tensor>& tensors) {
   std::vector<at::Tensor> pieces;
   for (const at::Tensor& t : tensors) {
-    if (!t.is_cpu() || t.numel() <= kCpuNormSlice || t.dim() == 0) {
+    if (!t.is_cpu() || t.numel() <= kCpuNormSlice) {
       pieces.push_back(t);
       continue;
     }

@@ -81,8 +81,9 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
   const int64_t tp = plan.tp;
   const ModelArgs a = resolve_model_args(c);
   // This rank's part of each dimension tensor parallelism splits (all of it without).
-  const int64_t L = a.n_layers, D = a.dim, V = a.vocab_size / tp, H = a.n_heads / tp, F = a.ffn_hidden() / tp;
-  const int64_t Q = H * a.head_dim(), K = (a.n_kv_heads % tp == 0 ? a.n_kv_heads / tp : 1) * a.head_dim();
+  const TpShare share = tp_share(a, tp);
+  const int64_t L = a.n_layers, D = a.dim, V = share.vocab, H = share.heads, F = share.ffn;
+  const int64_t Q = H * a.head_dim(), K = share.kv_heads * a.head_dim();
   const int64_t N = c.train.micro_bs * c.data.seq_length;  // tokens per micro-batch
   const int64_t own = N / tp;  // of them, the positions this rank holds in the residual stream
   const int64_t A = plan.micro_batches;                     // micro-batches per step
@@ -335,8 +336,7 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
       if (param_role(p.name, static_cast<int64_t>(p.shape.size())) == ParamRole::Hidden) {
         hidden_slices += p.numel();
         hidden_block += RowShard::of(p.shape, W).block_numel();
-        std::vector<int64_t> whole = p.shape;
-        if (p.tp_dim >= 0) whole[static_cast<size_t>(p.tp_dim)] *= tp;
+        const std::vector<int64_t>& whole = p.whole;
         const bool gathered = p.tp_dim >= 0 && !muon_tp_uses_gram(c.parallel.muon_tp, p.tp_dim, whole[0], whole[1], tp,
                                                                    c.optim.optim.ns_steps);
         if (gathered) tp_gathered += p.numel();

@@ -245,7 +245,7 @@ StepPlan plan_step(const Config& c, int64_t world_size, int64_t rank, Parallelis
       tp_events.tp = tp;
       tp_events.seq = compute_bytes * c.train.micro_bs * (c.data.seq_length / tp) * a.dim;
       tp_events.norm = compute_bytes * a.dim;
-      if (a.n_kv_heads % tp != 0) tp_events.kv = compute_bytes * a.n_kv_heads * a.head_dim() * a.dim;
+      if (tp_share(a, tp).kv_shared) tp_events.kv = compute_bytes * a.n_kv_heads * a.head_dim() * a.dim;
       // The head's chunks over the whole sequence, sized by the rank's slice of the vocabulary.
       const int64_t n = c.train.micro_bs * c.data.seq_length;
       const int64_t chunk = loss_chunk_tokens(a.vocab_size / tp, cuda);
@@ -271,13 +271,9 @@ StepPlan plan_step(const Config& c, int64_t world_size, int64_t rank, Parallelis
     for (const auto& m : matrices) n += m.numel();
     return n;
   };
-  auto whole_shapes = [&](const std::vector<ParamSpec>& matrices) {
+  auto whole_shapes = [](const std::vector<ParamSpec>& matrices) {
     std::vector<std::vector<int64_t>> out;
-    for (const ParamSpec& m : matrices) {
-      std::vector<int64_t> shape = m.shape;
-      if (m.tp_dim >= 0) shape[static_cast<size_t>(m.tp_dim)] *= tp;
-      out.push_back(shape);
-    }
+    for (const ParamSpec& m : matrices) out.push_back(m.whole);
     return out;
   };
   // An owner exchange over `ranks` ranks of `group` (orthogonalize_by_owner): rows of `shapes` to
@@ -303,7 +299,7 @@ StepPlan plan_step(const Config& c, int64_t world_size, int64_t rank, Parallelis
     std::vector<std::vector<int64_t>> gathered, gathered_whole;
     for (const ParamSpec& m : held) {
       if (m.tp_dim < 0) continue;
-      const std::vector<int64_t> whole = whole_shapes({m}).front();
+      const std::vector<int64_t>& whole = m.whole;
       if (muon_tp_uses_gram(c.parallel.muon_tp, m.tp_dim, whole[0], whole[1], tp, c.optim.optim.ns_steps)) {
         w.ring(CommKind::AllReduce, "tp", tp, ns, "Muon: " + m.name + "'s norm over the TP group", "exposed");
         for (int64_t k = 0; k < c.optim.optim.ns_steps; ++k)

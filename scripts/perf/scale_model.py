@@ -166,9 +166,14 @@ def peak_text(memory):
     return peak if memory["fits"] else f"{peak}: does not fit"
 
 
+def refused(p):
+    """Whether the program would refuse to start the run (its memory estimate does not fit)."""
+    return bool(p["memory"]) and not p["memory"]["fits"]
+
+
 def timing_text(p):
     """Step seconds, exposed seconds and MFU; none for a run the program would refuse to start."""
-    if p["memory"] and not p["memory"]["fits"]:
+    if refused(p):
         return "- | - | -"
     return f"{p['step_s']:.3f} | {p['exposed_comm_s']:.3f} | {p['mfu_percent']:.1f}%"
 
@@ -244,7 +249,7 @@ def main():
                     continue
                 p = predict(args.train, config, overrides + (diloco_overrides if inner_steps else []), run, n,
                             args.gpus_per_node, hsdp, link, args.compute_efficiency, inner_steps, tp)
-                if inner_steps and (not p["memory"] or p["memory"]["fits"]):
+                if inner_steps and not refused(p):
                     notes.append(f"{name} on {n} nodes: the outer exchanges expose {p['outer_s']:.3f} s per step")
                 print(f"| {run['name_model']} | {name} | {n} | {p['world']} | "
                       f"{run['batch_size'] * run['seq_length'] // args.gpus_per_node:,} tokens | "

@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # Tensor parallelism end to end with real processes (parallel.tp; issue 30):
-#   tensor_parallel.sh layouts|checkpoints  TRAIN_FSDP CONFIG PYTHON
+#   tensor_parallel.sh layouts|muon|diloco|checkpoints  TRAIN_FSDP CONFIG PYTHON
 # layouts: with AdamW, TP 2 x FSDP 2 and TP 2 with activation checkpointing train as the single
 #   process does: the loss of every step within 1e-5 (fp32, summation order only), and the
 #   gradient norm of the first five (each TP-replicated tensor counted once). (TP 4, TP 2 x
 #   HSDP and shared key/value heads run under Muon below, which goes through the same model and
 #   engine.)
 # muon: the same with Muon (Newton-Schulz in fp32), the gradients clipped by that norm on the
-#   first nine steps: TP 2 x FSDP 2 gathering each split matrix to
-#   an owner and distributing Newton-Schulz over the slices (Gram all-reduce), TP 2 x HSDP with
-#   replicas sharing the work, TP 4 alone (shard groups of one) with shared key/value heads;
-#   a TP 2 x FSDP 2 checkpoint (momentum in column blocks) resumed under TP 4; and DiLoCo (2
-#   replicas, streaming in 2 fragments, bf16 pseudo-gradients) with each replica a TP group of 2,
-#   as DiLoCo's 2 replicas of one rank (itself checked against PyTorch in tests/diloco.py), and
-#   its checkpoint (outer state in column blocks) resumed by the latter.
+#   first eight steps: TP 2 x FSDP 2 gathering each split matrix to an owner and distributing
+#   Newton-Schulz over the slices (Gram all-reduce), TP 2 x HSDP with replicas sharing the work,
+#   TP 4 alone (shard groups of one) with shared key/value heads; a TP 2 x FSDP 2 checkpoint
+#   (momentum in column blocks) resumed under TP 4.
+# diloco: DiLoCo under Muon (2 replicas, streaming in 2 fragments, bf16 pseudo-gradients) with each
+#   replica a TP group of 2, as DiLoCo's 2 replicas of one rank (itself checked against PyTorch in
+#   tests/diloco.py), and its checkpoint (outer state in column blocks) resumed by the latter.
 #   (uint8 compression is left out: its chunks follow each rank's slice or shard, so its rounding
 #   depends on the layout, under FSDP alone too.)
 # checkpoints: a checkpoint saved under TP 2 x FSDP 2 resumes on one process and on 2 FSDP ranks
@@ -26,12 +26,15 @@ export_hf="$(dirname "$train")/export_hf"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/ranks.sh"
-# 8 sequences of 64 tokens a step, 2 per micro-batch: 1, 2 or 4 micro-batches per rank.
-common+=(--optim.batch_size 8 --optim.total_steps 20 --optim.warmup_steps 5)
-# Under Muon, clipping at 0.6 acts on steps 1-9 (norms 0.73-0.84, then falling to 0.46): the
+# The debug model at dim 128 (head_dim 16, FFN 512; dim 256 takes four times as long, most of it in
+# Newton-Schulz), 8 sequences of 64 tokens a step, 2 per micro-batch: 1, 2 or 4 micro-batches per
+# rank.
+dim=128
+common+=(--model.dim $dim --optim.batch_size 8 --optim.total_steps 20 --optim.warmup_steps 5)
+# Under Muon, clipping at 0.42 acts on steps 1-8 (norms 0.52 falling to 0.43, then to 0.33): the
 # global norm must count each TP-replicated tensor (norm weights, shared key/value heads) once.
-# (AdamW's runs, clipped so, drift to 1.3e-5 of the single process's loss by step 20.)
-if [ "$what" = muon ]; then common+=(--optim.max_norm 0.6); else common+=(--optim.optim.type adamw); fi
+# (AdamW's runs keep the default max_norm of 1, inactive at these norms.)
+case $what in muon|diloco) common+=(--optim.max_norm 0.42) ;; *) common+=(--optim.optim.type adamw) ;; esac
 
 # compare_norms A.jsonl B.jsonl LABEL: the gradient norm (before clipping) of steps 1-5 within
 # 1e-5 of the reference's. Later norms follow the trajectory's fp32 drift more than the loss does
@@ -85,7 +88,7 @@ muon)
   # model spikes at step 11 at these learning rates (seen with AdamW), which amplifies fp32
   # rounding into 1e-3 differences (plain FSDP on 2 ranks departs from one process as much
   # there): steps 1-10.
-  layout tp4_gqa 4 one_gqa 10 --parallel.tp 4 --model.n_kv_heads 2
+  layout tp4_gqa 4 one_gqa 20 --parallel.tp 4 --model.n_kv_heads 2
   # Each mode's traffic: gather all-to-alls over the TP group, gram all-reduces Gram matrices.
   "$python" - "$work/tp2_fsdp2_gather.jsonl" "$work/tp2_fsdp2_gram.jsonl" <<'PY' || fail "TP Muon traffic"
 import json, sys
@@ -98,6 +101,8 @@ PY
     --logging.metrics_file "$work/tp2_to_tp4.jsonl"
   wait_ranks || fail "tp2_to_tp4"
   compare_losses "$work/one.jsonl" "$work/tp2_to_tp4.jsonl" 1e-5 tp2_to_tp4 11 20 || fail "tp2_to_tp4: losses differ"
+  ;;
+diloco)
   diloco=(--diloco.inner_steps 4 --diloco.fragments 2 --diloco.compression bf16 --parallel.dp_shard 1
           --parallel.dp_replicate 2)
   run_ranks 2 "$work/diloco.log" --logging.metrics_file "$work/diloco.jsonl" "${diloco[@]}"
@@ -129,14 +134,15 @@ checkpoints)
   resume tp2_to_fsdp2 2 "$work/tp/step_00000010"
   resume one_to_tp2 4 "$work/one/step_00000010" --parallel.tp 2
   # Norm weights are shared by a TP group: written by its rank 0 only; wo's columns in blocks.
-  "$python" - "$work/tp/step_00000010" <<'PY' || fail "TP checkpoint layout"
+  "$python" - "$work/tp/step_00000010" $((dim / 2)) <<'PY' || fail "TP checkpoint layout"
 import json, sys
 index = [json.load(open(f"{sys.argv[1]}/rank_{r:05d}.json")) for r in range(4)]
 for r in range(4):
     norms = [e for e in index[r] if e["name"] == "model/norm.weight"]
     assert (len(norms) == 1) == (r % 2 == 0), f"rank {r} norm entries: {norms}"
     wo = [e for e in index[r] if e["name"] == "model/layers.0.attention.wo.weight"][0]
-    assert wo["cols"] == 128 and wo["col_start"] == 128 * (r % 2), wo
+    half = int(sys.argv[2])
+    assert wo["cols"] == half and wo["col_start"] == half * (r % 2), wo
 print("norms from TP rank 0 only; wo saved as column blocks")
 PY
   "$export_hf" "$work/tp/step_00000010" "$work/hf" --check-logits || fail "export"

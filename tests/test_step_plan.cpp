@@ -53,11 +53,12 @@ std::vector<Layout> layouts(int64_t world) {
 }
 
 // Three blocks (so the last, the one before it and the others all occur), two micro-batches per
-// rank, fp32, Newton-Schulz in fp32.
+// rank, fp32, Newton-Schulz in fp32; the debug model at dim 128 (every matrix still a bucket of its
+// own, rows still uneven over 3 ranks; half the time of dim 256, most of it Newton-Schulz's).
 Config config(const Layout& l, int64_t world, bool reshard, int64_t ac, bool reduce_every, const std::string& opt) {
   std::ostringstream toml;
   toml << "name_model = \"debugmodel\"\ntype_model = \"llama2\"\n"
-       << "[model]\nn_layers = 3\n" << (l.kv_heads ? "n_kv_heads = " + std::to_string(l.kv_heads) + "\n" : "")
+       << "[model]\nn_layers = 3\ndim = 128\n" << (l.kv_heads ? "n_kv_heads = " + std::to_string(l.kv_heads) + "\n" : "")
        << "[train]\nmicro_bs = 1\nac_ckpt = " << ac << "\nreshard_after_forward = " << (reshard ? "true" : "false")
        << "\nreduce_every_micro_batch = " << (reduce_every ? "true" : "false") << "\nbucket_mb = 0.05\n"
        << "[optim]\nbatch_size = " << 2 * world / l.tp << "\ntotal_steps = 4\n"

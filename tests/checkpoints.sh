@@ -145,8 +145,8 @@ bad_checkpoint)
   ck="$work/a/step_00000002"
   before=$(cat "$ck"/* | sha256sum)
   # Another model shape.
-  out=$("$train" "${common[@]}" --model.dim 128 --ckpt.resume "$ck" 2>&1); rc=$?
-  echo "$out" | grep -q "checkpoint $ck: tok_embeddings.weight has shape \[1024,256\] there but \[1024,128\] in this model" \
+  out=$("$train" "${common[@]}" --model.dim 64 --ckpt.resume "$ck" 2>&1); rc=$?
+  echo "$out" | grep -q "checkpoint $ck: tok_embeddings.weight has shape \[1024,128\] there but \[1024,64\] in this model" \
     && [ $rc -ne 0 ] || fail "other model: $out"
   # Damaged: a truncated rank file, on a copy.
   cp -r "$ck" "$work/damaged"; truncate -s 1000 "$work/damaged/rank_00001.bin"
@@ -206,11 +206,11 @@ h["model.norm.weight"]["dtype"] = "F16"; rewrite(h)'
   refused "$work/dtype" "$work/dtype/model.safetensors: model.norm.weight has dtype F16, expected F32"
   damaged shape "$st"'
 e = h["model.norm.weight"]; e["shape"] = [e["shape"][0] // 2, 2]; rewrite(h)'
-  refused "$work/shape" "$work/shape/model.safetensors: model.norm.weight has shape \[128,2\], but config.json's model needs \[256\]"
+  refused "$work/shape" "$work/shape/model.safetensors: model.norm.weight has shape \[64,2\], but config.json's model needs \[128\]"
   damaged missing "$st"'
 del h["lm_head.weight"]; rewrite(h)'
   refused "$work/missing" "$work/missing/model.safetensors: no tensor lm_head.weight"
-  refused "$work/hf" "model $work/hf: tok_embeddings.weight has shape \[1024,256\] there but \[1024,128\] in this run's model \(a model of another size\?\)" --model.dim 128
+  refused "$work/hf" "model $work/hf: tok_embeddings.weight has shape \[1024,128\] there but \[1024,64\] in this run's model \(a model of another size\?\)" --model.dim 64
   # export_hf on damaged checkpoints.
   exported() {
     out=$("$export_hf" "$1" "$work/out" 2>&1); rc=$?

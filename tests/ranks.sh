@@ -1,10 +1,12 @@
 # Shared by the multi-process test scripts (sourced): real ranks with torchrun's variables over
-# loopback, on the debug model at 64 tokens. Expects $train (the program), $config and $work.
+# loopback, on the debug model narrowed to dim 128 (a quarter of dim 256's time, most of which was
+# Newton-Schulz), at 64 tokens. Expects $train (the program), $config and $work.
 #
 # Newton-Schulz in fp32: these tests are not about its precision, and bf16 matrix products on a
 # CPU without native bf16 instructions (AVX2 only) run about 75 times slower than fp32 ones.
 # 24 sequences per step divide over 1, 2, 3 and 4 ranks.
-common=(--config "$config" --runtime.device cpu --runtime.num_threads 1 --data.seq_length 64
+dim=128
+common=(--config "$config" --runtime.device cpu --runtime.num_threads 1 --model.dim $dim --data.seq_length 64
         --optim.optim.ns_dtype float32
         --optim.batch_size 24 --train.micro_bs 2 --optim.warmup_steps 2 --optim.total_steps 8)
 

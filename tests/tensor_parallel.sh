@@ -26,11 +26,9 @@ export_hf="$(dirname "$train")/export_hf"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 source "$(dirname "$0")/ranks.sh"
-# The debug model at dim 128 (head_dim 16, FFN 512; dim 256 takes four times as long, most of it in
-# Newton-Schulz), 8 sequences of 64 tokens a step, 2 per micro-batch: 1, 2 or 4 micro-batches per
-# rank.
-dim=128
-common+=(--model.dim $dim --optim.batch_size 8 --optim.total_steps 20 --optim.warmup_steps 5)
+# 8 sequences of 64 tokens a step (the debug model at dim 128: head_dim 16, FFN 512), 2 per
+# micro-batch: 1, 2 or 4 micro-batches per rank.
+common+=(--optim.batch_size 8 --optim.total_steps 20 --optim.warmup_steps 5)
 # Under Muon, clipping at 0.42 acts on steps 1-8 (norms 0.52 falling to 0.43, then to 0.33): the
 # global norm must count each TP-replicated tensor (norm weights, shared key/value heads) once.
 # (AdamW's runs keep the default max_norm of 1, inactive at these norms.)

@@ -6,12 +6,14 @@
 #include <ATen/SDPBackend.h>
 #include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <chrono>
 #include <cmath>
 #include <iostream>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "data/documents.h"
@@ -234,6 +236,37 @@ TEST(CudaLoss, Fp32ProductsOfBf16MatchFloat64) {
   // Gradients come back in bf16 (2^-9 relative rounding of each element).
   EXPECT_LT(relative_error(gpu[1], ref[1]), 1e-2) << "dx";
   EXPECT_LT(relative_error(gpu[2], ref[2]), 1e-2) << "dw";
+}
+
+TEST(CudaRope, FusedKernelEqualsTheUnfusedPathWithinOneBf16Rounding) {
+  SKIP_WITHOUT_GPU();
+  // bf16 q-shaped tensors [B, T, H, Dh] (odd sizes too), rotated by the fused kernel (apply_rope on
+  // CUDA) and by ATen's fp32 path, forward and backward: the same fp32 products rounded to bf16, so
+  // each element within one bf16 step (2^-7 of its magnitude) where fused multiply-adds round
+  // differently, and nearly all of them bit-identical.
+  const int64_t Dh = 64;
+  const RopeTables rope = rope_tables(Dh, 2 * 512, 10000.0, at::TensorOptions().device(kGpu));
+  at::manual_seed(3);
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{2, 512, 8, Dh}, std::vector<int64_t>{3, 77, 5, Dh}}) {
+    const at::Tensor x0 = at::randn(shape, at::TensorOptions().device(kGpu).dtype(at::kBFloat16));
+    const at::Tensor g = at::randn(shape, x0.options());
+    at::Tensor xf = x0.clone().requires_grad_(true), xu = x0.clone().requires_grad_(true);
+    const at::Tensor fused = apply_rope(xf, rope), unfused = apply_rope_unfused(xu, rope);
+#ifdef ZB_CUDA_KERNELS
+    ASSERT_NE(fused.grad_fn()->name().find("RopeBf16"), std::string::npos) << fused.grad_fn()->name();
+#endif
+    fused.backward(g);
+    unfused.backward(g);
+    for (const auto& [name, a, b] : {std::tuple{"forward", fused, unfused}, std::tuple{"backward", xf.grad(), xu.grad()}}) {
+      EXPECT_EQ(a.scalar_type(), at::kBFloat16) << name;
+      const at::Tensor af = a.detach().to(at::kFloat), bf = b.detach().to(at::kFloat);
+      const at::Tensor off = (af - bf).abs() > bf.abs() * std::ldexp(1.0, -7);
+      EXPECT_EQ(off.sum().item<int64_t>(), 0) << name << ": elements more than one bf16 step apart";
+      const double same = af.eq(bf).to(at::kDouble).mean().item<double>();
+      std::cout << "RoPE " << name << " " << at::IntArrayRef(shape) << ": " << same * 100 << "% bit-identical\n";
+      EXPECT_GT(same, 0.99) << name;
+    }
+  }
 }
 
 TEST(CudaAttention, VarlenFlashEqualsTheCpuMask) {

@@ -1,4 +1,7 @@
 #include "model/layers.h"
+#ifdef ZB_CUDA_KERNELS
+#include "model/rope_cuda.h"
+#endif
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
@@ -33,6 +36,14 @@ RopeTables rope_tables(int64_t head_dim, int64_t max_positions, double theta,
 }
 
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {
+#ifdef ZB_CUDA_KERNELS
+  // The unfused path moves about five times the bytes of q and k through memory (fp32 copies).
+  if (x.is_cuda() && x.scalar_type() == at::kBFloat16) return apply_rope_cuda_bf16(x, rope.cis.slice(0, 0, x.size(1)));
+#endif
+  return apply_rope_unfused(x, rope);
+}
+
+at::Tensor apply_rope_unfused(const at::Tensor& x, const RopeTables& rope) {
   const int64_t T = x.size(1), half = x.size(3) / 2;
   // One complex multiply per pair (a single elementwise kernel each way, where the cos/sin form
   // took six): fp32 arithmetic for reduced-precision inputs; float64 stays float64.

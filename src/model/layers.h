@@ -19,8 +19,11 @@ RopeTables rope_tables(int64_t head_dim, int64_t max_positions, double theta,
 
 // Meta-style rotary embedding on adjacent pairs (2i, 2i+1) of x [B, T, H, Dh]: each pair is the
 // complex number x_2i + j*x_2i+1, multiplied by exp(j * pos * freq_i). Computed in fp32
-// (float64 for float64 inputs).
+// (float64 for float64 inputs): bf16 on a GPU in one kernel each way (model/rope_cuda.h), the rest
+// through apply_rope_unfused.
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope);
+// The same with ATen's operators: x through an fp32 copy, one complex multiply, back to x's dtype.
+at::Tensor apply_rope_unfused(const at::Tensor& x, const RopeTables& rope);
 
 // Attention: model/attention.h.
 

@@ -1,5 +1,5 @@
 #include "model/layers.h"
-#ifdef ZB_CUDA_KERNELS
+#ifdef ZB_WITH_CUDA
 #include "model/rope_cuda.h"
 #endif
 
@@ -36,9 +36,9 @@ RopeTables rope_tables(int64_t head_dim, int64_t max_positions, double theta,
 }
 
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {
-#ifdef ZB_CUDA_KERNELS
+#ifdef ZB_WITH_CUDA
   // The unfused path moves about five times the bytes of q and k through memory (fp32 copies).
-  if (x.is_cuda() && x.scalar_type() == at::kBFloat16) return apply_rope_cuda_bf16(x, rope.cis.slice(0, 0, x.size(1)));
+  if (rope_cuda_bf16_applies(x, rope.cis)) return apply_rope_cuda_bf16(x, rope.cis);
 #endif
   return apply_rope_unfused(x, rope);
 }

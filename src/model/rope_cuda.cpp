@@ -1,19 +1,18 @@
 #include "model/rope_cuda.h"
+#include "model/rope_kernel.h"
 
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/view_as_real.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <map>
+#include <mutex>
 #include <stdexcept>
-#include <string>
 
 namespace zb {
-
-cudaError_t launch_rope_bf16(const void* x, void* out, const void* cis, int64_t pairs, int64_t T, int64_t heads,
-                             int64_t half, bool conjugate, cudaStream_t stream);
 
 namespace {
 
@@ -23,33 +22,54 @@ at::Tensor rotate(const at::Tensor& x, const at::Tensor& cis_pairs, bool conjuga
   if (in.storage_offset() % 2 != 0) in = in.clone();  // pairs read as 4-byte words
   at::Tensor out = at::empty_like(in);
   const c10::cuda::CUDAGuard guard(in.device());
-  const cudaError_t err = launch_rope_bf16(in.const_data_ptr(), out.mutable_data_ptr(), cis_pairs.const_data_ptr(),
-                                           in.numel() / 2, in.size(1), in.size(2), in.size(3) / 2, conjugate,
-                                           c10::cuda::getCurrentCUDAStream(in.device().index()).stream());
-  if (err != cudaSuccess) throw std::runtime_error(std::string("RoPE kernel launch: ") + cudaGetErrorString(err));
+  C10_CUDA_CHECK(launch_rope_bf16(in.const_data_ptr(), out.mutable_data_ptr(), cis_pairs.const_data_ptr(),
+                                  in.size(0) * in.size(1), in.size(1), static_cast<int>(in.size(2)),
+                                  static_cast<int>(in.size(3) / 2), conjugate,
+                                  c10::cuda::getCurrentCUDAStream(in.device().index()).stream()));
   return out;
 }
 
-// Autograd: the rotation is linear in x, so backward rotates the gradient by the conjugate and
-// saves nothing but the table.
+// Autograd: the rotation is linear in x, so backward rotates the gradient by the conjugate (itself
+// through this function, so that a second derivative exists) and saves nothing but the table.
 struct RopeBf16 : torch::autograd::Function<RopeBf16> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cis_pairs) {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cis_pairs,
+                            bool conjugate) {
     ctx->saved_data["cis"] = cis_pairs;
-    return rotate(x, cis_pairs, false);
+    ctx->saved_data["conjugate"] = conjugate;
+    return rotate(x, cis_pairs, conjugate);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    return {rotate(grads[0], ctx->saved_data["cis"].toTensor(), true), at::Tensor()};
+    const at::Tensor cis = ctx->saved_data["cis"].toTensor();
+    return {RopeBf16::apply(grads[0], cis, !ctx->saved_data["conjugate"].toBool()), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
+bool rope_cuda_bf16_applies(const at::Tensor& x, const at::Tensor& cis) {
+  if (!x.is_cuda() || x.scalar_type() != at::kBFloat16 || x.dim() != 4 || x.size(3) % 2 != 0 ||
+      cis.scalar_type() != at::kComplexFloat || cis.device() != x.device() || cis.dim() != 2 ||
+      cis.size(0) < x.size(1) || 2 * cis.size(1) != x.size(3) || x.size(2) * x.size(3) / 2 > (1 << 30))
+    return false;
+  // Once per device: whether this build has a kernel image for it (else ATen's operators).
+  static std::mutex mutex;
+  static std::map<int, bool> runs;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = runs.find(x.device().index());
+  if (it == runs.end()) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    it = runs.emplace(x.device().index(), rope_bf16_kernel_runs_here()).first;
+  }
+  return it->second;
+}
+
 at::Tensor apply_rope_cuda_bf16(const at::Tensor& x, const at::Tensor& cis) {
-  if (x.dim() != 4 || x.size(3) % 2 != 0 || cis.size(0) != x.size(1) || 2 * cis.size(1) != x.size(3))
-    throw std::invalid_argument("apply_rope_cuda_bf16: x must be [B, T, H, Dh] with Dh even and cis [T, Dh/2]");
+  if (!rope_cuda_bf16_applies(x, cis))
+    throw std::invalid_argument("apply_rope_cuda_bf16: x must be bf16 [B, T, H, Dh] on a GPU with a kernel image, "
+                                "cis complex64 [>= T, Dh/2] on the same device");
   // (c, s) pairs of fp32, contiguous: [T, Dh/2, 2].
-  return RopeBf16::apply(x, at::view_as_real(cis).contiguous());
+  return RopeBf16::apply(x, at::view_as_real(cis.slice(0, 0, x.size(1))).contiguous(), false);
 }
 
 }  // namespace zb

@@ -4,25 +4,28 @@
 // unfused path's: each adjacent pair (x0, x1) as x0 + j x1 in fp32, times the fp32 table entry
 // c + j s, rounded to bf16 to nearest even. Backward is the same rotation by the conjugate
 // (c - j s), as autograd takes the unfused product's. Plain CUDA: no LibTorch headers here.
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
+#include "model/rope_kernel.h"
 
-#include <cstdint>
+#include <cuda_bf16.h>
 
 namespace {
 
-// One thread per pair of x [B, T, H, 2 * half] (contiguous); the table cis is [T, half] pairs
-// (c, s) of fp32. `sign` is +1 forward, -1 for the conjugate.
-__global__ void rope_bf16(const __nv_bfloat162* x, __nv_bfloat162* out, const float2* cis, int64_t pairs,
-                          int64_t T, int64_t heads, int64_t half, float sign) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < pairs; i += stride) {
-    const int64_t p = i % half, t = (i / (half * heads)) % T;
-    const float2 e = cis[t * half + p];
-    const float c = e.x, s = sign * e.y;
-    const float2 v = __bfloat1622float2(x[i]);
-    // (a + jb)(c + js) = (ac - bs) + j(as + bc), in the order c10::complex writes it.
-    out[i] = __floats2bfloat162_rn(v.x * c - v.y * s, v.x * s + v.y * c);
+// A block per position (b, t) at a time: its heads x half pairs are contiguous in x [B, T, H, 2 half]
+// and all read the table's row t, so the division by T happens once per row and the pair's index
+// within a head is a 32-bit remainder.
+__global__ void rope_bf16(const __nv_bfloat162* x, __nv_bfloat162* out, const float2* cis, int64_t rows, int64_t T,
+                          int pairs_per_row, int half, float sign) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float2* table = cis + (r % T) * half;
+    const __nv_bfloat162* in = x + r * pairs_per_row;
+    __nv_bfloat162* o = out + r * pairs_per_row;
+    for (int j = threadIdx.x; j < pairs_per_row; j += blockDim.x) {
+      const float2 e = table[j % half];
+      const float c = e.x, s = sign * e.y;
+      const float2 v = __bfloat1622float2(in[j]);
+      // (a + jb)(c + js) = (ac - bs) + j(as + bc), in the order c10::complex writes it.
+      o[j] = __floats2bfloat162_rn(v.x * c - v.y * s, v.x * s + v.y * c);
+    }
   }
 }
 
@@ -30,18 +33,23 @@ __global__ void rope_bf16(const __nv_bfloat162* x, __nv_bfloat162* out, const fl
 
 namespace zb {
 
-// Rotates `pairs` bf16 pairs of x into out on `stream`; the launch's error, if any.
-cudaError_t launch_rope_bf16(const void* x, void* out, const void* cis, int64_t pairs, int64_t T, int64_t heads,
-                             int64_t half, bool conjugate, cudaStream_t stream) {
-  if (pairs == 0) return cudaSuccess;
-  const int threads = 256;
-  // Enough blocks to fill any current GPU several times over; the loop covers the rest.
-  const int64_t wanted = (pairs + threads - 1) / threads;
-  const int blocks = static_cast<int>(wanted < 65536 ? wanted : 65536);
+cudaError_t launch_rope_bf16(const void* x, void* out, const void* cis, int64_t rows, int64_t T, int heads, int half,
+                             bool conjugate, cudaStream_t stream) {
+  if (rows == 0 || heads == 0 || half == 0) return cudaSuccess;
+  const int pairs_per_row = heads * half;
+  const int threads = pairs_per_row >= 256 ? 256 : ((pairs_per_row + 31) / 32) * 32;
+  const int blocks = static_cast<int>(rows < (1 << 20) ? rows : (1 << 20));  // the loop covers the rest
   rope_bf16<<<blocks, threads, 0, stream>>>(static_cast<const __nv_bfloat162*>(x), static_cast<__nv_bfloat162*>(out),
-                                            static_cast<const float2*>(cis), pairs, T, heads, half,
+                                            static_cast<const float2*>(cis), rows, T, pairs_per_row, half,
                                             conjugate ? -1.0f : 1.0f);
   return cudaGetLastError();
+}
+
+bool rope_bf16_kernel_runs_here() {
+  cudaFuncAttributes attributes;
+  const bool ok = cudaFuncGetAttributes(&attributes, rope_bf16) == cudaSuccess;
+  if (!ok) cudaGetLastError();  // clear "no kernel image" so that it is not reported later
+  return ok;
 }
 
 }  // namespace zb

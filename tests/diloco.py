@@ -2,7 +2,8 @@
 
     python diloco.py BUILD_DIR CASE
 
-CASE (each a real run: torchrun, loopback Gloo):
+CASE (each a real run over loopback Gloo; ranks started with torchrun's variables, by torchrun itself
+where a rank is killed or a run must fail):
   adamw_2x2    2 replicas of 2 ranks, AdamW inner steps
   muon_4x1     4 replicas of 1 rank, Muon inner steps (MuLoCo)
   one_replica  1 process, outer lr 1 and momentum 0: plain training (a run without DiLoCo)
@@ -70,17 +71,52 @@ def free_port():
     return s.getsockname()[1]
 
 
-def launch(name, ranks, *extra, ckpt=None, env=None):
-    """Starts one training run (torchrun for several ranks) writing {name}.jsonl and {name}.log."""
+class Ranks:
+    """Several ranks started directly with torchrun's variables (torchrun itself costs a Python
+    start-up per run); as under torchrun, the first rank to fail stops the others."""
+
+    def __init__(self, procs):
+        self.procs = procs
+
+    def wait(self):
+        while True:
+            codes = [p.poll() for p in self.procs]
+            failed = [c for c in codes if c not in (None, 0)]
+            if failed:
+                self.kill()
+                for p in self.procs:
+                    p.wait()
+                return failed[0]
+            if all(c == 0 for c in codes):
+                return 0
+            time.sleep(0.05)
+
+    def kill(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def launch(name, ranks, *extra, ckpt=None, env=None, torchrun=False):
+    """Starts one training run writing {name}.jsonl and {name}.log: one process, several ranks
+    started directly, or (torchrun=True: the runs a test kills or expects to fail) torchrun, which
+    stops every rank when one dies."""
     args = COMMON + ["--logging.metrics_file", f"{tmp}/{name}.jsonl", "--ckpt.path", ckpt or f"{tmp}/{name}_ckpt",
                      *extra]
+    log = open(f"{tmp}/{name}.log", "w")
+    env = {**os.environ, **(env or {})}
     if ranks == 1:
-        cmd = [TRAIN, *args]
-    else:
+        return subprocess.Popen([TRAIN, *args], stdout=log, stderr=subprocess.STDOUT, env=env)
+    if torchrun:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_addr",
                "127.0.0.1", "--master_port", str(free_port()), "--no-python", TRAIN, *args]
-    log = open(f"{tmp}/{name}.log", "w")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    port = str(free_port())
+    return Ranks([subprocess.Popen([TRAIN, *args], stdout=log, stderr=subprocess.STDOUT,
+                                   env={**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": str(r),
+                                        "LOCAL_RANK": str(r), "WORLD_SIZE": str(ranks),
+                                        "LOCAL_WORLD_SIZE": str(ranks)})
+                  for r in range(ranks)])
 
 
 def records(name):
@@ -299,7 +335,7 @@ def resume_cases():
     # them), the checkpoint of step 3 is there and whole.
     ckpt = f"{tmp}/killed_ckpt"
     proc = launch("killed", 4, *layout, "--runtime.timeout_s", "20", ckpt=ckpt,
-                  env={"ZB_TEST_HANG_IN_OUTER_STEP": "2"})
+                  env={"ZB_TEST_HANG_IN_OUTER_STEP": "2"}, torchrun=True)
     pid = None
     for _ in range(1200):
         found = re.search(r"process (\d+) stops here", open(f"{tmp}/killed.log").read())
@@ -341,7 +377,7 @@ def resume_cases():
 
     # More replicas than were saved: refused, naming why.
     rc = launch("more_replicas", 4, "--diloco.inner_steps", str(INNER), "--parallel.dp_replicate", "4",
-                "--ckpt.resume", f"{ckpt}/step_00000003", ckpt=f"{tmp}/more_ckpt").wait()
+                "--ckpt.resume", f"{ckpt}/step_00000003", ckpt=f"{tmp}/more_ckpt", torchrun=True).wait()
     log = open(f"{tmp}/more_replicas.log").read()
     if rc == 0 or "it holds no replica_2/model/" not in log or "fewer replicas" not in log:
         print(log[-3000:])
@@ -363,7 +399,7 @@ def resume_cases():
     longer = ["--optim.total_steps", "20", "--optim.stable_steps", "20"]  # the data wrap around
     _, long_params, _ = run("long", 4, *layout, *longer, final_step=20)
     ckpt = f"{tmp}/term_ckpt"
-    proc = launch("term", 4, *layout, *longer, ckpt=ckpt)
+    proc = launch("term", 4, *layout, *longer, ckpt=ckpt, torchrun=True)
     for _ in range(600):
         if "step 5/20" in open(f"{tmp}/term.log").read():
             break
@@ -383,7 +419,7 @@ def resume_cases():
     # Killed inside the save of step 6 (every writer paused after its data file): the checkpoint of
     # step 3 stays the latest, whole, and resumes to the same end.
     ckpt = f"{tmp}/save_killed_ckpt"
-    proc = launch("save_killed", 4, *layout, ckpt=ckpt, env={"ZB_TEST_PAUSE_SAVE_AT_STEP": "6"})
+    proc = launch("save_killed", 4, *layout, ckpt=ckpt, env={"ZB_TEST_PAUSE_SAVE_AT_STEP": "6"}, torchrun=True)
     for _ in range(600):
         if open(f"{tmp}/save_killed.log").read().count("writer paused inside the save of step 6") == 4:
             break

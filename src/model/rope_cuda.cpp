@@ -8,8 +8,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <map>
-#include <mutex>
+#include <atomic>
 #include <stdexcept>
 
 namespace zb {
@@ -52,16 +51,20 @@ bool rope_cuda_bf16_applies(const at::Tensor& x, const at::Tensor& cis) {
       cis.scalar_type() != at::kComplexFloat || cis.device() != x.device() || cis.dim() != 2 ||
       cis.size(0) < x.size(1) || 2 * cis.size(1) != x.size(3) || x.size(2) * x.size(3) / 2 > (1 << 30))
     return false;
-  // Once per device: whether this build has a kernel image for it (else ATen's operators).
-  static std::mutex mutex;
-  static std::map<int, bool> runs;
-  const std::lock_guard<std::mutex> lock(mutex);
-  auto it = runs.find(x.device().index());
-  if (it == runs.end()) {
+  // Once per device: whether this build has a kernel image for it (else ATen's operators). Read on
+  // every call (twice per block and micro-batch): an atomic, no lock; two threads asking at once
+  // would both ask CUDA, with the same answer.
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int8_t> runs[kMaxDevices];  // 0 not asked yet, 1 runs, -1 does not
+  const int d = x.device().index();
+  if (d < 0 || d >= kMaxDevices) return false;
+  int8_t known = runs[d].load(std::memory_order_relaxed);
+  if (known == 0) {
     const c10::cuda::CUDAGuard guard(x.device());
-    it = runs.emplace(x.device().index(), rope_bf16_kernel_runs_here()).first;
+    known = rope_bf16_kernel_runs_here() ? 1 : -1;
+    runs[d].store(known, std::memory_order_relaxed);
   }
-  return it->second;
+  return known > 0;
 }
 
 at::Tensor apply_rope_cuda_bf16(const at::Tensor& x, const at::Tensor& cis) {

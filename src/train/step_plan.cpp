@@ -245,10 +245,11 @@ StepPlan plan_step(const Config& c, int64_t world_size, int64_t rank, Parallelis
       tp_events.tp = tp;
       tp_events.seq = compute_bytes * c.train.micro_bs * (c.data.seq_length / tp) * a.dim;
       tp_events.norm = compute_bytes * a.dim;
-      if (tp_share(a, tp).kv_shared) tp_events.kv = compute_bytes * a.n_kv_heads * a.head_dim() * a.dim;
+      const TpShare share = tp_share(a, tp);
+      if (share.kv_shared) tp_events.kv = compute_bytes * a.n_kv_heads * a.head_dim() * a.dim;
       // The head's chunks over the whole sequence, sized by the rank's slice of the vocabulary.
       const int64_t n = c.train.micro_bs * c.data.seq_length;
-      const int64_t chunk = loss_chunk_tokens(a.vocab_size / tp, cuda);
+      const int64_t chunk = loss_chunk_tokens(share.vocab, cuda);
       for (int64_t start = 0; start < n; start += chunk) tp_events.chunks.push_back(std::min(chunk, n - start));
     }
     plan_fsdp_micro_batches(w, c, p, L, diloco ? 1 : R, block, compute_bytes, shard_group, tp_events);

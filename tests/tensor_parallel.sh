@@ -13,7 +13,8 @@
 #   (momentum in column blocks) resumed under TP 4.
 # diloco: DiLoCo under Muon (2 replicas, streaming in 2 fragments, bf16 pseudo-gradients) with each
 #   replica a TP group of 2, as DiLoCo's 2 replicas of one rank (itself checked against PyTorch in
-#   tests/diloco.py), and its checkpoint (outer state in column blocks) resumed by the latter.
+#   tests/diloco.py), its outer steps' pseudo-gradient norms as the latter's, and its checkpoint
+#   (outer state in column blocks) resumed by the latter.
 #   (uint8 compression is left out: its chunks follow each rank's slice or shard, so its rounding
 #   depends on the layout, under FSDP alone too.)
 # checkpoints: a checkpoint saved under TP 2 x FSDP 2 resumes on one process and on 2 FSDP ranks
@@ -106,6 +107,17 @@ diloco)
   run_ranks 2 "$work/diloco.log" --logging.metrics_file "$work/diloco.jsonl" "${diloco[@]}"
   wait_ranks || fail "DiLoCo without TP"
   layout diloco_tp2 4 diloco 20 "${diloco[@]}" --parallel.tp 2 --ckpt.path "$work/dtp" --ckpt.interval 10 --ckpt.keep 0
+  # The outer steps' pseudo-gradient norm over the whole model: the TP group's slices added, each
+  # norm weight once.
+  python3 - "$work/diloco.jsonl" "$work/diloco_tp2.jsonl" <<'PY' || fail "DiLoCo under TP: pseudo-gradient norms differ"
+import json, sys
+a, b = ({r["step"]: r["outer_step"]["pseudo_gradient_norm"] for r in map(json.loads, open(f)) if "outer_step" in r}
+        for f in sys.argv[1:3])
+assert a.keys() == b.keys() and len(a) >= 4, (sorted(a), sorted(b))
+worst = max(abs(b[s] - a[s]) / a[s] for s in a)
+print(f"DiLoCo pseudo-gradient norms at steps {sorted(a)}: largest relative difference {worst:.2e} (allowed 1e-4)")
+sys.exit(0 if worst <= 1e-4 else 1)
+PY
   # DiLoCo's outer state saved in column blocks too: the TP checkpoint resumes without TP.
   run_ranks 2 "$work/diloco_resume.log" --logging.metrics_file "$work/diloco_resume.jsonl" "${diloco[@]}" \
     --ckpt.resume "$work/dtp/step_00000010"

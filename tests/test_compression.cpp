@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dist/compression.h"
+#include "util/device.h"
 
 using namespace zb;
 
@@ -94,6 +95,37 @@ TEST(Compression, Uint8MatchesAFloat64QuantiserAndKeepsEachChunksSum) {
   // either way every bucket used holds only that value).
   for (int64_t i = 9216; i < 10000; ++i) EXPECT_NEAR(decoded[i].item<double>(), 2e-3, 1e-9) << i;
   EXPECT_EQ(compressed_bytes(Compression::UInt8, 10000, chunk), 10000 + 10 * 1024);
+}
+
+// A fragment of a large model is hundreds of millions of values a rank: the codec works through
+// it a block of chunks at a time, so its temporaries stay within uint8_workspace_bytes however
+// long the vector, and the result is the one of a single pass (per chunk, the same statistics).
+TEST(Compression, Uint8WorksInBoundedBlocksWithTheResultOfOnePass) {
+  count_cpu_tensor_memory();
+  const c10::Device cpu(c10::kCPU);
+  at::manual_seed(5);
+  const int64_t chunk = 1024, group = 4 * chunk, n = 40 * chunk + 300;  // 10 blocks, then a short chunk
+  const at::Tensor x = at::randn({n}) * 1e-3;
+  const Uint8Code whole = quantize_uint8(x, chunk, /*group=*/n);
+
+  reset_peak_memory(cpu);
+  const int64_t before = peak_memory_bytes(cpu);
+  const Uint8Code code = quantize_uint8(x, chunk, group);
+  const int64_t results = n + 41 * kUint8Buckets * 4;  // codes and tables
+  const int64_t temporaries = peak_memory_bytes(cpu) - before - results;
+  EXPECT_LE(temporaries, uint8_workspace_bytes(n, chunk, group));
+  EXPECT_LT(uint8_workspace_bytes(n, chunk, group), 8 * n);  // less than one float64 copy of the whole
+  reset_peak_memory(cpu);
+  const at::Tensor decoded = dequantize_uint8(code, group);
+  EXPECT_LE(peak_memory_bytes(cpu) - before - results - 4 * n, uint8_workspace_bytes(n, chunk, group));
+
+  ASSERT_EQ(code.tables.sizes(), whole.tables.sizes());
+  // Blocks and one pass sum each chunk in their own order: a value on a bucket's edge may differ.
+  const int64_t differ = code.codes.ne(whole.codes).sum().item<int64_t>();
+  EXPECT_LE(differ, 5);
+  EXPECT_LE((code.codes.to(at::kInt) - whole.codes.to(at::kInt)).abs().max().item<int>(), 1);
+  if (differ == 0) EXPECT_TRUE(at::allclose(code.tables, whole.tables, 1e-6, 1e-12));
+  EXPECT_TRUE(at::allclose(decoded, dequantize_uint8(whole), 1e-5, 1e-6));
 }
 
 TEST(Compression, Bf16RoundTripIsWithinItsRelativePrecision) {

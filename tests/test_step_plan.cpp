@@ -131,7 +131,7 @@ TEST_P(StepPlanMatchesTheTrace, EveryLayoutAndOption) {
               if (l.diloco && step == 2) {  // DiLoCo's outer step: the exchange, then the norm
                 ASSERT_TRUE(plan.diloco.has_value());
                 for (const StepEvent& e : plan.diloco->exchanges.front()) planned.push_back(e);
-                planned.push_back(plan.diloco->norm);
+                planned.insert(planned.end(), plan.diloco->norm.begin(), plan.diloco->norm.end());
               }
               expect_same_events(lines(trace.events()), lines(planned), what + ", step " + std::to_string(step));
             }

@@ -223,7 +223,7 @@ def main():
             bytes_["diloco"] = {k: d[k] for k in ("replicate_bytes_per_period", "replicate_bytes_per_step")}
             # A step in which every fragment takes its outer step: the exchanges and the norm's sum.
             outer = {}
-            for e in [x for events in d["exchanges"] for x in events] + [d["norm"]]:
+            for e in [x for events in d["exchanges"] for x in events] + d["norm"]:
                 outer.setdefault(e["group"], {}).setdefault(e["kind"], 0)
                 outer[e["group"]][e["kind"]] += e["counted"]
             bytes_["diloco"]["outer_step"] = outer

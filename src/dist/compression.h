@@ -30,10 +30,17 @@ struct Uint8Code {
   int64_t chunk = 0;  // values per chunk (the last may hold fewer)
 };
 
+// Values worked on at once: the temporaries of a 7B model's fragment (hundreds of millions of
+// values a rank) stay within uint8_workspace_bytes, about 160 MiB.
+constexpr int64_t kUint8Group = int64_t{1} << 22;
+
 // `values`: any shape, read as a flat fp32 vector.
-Uint8Code quantize_uint8(const at::Tensor& values, int64_t chunk);
+Uint8Code quantize_uint8(const at::Tensor& values, int64_t chunk, int64_t group = kUint8Group);
 // fp32 [n], on the codes' device.
-at::Tensor dequantize_uint8(const Uint8Code& code);
+at::Tensor dequantize_uint8(const Uint8Code& code, int64_t group = kUint8Group);
+// The most bytes of temporaries quantize_uint8 and dequantize_uint8 hold beside their inputs and
+// results, for n values (the memory estimate's share of an outer step).
+int64_t uint8_workspace_bytes(int64_t n, int64_t chunk, int64_t group = kUint8Group);
 // What crosses the link for n values.
 int64_t compressed_bytes(Compression c, int64_t n, int64_t chunk);
 

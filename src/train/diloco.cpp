@@ -75,9 +75,9 @@ struct DiLoCo::Fragment {
 };
 
 DiLoCo::DiLoCo(const DilocoConfig& config, std::vector<ShardedParameter> params, int64_t n_layers,
-               Communicator& shard, Communicator* replicas)
+               Communicator& shard, Communicator* replicas, Communicator* tp)
     : config_(config), compression_(parse_compression(config.compression)), shard_(shard),
-      replicas_(replicas && replicas->size() > 1 ? replicas : nullptr) {
+      replicas_(replicas && replicas->size() > 1 ? replicas : nullptr), tp_(tp && tp->size() > 1 ? tp : nullptr) {
   for (int64_t f = 0; f < config.fragments; ++f)
     fragments_.push_back(std::make_unique<Fragment>(f, config.outer_lr, config.outer_momentum));
   for (ShardedParameter& p : params) {
@@ -204,7 +204,16 @@ std::optional<OuterSyncStats> DiLoCo::after_step(int64_t step, int64_t total_ste
   auto apply_and_count = [&](Fragment& f) {
     Phase phase("zb.outer_step", f.index);
     apply(f, stats);
-    const at::Tensor s = f.mean.square().sum().reshape({1});
+    // A tensor every rank of the TP group holds alike (norm weights, shared key/value heads)
+    // counts on its rank 0 only.
+    at::Tensor s;
+    const std::vector<at::Tensor> parts = f.split(f.mean);
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (tp_ && f.params[i].tp_shared && tp_->rank() != 0) continue;
+      const at::Tensor part = parts[i].square().sum().reshape({1});
+      s = s.defined() ? s + part : part;
+    }
+    if (!s.defined()) s = at::zeros({1}, f.mean.options());
     squares = squares.defined() ? squares + s : s;
     f.clear_exchange();
   };
@@ -223,8 +232,10 @@ std::optional<OuterSyncStats> DiLoCo::after_step(int64_t step, int64_t total_ste
     }
   if (!any) return std::nullopt;
   if (squares.defined()) {
-    // ‖Δ̄‖ over the model: the replicas hold the same Δ̄, the shard group the model's rows.
+    // ‖Δ̄‖ over the model: the replicas hold the same Δ̄, the shard group the model's rows, the
+    // TP group their slices.
     shard_.all_reduce_sum(squares).wait();
+    if (tp_) tp_->all_reduce_sum(squares).wait();
     stats.pseudo_gradient_norm = std::sqrt(squares.item<double>());
   }
   stats.outer_steps = outer_steps_;

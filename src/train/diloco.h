@@ -57,9 +57,10 @@ int64_t fragment_of(const std::string& name, int64_t n_layers, int64_t fragments
 class DiLoCo {
  public:
   // `params`: this rank's shards (the engine's parameters); `shard`: the replica's own group;
-  // `replicas`: this rank's replicate group (null for a single replica).
+  // `replicas`: this rank's replicate group (null for a single replica); `tp`: its tensor-parallel
+  // group (null without TP), whose ranks hold the other slices.
   DiLoCo(const DilocoConfig& config, std::vector<ShardedParameter> params, int64_t n_layers, Communicator& shard,
-         Communicator* replicas);
+         Communicator* replicas, Communicator* tp = nullptr);
   ~DiLoCo();
 
   // The outer copies take the inner values: the start of a run (or of new initial weights).
@@ -93,6 +94,7 @@ class DiLoCo {
   Compression compression_;
   Communicator& shard_;
   Communicator* replicas_;
+  Communicator* tp_;
   std::vector<std::unique_ptr<Fragment>> fragments_;
   int64_t outer_steps_ = 0;
 };

@@ -388,7 +388,8 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
   if (plan.diloco) {
     // After the step's gradients and the optimizer's temporaries are freed: a fragment's Δ as
     // tensors and flat, then what the exchange receives (the flat Δ itself for fp32; every
-    // replica's bf16 values or codes with their tables otherwise) and Δ̄.
+    // replica's bf16 values or codes with their tables otherwise) and Δ̄; uint8's codec works in
+    // blocks beside them.
     t.at("DiLoCo outer step");
     t.free("optimizer work", t.live("optimizer work"));
     t.free("gradient shards (fp32)", t.live("gradient shards (fp32)"));
@@ -396,7 +397,8 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
     const Compression compression = plan.diloco->compression;
     const int64_t received =
         compression == Compression::None ? 0 : plan.replicate * compressed_bytes(compression, n, kUint8Chunk);
-    t.alloc("DiLoCo outer step", 8 * n + received);
+    const int64_t codec = compression == Compression::UInt8 ? uint8_workspace_bytes(n, kUint8Chunk) : 0;
+    t.alloc("DiLoCo outer step", 8 * n + received + codec);
   }
 
   MemoryEstimate est;

@@ -375,9 +375,9 @@ StepPlan plan_step(const Config& c, int64_t world_size, int64_t rank, Parallelis
       }
       d.exchanges.push_back(std::move(events));
     }
-    std::vector<StepEvent> norm;
-    PlanWriter(norm).ring(CommKind::AllReduce, shard_group, S, 4, "DiLoCo: pseudo-gradient norm", "exposed");
-    d.norm = norm.front();
+    PlanWriter norm(d.norm);
+    norm.ring(CommKind::AllReduce, shard_group, S, 4, "DiLoCo: pseudo-gradient norm", "exposed");
+    if (tp > 1) norm.ring(CommKind::AllReduce, "tp", tp, 4, "DiLoCo: pseudo-gradient norm over the TP group", "exposed");
     p.diloco = std::move(d);
   }
   return p;
@@ -433,7 +433,7 @@ nlohmann::json plan_to_json(const StepPlan& p) {
               {"fragments", p.diloco->fragments},
               {"fragment_delay", p.diloco->fragment_delay},
               {"exchanges", exchanges},
-              {"norm", events({p.diloco->norm}).front()},
+              {"norm", events(p.diloco->norm)},
               {"replicate_bytes_per_period", period},
               {"replicate_bytes_per_step", static_cast<double>(period) / static_cast<double>(p.diloco->inner_steps)}};
   }

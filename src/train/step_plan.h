@@ -54,7 +54,7 @@ struct StepPlan {
     Compression compression = Compression::None;
     std::vector<int64_t> values;                     // this rank's values of each fragment
     std::vector<std::vector<StepEvent>> exchanges;  // per fragment
-    StepEvent norm;
+    std::vector<StepEvent> norm;                     // the outer steps' norm: shard group, then TP group
     // The exchanges' counted bytes over one period of inner_steps steps (every fragment once).
     int64_t replicate_bytes_per_period() const;
   };

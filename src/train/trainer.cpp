@@ -108,7 +108,7 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
 
   if (diloco)
     diloco_ = std::make_unique<DiLoCo>(config.diloco, parallel_->parameters(), model_->args().n_layers, *shard_comm,
-                                       replicate_comm_.get());
+                                       replicate_comm_.get(), tp_comm_.get());
 
   // Data: token shards, or ZeroBand's fake documents.
   const uint64_t seed = static_cast<uint64_t>(config.runtime.seed);

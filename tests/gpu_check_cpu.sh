@@ -4,7 +4,7 @@
 # runs from a scratch copy of the tree's layout (its scripts linked, no build/, no .gpukit/
 # unless a case makes one), with Debian's packages ignored (GPU_CHECK_SYSTEM_DEPS=0) and an
 # nvidia-smi that finds no GPU first on PATH.
-#   gpu_check_cpu.sh usage|cpu_only|no_kit|no_gpu|report TRAIN_FSDP CONFIG
+#   gpu_check_cpu.sh usage|cpu_only|no_kit|no_gpu|report|kit_tools TRAIN_FSDP CONFIG
 set -u
 what=$1 train=$2 config=$3
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -136,6 +136,36 @@ PY
   report 'r["presets"]["150M"]["predicted_peak_memory_bytes"] > 0 and r["presets"]["150M"]["peak_over_predicted"] > 0'
   grep -q "1B with the document mask / without: tokens/s x 0.970" "$tmp/report.out" || fail "mask ratio line"
   grep -q "cuda_tests: 1 passed, 1 failed, 1 skipped; failed: cuda.CudaNccl.CollectivesInAWorldOfOne" "$tmp/report.out" || fail "summary"
+  ;;
+kit_tools)
+  # scripts/gpu/gpu_kit.sh on a machine laid out as the lent ones may be: it finds the python that
+  # has torch (not a python3 without it), and refuses a CUDA toolkit of another major version than
+  # torch's before unpacking anything. Stand-ins: a python3 without torch, a "torch python" that
+  # answers the kit's two questions, an nvcc of CUDA 12.
+  ln -s "$src/scripts/gpu/gpu_kit.sh" "$root/scripts/gpu/"
+  kit=$root/scripts/gpu/gpu_kit.sh
+  printf '#!/bin/sh\nexit 1\n' >"$tmp/bin/python3"
+  mkdir -p "$tmp/torch/bin"
+  cat >"$tmp/torch/bin/python3" <<'SH'
+#!/bin/sh
+case "$*" in
+  *cmake_prefix_path*) echo /nonexistent ;;
+  *torch.version.cuda*) echo 13.0 ;;
+esac
+exit 0
+SH
+  printf '#!/bin/sh\necho "Cuda compilation tools, release 12.4, V12.4.131"\n' >"$tmp/bin/nvcc"
+  chmod +x "$tmp/bin/python3" "$tmp/torch/bin/python3" "$tmp/bin/nvcc"
+  export ZB_LENT_PYTHON=$tmp/no/python3
+  PYTHON= "$kit" python >"$tmp/py.out" 2>"$tmp/py.err" && fail "found a python with torch where there is none"
+  grep -q "no python with torch" "$tmp/py.err" || fail "no python: $(cat "$tmp/py.err")"
+  (cd "$tmp/torch" && PYTHON=bin/python3 "$kit" python) >"$tmp/py.out" 2>"$tmp/py.err" || fail "PYTHON not taken"
+  [ "$(cat "$tmp/py.out")" = "$tmp/torch/bin/python3" ] || fail "PYTHON as an absolute path: got $(cat "$tmp/py.out")"
+  mkdir -p "$root/.gpukit/debs"
+  PYTHON=$tmp/torch/bin/python3 "$kit" build >"$tmp/build.out" 2>"$tmp/build.err" && fail "built against another CUDA"
+  grep -q "nvcc is CUDA 12.4 but torch was built for CUDA 13.0" "$tmp/build.err" || fail "mismatch: $(cat "$tmp/build.err")"
+  [ -e "$root/.gpukit/root" ] && fail "unpacked the kit before refusing"
+  echo "kit: python found, CUDA 12 toolkit for a CUDA 13 torch refused"
   ;;
 *)
   echo "unknown case $what"; exit 2 ;;

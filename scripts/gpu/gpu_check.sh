@@ -31,7 +31,7 @@
 # zeroband), GPU_CHECK_BUDGET_S, GPU_CHECK_COMMIT (the
 # commit to report where the tree has no .git), GPU_CHECK_SYSTEM_DEPS=0 (ignore Debian packages
 # installed here: only the kit or ZB_SKIP_BUILD builds), PYTHON (torch's, for the benchmark's
-# peer; default .venv/bin/python, else python3), JOBS.
+# peer; default .venv/bin/python, else the python with torch that `gpu_kit.sh python` finds), JOBS.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
@@ -152,7 +152,16 @@ step() {
 }
 wanted() { [[ "$selected" == *" $1 "* ]]; }
 
-python=${PYTHON:-$([ -x "$ROOT/.venv/bin/python" ] && echo "$ROOT/.venv/bin/python" || echo python3)}
+python=${PYTHON:-$([ -x "$ROOT/.venv/bin/python" ] && echo "$ROOT/.venv/bin/python" ||
+                  "$ROOT/scripts/gpu/gpu_kit.sh" python 2>>"$log" || echo python3)}
+say "python: $python"
+# torch.compile's Triton builds its launchers against Python's headers: without them the peers
+# run eager only (the report's bench then has no compiled rows).
+peer_compile=1
+if ! "$python" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null; then
+  peer_compile=0
+  say "   no Python.h for $python: the benchmark's peers run eager only"
+fi
 case $build_how in
   kit) step build 360 env JOBS="${JOBS:-$(nproc)}" "$ROOT/scripts/gpu/gpu_kit.sh" build ;;
   system) step build 360 env JOBS="${JOBS:-$(nproc)}" "$ROOT/scripts/build.sh" ;;
@@ -193,7 +202,7 @@ if wanted bench; then
   # The peer with ZeroBand's own Muon only (GPU_CHECK_PEERS="zeroband torch" adds torch.optim.Muon's,
   # if the budget allows: each peer runs eager and compiled). The peers' flex attention compiles
   # without max-autotune (ZeroBand's PRIME_DEBUG): its search could take minutes of the budget.
-  step bench 270 env OUT="$work/bench" PYTHON="$python" PEER_COMPILE=1 ZB_SKIP_BUILD=1 PEERS="${GPU_CHECK_PEERS:-zeroband}" \
+  step bench 270 env OUT="$work/bench" PYTHON="$python" PEER_COMPILE=$peer_compile ZB_SKIP_BUILD=1 PEERS="${GPU_CHECK_PEERS:-zeroband}" \
     PRIME_DEBUG="${PRIME_DEBUG-1}" \
     scripts/perf/bench.sh "${bench_args[@]}"
   for f in "$work"/bench/*.log; do  # each side's own output, which bench.sh keeps apart

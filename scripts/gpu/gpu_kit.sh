@@ -7,6 +7,12 @@
 #   scripts/gpu/gpu_kit.sh build    # there: unpack them into .gpukit/root (the wheel into
 #                               # .gpukit/pylib, for PYTHONPATH) and build into build/
 #                               # (the tests' reference python: that machine's python3)
+#   scripts/gpu/gpu_kit.sh python   # the python that has torch: $PYTHON, else python3, else the
+#                               # lent machines' /opt/torch/.venv/bin/python3 (exit 1 if none)
+#
+# build puts that python's folder first on PATH (the pip-installed cmake and ninja live there)
+# and stops, naming both, where nvcc's CUDA major version is not torch's: our kernel would load a
+# second CUDA runtime beside LibTorch's.
 #
 # .gpukit/ is ignored by git: name it in the device tool's `carry`. Programs built there need
 #   export LD_LIBRARY_PATH=$PWD/.gpukit/root/usr/lib/x86_64-linux-gnu
@@ -20,7 +26,23 @@ KIT=$ROOT/.gpukit
 PACKAGES=(libtomlplusplus-dev libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 libcxxopts-dev
           nlohmann-json3-dev libgtest-dev libgmock-dev googletest libgloo-dev)
 
+# A python that imports torch: the one named, python3, or the lent machines' own.
+torch_python() {
+  local candidate
+  local lent=${ZB_LENT_PYTHON:-/opt/torch/.venv/bin/python3}  # where the lent machines keep it
+  for candidate in ${PYTHON:-} python3 "$lent"; do
+    candidate=$(command -v "$candidate" 2>/dev/null) || continue
+    [ "${candidate#/}" = "$candidate" ] && candidate=$PWD/$candidate  # absolute, links kept (a venv's)
+    "$candidate" -c 'import torch' 2>/dev/null && { echo "$candidate"; return 0; }
+  done
+  echo "$0: no python with torch (tried ${PYTHON:+\$PYTHON=$PYTHON, }python3, $lent); set PYTHON" >&2
+  return 1
+}
+
 case ${1:-} in
+python)
+  torch_python
+  ;;
 fetch)
   rm -rf "$KIT/debs" && mkdir -p "$KIT/debs"
   (cd "$KIT/debs" && apt-get download "${PACKAGES[@]}")
@@ -31,12 +53,21 @@ fetch)
   du -sh "$KIT/debs" "$KIT/wheels"
   ;;
 build)
+  python=$(torch_python)
+  export PATH=$(dirname "$python"):$PATH
+  torch_cmake=$("$python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+  torch_cuda=$("$python" -c 'import torch; print(torch.version.cuda or "")')
+  nvcc_cuda=$( (nvcc --version 2>/dev/null || "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" --version 2>/dev/null) |
+               sed -n 's/.*release \([0-9][0-9.]*\).*/\1/p')
+  echo "python $python (torch CUDA ${torch_cuda:-none}), nvcc CUDA ${nvcc_cuda:-not found}, $(command -v cmake), $(command -v ninja)"
+  if [ -n "$torch_cuda" ] && [ -n "$nvcc_cuda" ] && [ "${torch_cuda%%.*}" != "${nvcc_cuda%%.*}" ]; then
+    echo "$0: nvcc is CUDA $nvcc_cuda but torch was built for CUDA $torch_cuda: point CUDA_HOME/PATH at a CUDA ${torch_cuda%%.*} toolkit" >&2
+    exit 1
+  fi
   rm -rf "$KIT/root" && mkdir -p "$KIT/root"
   for deb in "$KIT"/debs/*.deb; do dpkg -x "$deb" "$KIT/root"; done
   rm -rf "$KIT/pylib" && mkdir -p "$KIT/pylib"
-  for wheel in "$KIT"/wheels/*.whl; do [ -f "$wheel" ] && python3 -m zipfile -e "$wheel" "$KIT/pylib"; done
-  python=$(command -v "${PYTHON:-python3}")
-  torch_cmake=$("$python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+  for wheel in "$KIT"/wheels/*.whl; do [ -f "$wheel" ] && "$python" -m zipfile -e "$wheel" "$KIT/pylib"; done
   usr=$KIT/root/usr
   # The test programs run at build time (gtest discovery) and load spdlog and fmt from the kit.
   export LD_LIBRARY_PATH=$usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -48,7 +79,7 @@ build)
   cmake --build "$ROOT/build" -j "${JOBS:-$(nproc)}"
   ;;
 *)
-  echo "usage: $0 fetch|build" >&2
+  echo "usage: $0 fetch|build|python" >&2
   exit 2
   ;;
 esac

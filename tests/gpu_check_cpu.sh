@@ -120,6 +120,14 @@ for name, scale in (("1B", 0.97), ("1B_causal", 1.0), ("1B_causal_auto", 1.1)):
             f.write(json.dumps(r) + "\n")
 PY
   echo '{"results": {}, "ratios": {"zeroband-cpp / pytorch-eager": {"tokens_per_second": 1.25}}}' >"$work/bench/bench.json"
+  # The profiled 1B steps' summary as train_fsdp writes it on a GPU (its timeline figures).
+  mkdir -p "$work/profile_1B/iteration_8"
+  cat >"$work/profile_1B/iteration_8/rank0_summary.json" <<'JSON'
+{"first_step": 7, "last_step": 8, "seconds_per_step": 2.0, "ops_per_step": 90000, "kernels_per_step": 20000,
+ "exposed_comm_seconds_per_step": 0.01, "gpu_busy_seconds_per_step": 1.8, "gpu_compute_seconds_per_step": 1.7,
+ "gpu_nccl_seconds_per_step": 0.3, "phases": [{"name": "zb.backward", "seconds_per_step": 1.2, "count_per_step": 8}],
+ "device_phases": [], "top_ops": []}
+JSON
   python3 "$src/scripts/gpu/gpu_check_report.py" --work "$work" --out "$tmp/out/gpu_check.json" \
     --set mode=gpu result=failed gpu="NVIDIA H100 80GB HBM3, 81559 MiB, 570.1" commit=0123456 cpus=16 >"$tmp/report.out" \
     || fail "gpu_check_report.py: $(cat "$tmp/report.out")"
@@ -135,6 +143,9 @@ PY
   report 'r["presets"]["150M"]["attention_kernel"] in ("flash_attention", "math")'
   report 'r["presets"]["150M"]["predicted_peak_memory_bytes"] > 0 and r["presets"]["150M"]["peak_over_predicted"] > 0'
   grep -q "1B with the document mask / without: tokens/s x 0.970" "$tmp/report.out" || fail "mask ratio line"
+  report 'r["profile_1B"]["gpu_busy_seconds_per_step"] == 1.8'
+  grep -q "1B profiled GPU: busy 1.800 s/step (90.0%), compute kernels 1.700, NCCL 0.300 of which 0.100 exposed" \
+    "$tmp/report.out" || fail "profile line"
   grep -q "cuda_tests: 1 passed, 1 failed, 1 skipped; failed: cuda.CudaNccl.CollectivesInAWorldOfOne" "$tmp/report.out" || fail "summary"
   ;;
 kit_tools)

@@ -3,6 +3,7 @@
 
 #include "model/model_args.h"
 #include "train/metrics.h"
+#include "train/profiler.h"
 #include "util/device.h"
 
 #include <c10/core/Device.h>
@@ -66,4 +67,53 @@ TEST(StepClock, MarksAreReadOnlyAfterTheHostSynchronised) {
   EXPECT_GE(clock.seconds(a, c), clock.seconds(a, b));
   clock.clear();
   EXPECT_EQ(clock.marks(), 0);
+}
+
+// The profile's summary from events laid out by hand as a GPU trace would have them (two steps
+// of 1 s): the GPU's busy time is the union of its kernels, compute and NCCL apart, so a
+// collective beside compute is hidden and one alone is exposed; phases on the host and the GPU
+// are summed by name without their detail.
+TEST(Profile, SummaryReadsTheGpuTimelineFromItsKernels) {
+  using Kind = ProfileEvent::Kind;
+  const uint64_t ms = 1000000;
+  std::vector<ProfileEvent> events;
+  for (uint64_t step = 0; step < 2; ++step) {
+    const uint64_t t = step * 1000 * ms;
+    events.push_back({Kind::Phase, "zb.forward", t, t + 300 * ms});
+    events.push_back({Kind::Phase, "zb.fsdp.all_gather layers.0", t, t + 10 * ms});
+    events.push_back({Kind::Phase, "zb.fsdp.all_gather layers.1", t + 10 * ms, t + 30 * ms});
+    events.push_back({Kind::Operator, "aten::mm", t + 50 * ms, t + 51 * ms});
+    events.push_back({Kind::Operator, "aten::mm", t + 60 * ms, t + 61 * ms});
+    events.push_back({Kind::DevicePhase, "zb.forward", t + 5 * ms, t + 505 * ms});
+    // Compute 100-400 and 350-600 (overlapping streams: 500 ms covered), NCCL 550-650 (50 ms
+    // beside compute, 50 exposed) and 800-850 (exposed): busy 100-650 and 800-850, 600 ms.
+    events.push_back({Kind::Kernel, "sm90_xmma_gemm_bf16", t + 100 * ms, t + 400 * ms});
+    events.push_back({Kind::Kernel, "flash_fwd_kernel", t + 350 * ms, t + 600 * ms});
+    events.push_back({Kind::Kernel, "ncclDevKernel_AllGather_RING_LL", t + 550 * ms, t + 650 * ms});
+    events.push_back({Kind::Kernel, "ncclDevKernel_ReduceScatter_Sum_f32", t + 800 * ms, t + 850 * ms});
+  }
+  const ProfileSummary s = summarize_events(events, 7, 8, 2.0);
+  EXPECT_DOUBLE_EQ(s.seconds_per_step, 1.0);
+  EXPECT_EQ(s.kernels_per_step, 4);
+  EXPECT_EQ(s.ops_per_step, 2);
+  EXPECT_NEAR(s.gpu_busy_seconds_per_step, 0.600, 1e-12);
+  EXPECT_NEAR(s.gpu_compute_seconds_per_step, 0.500, 1e-12);
+  EXPECT_NEAR(s.gpu_nccl_seconds_per_step, 0.150, 1e-12);
+  ASSERT_EQ(s.phases.size(), 2u);
+  EXPECT_EQ(s.phases[0].name, "zb.forward");
+  EXPECT_EQ(s.phases[1].name, "zb.fsdp.all_gather");
+  EXPECT_NEAR(s.phases[1].seconds_per_step, 0.030, 1e-12);
+  EXPECT_DOUBLE_EQ(s.phases[1].count_per_step, 2);
+  ASSERT_EQ(s.device_phases.size(), 1u);
+  EXPECT_NEAR(s.device_phases[0].seconds_per_step, 0.500, 1e-12);
+  ASSERT_EQ(s.top_ops.size(), 1u);
+  EXPECT_NEAR(s.top_ops[0].seconds_per_step, 0.002, 1e-12);
+  const std::vector<std::string> lines = s.describe("traces");
+  ASSERT_GE(lines.size(), 4u);
+  EXPECT_NE(lines[1].find("busy 0.6000 of 1.0000 (60.0%), compute kernels 0.5000, NCCL kernels 0.1500 of which 0.1000 "
+                          "exposed (no compute beside them), idle 0.4000"),
+            std::string::npos)
+      << lines[1];
+  EXPECT_NE(lines[2].find("phases on the host (s/step): zb.forward 0.3000"), std::string::npos) << lines[2];
+  EXPECT_NE(lines[3].find("phases on the GPU (s/step): zb.forward 0.5000"), std::string::npos) << lines[3];
 }

@@ -166,6 +166,10 @@ def main():
         top = ", ".join(f"{x['name']} {x['seconds_per_step']:.3f}" for x in p["phases"][:6])
         print(f"  1B profiled: {p['seconds_per_step']:.3f} s/step, {p['ops_per_step']:,} operators and "
               f"{p['kernels_per_step']:,} kernels per step; phases (s/step) {top}")
+        if p.get("gpu_busy_seconds_per_step"):
+            busy, compute = p["gpu_busy_seconds_per_step"], p["gpu_compute_seconds_per_step"]
+            print(f"  1B profiled GPU: busy {busy:.3f} s/step ({100 * busy / p['seconds_per_step']:.1f}%), compute "
+                  f"kernels {compute:.3f}, NCCL {p['gpu_nccl_seconds_per_step']:.3f} of which {busy - compute:.3f} exposed")
     if report["bench"]:
         for pair, r in report["bench"].get("ratios", {}).items():
             print(f"  bench {pair}: tokens/s x {r.get('tokens_per_second', float('nan')):.2f}")

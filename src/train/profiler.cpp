@@ -9,6 +9,7 @@
 #include <chrono>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include "util/device.h"
 #include "util/fs.h"
@@ -25,12 +26,30 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-constexpr uint8_t kCpuOp = 0, kKernel = 5;  // Kineto's ActivityType: CPU_OP, CONCURRENT_KERNEL
+// Kineto's ActivityType: CPU_OP, GPU_USER_ANNOTATION, CONCURRENT_KERNEL.
+constexpr uint8_t kCpuOp = 0, kGpuUserAnnotation = 2, kKernel = 5;
+
+// The time covered by the union of intervals [start, end), in seconds (sorts them).
+double covered_seconds(std::vector<std::pair<uint64_t, uint64_t>>& spans) {
+  std::sort(spans.begin(), spans.end());
+  uint64_t covered = 0, reach = 0;
+  for (const auto& [start, end] : spans) {
+    const uint64_t from = std::max(start, reach);
+    if (end > from) covered += end - from;
+    reach = std::max(reach, end);
+  }
+  return static_cast<double>(covered) * 1e-9;
+}
+
+// "zb.fsdp.unshard layers.3" -> "zb.fsdp.unshard": a phase without its detail.
+std::string phase_name(const std::string& name) { return name.substr(0, name.find(' ')); }
+
+bool is_nccl(const std::string& kernel) { return kernel.rfind("nccl", 0) == 0; }
 
 }  // namespace
 
-ProfileSummary summarize_profile(const prof::ProfilerResult& result, int64_t first_step, int64_t last_step,
-                                 double wall_seconds) {
+ProfileSummary summarize_events(const std::vector<ProfileEvent>& events, int64_t first_step, int64_t last_step,
+                                double wall_seconds) {
   ProfileSummary s;
   s.first_step = first_step;
   s.last_step = last_step;
@@ -40,41 +59,75 @@ ProfileSummary summarize_profile(const prof::ProfilerResult& result, int64_t fir
     double seconds = 0;
     int64_t count = 0;
   };
-  std::map<std::string, Sum> phases, ops;
+  std::map<std::string, Sum> phases, device_phases, ops;
+  std::vector<std::pair<uint64_t, uint64_t>> all, compute, nccl;  // kernels' spans
   int64_t n_ops = 0, n_kernels = 0;
-  for (const prof::KinetoEvent& e : result.events()) {
-    const double seconds = static_cast<double>(e.durationNs()) * 1e-9;
-    if (e.activityType() == kKernel) {
-      ++n_kernels;
-    } else if (e.scope() == static_cast<uint8_t>(at::RecordScope::USER_SCOPE)) {
-      std::string name = e.name();
-      name = name.substr(0, name.find(' '));  // "zb.fsdp.unshard layers.3" -> "zb.fsdp.unshard"
-      phases[name].seconds += seconds;
-      ++phases[name].count;
-    } else if (e.activityType() == kCpuOp && e.scope() == static_cast<uint8_t>(at::RecordScope::FUNCTION)) {
-      ++n_ops;
-      ops[e.name()].seconds += seconds;
-      ++ops[e.name()].count;
+  for (const ProfileEvent& e : events) {
+    const double seconds = static_cast<double>(e.end_ns - e.start_ns) * 1e-9;
+    Sum* sum = nullptr;
+    switch (e.kind) {
+      case ProfileEvent::Kind::Kernel:
+        ++n_kernels;
+        all.emplace_back(e.start_ns, e.end_ns);
+        (is_nccl(e.name) ? nccl : compute).emplace_back(e.start_ns, e.end_ns);
+        break;
+      case ProfileEvent::Kind::Phase: sum = &phases[phase_name(e.name)]; break;
+      case ProfileEvent::Kind::DevicePhase: sum = &device_phases[phase_name(e.name)]; break;
+      case ProfileEvent::Kind::Operator:
+        ++n_ops;
+        sum = &ops[e.name];
+        break;
+    }
+    if (sum) {
+      sum->seconds += seconds;
+      ++sum->count;
     }
   }
+  const auto longest_first = [](const auto& a, const auto& b) { return a.seconds_per_step > b.seconds_per_step; };
   for (const auto& [name, sum] : phases) s.phases.push_back({name, sum.seconds / steps, sum.count / steps});
+  std::sort(s.phases.begin(), s.phases.end(), longest_first);
+  for (const auto& [name, sum] : device_phases) s.device_phases.push_back({name, sum.seconds / steps, sum.count / steps});
+  std::sort(s.device_phases.begin(), s.device_phases.end(), longest_first);
   if (const auto wait = phases.find("zb.wait"); wait != phases.end()) s.exposed_comm_seconds_per_step = wait->second.seconds / steps;
-  std::sort(s.phases.begin(), s.phases.end(), [](const auto& a, const auto& b) { return a.seconds_per_step > b.seconds_per_step; });
   for (const auto& [name, sum] : ops) s.top_ops.push_back({name, sum.seconds / steps, sum.count / steps});
-  std::sort(s.top_ops.begin(), s.top_ops.end(), [](const auto& a, const auto& b) { return a.seconds_per_step > b.seconds_per_step; });
+  std::sort(s.top_ops.begin(), s.top_ops.end(), longest_first);
   if (s.top_ops.size() > 15) s.top_ops.resize(15);
   s.ops_per_step = static_cast<int64_t>(static_cast<double>(n_ops) / steps + 0.5);
   s.kernels_per_step = static_cast<int64_t>(static_cast<double>(n_kernels) / steps + 0.5);
+  s.gpu_busy_seconds_per_step = covered_seconds(all) / steps;
+  s.gpu_compute_seconds_per_step = covered_seconds(compute) / steps;
+  s.gpu_nccl_seconds_per_step = covered_seconds(nccl) / steps;
   return s;
+}
+
+ProfileSummary summarize_profile(const prof::ProfilerResult& result, int64_t first_step, int64_t last_step,
+                                 double wall_seconds) {
+  std::vector<ProfileEvent> events;
+  for (const prof::KinetoEvent& e : result.events()) {
+    using Kind = ProfileEvent::Kind;
+    std::optional<Kind> kind;
+    if (e.activityType() == kKernel) kind = Kind::Kernel;
+    else if (e.activityType() == kGpuUserAnnotation) kind = Kind::DevicePhase;
+    else if (e.scope() == static_cast<uint8_t>(at::RecordScope::USER_SCOPE)) kind = Kind::Phase;
+    else if (e.activityType() == kCpuOp && e.scope() == static_cast<uint8_t>(at::RecordScope::FUNCTION)) kind = Kind::Operator;
+    if (kind) events.push_back({*kind, e.name(), e.startNs(), e.startNs() + e.durationNs()});
+  }
+  return summarize_events(events, first_step, last_step, wall_seconds);
 }
 
 std::string ProfileSummary::to_json() const {
   nlohmann::json j = {{"first_step", first_step}, {"last_step", last_step}, {"seconds_per_step", seconds_per_step},
                       {"ops_per_step", ops_per_step}, {"kernels_per_step", kernels_per_step},
-                      {"exposed_comm_seconds_per_step", exposed_comm_seconds_per_step}};
+                      {"exposed_comm_seconds_per_step", exposed_comm_seconds_per_step},
+                      {"gpu_busy_seconds_per_step", gpu_busy_seconds_per_step},
+                      {"gpu_compute_seconds_per_step", gpu_compute_seconds_per_step},
+                      {"gpu_nccl_seconds_per_step", gpu_nccl_seconds_per_step}};
   j["phases"] = nlohmann::json::array();
   for (const auto& p : phases)
     j["phases"].push_back({{"name", p.name}, {"seconds_per_step", p.seconds_per_step}, {"count_per_step", p.count_per_step}});
+  j["device_phases"] = nlohmann::json::array();
+  for (const auto& p : device_phases)
+    j["device_phases"].push_back({{"name", p.name}, {"seconds_per_step", p.seconds_per_step}, {"count_per_step", p.count_per_step}});
   j["top_ops"] = nlohmann::json::array();
   for (const auto& o : top_ops)
     j["top_ops"].push_back({{"name", o.name}, {"seconds_per_step", o.seconds_per_step}, {"count_per_step", o.count_per_step}});
@@ -87,11 +140,23 @@ std::vector<std::string> ProfileSummary::describe(const std::string& folder) con
            "step%s; traces in %s/iteration_%ld",
            first_step, last_step, seconds_per_step, exposed_comm_seconds_per_step, ops_per_step,
            kernels_per_step > 0 ? strf(", %ld GPU kernels", kernels_per_step).c_str() : "", folder.c_str(), last_step)};
-  std::string line = "  phases (s/step):";
-  for (size_t i = 0; i < phases.size() && i < 12; ++i)
-    line += strf(" %s %.4f%s", phases[i].name.c_str(), phases[i].seconds_per_step, i + 1 < phases.size() && i < 11 ? "," : "");
-  lines.push_back(line);
-  line = "  longest operators (s/step):";
+  if (kernels_per_step > 0)
+    lines.push_back(strf("  GPU (s/step): busy %.4f of %.4f (%.1f%%), compute kernels %.4f, NCCL kernels %.4f of which "
+                         "%.4f exposed (no compute beside them), idle %.4f",
+                         gpu_busy_seconds_per_step, seconds_per_step,
+                         seconds_per_step > 0 ? 100 * gpu_busy_seconds_per_step / seconds_per_step : 0.0,
+                         gpu_compute_seconds_per_step, gpu_nccl_seconds_per_step,
+                         gpu_busy_seconds_per_step - gpu_compute_seconds_per_step,
+                         std::max(0.0, seconds_per_step - gpu_busy_seconds_per_step)));
+  const auto phase_line = [&](const char* title, const std::vector<Phase>& list) {
+    std::string line = title;
+    for (size_t i = 0; i < list.size() && i < 12; ++i)
+      line += strf(" %s %.4f%s", list[i].name.c_str(), list[i].seconds_per_step, i + 1 < list.size() && i < 11 ? "," : "");
+    lines.push_back(line);
+  };
+  phase_line(kernels_per_step > 0 ? "  phases on the host (s/step):" : "  phases (s/step):", phases);
+  if (!device_phases.empty()) phase_line("  phases on the GPU (s/step):", device_phases);
+  std::string line = "  longest operators (s/step):";
   for (size_t i = 0; i < top_ops.size() && i < 6; ++i)
     line += strf(" %s %.4f (x%.0f)%s", top_ops[i].name.c_str(), top_ops[i].seconds_per_step, top_ops[i].count_per_step,
                  i + 1 < top_ops.size() && i < 5 ? "," : "");

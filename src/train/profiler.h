@@ -41,6 +41,14 @@ struct ProfileSummary {
   double exposed_comm_seconds_per_step = 0;
   int64_t ops_per_step = 0;      // ATen operators dispatched (nested ones too), per step
   int64_t kernels_per_step = 0;  // GPU kernels launched, per step (0 on CPU)
+  // The GPU's timeline (0 on CPU), seconds per step: when any kernel ran, when a compute (not
+  // NCCL) kernel ran, when an NCCL kernel ran. busy - compute is communication no compute hid
+  // (the GPU's exposed communication); seconds_per_step - busy is the GPU idle (waiting for the
+  // host's launches, or for the host itself).
+  double gpu_busy_seconds_per_step = 0, gpu_compute_seconds_per_step = 0, gpu_nccl_seconds_per_step = 0;
+  // The named phases as the GPU ran them, where the profiler reports them there (Kineto's GPU
+  // user annotations: from the phase's first kernel to its last), longest first.
+  std::vector<Phase> device_phases;
   struct Op {
     std::string name;
     double seconds_per_step = 0;  // inclusive of the operators it calls
@@ -52,7 +60,16 @@ struct ProfileSummary {
   std::vector<std::string> describe(const std::string& folder) const;
 };
 
-// Reads the recorded events of a window of `steps` steps.
+// What the summary reads of one recorded event.
+struct ProfileEvent {
+  enum class Kind { Operator, Phase, Kernel, DevicePhase } kind;
+  std::string name;
+  uint64_t start_ns = 0, end_ns = 0;
+};
+// The summary of a window of steps first_step..last_step that took wall_seconds.
+ProfileSummary summarize_events(const std::vector<ProfileEvent>& events, int64_t first_step, int64_t last_step,
+                                double wall_seconds);
+// The same from the profiler's recorded events.
 ProfileSummary summarize_profile(const torch::autograd::profiler::ProfilerResult& result, int64_t first_step,
                                  int64_t last_step, double wall_seconds);
 

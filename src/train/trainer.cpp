@@ -117,9 +117,11 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
   documents_ = sources.documents;
   flash_documents_ = varlen_flash_supported(device, compute_dtype_, model_->args().head_dim());
   use_sdpa_backend(config.runtime.sdpa_backend);
+  // Asked for this rank's heads: under TP each rank attends with its share of them.
   const ModelArgs& shape = model_->args();
-  attention_kernel_ = zb::attention_kernel(device, compute_dtype_, config.data.seq_length, shape.n_heads,
-                                       shape.n_kv_heads, shape.head_dim(), documents_.has_value(), flash_documents_);
+  const TpShare heads = tp_share(shape, tp_comm_ ? tp_comm_->size() : 1);
+  attention_kernel_ = zb::attention_kernel(device, compute_dtype_, config.data.seq_length, heads.heads,
+                                           heads.kv_heads, shape.head_dim(), documents_.has_value(), flash_documents_);
   data_ = std::make_unique<DataLoader>(sources.train, seed, config.data.shuffle && !config.data.fake,
                                        config.optim.batch_size, config.train.micro_bs, data_rank_, data_ranks_);
   if (documents_) data_->set_documents(*documents_);

@@ -33,6 +33,13 @@ assert len(kernels) == 1 and kernels <= {"flash_attention", "math"}, f"attention
 PY
 }
 
+# past_start_up LOG: waits until rank 0 has logged step 2, both ranks past their start-up (which a
+# busy machine can stretch to tens of seconds), or fails.
+past_start_up() {
+  for _ in $(seq 600); do grep -q "step 2/" "$1" && return 0; sleep 0.2; done
+  cat "$1"; echo "FAIL: rank 0 never reached step 2"; exit 1
+}
+
 case $what in
 hsdp_torchrun)
   # train_hsdp on two "nodes" of two ranks: two torchrun agents on loopback, started as two
@@ -156,7 +163,7 @@ killed_rank)
   pid0=$!
   RANK=1 LOCAL_RANK=1 "$train" "${common[@]}" --optim.total_steps 100000 --runtime.timeout_s 30 >"$log1" 2>&1 &
   pid1=$!
-  for _ in $(seq 100); do grep -q "step 2/" "$log0" && break; sleep 0.2; done
+  past_start_up "$log0"
   kill -9 $pid1
   start=$(date +%s)
   wait $pid0; rc=$?
@@ -178,7 +185,7 @@ hung_rank)
   pid0=$!
   RANK=1 LOCAL_RANK=1 "$train" "${common[@]}" --optim.total_steps 100000 --runtime.timeout_s 8 >"$log1" 2>&1 &
   pid1=$!
-  for _ in $(seq 100); do grep -q "step 2/" "$log0" && break; sleep 0.2; done
+  past_start_up "$log0"
   kill -STOP $pid1
   start=$(date +%s)
   wait $pid0; rc0=$?

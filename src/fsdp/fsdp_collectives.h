@@ -13,12 +13,11 @@
 namespace zb {
 
 // A unit's all-gather: its parameters' shards cast into one zero-padded block (`offsets`: each
-// parameter's place in the block), and the gathered blocks copied out into every parameter's
-// unsharded storage.
+// parameter's place in the block, its padded block after the one before), and the gathered
+// blocks copied out into every parameter's unsharded storage.
 at::Tensor all_gather_input(const std::vector<FSDPParam*>& params, const std::vector<int64_t>& offsets,
                             int64_t block_numel);
-void all_gather_copy_out(const std::vector<FSDPParam*>& params, const std::vector<int64_t>& offsets,
-                         const at::Tensor& gathered, int64_t world_size);
+void all_gather_copy_out(const std::vector<FSDPParam*>& params, const at::Tensor& gathered, int64_t world_size);
 
 // A unit's reduce-scatter: the full fp32 gradients written into the rank-major layout, each
 // divided by the number of ranks that contribute, W x `replicas` (every rank's loss is a mean over

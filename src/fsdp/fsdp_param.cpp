@@ -18,7 +18,7 @@ FSDPParam::FSDPParam(std::string name_, at::Tensor* slot_, const at::Tensor& ful
   at::NoGradGuard no_grad;
   sharded = full.detach().narrow(0, first_row(), local_rows()).to(at::kFloat).clone();
   sharded.requires_grad_(true);
-  unsharded_nbytes_ = static_cast<size_t>(full.numel()) * c10::elementSize(compute_dtype);
+  unsharded_nbytes_ = static_cast<size_t>(world_size * shard.block_numel()) * c10::elementSize(compute_dtype);
   storage_ = c10::Storage(c10::Storage::use_byte_size_t(), 0,
                           c10::GetAllocator(full.device().type()), /*resizable=*/true);
 }
@@ -42,6 +42,11 @@ at::Tensor FSDPParam::unsharded_view() const {
   for (int64_t d = static_cast<int64_t>(full_shape.size()) - 2; d >= 0; --d)
     strides[d] = strides[d + 1] * full_shape[d + 1];
   return t.set_(storage_, 0, full_shape, strides);
+}
+
+at::Tensor FSDPParam::padded_blocks() const {
+  at::Tensor t = at::empty({0}, at::TensorOptions().dtype(compute_dtype_).device(sharded.device()));
+  return t.set_(storage_, 0, {shard.world_size, shard.block_numel()}, {shard.block_numel(), 1});
 }
 
 }  // namespace zb

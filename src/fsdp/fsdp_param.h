@@ -31,15 +31,20 @@ class FSDPParam {
   // this rank's rows of the gradient of the mean loss over all ranks.
   at::Tensor sharded;
 
-  // Unsharded storage (compute dtype, rows * row_numel elements). Allocated while the unit is
+  // Unsharded storage (compute dtype): every rank's padded block of rows in rank order, as the
+  // all-gather delivers them, so one split-copy per unit fills every parameter's storage (the
+  // padding, under a row per rank, follows the last row). Allocated while the unit is
   // unsharded, zero bytes otherwise; the tensors autograd saved in forward alias it, which is
   // why it is refilled in place for backward rather than replaced.
   bool unsharded_allocated() const { return storage_.nbytes() > 0; }
   void allocate_unsharded();
   void free_unsharded();
-  // A fresh tensor over the unsharded storage (its own version counter, so refilling the
-  // storage for backward does not trip autograd's in-place checks).
+  // A fresh tensor over the unsharded storage's real rows, in the parameter's shape (its own
+  // version counter, so refilling the storage for backward does not trip autograd's in-place
+  // checks).
   at::Tensor unsharded_view() const;
+  // The whole storage as [world_size, block_numel]: rank r's padded block is row r.
+  at::Tensor padded_blocks() const;
 
   at::ScalarType compute_dtype() const { return compute_dtype_; }
 

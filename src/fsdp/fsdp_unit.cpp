@@ -1,6 +1,7 @@
 #include "fsdp/fsdp_unit.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/_foreach_copy.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros_like.h>
 
@@ -151,13 +152,16 @@ void FSDPUnit::wait_unshard() {
   if (state_ == State::Sharded) issue_unshard();
   gather_.wait();
   if (comm_.size() > 1) {
-    all_gather_copy_out(params_, offsets_, gather_out_, comm_.size());
+    all_gather_copy_out(params_, gather_out_, comm_.size());
   } else {
     at::NoGradGuard no_grad;
+    std::vector<at::Tensor> into, from;
     for (FSDPParam* p : params_) {
       p->allocate_unsharded();
-      p->unsharded_view().copy_(p->sharded.detach().view(p->full_shape));  // fp32 -> compute dtype
+      into.push_back(p->padded_blocks());  // one rank: its rows are the whole, unpadded
+      from.push_back(p->sharded.detach().view({1, -1}));
     }
+    at::_foreach_copy_(into, from);  // fp32 -> compute dtype, in one launch where CUDA can
   }
   gather_in_ = at::Tensor();
   gather_out_ = at::Tensor();

@@ -54,6 +54,7 @@ class Timeline {
 // One sharding unit (a block, or the root: embedding, final norm, head) as rank 0 holds it.
 struct UnitSizes {
   int64_t full = 0;    // elements of all its parameters
+  int64_t gathered = 0;  // elements of their unsharded storage: every rank's padded block
   int64_t block = 0;   // elements rank 0 puts into a collective (its rows, padded)
   int64_t local = 0;   // elements of rank 0's shards
   int64_t hidden_local = 0;  // of those, in Muon's matrices
@@ -102,6 +103,7 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
     UnitSizes& u = p.layer >= 0 ? units[p.layer] : units[L];
     const RowShard s = RowShard::of(p.shape, W);
     u.full += p.numel();
+    u.gathered += W * s.block_numel();
     u.block += s.block_numel();
     u.local += s.numel_of(0);
     if (muon && param_role(p.name, static_cast<int64_t>(p.shape.size())) == ParamRole::Hidden) {
@@ -210,7 +212,7 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
         break;
       case StepEvent::Op::Unshard:
         if (backward) t.at("backward of " + block + mb);
-        t.alloc("gathered parameters", e * units[u].full);
+        t.alloc("gathered parameters", e * units[u].gathered);
         t.free("all-gather buffers", gathering[u]);
         gathering[u] = 0;
         if (u == L) t.alloc("activations", e * D * own);  // the embedding's output, block 0's input
@@ -257,7 +259,7 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
         break;
       case StepEvent::Op::Reshard:
         if (!backward) {  // after the block's forward
-          t.free("gathered parameters", e * units[u].full);
+          t.free("gathered parameters", e * units[u].gathered);
           break;
         }
         // In backward: the unit's gradients are computed, then its post-backward frees the
@@ -300,7 +302,7 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
           t.alloc("parameter gradients", e * V * D);
           t.free("activation gradients", e * D * own);
         }
-        t.free("gathered parameters", e * units[u].full);
+        t.free("gathered parameters", e * units[u].gathered);
         if (A > 1 && !reduce_every && m == 0) t.alloc("gradient accumulators (fp32)", 4 * units[u].full);
         if (sync && whole_gradients) grad_shards(static_cast<size_t>(u));
         break;

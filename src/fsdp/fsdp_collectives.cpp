@@ -1,10 +1,13 @@
 #include "fsdp/fsdp_collectives.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/_chunk_cat.h>
 #include <ATen/ops/_foreach_copy.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/split_with_sizes_copy.h>
 #include <ATen/ops/zeros.h>
+
+#include <optional>
 
 
 namespace zb {
@@ -40,15 +43,26 @@ void all_gather_copy_out(const std::vector<FSDPParam*>& params, const at::Tensor
   at::split_with_sizes_copy_out(storages, gathered.view({world_size, -1}), sizes, /*dim=*/1);
 }
 
-at::Tensor reduce_scatter_input(const std::vector<FSDPParam*>& params, const std::vector<int64_t>& offsets,
-                                const std::vector<at::Tensor>& grads, int64_t block_numel,
-                                int64_t world_size, int64_t replicas) {
+at::Tensor reduce_scatter_input(const std::vector<FSDPParam*>& params, const std::vector<at::Tensor>& grads,
+                                int64_t block_numel, int64_t world_size, int64_t replicas) {
   at::NoGradGuard no_grad;
-  const auto device = params.front()->sharded.device();
-  at::Tensor blocks = at::zeros({world_size, block_numel}, at::TensorOptions().device(device));
-  for (size_t i = 0; i < params.size(); ++i)
-    if (i < grads.size() && grads[i].defined())
-      copy_full_to_blocks(params[i]->shard, grads[i], blocks, offsets[i]);  // casts to fp32
+  // Every gradient in one dtype (the compute dtype's, or the fp32 sums over micro-batches; fp32
+  // where they differ); a missing one as zeros.
+  std::optional<at::ScalarType> seen;
+  for (const at::Tensor& g : grads)
+    if (g.defined()) seen = !seen || *seen == g.scalar_type() ? g.scalar_type() : at::kFloat;
+  const at::ScalarType dtype = seen.value_or(at::kFloat);
+  std::vector<at::Tensor> whole;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const bool given = i < grads.size() && grads[i].defined();
+    at::Tensor g = given ? grads[i] : at::zeros(params[i]->full_shape, params[i]->sharded.options());
+    if (g.dim() == 0) g = g.reshape({1});  // one row, as RowShard counts it
+    whole.push_back(g.to(dtype).contiguous());  // no copy where it already is
+  }
+  // Each gradient's rows cut into W padded blocks, block r of every parameter side by side in
+  // row r (one kernel on CUDA), cast to fp32 on the way; then the pre-division for the mean.
+  at::Tensor blocks = at::empty({world_size, block_numel}, whole.front().options().dtype(at::kFloat));
+  at::_chunk_cat_out(blocks, whole, /*dim=*/0, world_size);
   blocks.div_(static_cast<double>(world_size * replicas));
   return blocks.view({-1});
 }

@@ -19,13 +19,13 @@ at::Tensor all_gather_input(const std::vector<FSDPParam*>& params, const std::ve
                             int64_t block_numel);
 void all_gather_copy_out(const std::vector<FSDPParam*>& params, const at::Tensor& gathered, int64_t world_size);
 
-// A unit's reduce-scatter: the full fp32 gradients written into the rank-major layout, each
-// divided by the number of ranks that contribute, W x `replicas` (every rank's loss is a mean over
+// A unit's reduce-scatter: the full gradients written in fp32 into the rank-major layout (row r:
+// every parameter's padded block r, in order; one _chunk_cat), each divided by the number of
+// ranks that contribute, W x `replicas` (every rank's loss is a mean over
 // its own samples, the global mean their average, and Gloo has no average: pre-divide, then sum;
 // under hybrid sharding the replicas' sums are added after). A missing gradient counts as zero.
-at::Tensor reduce_scatter_input(const std::vector<FSDPParam*>& params, const std::vector<int64_t>& offsets,
-                                const std::vector<at::Tensor>& grads, int64_t block_numel,
-                                int64_t world_size, int64_t replicas = 1);
+at::Tensor reduce_scatter_input(const std::vector<FSDPParam*>& params, const std::vector<at::Tensor>& grads,
+                                int64_t block_numel, int64_t world_size, int64_t replicas = 1);
 // This rank's reduced block added to each parameter's sharded .grad().
 void reduce_scatter_copy_out(const std::vector<FSDPParam*>& params, const std::vector<int64_t>& offsets,
                              const at::Tensor& reduced);

@@ -77,8 +77,8 @@ void FSDPUnit::post_backward(const std::vector<at::Tensor>& grads) {
 
 void FSDPUnit::start_reduction(const std::vector<at::Tensor>& total) {
   Phase phase("zb.fsdp.reduce_scatter", name_);
-  at::Tensor reduce_in = reduce_scatter_input(params_, offsets_, total, block_numel_, comm_.size(),
-                                              replicas_ ? replicas_->size() : 1);
+  at::Tensor reduce_in =
+      reduce_scatter_input(params_, total, block_numel_, comm_.size(), replicas_ ? replicas_->size() : 1);
   if (context_.reducing && context_.reducing != this) context_.reducing->advance_gradients();
   StepTrace::UnitScope as_mine(context_.trace, index_);
   context_.reducing = this;

@@ -4,6 +4,9 @@
 // declarations only: we construct ProcessGroupGloo and its Options through libtorch's own
 // out-of-line code, touch no gloo object ourselves, and hand back a plain c10d::Backend. The
 // multi-rank tests exercise every collective the engine uses through this path.
+// <cstdint> first: Debian 12's gloo headers use the fixed-width types without including it, which
+// GCC 13's standard library no longer brings in through others (a GPU image may be newer than Debian 12).
+#include <cstdint>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <cstdlib>

@@ -157,6 +157,15 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
     if (summary && world.rank == 0)
       for (const auto& line : summary->describe(profiler.folder())) zb::log::info(line);
   };
+  // An error in a step's work with the other ranks (its training, evaluation, the agreement on
+  // stopping after it) names the step: usually another rank died there.
+  const auto failed_in = [&](int64_t step, const std::exception& e) {
+    return std::runtime_error(
+        strf("rank %ld failed in step %ld: %s", world.rank, step, error_text(e).c_str()) +
+        (world.distributed() ? " (a collective with the other ranks failed: one of them may have "
+                               "died or stopped responding; runtime.timeout_s bounds the wait)"
+                             : ""));
+  };
   for (int64_t step = trainer.step() + 1; step <= cfg.optim.total_steps; ++step) {
     comm.set_phase(strf("step %ld", step));  // a stall from here on is reported as this step's
     zb::StepStats s;
@@ -165,11 +174,7 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
       zb::Phase phase("zb.step", step);
       s = trainer.train_step();
     } catch (const std::exception& e) {
-      throw std::runtime_error(
-          strf("rank %ld failed in step %ld: %s", world.rank, step, error_text(e).c_str()) +
-          (world.distributed() ? " (a collective with the other ranks failed: one of them may have "
-                                 "died or stopped responding; runtime.timeout_s bounds the wait)"
-                               : ""));
+      throw failed_in(step, e);
     }
     report_profile(profiler.step_end(step));
     std::optional<double> val_loss;
@@ -177,13 +182,22 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
         (step % cfg.data.eval_interval == 0 || step == cfg.optim.total_steps))
     {
       comm.set_phase(strf("the evaluation after step %ld", step));
-      val_loss = trainer.evaluate();  // every rank takes part
+      try {
+        val_loss = trainer.evaluate();  // every rank takes part
+      } catch (const std::exception& e) {
+        throw failed_in(step, e);
+      }
     }
     metrics.log_step(s, val_loss);  // the agreement on stopping below counts in the next step's record
     if (!s.nonfinite.empty()) on_nonfinite_step(s, cfg, checkpoints);  // throws to stop the run
 
     // All ranks stop after the same step when any got a signal or saw its save fail.
-    const std::vector<int64_t> ranks_with = comm.count_over_ranks({stop_requested != 0, checkpoints.failed()});
+    std::vector<int64_t> ranks_with;
+    try {
+      ranks_with = comm.count_over_ranks({stop_requested != 0, checkpoints.failed()});
+    } catch (const std::exception& e) {
+      throw failed_in(step, e);
+    }
     if (ranks_with[1] > 0) {
       checkpoints.finish();  // throws the failure where this rank knows it
       throw std::runtime_error("saving the checkpoint failed on another rank (see the log of rank 0)");

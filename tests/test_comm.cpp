@@ -2,6 +2,10 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -265,5 +269,22 @@ TEST(Watchdog, AbortsEveryGroupsBackend) {
       EXPECT_EQ(x[0].item<float>(), 2.0f);
     }
     EXPECT_EQ(comm.backends_to_abort(), 1u);  // a group gone is no longer aborted
+  });
+}
+
+TEST(Comm, AWriteToADeadPeerIsAnErrorNotTheEndOfTheProcess) {
+  // Gloo sends with writev: to a peer that has died, that raises SIGPIPE, whose default ends the
+  // process without a word (a killed rank took its peer with it, silently, now and then). Once a
+  // communicator exists, such a write fails with EPIPE and the rank lives to report it.
+  multiprocess::run_ranks(2, [](int) {
+    Communicator comm(detect_world(), c10::Device(c10::kCPU), std::chrono::seconds(60));
+    int ends[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, ends), 0);
+    ::close(ends[1]);  // the peer is gone
+    const char byte = 1;
+    errno = 0;
+    EXPECT_EQ(::write(ends[0], &byte, 1), -1);
+    EXPECT_EQ(errno, EPIPE);
+    ::close(ends[0]);
   });
 }

@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <algorithm>
+#include <csignal>
 #include <cmath>
 #include <exception>
 #include <mutex>
@@ -117,9 +118,21 @@ std::unique_ptr<Communicator> Communicator::subgroup(const std::string& name, co
 Communicator::Communicator(const World& world, c10::Device device, std::chrono::milliseconds timeout)
     : Communicator(std::make_shared<const Rendezvous>(world, timeout), device) {}
 
+namespace {
+// Gloo sends with writev, which raises SIGPIPE when the peer has died, and SIGPIPE's default is
+// to end the process without a word. Ignored, the write fails with EPIPE and Gloo's error reaches
+// the step, which names it (Python ignores SIGPIPE from the start, so PyTorch's own programs never
+// meet this). A handler the program installed itself is left alone.
+void ignore_broken_pipes() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
+}
+}  // namespace
+
 Communicator::Communicator(std::shared_ptr<const Rendezvous> rendezvous, c10::Device device)
     : rendezvous_(std::move(rendezvous)), world_(rendezvous_->world()), device_(device) {
   if (!world_.distributed()) return;
+  ignore_broken_pipes();
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("zb/pg", rendezvous_->store());
   const auto timeout = rendezvous_->backend_timeout();
   backend_ = device.is_cuda() ? make_nccl_backend(prefixed, world_, device, timeout)

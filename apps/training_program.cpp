@@ -203,7 +203,13 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
       throw std::runtime_error("saving the checkpoint failed on another rank (see the log of rank 0)");
     }
     const bool stopping = ranks_with[0] > 0;
-    const auto saved = checkpoints.save_if_due(trainer, stopping);  // written in the background
+    std::optional<std::string> saved;
+    try {
+      saved = checkpoints.save_if_due(trainer, stopping);  // written in the background
+    } catch (const std::exception& e) {  // a dead rank, or this rank's own disk
+      throw std::runtime_error(strf("rank %ld failed in step %ld, saving its checkpoint: %s", world.rank, step,
+                                    error_text(e).c_str()));
+    }
     if (saved) zb::log::info(strf("saving checkpoint %s", saved->c_str()));
     if (stopping) {
       report_profile(profiler.finish(step));

@@ -170,11 +170,13 @@ SH
   export ZB_LENT_PYTHON=$tmp/no/python3
   PYTHON= "$kit" python >"$tmp/py.out" 2>"$tmp/py.err" && fail "found a python with torch where there is none"
   grep -q "no python with torch" "$tmp/py.err" || fail "no python: $(cat "$tmp/py.err")"
+  PYTHON=$tmp/bin/python3 "$kit" python >"$tmp/py.out" 2>"$tmp/py.err" && fail "looked past a PYTHON without torch"
+  grep -q "unset PYTHON to look further" "$tmp/py.err" || fail "PYTHON without torch: $(cat "$tmp/py.err")"
   (cd "$tmp/torch" && PYTHON=bin/python3 "$kit" python) >"$tmp/py.out" 2>"$tmp/py.err" || fail "PYTHON not taken"
   [ "$(cat "$tmp/py.out")" = "$tmp/torch/bin/python3" ] || fail "PYTHON as an absolute path: got $(cat "$tmp/py.out")"
   mkdir -p "$root/.gpukit/debs"
   PYTHON=$tmp/torch/bin/python3 "$kit" build >"$tmp/build.out" 2>"$tmp/build.err" && fail "built against another CUDA"
-  grep -q "nvcc is CUDA 12.4 but torch was built for CUDA 13.0" "$tmp/build.err" || fail "mismatch: $(cat "$tmp/build.err")"
+  grep -q "$tmp/bin/nvcc is CUDA 12.4 but torch was built for CUDA 13.0" "$tmp/build.err" || fail "mismatch: $(cat "$tmp/build.err")"
   [ -e "$root/.gpukit/root" ] && fail "unpacked the kit before refusing"
   echo "kit: python found, CUDA 12 toolkit for a CUDA 13 torch refused"
   ;;

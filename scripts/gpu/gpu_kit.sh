@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
 # Builds zeroband-cpp on a machine with no package registry: the lent GPU machines have CUDA,
-# CMake, ninja, a compiler and python3 with torch 2.11.0, but not our Debian libraries. Two halves:
+# CMake, ninja, a compiler and a python with torch 2.11.0, but not our Debian libraries. Two halves:
 #
 #   scripts/gpu/gpu_kit.sh fetch    # here (Debian 12, network): the .deb files into .gpukit/debs,
 #                               # the benchmark peer's muon-fsdp2 wheel into .gpukit/wheels
 #   scripts/gpu/gpu_kit.sh build    # there: unpack them into .gpukit/root (the wheel into
 #                               # .gpukit/pylib, for PYTHONPATH) and build into build/
-#                               # (the tests' reference python: that machine's python3)
-#   scripts/gpu/gpu_kit.sh python   # the python that has torch: $PYTHON, else python3, else the
-#                               # lent machines' /opt/torch/.venv/bin/python3 (exit 1 if none)
+#                               # (the tests' reference python: the one `python` finds)
+#   scripts/gpu/gpu_kit.sh python   # the python that has torch: $PYTHON if set (exit 1 if it has
+#                               # none), else python3, else the lent machines'
+#                               # /opt/torch/.venv/bin/python3 (exit 1 if neither has it)
 #
 # build puts that python's folder first on PATH (the pip-installed cmake and ninja live there)
-# and stops, naming both, where nvcc's CUDA major version is not torch's: our kernel would load a
-# second CUDA runtime beside LibTorch's.
+# and stops, naming it, where an nvcc the build may use (/usr/local/cuda's, which CMakeLists.txt
+# takes where it exists, and the one on PATH) is of another CUDA major version than torch's: our
+# kernel would load a second CUDA runtime beside LibTorch's.
 #
 # .gpukit/ is ignored by git: name it in the device tool's `carry`. Programs built there need
 #   export LD_LIBRARY_PATH=$PWD/.gpukit/root/usr/lib/x86_64-linux-gnu
-# for spdlog and fmt (LibTorch is found through the RPATH); bench.sh there wants PYTHON=python3
-# ZB_SKIP_BUILD=1.
+# for spdlog and fmt (LibTorch is found through the RPATH); bench.sh there wants
+# PYTHON=$(scripts/gpu/gpu_kit.sh python) ZB_SKIP_BUILD=1.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 KIT=$ROOT/.gpukit
@@ -30,12 +32,14 @@ PACKAGES=(libtomlplusplus-dev libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 lib
 torch_python() {
   local candidate
   local lent=${ZB_LENT_PYTHON:-/opt/torch/.venv/bin/python3}  # where the lent machines keep it
-  for candidate in ${PYTHON:-} python3 "$lent"; do
+  local candidates=(python3 "$lent")
+  [ -n "${PYTHON:-}" ] && candidates=("$PYTHON")  # the one named, or none
+  for candidate in "${candidates[@]}"; do
     candidate=$(command -v "$candidate" 2>/dev/null) || continue
     [ "${candidate#/}" = "$candidate" ] && candidate=$PWD/$candidate  # absolute, links kept (a venv's)
     "$candidate" -c 'import torch' 2>/dev/null && { echo "$candidate"; return 0; }
   done
-  echo "$0: no python with torch (tried ${PYTHON:+\$PYTHON=$PYTHON, }python3, $lent); set PYTHON" >&2
+  echo "$0: no python with torch (tried ${candidates[*]})${PYTHON:+; unset PYTHON to look further}" >&2
   return 1
 }
 
@@ -57,13 +61,18 @@ build)
   export PATH=$(dirname "$python"):$PATH
   torch_cmake=$("$python" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
   torch_cuda=$("$python" -c 'import torch; print(torch.version.cuda or "")')
-  nvcc_cuda=$( (nvcc --version 2>/dev/null || "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" --version 2>/dev/null) |
-               sed -n 's/.*release \([0-9][0-9.]*\).*/\1/p')
-  echo "python $python (torch CUDA ${torch_cuda:-none}), nvcc CUDA ${nvcc_cuda:-not found}, $(command -v cmake), $(command -v ninja)"
-  if [ -n "$torch_cuda" ] && [ -n "$nvcc_cuda" ] && [ "${torch_cuda%%.*}" != "${nvcc_cuda%%.*}" ]; then
-    echo "$0: nvcc is CUDA $nvcc_cuda but torch was built for CUDA $torch_cuda: point CUDA_HOME/PATH at a CUDA ${torch_cuda%%.*} toolkit" >&2
-    exit 1
-  fi
+  echo "python $python (torch CUDA ${torch_cuda:-none}), $(command -v cmake || echo 'no cmake'), $(command -v ninja || echo 'no ninja')"
+  nvccs=()
+  [ -x /usr/local/cuda/bin/nvcc ] && nvccs+=(/usr/local/cuda/bin/nvcc)
+  command -v nvcc >/dev/null && nvccs+=("$(command -v nvcc)")
+  for nvcc in "${nvccs[@]}"; do
+    nvcc_cuda=$("$nvcc" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9.]*\).*/\1/p') || true
+    echo "$nvcc: CUDA ${nvcc_cuda:-of unknown version}"
+    if [ -n "$torch_cuda" ] && [ -n "$nvcc_cuda" ] && [ "${torch_cuda%%.*}" != "${nvcc_cuda%%.*}" ]; then
+      echo "$0: $nvcc is CUDA $nvcc_cuda but torch was built for CUDA $torch_cuda: the build needs a CUDA ${torch_cuda%%.*} toolkit" >&2
+      exit 1
+    fi
+  done
   rm -rf "$KIT/root" && mkdir -p "$KIT/root"
   for deb in "$KIT"/debs/*.deb; do dpkg -x "$deb" "$KIT/root"; done
   rm -rf "$KIT/pylib" && mkdir -p "$KIT/pylib"

@@ -25,7 +25,7 @@ at::Tensor all_gather_input(const std::vector<FSDPParam*>& params, const std::ve
     into.push_back(block.narrow(0, offsets[i], p->sharded.numel()));
     from.push_back(p->sharded.detach().view({-1}));
   }
-  at::_foreach_copy_(into, from);  // casts fp32 -> compute dtype, in one launch where CUDA can
+  if (!into.empty()) at::_foreach_copy_(into, from);  // casts fp32 -> compute dtype, one launch where CUDA can
   return block;
 }
 
@@ -55,7 +55,7 @@ at::Tensor reduce_scatter_input(const std::vector<FSDPParam*>& params, const std
   std::vector<at::Tensor> whole;
   for (size_t i = 0; i < params.size(); ++i) {
     const bool given = i < grads.size() && grads[i].defined();
-    at::Tensor g = given ? grads[i] : at::zeros(params[i]->full_shape, params[i]->sharded.options());
+    at::Tensor g = given ? grads[i] : at::zeros(params[i]->full_shape, params[i]->sharded.options().dtype(dtype));
     if (g.dim() == 0) g = g.reshape({1});  // one row, as RowShard counts it
     whole.push_back(g.to(dtype).contiguous());  // no copy where it already is
   }

@@ -141,7 +141,7 @@ std::vector<std::string> ProfileSummary::describe(const std::string& folder) con
            first_step, last_step, seconds_per_step, exposed_comm_seconds_per_step, ops_per_step,
            kernels_per_step > 0 ? strf(", %ld GPU kernels", kernels_per_step).c_str() : "", folder.c_str(), last_step)};
   if (kernels_per_step > 0)
-    lines.push_back(strf("  GPU (s/step): busy %.4f of %.4f (%.1f%%), compute kernels %.4f, NCCL kernels %.4f of which "
+    lines.push_back(strf("  GPU kernels (s/step): busy %.4f of %.4f (%.1f%%), compute kernels %.4f, NCCL kernels %.4f of which "
                          "%.4f exposed (no compute beside them), idle %.4f",
                          gpu_busy_seconds_per_step, seconds_per_step,
                          seconds_per_step > 0 ? 100 * gpu_busy_seconds_per_step / seconds_per_step : 0.0,

@@ -41,7 +41,8 @@ struct ProfileSummary {
   double exposed_comm_seconds_per_step = 0;
   int64_t ops_per_step = 0;      // ATen operators dispatched (nested ones too), per step
   int64_t kernels_per_step = 0;  // GPU kernels launched, per step (0 on CPU)
-  // The GPU's timeline (0 on CPU), seconds per step: when any kernel ran, when a compute (not
+  // The GPU's timeline from its kernels (0 on CPU; copies and memsets not counted), seconds per
+  // step: when any kernel ran, when a compute (not
   // NCCL) kernel ran, when an NCCL kernel ran. busy - compute is communication no compute hid
   // (the GPU's exposed communication); seconds_per_step - busy is the GPU idle (waiting for the
   // host's launches, or for the host itself).

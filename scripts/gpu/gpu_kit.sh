@@ -64,7 +64,8 @@ build)
   echo "python $python (torch CUDA ${torch_cuda:-none}), $(command -v cmake || echo 'no cmake'), $(command -v ninja || echo 'no ninja')"
   nvccs=()
   [ -x /usr/local/cuda/bin/nvcc ] && nvccs+=(/usr/local/cuda/bin/nvcc)
-  command -v nvcc >/dev/null && nvccs+=("$(command -v nvcc)")
+  on_path=$(command -v nvcc || true)
+  [ -n "$on_path" ] && [ "$on_path" != /usr/local/cuda/bin/nvcc ] && nvccs+=("$on_path")
   for nvcc in "${nvccs[@]}"; do
     nvcc_cuda=$("$nvcc" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9.]*\).*/\1/p') || true
     echo "$nvcc: CUDA ${nvcc_cuda:-of unknown version}"

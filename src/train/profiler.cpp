@@ -122,15 +122,15 @@ std::string ProfileSummary::to_json() const {
                       {"gpu_busy_seconds_per_step", gpu_busy_seconds_per_step},
                       {"gpu_compute_seconds_per_step", gpu_compute_seconds_per_step},
                       {"gpu_nccl_seconds_per_step", gpu_nccl_seconds_per_step}};
-  j["phases"] = nlohmann::json::array();
-  for (const auto& p : phases)
-    j["phases"].push_back({{"name", p.name}, {"seconds_per_step", p.seconds_per_step}, {"count_per_step", p.count_per_step}});
-  j["device_phases"] = nlohmann::json::array();
-  for (const auto& p : device_phases)
-    j["device_phases"].push_back({{"name", p.name}, {"seconds_per_step", p.seconds_per_step}, {"count_per_step", p.count_per_step}});
-  j["top_ops"] = nlohmann::json::array();
-  for (const auto& o : top_ops)
-    j["top_ops"].push_back({{"name", o.name}, {"seconds_per_step", o.seconds_per_step}, {"count_per_step", o.count_per_step}});
+  const auto rows = [](const auto& list) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& x : list)
+      out.push_back({{"name", x.name}, {"seconds_per_step", x.seconds_per_step}, {"count_per_step", x.count_per_step}});
+    return out;
+  };
+  j["phases"] = rows(phases);
+  j["device_phases"] = rows(device_phases);
+  j["top_ops"] = rows(top_ops);
   return j.dump(1);
 }
 

@@ -1,6 +1,8 @@
 // The model's building blocks against float64 formulas written out element by element.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <cmath>
 #include <complex>
@@ -122,4 +124,35 @@ TEST(Layers, SwiGluMatchesFormula) {
       for (int64_t f = 0; f < F; ++f) oa[n][d] += a2[d][f] * hidden[f];
   }
   EXPECT_LT(max_abs_diff(got, want), 1e-12);
+}
+
+TEST(Layers, SiluMulIsAtenSiluThenMulBitForBitInOneNode) {
+  // SwiGLU's gate as one autograd node: the numbers of ATen's silu then mul (PyTorch's own
+  // operators, differentiated by autograd), exactly, in every dtype the model computes in; a
+  // graph with one node between a, b and the product, so that silu(a) is not kept for backward.
+  at::manual_seed(5);
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kDouble}) {
+    const at::Tensor a0 = at::randn({7, 37}, at::kFloat).mul(3).to(dtype), b0 = at::randn({7, 37}).to(dtype),
+                     g = at::randn({7, 37}).to(dtype);
+    at::Tensor a = a0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+    at::Tensor ra = a0.clone().requires_grad_(true), rb = b0.clone().requires_grad_(true);
+    const at::Tensor got = silu_mul(a, b), want = at::silu(ra) * rb;
+    got.backward(g);
+    want.backward(g);
+    EXPECT_TRUE(at::equal(got, want)) << dtype;
+    EXPECT_TRUE(at::equal(a.grad(), ra.grad())) << dtype;
+    EXPECT_TRUE(at::equal(b.grad(), rb.grad())) << dtype;
+    ASSERT_NE(got.grad_fn()->name().find("SiluMul"), std::string::npos) << got.grad_fn()->name();
+    for (const torch::autograd::Edge& edge : got.grad_fn()->next_edges())
+      EXPECT_NE(edge.function->name().find("AccumulateGrad"), std::string::npos) << edge.function->name();
+  }
+  // What it cannot do, it says.
+  const at::Tensor a = at::randn({3, 4}).requires_grad_(true), b = at::randn({3, 4}).requires_grad_(true);
+  try {
+    torch::autograd::grad({silu_mul(a, b)}, {a}, {at::ones({3, 4})}, /*retain_graph=*/true, /*create_graph=*/true);
+    ADD_FAILURE() << "a second derivative was allowed";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no second derivative"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(silu_mul(a, at::randn({3, 5})), c10::Error);
 }

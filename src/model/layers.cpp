@@ -1,6 +1,6 @@
 #include "model/layers.h"
 #ifdef ZB_WITH_CUDA
-#include "model/rope_cuda.h"
+#include "model/cuda_ops.h"
 #endif
 
 #include <ATen/TensorOperators.h>
@@ -11,10 +11,13 @@
 #include <ATen/ops/pow.h>
 #include <ATen/ops/rms_norm.h>
 #include <ATen/ops/silu.h>
+#include <ATen/ops/silu_backward.h>
 #include <ATen/ops/sin.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/view_as_complex.h>
 #include <ATen/ops/view_as_real.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 namespace zb {
 
@@ -53,9 +56,50 @@ at::Tensor apply_rope_unfused(const at::Tensor& x, const RopeTables& rope) {
   return at::view_as_real(pairs * cis).flatten(-2).to(x.scalar_type());
 }
 
+namespace {
+
+// silu(a) * b as one autograd node that keeps a and b, not silu(a) as well: autograd's two nodes
+// keep all three, and each is as large as the MLP's hidden layer. Its numbers are those of ATen's
+// silu then mul, forward and backward: bf16 on a GPU in one kernel each way (model/cuda_ops.h),
+// the rest through the same ATen operators autograd would call.
+struct SiluMul : torch::autograd::Function<SiluMul> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b) {
+    TORCH_CHECK(a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type(),
+                "silu_mul: a and b must have one shape and dtype, got ", a.sizes(), " ", a.scalar_type(), " and ",
+                b.sizes(), " ", b.scalar_type());
+    ctx->save_for_backward({a, b});
+#ifdef ZB_WITH_CUDA
+    if (silu_mul_cuda_bf16_applies(a, b)) return silu_mul_cuda_bf16(a, b);
+#endif
+    return at::silu(a) * b;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    TORCH_CHECK(!at::GradMode::is_enabled(), "silu_mul has no second derivative (backward with create_graph)");
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &a = saved[0], &b = saved[1], &g = grads[0];
+#ifdef ZB_WITH_CUDA
+    if (silu_mul_cuda_bf16_applies(g, a)) {
+      auto [ga, gb] = silu_mul_backward_cuda_bf16(g, a, b);
+      return {ga, gb};
+    }
+#endif
+    // The product's rule (g * b for silu(a), g * silu(a) for b), then SiLU's backward, written
+    // over their own temporaries: no more memory at once than g and the two gradients.
+    at::Tensor gb = at::silu(a).mul_(g);
+    at::Tensor ga = g * b;
+    at::silu_backward_out(ga, ga, a);
+    return {ga, gb};
+  }
+};
+
+}  // namespace
+
+at::Tensor silu_mul(const at::Tensor& a, const at::Tensor& b) { return SiluMul::apply(a, b); }
+
 at::Tensor swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
                   const at::Tensor& w3) {
-  return at::linear(at::silu(at::linear(x, w1)) * at::linear(x, w3), w2);
+  return at::linear(silu_mul(at::linear(x, w1), at::linear(x, w3)), w2);
 }
 
 }  // namespace zb

@@ -19,7 +19,7 @@ RopeTables rope_tables(int64_t head_dim, int64_t max_positions, double theta,
 
 // Meta-style rotary embedding on adjacent pairs (2i, 2i+1) of x [B, T, H, Dh]: each pair is the
 // complex number x_2i + j*x_2i+1, multiplied by exp(j * pos * freq_i). Computed in fp32
-// (float64 for float64 inputs): bf16 on a GPU in one kernel each way (model/rope_cuda.h), the rest
+// (float64 for float64 inputs): bf16 on a GPU in one kernel each way (model/cuda_ops.h), the rest
 // through apply_rope_unfused.
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope);
 // The same with ATen's operators: x through an fp32 copy, one complex multiply, back to x's dtype.
@@ -27,7 +27,12 @@ at::Tensor apply_rope_unfused(const at::Tensor& x, const RopeTables& rope);
 
 // Attention: model/attention.h.
 
-// SwiGLU feed-forward: w2(silu(w1 x) * w3 x), no biases.
+// silu(a) * b (a and b of one shape), the gate of SwiGLU: ATen's silu then mul, forward and
+// backward, as one autograd node that keeps a and b but not silu(a); bf16 on a GPU in one kernel
+// each way. No second derivative.
+at::Tensor silu_mul(const at::Tensor& a, const at::Tensor& b);
+
+// SwiGLU feed-forward: w2(silu_mul(w1 x, w3 x)), no biases.
 at::Tensor swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
                   const at::Tensor& w3);
 

@@ -160,9 +160,9 @@ ForwardSaves forward_saves(const ModelArgs& a, at::ScalarType compute_dtype, boo
   // second norm) and the block's output (D), which the next block keeps as its input. For every
   // token: the normed input x of wq/wk/wv (D) and y of w1/w3 (D), gathered whole under TP; q and k
   // after RoPE (Q, K); v (K); attention's output (Q; its layout is already [B, T, H*Dh], so wo
-  // reads it as is) and fp32 log-sum-exp per head (H); w1's output (SiLU's input), SiLU's output,
-  // w3's output and their product (w2's input): 4 F.
-  s.block = {2 * s.norm + 2 * e * D, e * (2 * D + 2 * Q + 2 * K + 4 * F) + 4 * H};
+  // reads it as is) and fp32 log-sum-exp per head (H); w1's and w3's outputs (the gate's inputs,
+  // silu_mul keeps no more) and the gate's output (w2's input): 3 F.
+  s.block = {2 * s.norm + 2 * e * D, e * (2 * D + 2 * Q + 2 * K + 3 * F) + 4 * H};
   s.checkpointed = {e * D, 0};  // its input is the block before's output
   // head_loss: the final norm at the rank's positions; the normed x [N, D] (gathered whole under
   // TP) and the gradient the chunked loss makes in the forward, dx [N, D]; the head's fp32 rows.

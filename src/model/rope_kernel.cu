@@ -4,7 +4,7 @@
 // unfused path's: each adjacent pair (x0, x1) as x0 + j x1 in fp32, times the fp32 table entry
 // c + j s, rounded to bf16 to nearest even. Backward is the same rotation by the conjugate
 // (c - j s), as autograd takes the unfused product's. Plain CUDA: no LibTorch headers here.
-#include "model/rope_kernel.h"
+#include "model/cuda_kernels.h"
 
 #include <cuda_bf16.h>
 
@@ -45,7 +45,7 @@ cudaError_t launch_rope_bf16(const void* x, void* out, const void* cis, int64_t 
   return cudaGetLastError();
 }
 
-bool rope_bf16_kernel_runs_here() {
+bool kernels_run_here() {
   cudaFuncAttributes attributes;
   const bool ok = cudaFuncGetAttributes(&attributes, rope_bf16) == cudaSuccess;
   if (!ok) cudaGetLastError();  // clear "no kernel image" so that it is not reported later

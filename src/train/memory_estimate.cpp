@@ -269,8 +269,8 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
           // Most memory in the block's backward is at the MLP's product (measured with the
           // counting allocator: the recompute adds exactly block_keeps, its backward 2 F per token
           // plus w2's weight gradient). w2's backward hands back the product's gradient [N, F] and
-          // w2's weight gradient [D, F] and frees the product it kept; the product's backward
-          // then makes the gradients of SiLU's and w3's outputs, two more [N, F]. Under TP w2's
+          // w2's weight gradient [D, F] and frees the product it kept; the gate's backward
+          // (silu_mul) then makes the gradients of w1's and w3's outputs, two more [N, F]. Under TP w2's
           // backward reads the output's gradient gathered whole, [N, D], freed when it is done.
           if (tp > 1) t.alloc("activation gradients", e * D * N);
           t.alloc("activation gradients", e * F * N);

@@ -1,0 +1,26 @@
+#pragma once
+// The launchers of the project's own CUDA kernels (model/*_kernel.cu): plain CUDA, shared by the
+// kernels' translation units and their LibTorch wrappers (model/cuda_ops.cpp). Each returns the
+// launch's error, if any.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace zb {
+
+// RoPE (model/rope_kernel.cu): rotates x [rows = B * T, heads * half pairs of bf16] into out on
+// `stream` by the table cis [T, half] of fp32 (c, s) pairs, or by its conjugate.
+cudaError_t launch_rope_bf16(const void* x, void* out, const void* cis, int64_t rows, int64_t T, int heads, int half,
+                             bool conjugate, cudaStream_t stream);
+
+// SwiGLU's gate (model/silu_mul_kernel.cu), over n contiguous bf16 values: out = silu(a) * b, and
+// its backward from the output's gradient g: ga and gb, the gradients of a and b.
+cudaError_t launch_silu_mul_bf16(const void* a, const void* b, void* out, int64_t n, cudaStream_t stream);
+cudaError_t launch_silu_mul_backward_bf16(const void* g, const void* a, const void* b, void* ga, void* gb, int64_t n,
+                                          cudaStream_t stream);
+
+// Whether these kernels have an image for the current device. They are built into one library
+// with the same architectures (TORCH_CUDA_ARCH_LIST), so one kernel's answer is every kernel's.
+bool kernels_run_here();
+
+}  // namespace zb

@@ -1,0 +1,110 @@
+#include "model/cuda_ops.h"
+#include "model/cuda_kernels.h"
+
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/view_as_real.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <atomic>
+#include <stdexcept>
+
+namespace zb {
+
+namespace {
+
+// Once per device: whether this build has a kernel image for it (else ATen's operators). Read on
+// every call (several per block and micro-batch): an atomic, no lock; two threads asking at once
+// would both ask CUDA, with the same answer.
+bool kernels_run_on(const c10::Device& device) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int8_t> runs[kMaxDevices];  // 0 not asked yet, 1 runs, -1 does not
+  const int d = device.index();
+  if (d < 0 || d >= kMaxDevices) return false;
+  int8_t known = runs[d].load(std::memory_order_relaxed);
+  if (known == 0) {
+    const c10::cuda::CUDAGuard guard(device);
+    known = kernels_run_here() ? 1 : -1;
+    runs[d].store(known, std::memory_order_relaxed);
+  }
+  return known > 0;
+}
+
+// x rotated by the table (or its conjugate) into a new contiguous tensor, on x's device and stream.
+at::Tensor rotate(const at::Tensor& x, const at::Tensor& cis_pairs, bool conjugate) {
+  at::Tensor in = x.contiguous();
+  if (in.storage_offset() % 2 != 0) in = in.clone();  // pairs read as 4-byte words
+  at::Tensor out = at::empty_like(in);
+  const c10::cuda::CUDAGuard guard(in.device());
+  C10_CUDA_CHECK(launch_rope_bf16(in.const_data_ptr(), out.mutable_data_ptr(), cis_pairs.const_data_ptr(),
+                                  in.size(0) * in.size(1), in.size(1), static_cast<int>(in.size(2)),
+                                  static_cast<int>(in.size(3) / 2), conjugate,
+                                  c10::cuda::getCurrentCUDAStream(in.device().index()).stream()));
+  return out;
+}
+
+// Autograd: the rotation is linear in x, so backward rotates the gradient by the conjugate (itself
+// through this function, so that a second derivative exists) and saves nothing but the table.
+struct RopeBf16 : torch::autograd::Function<RopeBf16> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cis_pairs,
+                            bool conjugate) {
+    ctx->saved_data["cis"] = cis_pairs;
+    ctx->saved_data["conjugate"] = conjugate;
+    return rotate(x, cis_pairs, conjugate);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor cis = ctx->saved_data["cis"].toTensor();
+    return {RopeBf16::apply(grads[0], cis, !ctx->saved_data["conjugate"].toBool()), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool rope_cuda_bf16_applies(const at::Tensor& x, const at::Tensor& cis) {
+  return x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.dim() == 4 && x.size(3) % 2 == 0 &&
+         cis.scalar_type() == at::kComplexFloat && cis.device() == x.device() && cis.dim() == 2 &&
+         cis.size(0) >= x.size(1) && 2 * cis.size(1) == x.size(3) && x.size(2) * x.size(3) / 2 <= (1 << 30) &&
+         kernels_run_on(x.device());
+}
+
+at::Tensor apply_rope_cuda_bf16(const at::Tensor& x, const at::Tensor& cis) {
+  if (!rope_cuda_bf16_applies(x, cis))
+    throw std::invalid_argument("apply_rope_cuda_bf16: x must be bf16 [B, T, H, Dh] on a GPU with a kernel image, "
+                                "cis complex64 [>= T, Dh/2] on the same device");
+  // (c, s) pairs of fp32, contiguous: [T, Dh/2, 2].
+  return RopeBf16::apply(x, at::view_as_real(cis.slice(0, 0, x.size(1))).contiguous(), false);
+}
+
+bool silu_mul_cuda_bf16_applies(const at::Tensor& a, const at::Tensor& b) {
+  return a.is_cuda() && a.scalar_type() == at::kBFloat16 && b.scalar_type() == at::kBFloat16 &&
+         b.device() == a.device() && a.sizes() == b.sizes() && kernels_run_on(a.device());
+}
+
+at::Tensor silu_mul_cuda_bf16(const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(silu_mul_cuda_bf16_applies(a, b), "silu_mul_cuda_bf16: a and b must be bf16 of one shape on a GPU with "
+              "a kernel image");
+  const at::Tensor ca = a.contiguous(), cb = b.contiguous();
+  at::Tensor out = at::empty_like(ca);
+  const c10::cuda::CUDAGuard guard(a.device());
+  C10_CUDA_CHECK(launch_silu_mul_bf16(ca.const_data_ptr(), cb.const_data_ptr(), out.mutable_data_ptr(), ca.numel(),
+                                      c10::cuda::getCurrentCUDAStream(a.device().index()).stream()));
+  return out;
+}
+
+std::pair<at::Tensor, at::Tensor> silu_mul_backward_cuda_bf16(const at::Tensor& g, const at::Tensor& a,
+                                                              const at::Tensor& b) {
+  TORCH_CHECK(silu_mul_cuda_bf16_applies(a, b) && silu_mul_cuda_bf16_applies(g, a),
+              "silu_mul_backward_cuda_bf16: g, a and b must be bf16 of one shape on a GPU with a kernel image");
+  const at::Tensor cg = g.contiguous(), ca = a.contiguous(), cb = b.contiguous();
+  at::Tensor ga = at::empty_like(ca), gb = at::empty_like(ca);
+  const c10::cuda::CUDAGuard guard(a.device());
+  C10_CUDA_CHECK(launch_silu_mul_backward_bf16(cg.const_data_ptr(), ca.const_data_ptr(), cb.const_data_ptr(),
+                                               ga.mutable_data_ptr(), gb.mutable_data_ptr(), ca.numel(),
+                                               c10::cuda::getCurrentCUDAStream(a.device().index()).stream()));
+  return {ga, gb};
+}
+
+}  // namespace zb

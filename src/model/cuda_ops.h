@@ -1,0 +1,25 @@
+#pragma once
+// The project's own CUDA kernels (model/cuda_kernels.h) as LibTorch operators, each the same
+// numbers as the ATen operators it replaces (but for the rounding of fused multiply-adds), in
+// fewer passes over memory. Compiled only where LibTorch has CUDA (ZB_WITH_CUDA); model/layers.cpp
+// chooses them.
+#include <ATen/core/Tensor.h>
+
+#include <utility>
+
+namespace zb {
+
+// RoPE for bf16, one kernel each way. Whether the kernel takes x [B, T, H, Dh] (bf16 on a GPU this
+// build has a kernel image for) with the RoPE table cis (complex64 [>= T, Dh/2] on the same device).
+bool rope_cuda_bf16_applies(const at::Tensor& x, const at::Tensor& cis);
+// x rotated by the table's first T rows; throws where rope_cuda_bf16_applies is false.
+at::Tensor apply_rope_cuda_bf16(const at::Tensor& x, const at::Tensor& cis);
+
+// SwiGLU's gate for bf16: whether the kernels take a and b (bf16, the same shape, on one GPU this
+// build has a kernel image for); silu(a) * b; and from the product's gradient g, those of a and b.
+bool silu_mul_cuda_bf16_applies(const at::Tensor& a, const at::Tensor& b);
+at::Tensor silu_mul_cuda_bf16(const at::Tensor& a, const at::Tensor& b);
+std::pair<at::Tensor, at::Tensor> silu_mul_backward_cuda_bf16(const at::Tensor& g, const at::Tensor& a,
+                                                              const at::Tensor& b);
+
+}  // namespace zb

@@ -1,0 +1,108 @@
+// SwiGLU's gate, silu(a) * b, on bf16 in one pass over memory each way. ATen's operators make it
+// in two passes forward (silu, then mul: 5 tensor reads and writes) and three backward (g * b,
+// SiLU's backward, g * silu(a): 9), each a tensor the size of the MLP's hidden layer; here 3
+// forward and 5 backward. The numbers are ATen's: each operator's result rounded to bf16 where
+// ATen rounds it (SiLU's output before the product, g * b before SiLU's backward), the arithmetic
+// in fp32 in ATen's order. Plain CUDA: no LibTorch headers here.
+#include "model/cuda_kernels.h"
+
+#include <cuda_bf16.h>
+
+namespace {
+
+constexpr int kVector = 8;  // bf16 values per 16-byte access
+
+__device__ __forceinline__ float f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ __nv_bfloat16 bf16(float x) { return __float2bfloat16_rn(x); }
+
+// ATen's SiLU forward: x / (1 + e^-x).
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ __nv_bfloat16 silu_mul(__nv_bfloat16 a, __nv_bfloat16 b) {
+  return bf16(f(bf16(silu(f(a)))) * f(b));
+}
+
+// The product's rule, then SiLU's (ATen's: dy * s * (1 + x * (1 - s)), s the sigmoid).
+__device__ __forceinline__ void silu_mul_backward(__nv_bfloat16 g, __nv_bfloat16 a, __nv_bfloat16 b, __nv_bfloat16& ga,
+                                                  __nv_bfloat16& gb) {
+  const float x = f(a), s = 1.0f / (1.0f + expf(-x));
+  ga = bf16(f(bf16(f(g) * f(b))) * s * (1.0f + x * (1.0f - s)));
+  gb = bf16(f(g) * f(bf16(silu(x))));
+}
+
+// Grid-stride loops: 16-byte vectors where every pointer is 16-byte aligned, then single values
+// for what is left (all of it where a pointer is not aligned).
+__global__ void silu_mul_bf16(const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_bfloat16* out, int64_t n,
+                              bool vectors) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t n_vectors = vectors ? n / kVector : 0;
+  for (int64_t v = first; v < n_vectors; v += stride) {
+    const uint4 va = reinterpret_cast<const uint4*>(a)[v], vb = reinterpret_cast<const uint4*>(b)[v];
+    uint4 vo;
+    const __nv_bfloat16* pa = reinterpret_cast<const __nv_bfloat16*>(&va);
+    const __nv_bfloat16* pb = reinterpret_cast<const __nv_bfloat16*>(&vb);
+    __nv_bfloat16* po = reinterpret_cast<__nv_bfloat16*>(&vo);
+#pragma unroll
+    for (int k = 0; k < kVector; ++k) po[k] = silu_mul(pa[k], pb[k]);
+    reinterpret_cast<uint4*>(out)[v] = vo;
+  }
+  for (int64_t i = n_vectors * kVector + first; i < n; i += stride) out[i] = silu_mul(a[i], b[i]);
+}
+
+__global__ void silu_mul_backward_bf16(const __nv_bfloat16* g, const __nv_bfloat16* a, const __nv_bfloat16* b,
+                                       __nv_bfloat16* ga, __nv_bfloat16* gb, int64_t n, bool vectors) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t n_vectors = vectors ? n / kVector : 0;
+  for (int64_t v = first; v < n_vectors; v += stride) {
+    const uint4 vg = reinterpret_cast<const uint4*>(g)[v], va = reinterpret_cast<const uint4*>(a)[v],
+                vb = reinterpret_cast<const uint4*>(b)[v];
+    uint4 vga, vgb;
+    const __nv_bfloat16* pg = reinterpret_cast<const __nv_bfloat16*>(&vg);
+    const __nv_bfloat16* pa = reinterpret_cast<const __nv_bfloat16*>(&va);
+    const __nv_bfloat16* pb = reinterpret_cast<const __nv_bfloat16*>(&vb);
+    __nv_bfloat16* pga = reinterpret_cast<__nv_bfloat16*>(&vga);
+    __nv_bfloat16* pgb = reinterpret_cast<__nv_bfloat16*>(&vgb);
+#pragma unroll
+    for (int k = 0; k < kVector; ++k) silu_mul_backward(pg[k], pa[k], pb[k], pga[k], pgb[k]);
+    reinterpret_cast<uint4*>(ga)[v] = vga;
+    reinterpret_cast<uint4*>(gb)[v] = vgb;
+  }
+  for (int64_t i = n_vectors * kVector + first; i < n; i += stride) silu_mul_backward(g[i], a[i], b[i], ga[i], gb[i]);
+}
+
+bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// 256 threads a block; enough blocks for every vector (or value) once, at most 2^16 of them (the
+// loops cover the rest: 2^24 threads in flight keep any current GPU's memory busy).
+dim3 grid_for(int64_t n, bool vectors) {
+  const int64_t work = vectors ? (n + kVector - 1) / kVector : n;
+  const int64_t blocks = (work + 255) / 256;
+  return dim3(static_cast<unsigned>(blocks < (1 << 16) ? blocks : (1 << 16)));
+}
+
+}  // namespace
+
+namespace zb {
+
+cudaError_t launch_silu_mul_bf16(const void* a, const void* b, void* out, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const bool vectors = aligned(a) && aligned(b) && aligned(out);
+  silu_mul_bf16<<<grid_for(n, vectors), 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(a),
+                                                          static_cast<const __nv_bfloat16*>(b),
+                                                          static_cast<__nv_bfloat16*>(out), n, vectors);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_silu_mul_backward_bf16(const void* g, const void* a, const void* b, void* ga, void* gb, int64_t n,
+                                          cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const bool vectors = aligned(g) && aligned(a) && aligned(b) && aligned(ga) && aligned(gb);
+  silu_mul_backward_bf16<<<grid_for(n, vectors), 256, 0, stream>>>(
+      static_cast<const __nv_bfloat16*>(g), static_cast<const __nv_bfloat16*>(a), static_cast<const __nv_bfloat16*>(b),
+      static_cast<__nv_bfloat16*>(ga), static_cast<__nv_bfloat16*>(gb), n, vectors);
+  return cudaGetLastError();
+}
+
+}  // namespace zb

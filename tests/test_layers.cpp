@@ -155,4 +155,10 @@ TEST(Layers, SiluMulIsAtenSiluThenMulBitForBitInOneNode) {
     EXPECT_NE(std::string(e.what()).find("no second derivative"), std::string::npos) << e.what();
   }
   EXPECT_THROW(silu_mul(a, at::randn({3, 5})), c10::Error);
+  // runtime.fused_kernels = false: ATen's two nodes, as before the gate was one.
+  use_fused_kernels(false);
+  const at::Tensor plain = silu_mul(a, b);
+  use_fused_kernels(true);
+  EXPECT_EQ(plain.grad_fn()->name().find("SiluMul"), std::string::npos) << plain.grad_fn()->name();
+  EXPECT_TRUE(at::equal(plain, silu_mul(a, b)));
 }

@@ -85,6 +85,21 @@ TEST(MemoryEstimate, CheckpointedBlocksKeepOnlyTheirOutput) {
   EXPECT_LT(half.peak, off.peak);
 }
 
+// SwiGLU's gate as one node (runtime.fused_kernels, the default) keeps w1's and w3's outputs but
+// not SiLU's output as well: one [tokens, hidden] tensor less per block than ATen's nodes (the
+// measured side: memory.estimate_matches_measured, and BENCHMARKS.md's table with it off).
+TEST(MemoryEstimate, TheFusedGateKeepsOneHiddenTensorLessPerBlock) {
+  Config c = load_config_file(kConfigs + "1B/H100.toml");
+  const ModelArgs a = resolve_model_args(c);
+  const int64_t N = c.train.micro_bs * c.data.seq_length, bf16 = 2;
+  const MemoryEstimate fused = estimate_step_memory(c, 8, at::kBFloat16, true, false);
+  c.runtime.fused_kernels = false;
+  const MemoryEstimate aten = estimate_step_memory(c, 8, at::kBFloat16, true, false);
+  EXPECT_EQ(aten.activations_per_micro_batch - fused.activations_per_micro_batch,
+            a.n_layers * bf16 * a.ffn_hidden() * N);
+  EXPECT_LT(fused.peak, aten.peak);
+}
+
 // Tensor parallelism on 8 ranks (TP t x FSDP 8/t, the 7B preset, whose 32 key/value heads divide
 // into every degree): each rank still holds an eighth of the parameters and of Adam's state, now
 // its TP slices sharded over fewer ranks. Of a block's saved activations only the two gathered

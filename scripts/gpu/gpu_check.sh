@@ -27,7 +27,8 @@
 # build/) and GPU_CHECK_STEPS naming what is left.
 #
 # Environment: GPU_CHECK_STEPS (default "cuda_tests presets bench"; add "suite" for the rest of
-# ctest), GPU_CHECK_BENCH (bench.sh's arguments), GPU_CHECK_PEERS (bench.sh's PEERS, default
+# ctest, "kernels" for the 1B preset again with ATen's operators alone, --runtime.fused_kernels
+# false: what our RoPE and SwiGLU-gate kernels give in tokens/s and peak memory), GPU_CHECK_BENCH (bench.sh's arguments), GPU_CHECK_PEERS (bench.sh's PEERS, default
 # zeroband), GPU_CHECK_BUDGET_S, GPU_CHECK_COMMIT (the
 # commit to report where the tree has no .git), GPU_CHECK_SYSTEM_DEPS=0 (ignore Debian packages
 # installed here: only the kit or ZB_SKIP_BUILD builds), PYTHON (torch's, for the benchmark's
@@ -90,7 +91,7 @@ debian_packages() {  # the Debian packages scripts/setup.sh installs, all presen
   local want=(libtomlplusplus-dev libspdlog-dev libfmt-dev libcxxopts-dev nlohmann-json3-dev libgtest-dev libgmock-dev libgloo-dev)
   [ "$(dpkg-query -W -f='${Status}\n' "${want[@]}" 2>/dev/null | grep -c 'install ok installed')" = ${#want[@]} ]
 }
-gpu_steps=(build cuda_tests preset_150M preset_1B preset_1B_causal preset_1B_causal_auto profile_1B bench)
+gpu_steps=(build cuda_tests preset_150M preset_1B preset_1B_causal preset_1B_causal_auto profile_1B bench preset_1B_aten)
 if [ "${ZB_SKIP_BUILD:-0}" = 1 ]; then
   build_how=prebuilt
   [ -x "$ROOT/build/apps/train_fsdp" ] || { build_how=none; not_run "nothing to build with" "${gpu_steps[@]}";
@@ -209,6 +210,11 @@ if wanted bench; then
     [ -f "$f" ] && { echo; echo "== $(basename "$f"), its last 60 lines"; tail -n 60 "$f"; } >>"$log"
   done
 else not_run "not in GPU_CHECK_STEPS" bench; fi
+if wanted kernels; then
+  # The 1B preset as preset_1B ran it, with ATen's operators in place of our kernels.
+  step preset_1B_aten 150 "${train[@]}" --config configs/1B/H100.toml --optim.batch_size 64 --train.micro_bs 8 \
+    --runtime.fused_kernels false --logging.metrics_file "$work/preset_1B_aten.jsonl"
+else not_run "not in GPU_CHECK_STEPS" preset_1B_aten; fi
 if wanted suite; then
   step suite 300 ctest --test-dir build -LE cuda -j "$(nproc)" --timeout 300 --output-junit "$work/suite.xml"
 fi

@@ -133,6 +133,8 @@ def main():
     report["document_mask_speed_ratio"] = speed_ratio("1B", "1B_causal")
     # PyTorch's own choice of kernel for causal attention (cuDNN's on an H100, reportedly) over flash.
     report["sdpa_auto_over_flash_speed_ratio"] = speed_ratio("1B_causal_auto", "1B_causal")
+    # Our RoPE and SwiGLU-gate kernels over ATen's operators alone (GPU_CHECK_STEPS "kernels").
+    report["fused_kernels_speed_ratio"] = speed_ratio("1B", "1B_aten")
     report["bench"] = read_json(os.path.join(args.work, "bench", "bench.json"))
     # The 1B preset's profiled steps (train/profiler.h's summary): phases, operators and kernels.
     report["profile_1B"] = read_json(os.path.join(args.work, "profile_1B", "iteration_8", "rank0_summary.json"))
@@ -161,6 +163,8 @@ def main():
         print(f"  1B with the document mask / without: tokens/s x {report['document_mask_speed_ratio']:.3f}")
     if report["sdpa_auto_over_flash_speed_ratio"] is not None:
         print(f"  1B causal, PyTorch's kernel / flash: tokens/s x {report['sdpa_auto_over_flash_speed_ratio']:.3f}")
+    if report["fused_kernels_speed_ratio"] is not None:
+        print(f"  1B with our kernels / ATen's operators: tokens/s x {report['fused_kernels_speed_ratio']:.3f}")
     if report["profile_1B"] and "error" not in report["profile_1B"]:
         p = report["profile_1B"]
         top = ", ".join(f"{x['name']} {x['seconds_per_step']:.3f}" for x in p["phases"][:6])

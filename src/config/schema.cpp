@@ -187,6 +187,9 @@ const std::vector<Field>& schema() {
                 "kernel of attention without documents (and of the CPU's document mask): auto is "
                 "PyTorch's choice; the metrics name the one that ran",
                 "auto", "flash", "cudnn", "efficient", "math"),
+      ZB_FIELD("runtime.fused_kernels", Bool, bool, runtime.fused_kernels,
+               "our fused operators: SwiGLU's gate as one autograd node, and on CUDA in bf16 our kernels for "
+               "it and RoPE (false: ATen's operators alone, for comparison)"),
       ZB_FIELD("ckpt.path", String, std::string, ckpt.path,
                "directory of checkpoints (\"\" = none)"),
       ZB_FIELD("ckpt.interval", Int, int64_t, ckpt.interval,

@@ -19,6 +19,8 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <atomic>
+
 namespace zb {
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -38,10 +40,17 @@ RopeTables rope_tables(int64_t head_dim, int64_t max_positions, double theta,
   return {at::view_as_complex(at::stack({at::cos(angles), at::sin(angles)}, -1))};
 }
 
+namespace {
+std::atomic<bool> fused_kernels{true};
+}  // namespace
+
+void use_fused_kernels(bool on) { fused_kernels.store(on, std::memory_order_relaxed); }
+bool fused_kernels_on() { return fused_kernels.load(std::memory_order_relaxed); }
+
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {
 #ifdef ZB_WITH_CUDA
   // The unfused path moves about five times the bytes of q and k through memory (fp32 copies).
-  if (rope_cuda_bf16_applies(x, rope.cis)) return apply_rope_cuda_bf16(x, rope.cis);
+  if (fused_kernels_on() && rope_cuda_bf16_applies(x, rope.cis)) return apply_rope_cuda_bf16(x, rope.cis);
 #endif
   return apply_rope_unfused(x, rope);
 }
@@ -95,7 +104,9 @@ struct SiluMul : torch::autograd::Function<SiluMul> {
 
 }  // namespace
 
-at::Tensor silu_mul(const at::Tensor& a, const at::Tensor& b) { return SiluMul::apply(a, b); }
+at::Tensor silu_mul(const at::Tensor& a, const at::Tensor& b) {
+  return fused_kernels_on() ? SiluMul::apply(a, b) : at::silu(a) * b;
+}
 
 at::Tensor swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
                   const at::Tensor& w3) {

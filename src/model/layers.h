@@ -27,9 +27,16 @@ at::Tensor apply_rope_unfused(const at::Tensor& x, const RopeTables& rope);
 
 // Attention: model/attention.h.
 
+// Our fused operators (SwiGLU's gate as one node; on CUDA our kernels for it and RoPE,
+// model/cuda_ops.h) where they apply, or, off, the model as ATen's operators alone, as autograd
+// differentiates them (runtime.fused_kernels: for comparison, and a way around them). On by
+// default; process-wide.
+void use_fused_kernels(bool on);
+bool fused_kernels_on();
+
 // silu(a) * b (a and b of one shape), the gate of SwiGLU: ATen's silu then mul, forward and
 // backward, as one autograd node that keeps a and b but not silu(a); bf16 on a GPU in one kernel
-// each way. No second derivative.
+// each way. No second derivative. With use_fused_kernels(false): ATen's silu and mul nodes.
 at::Tensor silu_mul(const at::Tensor& a, const at::Tensor& b);
 
 // SwiGLU feed-forward: w2(silu_mul(w1 x, w3 x)), no biases.

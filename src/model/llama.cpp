@@ -147,7 +147,8 @@ at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h, const Docume
   return h2 + own_positions(swiglu(y, b.w1.to(dt), b.w2.to(dt), b.w3.to(dt)));
 }
 
-ForwardSaves forward_saves(const ModelArgs& a, at::ScalarType compute_dtype, bool cuda, int64_t tp) {
+ForwardSaves forward_saves(const ModelArgs& a, at::ScalarType compute_dtype, bool cuda, int64_t tp,
+                           bool fused_kernels) {
   const int64_t e = at::elementSize(compute_dtype), D = a.dim, hd = a.head_dim();
   const TpShare share = tp_share(a, tp);  // this rank's heads and FFN columns (all without TP)
   const int64_t H = share.heads, F = share.ffn, Q = H * hd, K = share.kv_heads * hd;
@@ -161,8 +162,10 @@ ForwardSaves forward_saves(const ModelArgs& a, at::ScalarType compute_dtype, boo
   // token: the normed input x of wq/wk/wv (D) and y of w1/w3 (D), gathered whole under TP; q and k
   // after RoPE (Q, K); v (K); attention's output (Q; its layout is already [B, T, H*Dh], so wo
   // reads it as is) and fp32 log-sum-exp per head (H); w1's and w3's outputs (the gate's inputs,
-  // silu_mul keeps no more) and the gate's output (w2's input): 3 F.
-  s.block = {2 * s.norm + 2 * e * D, e * (2 * D + 2 * Q + 2 * K + 3 * F) + 4 * H};
+  // silu_mul keeps no more; ATen's silu and mul nodes also SiLU's output) and the gate's output
+  // (w2's input): 3 F, or 4.
+  const int64_t mlp = (fused_kernels ? 3 : 4) * F;
+  s.block = {2 * s.norm + 2 * e * D, e * (2 * D + 2 * Q + 2 * K + mlp) + 4 * H};
   s.checkpointed = {e * D, 0};  // its input is the block before's output
   // head_loss: the final norm at the rank's positions; the normed x [N, D] (gathered whole under
   // TP) and the gradient the chunked loss makes in the forward, dx [N, D]; the head's fp32 rows.

@@ -55,8 +55,10 @@ struct ForwardSaves {
   int64_t head_weight = 0; // the chunked loss's fp32 gradient of this rank's head rows, [vocab / tp, dim]
 };
 // `cuda`: the device's kernels (fused RMSNorm keeps less than the CPU's composite one); `tp`:
-// the tensor-parallel degree (model/tensor_parallel.h; 1: none).
-ForwardSaves forward_saves(const ModelArgs& args, at::ScalarType compute_dtype, bool cuda, int64_t tp = 1);
+// the tensor-parallel degree (model/tensor_parallel.h; 1: none); `fused_kernels`: SwiGLU's gate as
+// one node (runtime.fused_kernels, model/layers.h: it keeps one hidden-sized tensor less).
+ForwardSaves forward_saves(const ModelArgs& args, at::ScalarType compute_dtype, bool cuda, int64_t tp = 1,
+                           bool fused_kernels = true);
 
 class Llama {
  public:

@@ -12,6 +12,11 @@ namespace {
 
 constexpr int kVector = 8;  // bf16 values per 16-byte access
 
+// Eight values loaded or stored as one 16-byte access (from pointers checked to be aligned).
+struct alignas(16) Bf16x8 {
+  __nv_bfloat16 v[kVector];
+};
+
 __device__ __forceinline__ float f(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ __nv_bfloat16 bf16(float x) { return __float2bfloat16_rn(x); }
 
@@ -31,43 +36,37 @@ __device__ __forceinline__ void silu_mul_backward(__nv_bfloat16 g, __nv_bfloat16
 }
 
 // Grid-stride loops: 16-byte vectors where every pointer is 16-byte aligned, then single values
-// for what is left (all of it where a pointer is not aligned).
-__global__ void silu_mul_bf16(const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_bfloat16* out, int64_t n,
-                              bool vectors) {
+// for what is left. A pointer off alignment sends the whole tensor through single values (slower,
+// still correct); the model's tensors come from the caching allocator and GEMMs, aligned.
+__global__ void silu_mul_bf16(const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b,
+                              __nv_bfloat16* __restrict__ out, int64_t n, bool vectors) {
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t n_vectors = vectors ? n / kVector : 0;
   for (int64_t v = first; v < n_vectors; v += stride) {
-    const uint4 va = reinterpret_cast<const uint4*>(a)[v], vb = reinterpret_cast<const uint4*>(b)[v];
-    uint4 vo;
-    const __nv_bfloat16* pa = reinterpret_cast<const __nv_bfloat16*>(&va);
-    const __nv_bfloat16* pb = reinterpret_cast<const __nv_bfloat16*>(&vb);
-    __nv_bfloat16* po = reinterpret_cast<__nv_bfloat16*>(&vo);
+    const Bf16x8 va = reinterpret_cast<const Bf16x8*>(a)[v], vb = reinterpret_cast<const Bf16x8*>(b)[v];
+    Bf16x8 vo;
 #pragma unroll
-    for (int k = 0; k < kVector; ++k) po[k] = silu_mul(pa[k], pb[k]);
-    reinterpret_cast<uint4*>(out)[v] = vo;
+    for (int k = 0; k < kVector; ++k) vo.v[k] = silu_mul(va.v[k], vb.v[k]);
+    reinterpret_cast<Bf16x8*>(out)[v] = vo;
   }
   for (int64_t i = n_vectors * kVector + first; i < n; i += stride) out[i] = silu_mul(a[i], b[i]);
 }
 
-__global__ void silu_mul_backward_bf16(const __nv_bfloat16* g, const __nv_bfloat16* a, const __nv_bfloat16* b,
-                                       __nv_bfloat16* ga, __nv_bfloat16* gb, int64_t n, bool vectors) {
+__global__ void silu_mul_backward_bf16(const __nv_bfloat16* __restrict__ g, const __nv_bfloat16* __restrict__ a,
+                                       const __nv_bfloat16* __restrict__ b, __nv_bfloat16* __restrict__ ga,
+                                       __nv_bfloat16* __restrict__ gb, int64_t n, bool vectors) {
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t n_vectors = vectors ? n / kVector : 0;
   for (int64_t v = first; v < n_vectors; v += stride) {
-    const uint4 vg = reinterpret_cast<const uint4*>(g)[v], va = reinterpret_cast<const uint4*>(a)[v],
-                vb = reinterpret_cast<const uint4*>(b)[v];
-    uint4 vga, vgb;
-    const __nv_bfloat16* pg = reinterpret_cast<const __nv_bfloat16*>(&vg);
-    const __nv_bfloat16* pa = reinterpret_cast<const __nv_bfloat16*>(&va);
-    const __nv_bfloat16* pb = reinterpret_cast<const __nv_bfloat16*>(&vb);
-    __nv_bfloat16* pga = reinterpret_cast<__nv_bfloat16*>(&vga);
-    __nv_bfloat16* pgb = reinterpret_cast<__nv_bfloat16*>(&vgb);
+    const Bf16x8 vg = reinterpret_cast<const Bf16x8*>(g)[v], va = reinterpret_cast<const Bf16x8*>(a)[v],
+                 vb = reinterpret_cast<const Bf16x8*>(b)[v];
+    Bf16x8 vga, vgb;
 #pragma unroll
-    for (int k = 0; k < kVector; ++k) silu_mul_backward(pg[k], pa[k], pb[k], pga[k], pgb[k]);
-    reinterpret_cast<uint4*>(ga)[v] = vga;
-    reinterpret_cast<uint4*>(gb)[v] = vgb;
+    for (int k = 0; k < kVector; ++k) silu_mul_backward(vg.v[k], va.v[k], vb.v[k], vga.v[k], vgb.v[k]);
+    reinterpret_cast<Bf16x8*>(ga)[v] = vga;
+    reinterpret_cast<Bf16x8*>(gb)[v] = vgb;
   }
   for (int64_t i = n_vectors * kVector + first; i < n; i += stride) silu_mul_backward(g[i], a[i], b[i], ga[i], gb[i]);
 }

@@ -85,6 +85,10 @@ std::vector<std::string> describe_trainer(Trainer& trainer, const Config& c, con
                                          device.str().c_str(), device_name(device).c_str(),
                                          c10::toString(trainer.compute_dtype()), at::get_num_threads(),
                                          c.train.reshard_after_forward ? "true" : "false")};
+  if (device.is_cuda())
+    lines.push_back(c.runtime.fused_kernels
+                        ? "kernels: ours for RoPE and SwiGLU's gate in bf16 (runtime.fused_kernels = true)"
+                        : "kernels: ATen's operators alone (runtime.fused_kernels = false)");
   if (const auto& d = trainer.documents())
     lines.push_back(strf("attention: within documents, split %s token %ld (%s), kernel %s", d->opens ? "before" : "after",
                          static_cast<long>(d->token),

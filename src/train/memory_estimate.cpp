@@ -117,7 +117,7 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
   }
 
   // What the forward keeps for backward (defined beside it: model/llama.h's forward_saves).
-  const ForwardSaves saves = forward_saves(a, compute_dtype, cuda, tp);
+  const ForwardSaves saves = forward_saves(a, compute_dtype, cuda, tp, c.runtime.fused_kernels);
   const int64_t block_keeps = saves.block.bytes(N, tp);
   auto checkpointed = [&](int64_t i) { return c.train.ac_ckpt > 0 && i % c.train.ac_ckpt == 0; };
   auto keeps_of = [&](int64_t i) { return checkpointed(i) ? saves.checkpointed.bytes(N, tp) : block_keeps; };  // block i

@@ -16,6 +16,7 @@
 #include "ddp/ddp_engine.h"
 #include "fsdp/fsdp_engine.h"
 #include "config/model_config.h"
+#include "model/layers.h"
 #include "optim/replicated_muon.h"
 #include "optim/sharded_muon.h"
 #include "optim/tensor_parallel_muon.h"
@@ -117,6 +118,7 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
   documents_ = sources.documents;
   flash_documents_ = varlen_flash_supported(device, compute_dtype_, model_->args().head_dim());
   use_sdpa_backend(config.runtime.sdpa_backend);
+  use_fused_kernels(config.runtime.fused_kernels);
   // Asked for this rank's heads: under TP each rank attends with its share of them.
   const ModelArgs& shape = model_->args();
   const TpShare heads = tp_share(shape, tp_comm_ ? tp_comm_->size() : 1);

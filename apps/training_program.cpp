@@ -157,8 +157,8 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
     if (summary && world.rank == 0)
       for (const auto& line : summary->describe(profiler.folder())) zb::log::info(line);
   };
-  // An error in a step's work with the other ranks (its training, evaluation, the agreement on
-  // stopping after it) names the step: usually another rank died there.
+  // An error in a step's work with the other ranks (its training, its evaluation) names the step:
+  // usually another rank died there.
   const auto failed_in = [&](int64_t step, const std::exception& e) {
     return std::runtime_error(
         strf("rank %ld failed in step %ld: %s", world.rank, step, error_text(e).c_str()) +
@@ -172,7 +172,8 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
     profiler.step_begin(step);
     try {
       zb::Phase phase("zb.step", step);
-      s = trainer.train_step();
+      // The flags every rank counts in the step's all-reduce: a signal, a failed save.
+      s = trainer.train_step({stop_requested != 0, checkpoints.failed()});
     } catch (const std::exception& e) {
       throw failed_in(step, e);
     }
@@ -188,21 +189,16 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
         throw failed_in(step, e);
       }
     }
-    metrics.log_step(s, val_loss);  // the agreement on stopping below counts in the next step's record
+    metrics.log_step(s, val_loss);
     if (!s.nonfinite.empty()) on_nonfinite_step(s, cfg, checkpoints);  // throws to stop the run
 
-    // All ranks stop after the same step when any got a signal or saw its save fail.
-    std::vector<int64_t> ranks_with;
-    try {
-      ranks_with = comm.count_over_ranks({stop_requested != 0, checkpoints.failed()});
-    } catch (const std::exception& e) {
-      throw failed_in(step, e);
-    }
-    if (ranks_with[1] > 0) {
+    // All ranks stop after the same step when any got a signal or saw its save fail (counted in
+    // the step's all-reduce: what came after it counts at the next step).
+    if (s.ranks_failed_save > 0) {
       checkpoints.finish();  // throws the failure where this rank knows it
       throw std::runtime_error("saving the checkpoint failed on another rank (see the log of rank 0)");
     }
-    const bool stopping = ranks_with[0] > 0;
+    const bool stopping = s.ranks_stopping > 0;
     std::optional<std::string> saved;
     try {
       saved = checkpoints.save_if_due(trainer, stopping);  // written in the background

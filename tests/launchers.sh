@@ -70,7 +70,7 @@ for step, (a, b) in enumerate(zip(one, hsdp), 1):
     assert abs(a - b) <= 1e-5 * abs(a), f"step {step}: {a} vs {b}"
 # Bytes by group: the gathers, reduce-scatters and Muon's exchange stay inside the shard group
 # (a node); only the all-reduce of the reduced rows crosses to the other replica. The step's
-# totals hold both plus the world's own all-reduces (loss, agreement flags).
+# totals hold both plus the world's own all-reduce (the loss with the loop's flags).
 r = json.loads(open(sys.argv[2]).readlines()[-1])
 shard, rep, total = r["comm_bytes_shard_group"], r["comm_bytes_replicate_group"], r["comm_bytes"]
 print("by group:", shard, rep)

@@ -74,10 +74,9 @@ def step_plan(train, config, overrides, world, shard, ddp=False, rank=0, batch_s
 
 
 def plan_calls(plan):
-    """The step's collectives by group: (kind, ranks, payload, counted bytes, overlap), the loop's
-    agreement on stopping included (it counts in the next step's record)."""
+    """The step's collectives by group: (kind, ranks, payload, counted bytes, overlap)."""
     calls = {}
-    for e in plan["events"] + plan["after_step"]:
+    for e in plan["events"]:
         if e["op"] == "collective":
             calls.setdefault(e["group"], []).append((e["kind"], e["ranks"], e["payload"], e["counted"], e["overlap"]))
     return calls

@@ -258,12 +258,12 @@ StepPlan plan_step(const Config& c, int64_t world_size, int64_t rank, Parallelis
   }
 
   // The step's own: the gradient norm's sum of squares over the ranks holding different rows (a
-  // replica computes it alone), then the mean loss (under DiLoCo each replica's) and the
-  // non-finite flag over every rank.
+  // replica computes it alone), then the mean loss (under DiLoCo each replica's), the non-finite
+  // flag and the loop's two flags (StepFlags: stop, failed save) over every rank.
   w.mark(StepEvent::Op::Optimizer);
   if (fsdp) w.ring(CommKind::AllReduce, shard_group, S, 4, "gradient norm", "exposed");
   if (tp > 1) w.ring(CommKind::AllReduce, "tp", tp, 4, "gradient norm over the TP group", "exposed");
-  w.ring(CommKind::AllReduce, "world", p.world, 4 * ((diloco ? R : 1) + 1), "loss and non-finite flag", "exposed");
+  w.ring(CommKind::AllReduce, "world", p.world, 4 * ((diloco ? R : 1) + 3), "loss and flags", "exposed");
 
   // Muon (optim/sharded_muon.cpp, optim/replicated_muon.cpp, optim/tensor_parallel_muon.cpp), in
   // its Newton-Schulz dtype. Owners are chosen by the whole matrices' cost, the same on every rank.
@@ -347,9 +347,6 @@ StepPlan plan_step(const Config& c, int64_t world_size, int64_t rank, Parallelis
     tensor_parallel_stage(muon);
   }
 
-  PlanWriter after(p.after_step);
-  after.ring(CommKind::AllReduce, "world", p.world, 8, "agreement on stopping", "exposed");
-
   if (diloco) {  // train/diloco.cpp: each fragment's Δ, this rank's rows, flat
     StepPlan::Diloco d;
     d.inner_steps = c.diloco.inner_steps;
@@ -392,12 +389,11 @@ int64_t StepPlan::Diloco::replicate_bytes_per_period() const {
 
 std::map<std::string, std::map<std::string, int64_t>> StepPlan::counted_bytes() const {
   std::map<std::string, std::map<std::string, int64_t>> bytes;
-  for (const auto* list : {&events, &after_step})
-    for (const StepEvent& e : *list)
-      if (e.op == StepEvent::Op::Collective) {
-        bytes[e.group][comm_kind_name(e.kind)] += e.counted;
-        bytes["total"][comm_kind_name(e.kind)] += e.counted;
-      }
+  for (const StepEvent& e : events)
+    if (e.op == StepEvent::Op::Collective) {
+      bytes[e.group][comm_kind_name(e.kind)] += e.counted;
+      bytes["total"][comm_kind_name(e.kind)] += e.counted;
+    }
   return bytes;
 }
 
@@ -447,7 +443,6 @@ nlohmann::json plan_to_json(const StepPlan& p) {
       {"micro_batches", p.micro_batches},
       {"reduce_every_micro_batch", p.reduce_every_micro_batch},
       {"events", events(p.events)},
-      {"after_step", events(p.after_step)},
       {"counted_bytes", p.counted_bytes()},
       {"diloco", diloco},
   };

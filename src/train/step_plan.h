@@ -5,7 +5,7 @@
 // buckets, the optimizer). For each micro-batch: gathers (with the prefetches in the order the
 // engine issues them), parameters in place, block forwards, frees, recomputes, gradients handed
 // over, reduce-scatters and the replicas' all-reduces; then the step's own collectives (the
-// gradient norm, the loss, Muon's exchanges) and the loop's agreement on stopping.
+// gradient norm, the loss with the loop's flags, Muon's exchanges). The loop adds none.
 //
 // The engines record what they do into a StepTrace (parallel/step_trace.h); tests check that the
 // trace of a real step equals the plan over the grid of layouts and options. What models the
@@ -35,12 +35,9 @@ struct StepPlan {
   bool reduce_every_micro_batch = false;
   // Trainer::train_step's events, in order.
   std::vector<StepEvent> events;
-  // The loop's, after the step's record: the agreement on stopping (its bytes count in the next
-  // step's record).
-  std::vector<StepEvent> after_step;
 
-  // Bytes counted per group ("world", "shard", "replicate") and kind, over events and after_step:
-  // one step's record from the second on, in a step without evaluation or a checkpoint save (their
+  // Bytes counted per group ("world", "shard", "replicate") and kind over the events: one step's
+  // record from the second on, in a step without evaluation or a checkpoint save (their
   // collectives count in the record of the step they follow). "total" sums the groups. Under
   // DiLoCo an inner step's; the outer steps' are below.
   std::map<std::string, std::map<std::string, int64_t>> counted_bytes() const;
@@ -68,7 +65,7 @@ StepPlan plan_step(const Config& config, int64_t world_size, int64_t rank, Paral
                    at::ScalarType compute_dtype, at::ScalarType ns_dtype, bool reduce_every_micro_batch,
                    bool cuda = false);
 
-// The plan as JSON: layout, events (each with its notes), after_step and counted bytes.
+// The plan as JSON: layout, events (each with its notes) and counted bytes.
 nlohmann::json plan_to_json(const StepPlan& plan);
 
 }  // namespace zb

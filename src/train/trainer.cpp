@@ -160,7 +160,7 @@ at::ScalarType Trainer::resolve_compute_dtype(const Config& config, const c10::D
   return device.is_cuda() ? at::kBFloat16 : at::kFloat;  // "auto"
 }
 
-StepStats Trainer::train_step() {
+StepStats Trainer::train_step(const StepFlags& flags) {
   ++step_;
   StepStats stats;
   // DiLoCo's outer copies start from the parameters the run begins with (initial weights loaded
@@ -213,24 +213,29 @@ StepStats Trainer::train_step() {
     Phase phase("zb.clip");
     grad_norm = parallel_->clip_grad_norm_(config_.optim.max_norm);
   }
-  // One all-reduce: the mean loss over the global batch (the ranks' means averaged) and how many
+  // One all-reduce: the mean loss over the global batch (the ranks' means averaged), how many
   // ranks see a non-finite gradient norm (under DDP each computes it from its own replica), so
-  // that every rank takes the same decision on applying the step.
-  // Under DiLoCo each replica's mean has its own slot (replicas_ of them, then the flag); the loss
+  // that every rank takes the same decision on applying the step, and how many raise each of the
+  // loop's flags.
+  // Under DiLoCo each replica's mean has its own slot (replicas_ of them, then the counts); the loss
   // is their mean. Every replica skips a step that is not finite on any, so that steps stay aligned.
   const at::Tensor norm = grad_norm.reshape({1}).to(at::kFloat);
   const int64_t slot = diloco_ ? replica_ : 0;
-  at::Tensor reduced = at::zeros({replicas_ + 1}, loss_sum.options());
+  at::Tensor reduced = at::zeros({replicas_ + 3}, loss_sum.options());
   reduced.narrow(0, slot, 1).copy_(loss_sum / static_cast<double>(comm_.size() / replicas_));
   reduced.narrow(0, replicas_, 1).copy_(at::isfinite(norm).logical_not().to(at::kFloat));
+  if (flags.stop_requested) reduced.narrow(0, replicas_ + 1, 1).fill_(1.0);
+  if (flags.save_failed) reduced.narrow(0, replicas_ + 2, 1).fill_(1.0);
   comm_.all_reduce_sum(reduced).wait();
-  // The step's one host synchronisation (the loop adds one more for its stop flags).
+  // The step's host synchronisation before the optimizer (the clock's below ends the step).
   const at::Tensor host = at::cat({reduced, norm}).cpu();
   stats.step = step_;
   for (int64_t r = 0; r < replicas_; ++r) stats.loss += host[r].item<double>() / static_cast<double>(replicas_);
   if (replicas_ > 1)
     for (int64_t r = 0; r < replicas_; ++r) stats.replica_losses.push_back(host[r].item<double>());
-  stats.grad_norm = host[replicas_ + 1].item<double>();
+  stats.ranks_stopping = std::lround(host[replicas_ + 1].item<double>());
+  stats.ranks_failed_save = std::lround(host[replicas_ + 2].item<double>());
+  stats.grad_norm = host[replicas_ + 3].item<double>();
   if (host[replicas_].item<double>() > 0 && std::isfinite(stats.grad_norm))  // not finite on another rank
     stats.grad_norm = std::numeric_limits<double>::quiet_NaN();
   const double lr_multiplier = schedule_.multiplier(step_ - skipped_);  // skipped steps do not count

@@ -43,6 +43,17 @@ struct StepStats {
   // ended with, if any.
   std::vector<double> replica_losses;
   std::optional<OuterSyncStats> outer;
+  // The loop's flags (StepFlags) counted over the ranks by the step's own all-reduce.
+  int64_t ranks_stopping = 0, ranks_failed_save = 0;
+};
+
+// What the loop asks the ranks to agree on after a step: whether any got a stop signal or saw its
+// last checkpoint save fail. They travel in the step's one all-reduce of its loss (no collective,
+// no host synchronisation of their own: across slow links each is a round trip), so what a rank
+// notices after that all-reduce counts at the next step.
+struct StepFlags {
+  bool stop_requested = false;
+  bool save_failed = false;
 };
 
 enum class Parallelism { FSDP, DDP };
@@ -70,7 +81,7 @@ class Trainer : public TrainingState {
           std::optional<bool> reduce_every_micro_batch = std::nullopt);
   ~Trainer() override;  // detaches a step trace from the communicator it does not own
 
-  StepStats train_step();
+  StepStats train_step(const StepFlags& flags = {});
   // runtime.compute_dtype on `device`: "auto" is bf16 on CUDA, fp32 on CPU.
   static at::ScalarType resolve_compute_dtype(const Config& config, const c10::Device& device);
   // Mean loss over data.eval_batches micro-batches per rank of the validation data (the same

@@ -19,6 +19,15 @@ cudaError_t launch_silu_mul_bf16(const void* a, const void* b, void* out, int64_
 cudaError_t launch_silu_mul_backward_bf16(const void* g, const void* a, const void* b, void* ga, void* gb, int64_t n,
                                           cudaStream_t stream);
 
+// The kernels run on the host instead, serially, every thread of a grid in turn (0: the grid the
+// launch would use): their indexing and arithmetic, testable without a GPU (the CUDA math
+// library's expf and bf16 conversions have host versions).
+void rope_bf16_on_host(const void* x, void* out, const void* cis, int64_t rows, int64_t T, int heads, int half,
+                       bool conjugate, int64_t blocks, int threads);
+void silu_mul_bf16_on_host(const void* a, const void* b, void* out, int64_t n, int64_t threads);
+void silu_mul_backward_bf16_on_host(const void* g, const void* a, const void* b, void* ga, void* gb, int64_t n,
+                                    int64_t threads);
+
 // Whether these kernels have an image for the current device. They are built into one library
 // with the same architectures (TORCH_CUDA_ARCH_LIST), so one kernel's answer is every kernel's.
 bool kernels_run_here();

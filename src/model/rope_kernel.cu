@@ -12,14 +12,17 @@ namespace {
 
 // A block per position (b, t) at a time: its heads x half pairs are contiguous in x [B, T, H, 2 half]
 // and all read the table's row t, so the division by T happens once per row and the pair's index
-// within a head is a 32-bit remainder.
-__global__ void rope_bf16(const __nv_bfloat162* x, __nv_bfloat162* out, const float2* cis, int64_t rows, int64_t T,
-                          int pairs_per_row, int half, float sign) {
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+// within a head is a 32-bit remainder. One thread's loops (`block` of `blocks`, `thread` of
+// `threads` in it), host and device: the tests also run them on the CPU (rope_bf16_on_host).
+__host__ __device__ __forceinline__ void rope_thread(const __nv_bfloat162* __restrict__ x,
+                                                     __nv_bfloat162* __restrict__ out, const float2* __restrict__ cis,
+                                                     int64_t rows, int64_t T, int pairs_per_row, int half, float sign,
+                                                     int64_t block, int64_t blocks, int thread, int threads) {
+  for (int64_t r = block; r < rows; r += blocks) {
     const float2* table = cis + (r % T) * half;
     const __nv_bfloat162* in = x + r * pairs_per_row;
     __nv_bfloat162* o = out + r * pairs_per_row;
-    for (int j = threadIdx.x; j < pairs_per_row; j += blockDim.x) {
+    for (int j = thread; j < pairs_per_row; j += threads) {
       const float2 e = table[j % half];
       const float c = e.x, s = sign * e.y;
       const float2 v = __bfloat1622float2(in[j]);
@@ -27,6 +30,22 @@ __global__ void rope_bf16(const __nv_bfloat162* x, __nv_bfloat162* out, const fl
       o[j] = __floats2bfloat162_rn(v.x * c - v.y * s, v.x * s + v.y * c);
     }
   }
+}
+
+__global__ void rope_bf16(const __nv_bfloat162* __restrict__ x, __nv_bfloat162* __restrict__ out,
+                          const float2* __restrict__ cis, int64_t rows, int64_t T, int pairs_per_row, int half,
+                          float sign) {
+  rope_thread(x, out, cis, rows, T, pairs_per_row, half, sign, blockIdx.x, gridDim.x, threadIdx.x, blockDim.x);
+}
+
+// The launch's grid: a block per row up to 2^20 blocks (the loop covers the rest), and up to 256
+// threads a block, whole warps.
+struct RopeGrid {
+  int blocks, threads;
+};
+RopeGrid rope_grid(int64_t rows, int pairs_per_row) {
+  return {static_cast<int>(rows < (1 << 20) ? rows : (1 << 20)),
+          pairs_per_row >= 256 ? 256 : ((pairs_per_row + 31) / 32) * 32};
 }
 
 }  // namespace
@@ -37,12 +56,26 @@ cudaError_t launch_rope_bf16(const void* x, void* out, const void* cis, int64_t 
                              bool conjugate, cudaStream_t stream) {
   if (rows == 0 || heads == 0 || half == 0) return cudaSuccess;
   const int pairs_per_row = heads * half;
-  const int threads = pairs_per_row >= 256 ? 256 : ((pairs_per_row + 31) / 32) * 32;
-  const int blocks = static_cast<int>(rows < (1 << 20) ? rows : (1 << 20));  // the loop covers the rest
-  rope_bf16<<<blocks, threads, 0, stream>>>(static_cast<const __nv_bfloat162*>(x), static_cast<__nv_bfloat162*>(out),
-                                            static_cast<const float2*>(cis), rows, T, pairs_per_row, half,
-                                            conjugate ? -1.0f : 1.0f);
+  const RopeGrid grid = rope_grid(rows, pairs_per_row);
+  rope_bf16<<<grid.blocks, grid.threads, 0, stream>>>(static_cast<const __nv_bfloat162*>(x),
+                                                      static_cast<__nv_bfloat162*>(out),
+                                                      static_cast<const float2*>(cis), rows, T, pairs_per_row, half,
+                                                      conjugate ? -1.0f : 1.0f);
   return cudaGetLastError();
+}
+
+void rope_bf16_on_host(const void* x, void* out, const void* cis, int64_t rows, int64_t T, int heads, int half,
+                       bool conjugate, int64_t blocks, int threads) {
+  if (rows == 0 || heads == 0 || half == 0) return;
+  const int pairs_per_row = heads * half;
+  const RopeGrid grid = rope_grid(rows, pairs_per_row);
+  if (blocks == 0) blocks = grid.blocks;
+  if (threads == 0) threads = grid.threads;
+  for (int64_t block = 0; block < blocks; ++block)
+    for (int thread = 0; thread < threads; ++thread)
+      rope_thread(static_cast<const __nv_bfloat162*>(x), static_cast<__nv_bfloat162*>(out),
+                  static_cast<const float2*>(cis), rows, T, pairs_per_row, half, conjugate ? -1.0f : 1.0f, block,
+                  blocks, thread, threads);
 }
 
 bool kernels_run_here() {

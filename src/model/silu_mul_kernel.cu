@@ -17,31 +17,32 @@ struct alignas(16) Bf16x8 {
   __nv_bfloat16 v[kVector];
 };
 
-__device__ __forceinline__ float f(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ __nv_bfloat16 bf16(float x) { return __float2bfloat16_rn(x); }
+// Host and device: the same code also runs on the CPU, thread by thread of an emulated grid, for
+// the tests of a machine without a GPU (silu_mul_bf16_on_host below).
+#define ZB_HD __host__ __device__ __forceinline__
+
+ZB_HD float f(__nv_bfloat16 x) { return __bfloat162float(x); }
+ZB_HD __nv_bfloat16 bf16(float x) { return __float2bfloat16_rn(x); }
 
 // ATen's SiLU forward: x / (1 + e^-x).
-__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+ZB_HD float silu(float x) { return x / (1.0f + expf(-x)); }
 
-__device__ __forceinline__ __nv_bfloat16 silu_mul(__nv_bfloat16 a, __nv_bfloat16 b) {
-  return bf16(f(bf16(silu(f(a)))) * f(b));
-}
+ZB_HD __nv_bfloat16 silu_mul(__nv_bfloat16 a, __nv_bfloat16 b) { return bf16(f(bf16(silu(f(a)))) * f(b)); }
 
 // The product's rule, then SiLU's (ATen's: dy * s * (1 + x * (1 - s)), s the sigmoid).
-__device__ __forceinline__ void silu_mul_backward(__nv_bfloat16 g, __nv_bfloat16 a, __nv_bfloat16 b, __nv_bfloat16& ga,
-                                                  __nv_bfloat16& gb) {
+ZB_HD void silu_mul_backward(__nv_bfloat16 g, __nv_bfloat16 a, __nv_bfloat16 b, __nv_bfloat16& ga,
+                             __nv_bfloat16& gb) {
   const float x = f(a), s = 1.0f / (1.0f + expf(-x));
   ga = bf16(f(bf16(f(g) * f(b))) * s * (1.0f + x * (1.0f - s)));
   gb = bf16(f(g) * f(bf16(silu(x))));
 }
 
-// Grid-stride loops: 16-byte vectors where every pointer is 16-byte aligned, then single values
-// for what is left. A pointer off alignment sends the whole tensor through single values (slower,
-// still correct); the model's tensors come from the caching allocator and GEMMs, aligned.
-__global__ void silu_mul_bf16(const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b,
-                              __nv_bfloat16* __restrict__ out, int64_t n, bool vectors) {
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+// One thread's grid-stride loops (`first`: its index in the grid; `stride`: the grid's threads):
+// 16-byte vectors where every pointer is 16-byte aligned, then single values for what is left. A
+// pointer off alignment sends the whole tensor through single values (slower, still correct); the
+// model's tensors come from the caching allocator and GEMMs, aligned.
+ZB_HD void silu_mul_thread(const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b,
+                           __nv_bfloat16* __restrict__ out, int64_t n, bool vectors, int64_t first, int64_t stride) {
   const int64_t n_vectors = vectors ? n / kVector : 0;
   for (int64_t v = first; v < n_vectors; v += stride) {
     const Bf16x8 va = reinterpret_cast<const Bf16x8*>(a)[v], vb = reinterpret_cast<const Bf16x8*>(b)[v];
@@ -53,11 +54,10 @@ __global__ void silu_mul_bf16(const __nv_bfloat16* __restrict__ a, const __nv_bf
   for (int64_t i = n_vectors * kVector + first; i < n; i += stride) out[i] = silu_mul(a[i], b[i]);
 }
 
-__global__ void silu_mul_backward_bf16(const __nv_bfloat16* __restrict__ g, const __nv_bfloat16* __restrict__ a,
-                                       const __nv_bfloat16* __restrict__ b, __nv_bfloat16* __restrict__ ga,
-                                       __nv_bfloat16* __restrict__ gb, int64_t n, bool vectors) {
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+ZB_HD void silu_mul_backward_thread(const __nv_bfloat16* __restrict__ g, const __nv_bfloat16* __restrict__ a,
+                                    const __nv_bfloat16* __restrict__ b, __nv_bfloat16* __restrict__ ga,
+                                    __nv_bfloat16* __restrict__ gb, int64_t n, bool vectors, int64_t first,
+                                    int64_t stride) {
   const int64_t n_vectors = vectors ? n / kVector : 0;
   for (int64_t v = first; v < n_vectors; v += stride) {
     const Bf16x8 vg = reinterpret_cast<const Bf16x8*>(g)[v], va = reinterpret_cast<const Bf16x8*>(a)[v],
@@ -69,6 +69,19 @@ __global__ void silu_mul_backward_bf16(const __nv_bfloat16* __restrict__ g, cons
     reinterpret_cast<Bf16x8*>(gb)[v] = vgb;
   }
   for (int64_t i = n_vectors * kVector + first; i < n; i += stride) silu_mul_backward(g[i], a[i], b[i], ga[i], gb[i]);
+}
+
+__global__ void silu_mul_bf16(const __nv_bfloat16* __restrict__ a, const __nv_bfloat16* __restrict__ b,
+                              __nv_bfloat16* __restrict__ out, int64_t n, bool vectors) {
+  silu_mul_thread(a, b, out, n, vectors, static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
+                  static_cast<int64_t>(gridDim.x) * blockDim.x);
+}
+
+__global__ void silu_mul_backward_bf16(const __nv_bfloat16* __restrict__ g, const __nv_bfloat16* __restrict__ a,
+                                       const __nv_bfloat16* __restrict__ b, __nv_bfloat16* __restrict__ ga,
+                                       __nv_bfloat16* __restrict__ gb, int64_t n, bool vectors) {
+  silu_mul_backward_thread(g, a, b, ga, gb, n, vectors, static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
+                           static_cast<int64_t>(gridDim.x) * blockDim.x);
 }
 
 bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -102,6 +115,26 @@ cudaError_t launch_silu_mul_backward_bf16(const void* g, const void* a, const vo
       static_cast<const __nv_bfloat16*>(g), static_cast<const __nv_bfloat16*>(a), static_cast<const __nv_bfloat16*>(b),
       static_cast<__nv_bfloat16*>(ga), static_cast<__nv_bfloat16*>(gb), n, vectors);
   return cudaGetLastError();
+}
+
+// The launches' work on the host, every thread of the grid in turn (`threads`; 0: the grid the
+// launch would use).
+void silu_mul_bf16_on_host(const void* a, const void* b, void* out, int64_t n, int64_t threads) {
+  const bool vectors = aligned(a) && aligned(b) && aligned(out);
+  if (threads == 0) threads = static_cast<int64_t>(grid_for(n, vectors).x) * 256;
+  for (int64_t t = 0; t < threads; ++t)
+    silu_mul_thread(static_cast<const __nv_bfloat16*>(a), static_cast<const __nv_bfloat16*>(b),
+                    static_cast<__nv_bfloat16*>(out), n, vectors, t, threads);
+}
+
+void silu_mul_backward_bf16_on_host(const void* g, const void* a, const void* b, void* ga, void* gb, int64_t n,
+                                    int64_t threads) {
+  const bool vectors = aligned(g) && aligned(a) && aligned(b) && aligned(ga) && aligned(gb);
+  if (threads == 0) threads = static_cast<int64_t>(grid_for(n, vectors).x) * 256;
+  for (int64_t t = 0; t < threads; ++t)
+    silu_mul_backward_thread(static_cast<const __nv_bfloat16*>(g), static_cast<const __nv_bfloat16*>(a),
+                             static_cast<const __nv_bfloat16*>(b), static_cast<__nv_bfloat16*>(ga),
+                             static_cast<__nv_bfloat16*>(gb), n, vectors, t, threads);
 }
 
 }  // namespace zb

@@ -1,0 +1,106 @@
+// Our CUDA kernels' code run on the CPU, every thread of a grid in turn (model/cuda_kernels.h):
+// what a machine without a GPU can check of them, their indexing (16-byte vectors, the single
+// values after them, pointers off alignment, grids smaller than the work) and their arithmetic,
+// against ATen's fp32 operators rounded to bf16 where ATen's CUDA kernels round. The GPU's own run
+// is tests/test_cuda.cpp's.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "model/layers.h"
+
+#ifdef ZB_WITH_CUDA
+#include "model/cuda_kernels.h"
+#endif
+
+namespace {
+
+#ifdef ZB_WITH_CUDA
+// bf16 values on the CPU whose data starts `offset` elements (2 bytes each) into their storage.
+at::Tensor bf16_values(int64_t n, int64_t offset) {
+  return (at::randn({n + offset}) * 4).to(at::kBFloat16).narrow(0, offset, n);
+}
+
+// Elements of `got` more than one bf16 step (2^-7 relative, 2^-14 absolute) from `want`, and
+// elements that differ at all. A NaN (an element no thread wrote) counts in both.
+std::pair<int64_t, int64_t> differences(const at::Tensor& got, const at::Tensor& want) {
+  const at::Tensor x = got.to(at::kFloat), y = want.to(at::kFloat);
+  const at::Tensor far = ((x - y).abs() > y.abs() * std::ldexp(1.0, -7) + std::ldexp(1.0, -14)).logical_or(x.isnan());
+  return {far.sum().item<int64_t>(), x.ne(y).sum().item<int64_t>()};
+}
+#endif
+
+}  // namespace
+
+TEST(KernelsOnHost, SiluMulCoversEveryElementWithAtensRounding) {
+#ifndef ZB_WITH_CUDA
+  GTEST_SKIP() << "built against a LibTorch without CUDA: no kernels";
+#else
+  at::manual_seed(6);
+  int cases = 0;
+  for (const int64_t n : {0, 1, 7, 8, 9, 64, 4099, 2 * 5632 + 5})
+    for (const int64_t offset : {0, 1})  // aligned (vectors, then single values), or not (single values)
+      for (const int64_t threads : {0, 1, 37}) {  // the launch's grid, and grids smaller than the work
+        const std::string what = "n " + std::to_string(n) + ", offset " + std::to_string(offset) + ", threads " +
+                                 std::to_string(threads);
+        const at::Tensor a = bf16_values(n, offset), b = bf16_values(n, offset), g = bf16_values(n, offset);
+        at::Tensor out = bf16_values(n, offset).fill_(NAN), ga = bf16_values(n, offset).fill_(NAN),
+                   gb = bf16_values(n, offset).fill_(NAN);
+        zb::silu_mul_bf16_on_host(a.const_data_ptr(), b.const_data_ptr(), out.mutable_data_ptr(), n, threads);
+        zb::silu_mul_backward_bf16_on_host(g.const_data_ptr(), a.const_data_ptr(), b.const_data_ptr(),
+                                           ga.mutable_data_ptr(), gb.mutable_data_ptr(), n, threads);
+        // ATen's CUDA operators in bf16: SiLU rounds its output, mul its product; backward, the
+        // product's rule (g * b rounded) then SiLU's backward, and g * silu(a).
+        const at::Tensor af = a.to(at::kFloat), bf = b.to(at::kFloat), gf = g.to(at::kFloat);
+        const at::Tensor s = (af / (1 + at::exp(-af))).to(at::kBFloat16).to(at::kFloat);
+        const at::Tensor sig = 1 / (1 + at::exp(-af));
+        const at::Tensor want_out = (s * bf).to(at::kBFloat16);
+        const at::Tensor want_ga =
+            ((gf * bf).to(at::kBFloat16).to(at::kFloat) * sig * (1 + af * (1 - sig))).to(at::kBFloat16);
+        const at::Tensor want_gb = (gf * s).to(at::kBFloat16);
+        for (const auto& [name, got, want] : {std::tuple{"forward", out, want_out}, std::tuple{"gradient of a", ga, want_ga},
+                                              std::tuple{"gradient of b", gb, want_gb}}) {
+          const auto [far, differ] = differences(got, want);
+          EXPECT_EQ(far, 0) << what << ", " << name << ": elements missed or more than one bf16 step off";
+          // The CPU's exp (ATen's vectorised one against the C library's expf) may round an
+          // element differently now and then; nearly all are the same bits.
+          EXPECT_LE(differ, n / 100 + 1) << what << ", " << name;
+        }
+        ++cases;
+      }
+  EXPECT_EQ(cases, 8 * 2 * 3);
+#endif
+}
+
+TEST(KernelsOnHost, RopeCoversEveryPairWithTheUnfusedPathsRounding) {
+#ifndef ZB_WITH_CUDA
+  GTEST_SKIP() << "built against a LibTorch without CUDA: no kernels";
+#else
+  // x [B, T, H, Dh] in bf16 rotated by the table's first T rows (and by their conjugate, as
+  // backward does), against apply_rope_unfused on the CPU: the same fp32 products rounded to bf16.
+  at::manual_seed(7);
+  int cases = 0;
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{2, 16, 3, 8}, std::vector<int64_t>{1, 5, 40, 64}})
+    for (const bool conjugate : {false, true})
+      for (const auto& [blocks, threads] : {std::pair<int64_t, int>{0, 0}, {1, 32}, {3, 7}}) {
+        const std::string what = "shape " + std::to_string(shape[1]) + "x" + std::to_string(shape[2]) + "x" +
+                                 std::to_string(shape[3]) + (conjugate ? ", conjugate" : "") + ", grid " +
+                                 std::to_string(blocks) + " x " + std::to_string(threads);
+        const int64_t B = shape[0], T = shape[1], H = shape[2], Dh = shape[3];
+        const zb::RopeTables rope = zb::rope_tables(Dh, 2 * T, 10000.0, at::kFloat);
+        const at::Tensor x = at::randn(shape).to(at::kBFloat16);
+        const at::Tensor pairs = at::view_as_real(rope.cis.slice(0, 0, T)).contiguous();  // [T, Dh/2, 2] fp32
+        at::Tensor out = at::full(shape, NAN, x.options());
+        zb::rope_bf16_on_host(x.const_data_ptr(), out.mutable_data_ptr(), pairs.const_data_ptr(), B * T, T, H, Dh / 2,
+                              conjugate, blocks, threads);
+        const zb::RopeTables table = conjugate ? zb::RopeTables{rope.cis.conj().resolve_conj()} : rope;
+        const auto [far, differ] = differences(out, zb::apply_rope_unfused(x, table));
+        EXPECT_EQ(far, 0) << what << ": pairs missed or more than one bf16 step off";
+        EXPECT_LE(differ, out.numel() / 100 + 1) << what;
+        ++cases;
+      }
+  EXPECT_EQ(cases, 2 * 2 * 3);
+#endif
+}

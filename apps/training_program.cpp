@@ -37,7 +37,7 @@ namespace {
 using zb::strf;
 
 // SIGTERM (preemption) and SIGINT (Ctrl-C) ask the loop to finish the current step, save and
-// exit 0.
+// exit 0 (the next step, when the signal comes after the step's all-reduce: StepFlags).
 volatile std::sig_atomic_t stop_requested = 0;
 void request_stop(int) { stop_requested = 1; }
 
@@ -173,7 +173,7 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
     try {
       zb::Phase phase("zb.step", step);
       // The flags every rank counts in the step's all-reduce: a signal, a failed save.
-      s = trainer.train_step({stop_requested != 0, checkpoints.failed()});
+      s = trainer.train_step([&] { return zb::StepFlags{stop_requested != 0, checkpoints.failed()}; });
     } catch (const std::exception& e) {
       throw failed_in(step, e);
     }
@@ -193,7 +193,7 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
     if (!s.nonfinite.empty()) on_nonfinite_step(s, cfg, checkpoints);  // throws to stop the run
 
     // All ranks stop after the same step when any got a signal or saw its save fail (counted in
-    // the step's all-reduce: what came after it counts at the next step).
+    // the step's all-reduce, before its optimizer: what came after it counts at the next step).
     if (s.ranks_failed_save > 0) {
       checkpoints.finish();  // throws the failure where this rank knows it
       throw std::runtime_error("saving the checkpoint failed on another rank (see the log of rank 0)");

@@ -30,7 +30,7 @@ other_world_size)
   done
   ;;
 signal)
-  # SIGTERM to one rank: every rank finishes its step, saves, and exits 0.
+  # SIGTERM to one rank: every rank finishes its step (or the next), saves, and exits 0.
   run_ranks 2 "$work/s.log" --ckpt.path "$work/s" --optim.total_steps 100000 --logging.interval 1
   for _ in $(seq 200); do grep -q "step 3/" "$work/s.log.0" && break; sleep 0.1; done
   kill -TERM "${pids[1]}"

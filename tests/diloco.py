@@ -394,7 +394,7 @@ def resume_cases():
         fail("streaming: the resume with an exchange in flight differs from the run without one")
     print("streaming: resumed with an exchange in flight, steps 4-6 and the final parameters identical")
 
-    # SIGTERM to every rank mid-run (as a scheduler's preemption): they finish the step, save and exit
+    # SIGTERM to every rank mid-run (as a scheduler's preemption): they finish the step (or the next), save and exit
     # 0; the resume reaches the uninterrupted run's end bit for bit.
     longer = ["--optim.total_steps", "20", "--optim.stable_steps", "20"]  # the data wrap around
     _, long_params, _ = run("long", 4, *layout, *longer, final_step=20)

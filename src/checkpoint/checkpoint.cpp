@@ -205,11 +205,9 @@ void CheckpointWriter::finish() {
 }
 
 std::string CheckpointWriter::last_good() {
-  try {
-    finish();
-  } catch (const std::exception& e) {
-    log::error(e.what());
-  }
+  // Waits for the save in flight but keeps its failure, if any, for finish() and failed() to
+  // report (the loop stops every rank on it).
+  if (writer_.joinable()) writer_.join();
   if (!config_.ckpt.path.empty() && path_exists(config_.ckpt.path + "/latest"))
     return resolve_checkpoint(config_, "latest");
   return config_.ckpt.resume.empty() ? "" : resolve_checkpoint(config_, config_.ckpt.resume);

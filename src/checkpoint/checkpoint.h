@@ -52,7 +52,7 @@ class CheckpointWriter {
   // Whether the save in flight has already failed, on this rank's knowledge; no waiting.
   bool failed() const { return failed_; }
   // The newest complete checkpoint in ckpt.path, else the one the run resumed from, else "".
-  // Waits for the save in flight (without throwing).
+  // Waits for the save in flight without throwing: a failure of it stays for finish() and failed().
   std::string last_good();
 
  private:

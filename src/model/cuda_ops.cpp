@@ -15,23 +15,6 @@ namespace zb {
 
 namespace {
 
-// Once per device: whether this build has a kernel image for it (else ATen's operators). Read on
-// every call (several per block and micro-batch): an atomic, no lock; two threads asking at once
-// would both ask CUDA, with the same answer.
-bool kernels_run_on(const c10::Device& device) {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int8_t> runs[kMaxDevices];  // 0 not asked yet, 1 runs, -1 does not
-  const int d = device.index();
-  if (d < 0 || d >= kMaxDevices) return false;
-  int8_t known = runs[d].load(std::memory_order_relaxed);
-  if (known == 0) {
-    const c10::cuda::CUDAGuard guard(device);
-    known = kernels_run_here() ? 1 : -1;
-    runs[d].store(known, std::memory_order_relaxed);
-  }
-  return known > 0;
-}
-
 // x rotated by the table (or its conjugate) into a new contiguous tensor, on x's device and stream.
 at::Tensor rotate(const at::Tensor& x, const at::Tensor& cis_pairs, bool conjugate) {
   at::Tensor in = x.contiguous();
@@ -63,11 +46,28 @@ struct RopeBf16 : torch::autograd::Function<RopeBf16> {
 
 }  // namespace
 
+// Once per device: whether this build has a kernel image for it (else ATen's operators). Read on
+// every call (several per block and micro-batch): an atomic, no lock; two threads asking at once
+// would both ask CUDA, with the same answer.
+bool cuda_kernels_run_on(const c10::Device& device) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int8_t> runs[kMaxDevices];  // 0 not asked yet, 1 runs, -1 does not
+  const int d = device.index();
+  if (d < 0 || d >= kMaxDevices) return false;
+  int8_t known = runs[d].load(std::memory_order_relaxed);
+  if (known == 0) {
+    const c10::cuda::CUDAGuard guard(device);
+    known = kernels_run_here() ? 1 : -1;
+    runs[d].store(known, std::memory_order_relaxed);
+  }
+  return known > 0;
+}
+
 bool rope_cuda_bf16_applies(const at::Tensor& x, const at::Tensor& cis) {
   return x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.dim() == 4 && x.size(3) % 2 == 0 &&
          cis.scalar_type() == at::kComplexFloat && cis.device() == x.device() && cis.dim() == 2 &&
          cis.size(0) >= x.size(1) && 2 * cis.size(1) == x.size(3) && x.size(2) * x.size(3) / 2 <= (1 << 30) &&
-         kernels_run_on(x.device());
+         cuda_kernels_run_on(x.device());
 }
 
 at::Tensor apply_rope_cuda_bf16(const at::Tensor& x, const at::Tensor& cis) {
@@ -80,7 +80,7 @@ at::Tensor apply_rope_cuda_bf16(const at::Tensor& x, const at::Tensor& cis) {
 
 bool silu_mul_cuda_bf16_applies(const at::Tensor& a, const at::Tensor& b) {
   return a.is_cuda() && a.scalar_type() == at::kBFloat16 && b.scalar_type() == at::kBFloat16 &&
-         b.device() == a.device() && a.sizes() == b.sizes() && kernels_run_on(a.device());
+         b.device() == a.device() && a.sizes() == b.sizes() && cuda_kernels_run_on(a.device());
 }
 
 at::Tensor silu_mul_cuda_bf16(const at::Tensor& a, const at::Tensor& b) {

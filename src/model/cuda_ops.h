@@ -9,6 +9,9 @@
 
 namespace zb {
 
+// Whether this build has an image of our kernels for `device` (a GPU), asked once per device.
+bool cuda_kernels_run_on(const c10::Device& device);
+
 // RoPE for bf16, one kernel each way. Whether the kernel takes x [B, T, H, Dh] (bf16 on a GPU this
 // build has a kernel image for) with the RoPE table cis (complex64 [>= T, Dh/2] on the same device).
 bool rope_cuda_bf16_applies(const at::Tensor& x, const at::Tensor& cis);

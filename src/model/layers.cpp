@@ -47,6 +47,15 @@ std::atomic<bool> fused_kernels{true};
 void use_fused_kernels(bool on) { fused_kernels.store(on, std::memory_order_relaxed); }
 bool fused_kernels_on() { return fused_kernels.load(std::memory_order_relaxed); }
 
+bool fused_kernels_run_on(const c10::Device& device) {
+#ifdef ZB_WITH_CUDA
+  return device.is_cuda() && cuda_kernels_run_on(device);
+#else
+  (void)device;
+  return false;
+#endif
+}
+
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {
 #ifdef ZB_WITH_CUDA
   // The unfused path moves about five times the bytes of q and k through memory (fp32 copies).

@@ -33,6 +33,8 @@ at::Tensor apply_rope_unfused(const at::Tensor& x, const RopeTables& rope);
 // default; process-wide.
 void use_fused_kernels(bool on);
 bool fused_kernels_on();
+// Whether our CUDA kernels run on `device`: a GPU this build has their image for (they take bf16).
+bool fused_kernels_run_on(const c10::Device& device);
 
 // silu(a) * b (a and b of one shape), the gate of SwiGLU: ATen's silu then mul, forward and
 // backward, as one autograd node that keeps a and b but not silu(a); bf16 on a GPU in one kernel

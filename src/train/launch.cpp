@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "model/layers.h"
 #include "train/metrics_follower.h"
 #include "train/metrics_logger.h"
 #include "util/device.h"
@@ -86,9 +87,11 @@ std::vector<std::string> describe_trainer(Trainer& trainer, const Config& c, con
                                          c10::toString(trainer.compute_dtype()), at::get_num_threads(),
                                          c.train.reshard_after_forward ? "true" : "false")};
   if (device.is_cuda())
-    lines.push_back(c.runtime.fused_kernels
+    lines.push_back(!c.runtime.fused_kernels ? "kernels: ATen's operators alone (runtime.fused_kernels = false)"
+                    : trainer.compute_dtype() == at::kBFloat16 && fused_kernels_run_on(device)
                         ? "kernels: ours for RoPE and SwiGLU's gate in bf16 (runtime.fused_kernels = true)"
-                        : "kernels: ATen's operators alone (runtime.fused_kernels = false)");
+                        : "kernels: ATen's for RoPE and SwiGLU's gate (ours take bf16, on a GPU this build has "
+                          "their image for)");
   if (const auto& d = trainer.documents())
     lines.push_back(strf("attention: within documents, split %s token %ld (%s), kernel %s", d->opens ? "before" : "after",
                          static_cast<long>(d->token),

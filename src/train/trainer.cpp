@@ -160,7 +160,7 @@ at::ScalarType Trainer::resolve_compute_dtype(const Config& config, const c10::D
   return device.is_cuda() ? at::kBFloat16 : at::kFloat;  // "auto"
 }
 
-StepStats Trainer::train_step(const StepFlags& flags) {
+StepStats Trainer::train_step(const StepFlagSource& flag_source) {
   ++step_;
   StepStats stats;
   // DiLoCo's outer copies start from the parameters the run begins with (initial weights loaded
@@ -224,6 +224,7 @@ StepStats Trainer::train_step(const StepFlags& flags) {
   at::Tensor reduced = at::zeros({replicas_ + 3}, loss_sum.options());
   reduced.narrow(0, slot, 1).copy_(loss_sum / static_cast<double>(comm_.size() / replicas_));
   reduced.narrow(0, replicas_, 1).copy_(at::isfinite(norm).logical_not().to(at::kFloat));
+  const StepFlags flags = flag_source ? flag_source() : StepFlags{};  // as late as the all-reduce allows
   if (flags.stop_requested) reduced.narrow(0, replicas_ + 1, 1).fill_(1.0);
   if (flags.save_failed) reduced.narrow(0, replicas_ + 2, 1).fill_(1.0);
   comm_.all_reduce_sum(reduced).wait();

@@ -49,12 +49,13 @@ struct StepStats {
 
 // What the loop asks the ranks to agree on after a step: whether any got a stop signal or saw its
 // last checkpoint save fail. They travel in the step's one all-reduce of its loss (no collective,
-// no host synchronisation of their own: across slow links each is a round trip), so what a rank
-// notices after that all-reduce counts at the next step.
+// no host synchronisation of their own: across slow links each is a round trip), read just before
+// it: what a rank notices later (in the optimizer, an evaluation, a save) counts at the next step.
 struct StepFlags {
   bool stop_requested = false;
   bool save_failed = false;
 };
+using StepFlagSource = std::function<StepFlags()>;
 
 enum class Parallelism { FSDP, DDP };
 
@@ -81,7 +82,7 @@ class Trainer : public TrainingState {
           std::optional<bool> reduce_every_micro_batch = std::nullopt);
   ~Trainer() override;  // detaches a step trace from the communicator it does not own
 
-  StepStats train_step(const StepFlags& flags = {});
+  StepStats train_step(const StepFlagSource& flags = nullptr);
   // runtime.compute_dtype on `device`: "auto" is bf16 on CUDA, fp32 on CPU.
   static at::ScalarType resolve_compute_dtype(const Config& config, const c10::Device& device);
   // Mean loss over data.eval_batches micro-batches per rank of the validation data (the same

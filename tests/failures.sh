@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs that go wrong, with real processes (2 Gloo ranks): they stop cleanly, every rank with a
 # non-zero exit code, and no good checkpoint is lost.
-#   failures.sh nonfinite_stop|nonfinite_skip|unwritable_ckpt|short_write  TRAIN_FSDP CONFIG
+#   failures.sh nonfinite_stop|nonfinite_skip|unwritable_ckpt|short_write|publish_fails  TRAIN_FSDP CONFIG
 set -u
 what=$1 train=$2 config=$3 faulty=${4:-}  # faulty: tests/nonfinite_train.cpp's program
 work=$(mktemp -d)
@@ -125,6 +125,18 @@ short_write)
   [ "$(ls -A "$work/ck")" = "$(printf 'latest\nstep_00000004')" ] || fail "the checkpoint directory holds $(ls -A "$work/ck")"
   [ "$(cat "$work/ck/latest")" = step_00000004 ] || fail "latest changed"
   [ "$before" = "$(cat "$work/ck/step_00000004"/* | sha256sum)" ] || fail "the previous checkpoint changed"
+  ;;
+publish_fails)
+  # Every rank writes its files, then rank 0 fails to put the checkpoint into place (`latest.tmp`
+  # is a directory here): a failure only rank 0 sees. It is the run's last save, after which no
+  # step's flags would carry it: every rank must still exit 1 naming it, and `latest` stays absent.
+  mkdir -p "$work/ck/latest.tmp/in-the-way"
+  run_ranks 2 "$work/p.log" --ckpt.path "$work/ck" --optim.total_steps 2
+  wait_codes; expect_codes "1 1 " "a checkpoint rank 0 cannot publish"
+  for r in 0 1; do
+    grep -q "saving the checkpoint failed: rank 0: .*latest.tmp" "$work/p.log.$r" || fail "rank $r: no message naming the failure"
+  done
+  [ ! -e "$work/ck/latest" ] || fail "latest was written"
   ;;
 esac
 echo PASS

@@ -349,6 +349,23 @@ std::string CheckpointWriter::save(TrainingState& run) {
         }
       }
     }
+    if (store) {
+      // Rank 0's outcome (putting the checkpoint into place can fail there alone): every rank
+      // waits for it, so that none reports a save as done that is not.
+      try {
+        if (rank == 0) {
+          store->set(key + "/published", std::vector<uint8_t>(error.begin(), error.end()));
+        } else if (wait_until([&] { return store->check({key + "/published"}); }, timeout)) {
+          const std::vector<uint8_t> outcome = store->get(key + "/published");
+          if (error.empty() && !outcome.empty()) error = std::string(outcome.begin(), outcome.end());
+        } else if (error.empty() && !abandon_) {
+          error = strf("rank %ld: rank 0 did not say within runtime.timeout_s whether the checkpoint is in place",
+                       rank);
+        }
+      } catch (const std::exception& e) {  // rank 0, which holds the store, is gone
+        if (error.empty()) error = strf("rank %ld: lost rank 0 while it put the checkpoint in place: %s", rank, e.what());
+      }
+    }
     if (!error.empty()) failed_ = true;
     error_ = error;
     if (store) {

@@ -32,9 +32,11 @@ constexpr int kCheckpointFormatVersion = 1;
 // the previous one; finish() waits for the last (call it before exiting).
 //
 // Failures: the constructor checks that every rank can create and write ckpt.path. A state with
-// a non-finite value is never saved. A write that fails on any rank (disk full, quota, EIO) makes
-// the save fail on every rank: its temporary directory is removed, the previous checkpoint and
-// `latest` stay as they were, and failed() turns true so that the loop can stop all ranks.
+// a non-finite value is never saved. A write that fails on any rank (disk full, quota, EIO), or
+// rank 0 failing to put the checkpoint into place, makes the save fail on every rank: its
+// temporary directory is removed, the previous checkpoint and `latest` stay as they were, and
+// failed() turns true so that the loop can stop all ranks (every rank's writer waits for rank 0's
+// outcome: none reports a save as done that is not).
 class CheckpointWriter {
  public:
   // Collective when ckpt.path is set: throws on every rank if some rank cannot write there.

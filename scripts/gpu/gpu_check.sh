@@ -26,7 +26,9 @@
 # the build takes the time, run again with ZB_SKIP_BUILD=1 while the machine is warm (it keeps
 # build/) and GPU_CHECK_STEPS naming what is left.
 #
-# Environment: GPU_CHECK_STEPS (default "cuda_tests presets bench"; add "suite" for the rest of
+# Environment: GPU_CHECK_SKIP (step names not to run, e.g. "preset_1B_causal_auto profile_1B"),
+# GPU_CHECK_PRESET_STEPS (the presets' steps, default 30; tokens/s is over the last 10),
+# ZB_BUILD_TARGETS (build only these, e.g. "train_fsdp zb_cuda_tests"), GPU_CHECK_STEPS (default "cuda_tests presets bench"; add "suite" for the rest of
 # ctest, "kernels" for the 1B preset again with ATen's operators alone, --runtime.fused_kernels
 # false: what our RoPE and SwiGLU-gate kernels give in tokens/s and peak memory), GPU_CHECK_BENCH (bench.sh's arguments), GPU_CHECK_PEERS (bench.sh's PEERS, default
 # zeroband), GPU_CHECK_BUDGET_S, GPU_CHECK_COMMIT (the
@@ -134,6 +136,9 @@ failed=0
 step() {
   local name=$1 cap=$2; shift 2
   local remaining rc=0 t0 took status note=""
+  if [[ " ${GPU_CHECK_SKIP:-} " == *" $name "* ]]; then
+    record "$name" "not run" 0 "in GPU_CHECK_SKIP"; say "== $name: not run (GPU_CHECK_SKIP)"; return 0
+  fi
   remaining=$(left)
   if [ "$remaining" -lt 30 ]; then
     record "$name" "not run" 0 "out of time (${remaining}s of the budget left)"
@@ -169,7 +174,7 @@ case $build_how in
   prebuilt) record build "not run" 0 "ZB_SKIP_BUILD=1: build/ as it is" ;;
 esac
 cd "$ROOT"
-train=(build/apps/train_fsdp --runtime.device cuda --data.fake --optim.total_steps 30 --ckpt.path "" --wandb false
+train=(build/apps/train_fsdp --runtime.device cuda --data.fake --optim.total_steps "${GPU_CHECK_PRESET_STEPS:-30}" --ckpt.path "" --wandb false
        --data.eval_interval 0 --logging.interval 10)
 if wanted cuda_tests; then
   step cuda_tests 150 ctest --test-dir build -L cuda --output-on-failure --timeout 300 --output-junit "$work/cuda_tests.xml"

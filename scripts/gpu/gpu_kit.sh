@@ -86,7 +86,9 @@ build)
     -DCMAKE_PREFIX_PATH="$torch_cmake;$usr;$usr/lib/x86_64-linux-gnu/cmake" \
     -DCMAKE_CXX_FLAGS="-isystem $usr/include" \
     -DZB_PYTHON="$python"
-  cmake --build "$ROOT/build" -j "${JOBS:-$(nproc)}"
+  # ZB_BUILD_TARGETS: only these targets (a lent machine's minutes: train_fsdp zb_cuda_tests).
+  read -r -a targets <<<"${ZB_BUILD_TARGETS:-}"
+  cmake --build "$ROOT/build" -j "${JOBS:-$(nproc)}" ${targets[@]+--target "${targets[@]}"}
   ;;
 *)
   echo "usage: $0 fetch|build|python" >&2

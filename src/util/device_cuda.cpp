@@ -1,4 +1,5 @@
 // CUDA-only helpers, compiled when LibTorch has CUDA.
+#include <ATen/Context.h>
 #include <c10/core/AllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
@@ -26,16 +27,24 @@ std::string cuda_pci_bus_id(int index) {
   return id;
 }
 
+// The caching allocator exists only once LibTorch has initialised CUDA (lazily, at the first CUDA
+// tensor): before that its statistics throw "Invalid device argument". The memory check asks
+// before anything is on the device.
+static void initialise_cuda() { at::globalContext().lazyInitDevice(at::kCUDA); }
+
 void cuda_reset_peak_memory(int index) {
+  initialise_cuda();
   c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(index));
 }
 
 int64_t cuda_peak_memory_bytes(int index) {
+  initialise_cuda();
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
   return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
 }
 
 DeviceMemory cuda_device_memory(int index) {
+  initialise_cuda();
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(index));
   size_t free = 0, total = 0;
   C10_CUDA_CHECK(cudaMemGetInfo(&free, &total));

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check, one command for whoever gets a GPU: builds (on a lent machine from the kit that
 # scripts/gpu/gpu_kit.sh prepares), runs the CUDA tests (ctest -L cuda), trains the 150M and 1B
-# presets for 30 steps on one GPU (1B also without the document mask, for its cost), records a
-# profile of two 1B steps (OUTDIR/profile_1B_summary.json) and benchmarks train_fsdp against PyTorch FSDP2 eager and
+# presets for 20 steps on one GPU (1B also without the document mask, for its cost, and with
+# ATen's operators in place of our kernels), records a profile of two 1B steps
+# (OUTDIR/profile_1B_summary.json) and benchmarks train_fsdp against PyTorch FSDP2 eager and
 # compiled (scripts/perf/bench.sh). Leaves OUTDIR/gpu_check.log (every step's output) and
 # OUTDIR/gpu_check.json (what ran, how long, test counts, the presets' tokens/s, MFU and peak
 # memory, bench.json), rewritten after each step so that a run cut short still reports.
@@ -21,16 +22,18 @@
 #
 # Time: meant for the device tool's 10-minute command on one H100 with 16 cores. Every step has
 # a cap and the whole a budget, GPU_CHECK_BUDGET_S (default 540 s); a step that would start with
-# under 30 s left is recorded as not run. Guesses, not yet measured: build 2-4 min (cold, no
-# ccache), CUDA tests under 1 min, the presets about 1.5 min, the benchmark about 3 min. When
+# under 30 s left is recorded as not run. Measured on an H200 (2026-11-25, 16 cores): the build
+# of the three targets it needs 41 s cold, the CUDA tests 14 s, each preset 10-21 s, the profile
+# 11 s; the benchmark over 270 s then (its peers' flex attention ran unfused; fixed since). When
 # the build takes the time, run again with ZB_SKIP_BUILD=1 while the machine is warm (it keeps
 # build/) and GPU_CHECK_STEPS naming what is left.
 #
 # Environment: GPU_CHECK_SKIP (step names not to run, e.g. "preset_1B_causal_auto profile_1B"),
-# GPU_CHECK_PRESET_STEPS (the presets' steps, default 30; tokens/s is over the last 10),
-# ZB_BUILD_TARGETS (build only these, e.g. "train_fsdp zb_cuda_tests"), GPU_CHECK_STEPS (default "cuda_tests presets bench"; add "suite" for the rest of
-# ctest, "kernels" for the 1B preset again with ATen's operators alone, --runtime.fused_kernels
-# false: what our RoPE and SwiGLU-gate kernels give in tokens/s and peak memory), GPU_CHECK_BENCH (bench.sh's arguments), GPU_CHECK_PEERS (bench.sh's PEERS, default
+# GPU_CHECK_PRESET_STEPS (the presets' steps, default 20; tokens/s is over the last 10),
+# ZB_BUILD_TARGETS (the kit builds only these; default what the steps need, all with "suite"),
+# GPU_CHECK_STEPS (default "cuda_tests presets kernels bench": "kernels" is the 1B preset again
+# with ATen's operators alone, --runtime.fused_kernels false, what our RoPE and SwiGLU-gate
+# kernels give in tokens/s and peak memory; add "suite" for the rest of ctest), GPU_CHECK_BENCH (bench.sh's arguments), GPU_CHECK_PEERS (bench.sh's PEERS, default
 # zeroband), GPU_CHECK_BUDGET_S, GPU_CHECK_COMMIT (the
 # commit to report where the tree has no .git), GPU_CHECK_SYSTEM_DEPS=0 (ignore Debian packages
 # installed here: only the kit or ZB_SKIP_BUILD builds), PYTHON (torch's, for the benchmark's
@@ -62,8 +65,8 @@ trap 'rm -rf "$work"' EXIT
 : >"$work/steps.tsv"
 
 budget=${GPU_CHECK_BUDGET_S:-540}
-selected=" ${GPU_CHECK_STEPS:-cuda_tests presets bench} "
-read -r -a bench_args <<<"${GPU_CHECK_BENCH:-configs/1B/H100.toml 1 20 --train.micro_bs 8 --optim.batch_size 64}"
+selected=" ${GPU_CHECK_STEPS:-cuda_tests presets kernels bench} "
+read -r -a bench_args <<<"${GPU_CHECK_BENCH:-configs/1B/H100.toml 1 15 --train.micro_bs 8 --optim.batch_size 64}"
 now() { date +%s.%N; }
 started=$(now)
 left() { awk -v s="$started" -v n="$(now)" -v b="$budget" 'BEGIN { printf "%d", b - (n - s) }'; }
@@ -169,13 +172,17 @@ if ! "$python" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.pat
   say "   no Python.h for $python: the benchmark's peers run eager only"
 fi
 case $build_how in
-  kit) step build 360 env JOBS="${JOBS:-$(nproc)}" "$ROOT/scripts/gpu/gpu_kit.sh" build ;;
+  # What the steps run, unless the whole suite is wanted (ZB_BUILD_TARGETS set, even empty, wins).
+  kit) targets="train_fsdp zb_cuda_tests zb_comm_bytes"; wanted suite && targets=""
+       step build 360 env JOBS="${JOBS:-$(nproc)}" ZB_BUILD_TARGETS="${ZB_BUILD_TARGETS-$targets}" \
+         "$ROOT/scripts/gpu/gpu_kit.sh" build ;;
   system) step build 360 env JOBS="${JOBS:-$(nproc)}" "$ROOT/scripts/build.sh" ;;
   prebuilt) record build "not run" 0 "ZB_SKIP_BUILD=1: build/ as it is" ;;
 esac
 cd "$ROOT"
-train=(build/apps/train_fsdp --runtime.device cuda --data.fake --optim.total_steps "${GPU_CHECK_PRESET_STEPS:-30}" --ckpt.path "" --wandb false
+train=(build/apps/train_fsdp --runtime.device cuda --data.fake --optim.total_steps "${GPU_CHECK_PRESET_STEPS:-20}" --ckpt.path "" --wandb false
        --data.eval_interval 0 --logging.interval 10)
+one_b=(--config configs/1B/H100.toml --optim.batch_size 64)  # every 1B step: 2 micro-batches of 32
 if wanted cuda_tests; then
   step cuda_tests 150 ctest --test-dir build -L cuda --output-on-failure --timeout 300 --output-junit "$work/cuda_tests.xml"
   # On a GPU a skipped CUDA test is a failure: CUDA did not see the device.
@@ -185,25 +192,31 @@ if wanted cuda_tests; then
 else not_run "not in GPU_CHECK_STEPS" cuda_tests; fi
 if wanted presets; then
   # The presets as configured but for the global batch (128 and 64 sequences: the presets' 512 and
-  # 1024 would take 4 and 16 times as long) and micro-batches that leave memory to spare.
-  step preset_150M 100 "${train[@]}" --config configs/150M/H100.toml --optim.batch_size 128 --train.micro_bs 16 \
+  # 1024 would take 4 and 16 times as long): their own micro-batches (64 and 32 sequences; the
+  # estimate gives 30.5 and 52.4 GiB, which an H100 holds).
+  step preset_150M 100 "${train[@]}" --config configs/150M/H100.toml --optim.batch_size 128 \
     --logging.metrics_file "$work/preset_150M.jsonl"
-  step preset_1B 150 "${train[@]}" --config configs/1B/H100.toml --optim.batch_size 64 --train.micro_bs 8 \
+  step preset_1B 150 "${train[@]}" "${one_b[@]}" \
     --logging.metrics_file "$work/preset_1B.jsonl"
   # The same without the document mask, on the dense flash kernel (the family the document path
   # runs): what masking costs (the report gives the ratio). Then with PyTorch's own choice of
   # kernel (cuDNN's attention on an H100, reportedly): which one causal runs should default to.
-  step preset_1B_causal 150 "${train[@]}" --config configs/1B/H100.toml --optim.batch_size 64 --train.micro_bs 8 \
+  step preset_1B_causal 150 "${train[@]}" "${one_b[@]}" \
     --model.attention causal --runtime.sdpa_backend flash --logging.metrics_file "$work/preset_1B_causal.jsonl"
-  step preset_1B_causal_auto 150 "${train[@]}" --config configs/1B/H100.toml --optim.batch_size 64 --train.micro_bs 8 \
+  step preset_1B_causal_auto 150 "${train[@]}" "${one_b[@]}" \
     --model.attention causal --runtime.sdpa_backend auto --logging.metrics_file "$work/preset_1B_causal_auto.jsonl"
   # A short trace of the 1B preset (steps 7 and 8 of 8, after the warm-up): where a step's time
   # goes, the kernels it launches; the summary comes back with the report, the traces stay.
-  step profile_1B 90 "${train[@]}" --config configs/1B/H100.toml --optim.batch_size 64 --train.micro_bs 8 \
+  step profile_1B 90 "${train[@]}" "${one_b[@]}" \
     --optim.total_steps 8 --profiling.enable_profiling true --profiling.profile_freq 8 --profiling.profile_active 2 \
     --profiling.save_traces_folder "$work/profile_1B" --logging.metrics_file "$work/profile_1B.jsonl"
   cp "$work/profile_1B/iteration_8/rank0_summary.json" "$out/profile_1B_summary.json" 2>/dev/null || true
 else not_run "not in GPU_CHECK_STEPS" preset_150M preset_1B preset_1B_causal preset_1B_causal_auto profile_1B; fi
+if wanted kernels; then
+  # The 1B preset as preset_1B ran it, with ATen's operators in place of our kernels.
+  step preset_1B_aten 150 "${train[@]}" "${one_b[@]}" \
+    --runtime.fused_kernels false --logging.metrics_file "$work/preset_1B_aten.jsonl"
+else not_run "not in GPU_CHECK_STEPS" preset_1B_aten; fi
 if wanted bench; then
   # The peer with ZeroBand's own Muon only (GPU_CHECK_PEERS="zeroband torch" adds torch.optim.Muon's,
   # if the budget allows: each peer runs eager and compiled). The peers' flex attention compiles
@@ -215,11 +228,6 @@ if wanted bench; then
     [ -f "$f" ] && { echo; echo "== $(basename "$f"), its last 60 lines"; tail -n 60 "$f"; } >>"$log"
   done
 else not_run "not in GPU_CHECK_STEPS" bench; fi
-if wanted kernels; then
-  # The 1B preset as preset_1B ran it, with ATen's operators in place of our kernels.
-  step preset_1B_aten 150 "${train[@]}" --config configs/1B/H100.toml --optim.batch_size 64 --train.micro_bs 8 \
-    --runtime.fused_kernels false --logging.metrics_file "$work/preset_1B_aten.jsonl"
-else not_run "not in GPU_CHECK_STEPS" preset_1B_aten; fi
 if wanted suite; then
   step suite 300 ctest --test-dir build -LE cuda -j "$(nproc)" --timeout 300 --output-junit "$work/suite.xml"
 fi

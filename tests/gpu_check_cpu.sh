@@ -54,7 +54,7 @@ cpu_only)
   grep -q "build: kit" "$tmp/out/gpu_check.log" || fail "log"
   report 'r["mode"] == "cpu-only" and r["build"] == "kit" and r["gpu_parts_ran"] is False'
   report 'r["result"] == "gpu parts not run" and all(x["status"] == "not run" for x in r["steps"])'
-  report 'list(s) == ["build", "cuda_tests", "preset_150M", "preset_1B", "preset_1B_causal", "preset_1B_causal_auto", "profile_1B", "bench", "preset_1B_aten"] and r["bench"] is None'
+  report 'list(s) == ["build", "cuda_tests", "preset_150M", "preset_1B", "preset_1B_causal", "preset_1B_causal_auto", "profile_1B", "preset_1B_aten", "nvtx", "bench"] and r["bench"] is None'
   # A build to use as it is (ZB_SKIP_BUILD=1): "prebuilt".
   mkdir -p "$root/build/apps" && printf '#!/bin/sh\nexit 1\n' >"$root/build/apps/train_fsdp" && chmod +x "$root/build/apps/train_fsdp"
   ZB_SKIP_BUILD=1 run cpu_only --cpu-only "$tmp/out"

@@ -31,9 +31,10 @@
 # Environment: GPU_CHECK_SKIP (step names not to run, e.g. "preset_1B_causal_auto profile_1B"),
 # GPU_CHECK_PRESET_STEPS (the presets' steps, default 20; tokens/s is over the last 10),
 # ZB_BUILD_TARGETS (the kit builds only these; default what the steps need, all with "suite"),
-# GPU_CHECK_STEPS (default "cuda_tests presets kernels bench": "kernels" is the 1B preset again
-# with ATen's operators alone, --runtime.fused_kernels false, what our RoPE and SwiGLU-gate
-# kernels give in tokens/s and peak memory; add "suite" for the rest of ctest), GPU_CHECK_BENCH (bench.sh's arguments), GPU_CHECK_PEERS (bench.sh's PEERS, default
+# GPU_CHECK_STEPS (default "cuda_tests presets kernels nvtx bench": "kernels" is the 1B preset
+# again with ATen's operators alone, --runtime.fused_kernels false, what our RoPE and SwiGLU-gate
+# kernels give in tokens/s and peak memory; "nvtx" checks with Nsight Compute that the phases are
+# NVTX ranges, scripts/gpu/nvtx_check.sh; add "suite" for the rest of ctest), GPU_CHECK_BENCH (bench.sh's arguments), GPU_CHECK_PEERS (bench.sh's PEERS, default
 # zeroband), GPU_CHECK_BUDGET_S, GPU_CHECK_COMMIT (the
 # commit to report where the tree has no .git), GPU_CHECK_SYSTEM_DEPS=0 (ignore Debian packages
 # installed here: only the kit or ZB_SKIP_BUILD builds), PYTHON (torch's, for the benchmark's
@@ -65,7 +66,7 @@ trap 'rm -rf "$work"' EXIT
 : >"$work/steps.tsv"
 
 budget=${GPU_CHECK_BUDGET_S:-540}
-selected=" ${GPU_CHECK_STEPS:-cuda_tests presets kernels bench} "
+selected=" ${GPU_CHECK_STEPS:-cuda_tests presets kernels nvtx bench} "
 read -r -a bench_args <<<"${GPU_CHECK_BENCH:-configs/1B/H100.toml 1 15 --train.micro_bs 8 --optim.batch_size 64}"
 now() { date +%s.%N; }
 started=$(now)
@@ -96,7 +97,7 @@ debian_packages() {  # the Debian packages scripts/setup.sh installs, all presen
   local want=(libtomlplusplus-dev libspdlog-dev libfmt-dev libcxxopts-dev nlohmann-json3-dev libgtest-dev libgmock-dev libgloo-dev)
   [ "$(dpkg-query -W -f='${Status}\n' "${want[@]}" 2>/dev/null | grep -c 'install ok installed')" = ${#want[@]} ]
 }
-gpu_steps=(build cuda_tests preset_150M preset_1B preset_1B_causal preset_1B_causal_auto profile_1B bench preset_1B_aten)
+gpu_steps=(build cuda_tests preset_150M preset_1B preset_1B_causal preset_1B_causal_auto profile_1B preset_1B_aten nvtx bench)
 if [ "${ZB_SKIP_BUILD:-0}" = 1 ]; then
   build_how=prebuilt
   [ -x "$ROOT/build/apps/train_fsdp" ] || { build_how=none; not_run "nothing to build with" "${gpu_steps[@]}";
@@ -217,6 +218,10 @@ if wanted kernels; then
   step preset_1B_aten 150 "${train[@]}" "${one_b[@]}" \
     --runtime.fused_kernels false --logging.metrics_file "$work/preset_1B_aten.jsonl"
 else not_run "not in GPU_CHECK_STEPS" preset_1B_aten; fi
+if wanted nvtx; then
+  # The phases as NVTX ranges, seen by Nsight Compute around one kernel (the debug model).
+  step nvtx 90 scripts/gpu/nvtx_check.sh build/apps/train_fsdp configs/debug/normal.toml
+else not_run "not in GPU_CHECK_STEPS" nvtx; fi
 if wanted bench; then
   # The peer with ZeroBand's own Muon only (GPU_CHECK_PEERS="zeroband torch" adds torch.optim.Muon's,
   # if the budget allows: each peer runs eager and compiled). The peers' flex attention compiles

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Do our phases reach Nsight as NVTX ranges (profiling.nvtx)? The lent machines have Nsight Compute
+# but not Nsight Systems; with --nvtx, ncu prints for each kernel it profiles the NVTX push/pop
+# stack of the thread that launched it. One kernel well inside the run (launch 1,500 of the
+# debug model's three steps, several thousand launches) is profiled: its stack must hold zb.step
+# and a phase inside it. Exit 0 and "nvtx_check: PASS" when it does.
+#
+#   scripts/gpu/nvtx_check.sh TRAIN_FSDP CONFIG     # on a machine with a GPU (gpu_check's "nvtx")
+set -euo pipefail
+[ $# = 2 ] || { echo "usage: $0 TRAIN_FSDP CONFIG" >&2; exit 2; }
+train=$1 config=$2
+ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+[ -x "$ncu" ] || { echo "nvtx_check: no ncu (Nsight Compute) here"; exit 1; }
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+rc=0
+"$ncu" --nvtx --launch-skip 1500 --launch-count 1 --section LaunchStats \
+  "$train" --config "$config" --runtime.device cuda --data.fake --optim.total_steps 3 --ckpt.path "" \
+  --wandb false --data.eval_interval 0 --profiling.nvtx true >"$out" 2>&1 || rc=$?
+# The profiled kernel's report, NVTX stack included (the training log before it is left out).
+sed -n '/==PROF==/,$p' "$out" | grep -v "^\s*$" | head -60
+[ $rc = 0 ] || { echo "nvtx_check: ncu or the run failed (exit $rc); the end of its output:"; tail -20 "$out"; exit 1; }
+stack=$(sed -n '/NVTX/,$p' "$out")
+if grep -q "zb\.step" <<<"$stack" && grep -q -E "zb\.(micro_batch|forward|backward|optimizer|block_forward|loss)" <<<"$stack"; then
+  echo "nvtx_check: PASS (the kernel ran inside zb.step and one of its phases)"
+else
+  echo "nvtx_check: FAIL: no zb.step range with a phase inside it around the profiled kernel"
+  exit 1
+fi

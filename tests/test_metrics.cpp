@@ -88,13 +88,14 @@ TEST(Profile, SummaryReadsTheGpuTimelineFromItsKernels) {
     // Compute 100-400 and 350-600 (overlapping streams: 500 ms covered), NCCL 550-650 (50 ms
     // beside compute, 50 exposed) and 800-850 (exposed): busy 100-650 and 800-850, 600 ms.
     events.push_back({Kind::Kernel, "sm90_xmma_gemm_bf16", t + 100 * ms, t + 400 * ms});
-    events.push_back({Kind::Kernel, "flash_fwd_kernel", t + 350 * ms, t + 600 * ms});
+    events.push_back({Kind::Kernel, "void flash_fwd_kernel<Traits<(bool)1, 128>>(Params, int)", t + 350 * ms, t + 600 * ms});
+    events.push_back({Kind::Kernel, "void at::native::(anonymous namespace)::ag_kernel<(bool)1>(float*, int)", t + 550 * ms, t + 555 * ms});
     events.push_back({Kind::Kernel, "ncclDevKernel_AllGather_RING_LL", t + 550 * ms, t + 650 * ms});
     events.push_back({Kind::Kernel, "ncclDevKernel_ReduceScatter_Sum_f32", t + 800 * ms, t + 850 * ms});
   }
   const ProfileSummary s = summarize_events(events, 7, 8, 2.0);
   EXPECT_DOUBLE_EQ(s.seconds_per_step, 1.0);
-  EXPECT_EQ(s.kernels_per_step, 4);
+  EXPECT_EQ(s.kernels_per_step, 5);
   EXPECT_EQ(s.ops_per_step, 2);
   EXPECT_NEAR(s.gpu_busy_seconds_per_step, 0.600, 1e-12);
   EXPECT_NEAR(s.gpu_compute_seconds_per_step, 0.500, 1e-12);
@@ -108,6 +109,17 @@ TEST(Profile, SummaryReadsTheGpuTimelineFromItsKernels) {
   EXPECT_NEAR(s.device_phases[0].seconds_per_step, 0.500, 1e-12);
   ASSERT_EQ(s.top_ops.size(), 1u);
   EXPECT_NEAR(s.top_ops[0].seconds_per_step, 0.002, 1e-12);
+  // Kernels by their own time, the name without "void " and its argument list: gemm (300 ms a
+  // step), flash (250), the all-gather (100), the reduce-scatter (50) and a 5 ms kernel in an
+  // anonymous namespace (inside the busy time already).
+  ASSERT_EQ(s.top_kernels.size(), 5u);
+  EXPECT_EQ(s.top_kernels[0].name, "sm90_xmma_gemm_bf16");
+  EXPECT_NEAR(s.top_kernels[0].seconds_per_step, 0.300, 1e-12);
+  EXPECT_DOUBLE_EQ(s.top_kernels[0].count_per_step, 1);
+  EXPECT_EQ(s.top_kernels[1].name, "flash_fwd_kernel<Traits<(bool)1, 128>>");
+  EXPECT_NEAR(s.top_kernels[1].seconds_per_step, 0.250, 1e-12);
+  EXPECT_EQ(s.top_kernels[3].name, "ncclDevKernel_ReduceScatter_Sum_f32");
+  EXPECT_EQ(s.top_kernels[4].name, "at::native::(anonymous namespace)::ag_kernel<(bool)1>");
   const std::vector<std::string> lines = s.describe("traces");
   ASSERT_GE(lines.size(), 4u);
   EXPECT_NE(lines[1].find("busy 0.6000 of 1.0000 (60.0%), compute kernels 0.5000, NCCL kernels 0.1500 of which 0.1000 "
@@ -116,4 +128,9 @@ TEST(Profile, SummaryReadsTheGpuTimelineFromItsKernels) {
       << lines[1];
   EXPECT_NE(lines[2].find("phases on the host (s/step): zb.forward 0.3000"), std::string::npos) << lines[2];
   EXPECT_NE(lines[3].find("phases on the GPU (s/step): zb.forward 0.5000"), std::string::npos) << lines[3];
+  ASSERT_EQ(lines.size(), 6u);
+  EXPECT_NE(lines[5].find("longest GPU kernels (s/step): sm90_xmma_gemm_bf16 0.3000 (x1), flash_fwd_kernel<Traits<(bool)1, "
+                          "128>> 0.2500 (x1)"),
+            std::string::npos)
+      << lines[5];
 }

@@ -46,6 +46,25 @@ std::string phase_name(const std::string& name) { return name.substr(0, name.fin
 
 bool is_nccl(const std::string& kernel) { return kernel.rfind("nccl", 0) == 0; }
 
+// "void at::native::(anonymous namespace)::kernel<128, 4>(int, float*)" ->
+// "at::native::(anonymous namespace)::kernel<128, 4>": one row per kernel and template instance,
+// short enough to read. The argument list is the last parenthesised group, matched from the end.
+std::string kernel_name(const std::string& name) {
+  std::string k = name.rfind("void ", 0) == 0 ? name.substr(5) : name;
+  if (!k.empty() && k.back() == ')') {
+    int depth = 0;
+    for (size_t i = k.size(); i-- > 0;) {
+      if (k[i] == ')') ++depth;
+      else if (k[i] == '(' && --depth == 0) {
+        k.resize(i);
+        break;
+      }
+    }
+  }
+  if (k.size() > 160) k = k.substr(0, 157) + "...";
+  return k;
+}
+
 }  // namespace
 
 ProfileSummary summarize_events(const std::vector<ProfileEvent>& events, int64_t first_step, int64_t last_step,
@@ -59,7 +78,7 @@ ProfileSummary summarize_events(const std::vector<ProfileEvent>& events, int64_t
     double seconds = 0;
     int64_t count = 0;
   };
-  std::map<std::string, Sum> phases, device_phases, ops;
+  std::map<std::string, Sum> phases, device_phases, ops, kernels;
   std::vector<std::pair<uint64_t, uint64_t>> all, compute, nccl;  // kernels' spans
   int64_t n_ops = 0, n_kernels = 0;
   for (const ProfileEvent& e : events) {
@@ -70,6 +89,7 @@ ProfileSummary summarize_events(const std::vector<ProfileEvent>& events, int64_t
         ++n_kernels;
         all.emplace_back(e.start_ns, e.end_ns);
         (is_nccl(e.name) ? nccl : compute).emplace_back(e.start_ns, e.end_ns);
+        sum = &kernels[kernel_name(e.name)];
         break;
       case ProfileEvent::Kind::Phase: sum = &phases[phase_name(e.name)]; break;
       case ProfileEvent::Kind::DevicePhase: sum = &device_phases[phase_name(e.name)]; break;
@@ -92,6 +112,9 @@ ProfileSummary summarize_events(const std::vector<ProfileEvent>& events, int64_t
   for (const auto& [name, sum] : ops) s.top_ops.push_back({name, sum.seconds / steps, sum.count / steps});
   std::sort(s.top_ops.begin(), s.top_ops.end(), longest_first);
   if (s.top_ops.size() > 15) s.top_ops.resize(15);
+  for (const auto& [name, sum] : kernels) s.top_kernels.push_back({name, sum.seconds / steps, sum.count / steps});
+  std::sort(s.top_kernels.begin(), s.top_kernels.end(), longest_first);
+  if (s.top_kernels.size() > 15) s.top_kernels.resize(15);
   s.ops_per_step = static_cast<int64_t>(static_cast<double>(n_ops) / steps + 0.5);
   s.kernels_per_step = static_cast<int64_t>(static_cast<double>(n_kernels) / steps + 0.5);
   s.gpu_busy_seconds_per_step = covered_seconds(all) / steps;
@@ -131,6 +154,7 @@ std::string ProfileSummary::to_json() const {
   j["phases"] = rows(phases);
   j["device_phases"] = rows(device_phases);
   j["top_ops"] = rows(top_ops);
+  j["top_kernels"] = rows(top_kernels);
   return j.dump(1);
 }
 
@@ -161,6 +185,15 @@ std::vector<std::string> ProfileSummary::describe(const std::string& folder) con
     line += strf(" %s %.4f (x%.0f)%s", top_ops[i].name.c_str(), top_ops[i].seconds_per_step, top_ops[i].count_per_step,
                  i + 1 < top_ops.size() && i < 5 ? "," : "");
   lines.push_back(line);
+  if (!top_kernels.empty()) {
+    line = "  longest GPU kernels (s/step):";
+    for (size_t i = 0; i < top_kernels.size() && i < 5; ++i) {
+      const std::string& name = top_kernels[i].name;
+      line += strf(" %s %.4f (x%.0f)%s", (name.size() > 70 ? name.substr(0, 67) + "..." : name).c_str(),
+                   top_kernels[i].seconds_per_step, top_kernels[i].count_per_step, i + 1 < top_kernels.size() && i < 4 ? "," : "");
+    }
+    lines.push_back(line);
+  }
   return lines;
 }
 

@@ -56,6 +56,9 @@ struct ProfileSummary {
     double count_per_step = 0;
   };
   std::vector<Op> top_ops;  // the 15 longest
+  // GPU kernels by name (without "void " and the argument list, at most 160 characters), their
+  // own time: the 15 longest. Where a GPU step's time goes, kernel by kernel (empty on CPU).
+  std::vector<Op> top_kernels;
   std::string to_json() const;
   // A few lines for the log: the window, its phases, the operator counts and the longest operators.
   std::vector<std::string> describe(const std::string& folder) const;

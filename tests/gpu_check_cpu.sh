@@ -54,7 +54,7 @@ cpu_only)
   grep -q "build: kit" "$tmp/out/gpu_check.log" || fail "log"
   report 'r["mode"] == "cpu-only" and r["build"] == "kit" and r["gpu_parts_ran"] is False'
   report 'r["result"] == "gpu parts not run" and all(x["status"] == "not run" for x in r["steps"])'
-  report 'list(s) == ["build", "cuda_tests", "preset_150M", "preset_1B", "preset_1B_causal", "preset_1B_causal_auto", "profile_1B", "preset_1B_aten", "nvtx", "bench"] and r["bench"] is None'
+  report 'list(s) == ["build", "cuda_tests", "preset_150M", "preset_1B", "preset_1B_causal", "preset_1B_causal_auto", "profile_1B", "preset_1B_aten", "reference_cpu", "reference_gpu_fp32", "reference_gpu_bf16", "nvtx", "bench"] and r["bench"] is None'
   # A build to use as it is (ZB_SKIP_BUILD=1): "prebuilt".
   mkdir -p "$root/build/apps" && printf '#!/bin/sh\nexit 1\n' >"$root/build/apps/train_fsdp" && chmod +x "$root/build/apps/train_fsdp"
   ZB_SKIP_BUILD=1 run cpu_only --cpu-only "$tmp/out"
@@ -118,6 +118,12 @@ for name, scale in (("1B", 0.97), ("1B_causal", 1.0), ("1B_causal_auto", 1.1), (
             if r.get("tokens_per_second"):
                 r = dict(r, tokens_per_second=r["tokens_per_second"] * scale)
             f.write(json.dumps(r) + "\n")
+# The quick start three ways: held-out losses at steps 1 and 2 (a record without one between).
+for name, final in (("cpu", 4.00), ("gpu_fp32", 4.03), ("gpu_bf16", 4.04)):
+    with open(os.path.join(sys.argv[1], f"reference_{name}.jsonl"), "w") as f:
+        for r in rows:
+            f.write(json.dumps(dict(r, val_loss=final + (0.5 if r["step"] == 1 else 0))) + "\n")
+        f.write(json.dumps(dict(rows[-1], step=3)) + "\n")
 PY
   echo '{"results": {}, "ratios": {"zeroband-cpp / pytorch-eager": {"tokens_per_second": 1.25}}}' >"$work/bench/bench.json"
   # The profiled 1B steps' summary as train_fsdp writes it on a GPU (its timeline figures).
@@ -126,7 +132,8 @@ PY
 {"first_step": 7, "last_step": 8, "seconds_per_step": 2.0, "ops_per_step": 90000, "kernels_per_step": 20000,
  "exposed_comm_seconds_per_step": 0.01, "gpu_busy_seconds_per_step": 1.8, "gpu_compute_seconds_per_step": 1.7,
  "gpu_nccl_seconds_per_step": 0.3, "phases": [{"name": "zb.backward", "seconds_per_step": 1.2, "count_per_step": 8}],
- "device_phases": [], "top_ops": []}
+ "device_phases": [], "top_ops": [],
+ "top_kernels": [{"name": "sm90_xmma_gemm_bf16bf16_bf16f32", "seconds_per_step": 0.9, "count_per_step": 2500}]}
 JSON
   python3 "$src/scripts/gpu/gpu_check_report.py" --work "$work" --out "$tmp/out/gpu_check.json" \
     --set mode=gpu result=failed gpu="NVIDIA H100 80GB HBM3, 81559 MiB, 570.1" commit=0123456 cpus=16 >"$tmp/report.out" \
@@ -148,6 +155,11 @@ JSON
   report 'r["profile_1B"]["gpu_busy_seconds_per_step"] == 1.8'
   grep -q "1B profiled GPU: busy 1.800 s/step (90.0%), compute kernels 1.700, NCCL 0.300 of which 0.100 exposed" \
     "$tmp/report.out" || fail "profile line"
+  grep -q "0.9000 s/step x2500  sm90_xmma_gemm_bf16bf16_bf16f32" "$tmp/report.out" || fail "kernels line"
+  report 'r["reference"]["cpu"]["val_loss"] == {"1": 4.5, "2": 4.0} and r["reference"]["gpu_bf16"]["final_val_loss"] == 4.04'
+  report 'abs(r["reference_gaps"]["gpu_fp32_minus_cpu"] - 0.03) < 1e-9 and abs(r["reference_gaps"]["gpu_bf16_minus_gpu_fp32"] - 0.01) < 1e-9'
+  grep -q "quick start, held-out loss at the end: cpu 4.0000, gpu_fp32 4.0300, gpu_bf16 4.0400; gpu_fp32_minus_cpu +0.0300, gpu_bf16_minus_gpu_fp32 +0.0100, gpu_bf16_minus_cpu +0.0400" \
+    "$tmp/report.out" || fail "reference line"
   grep -q "cuda_tests: 1 passed, 1 failed, 1 skipped; failed: cuda.CudaNccl.CollectivesInAWorldOfOne" "$tmp/report.out" || fail "summary"
   ;;
 kit_tools)

@@ -31,11 +31,14 @@
 # Environment: GPU_CHECK_SKIP (step names not to run, e.g. "preset_1B_causal_auto profile_1B"),
 # GPU_CHECK_PRESET_STEPS (the presets' steps, default 20; tokens/s is over the last 10),
 # ZB_BUILD_TARGETS (the kit builds only these; default what the steps need, all with "suite"),
-# GPU_CHECK_STEPS (default "cuda_tests presets kernels nvtx bench": "kernels" is the 1B preset
-# again with ATen's operators alone, --runtime.fused_kernels false, what our RoPE and SwiGLU-gate
-# kernels give in tokens/s and peak memory; "nvtx" checks with Nsight Compute that the phases are
-# NVTX ranges, scripts/gpu/nvtx_check.sh; add "suite" for the rest of ctest), GPU_CHECK_BENCH (bench.sh's arguments), GPU_CHECK_PEERS (bench.sh's PEERS, default
-# zeroband), GPU_CHECK_BUDGET_S, GPU_CHECK_COMMIT (the
+# GPU_CHECK_STEPS (default "cuda_tests presets kernels reference nvtx bench": "kernels" is the 1B
+# preset again with ATen's operators alone, --runtime.fused_kernels false, what our RoPE and
+# SwiGLU-gate kernels give in tokens/s and peak memory; "reference" trains the quick start on the
+# CPU in fp32 and on the GPU in fp32 and bf16, held-out losses side by side (it needs
+# data/python-docs carried along); "nvtx" checks with Nsight Compute that the phases are NVTX
+# ranges, scripts/gpu/nvtx_check.sh; add "suite" for the rest of ctest), GPU_CHECK_BENCH
+# (bench.sh's arguments), GPU_CHECK_PEERS (bench.sh's PEERS, default zeroband),
+# GPU_CHECK_BUDGET_S, GPU_CHECK_COMMIT (the
 # commit to report where the tree has no .git), GPU_CHECK_SYSTEM_DEPS=0 (ignore Debian packages
 # installed here: only the kit or ZB_SKIP_BUILD builds), PYTHON (torch's, for the benchmark's
 # peer; default .venv/bin/python, else the python with torch that `gpu_kit.sh python` finds), JOBS.
@@ -66,7 +69,7 @@ trap 'rm -rf "$work"' EXIT
 : >"$work/steps.tsv"
 
 budget=${GPU_CHECK_BUDGET_S:-540}
-selected=" ${GPU_CHECK_STEPS:-cuda_tests presets kernels nvtx bench} "
+selected=" ${GPU_CHECK_STEPS:-cuda_tests presets kernels reference nvtx bench} "
 read -r -a bench_args <<<"${GPU_CHECK_BENCH:-configs/1B/H100.toml 1 15 --train.micro_bs 8 --optim.batch_size 64}"
 now() { date +%s.%N; }
 started=$(now)
@@ -97,7 +100,8 @@ debian_packages() {  # the Debian packages scripts/setup.sh installs, all presen
   local want=(libtomlplusplus-dev libspdlog-dev libfmt-dev libcxxopts-dev nlohmann-json3-dev libgtest-dev libgmock-dev libgloo-dev)
   [ "$(dpkg-query -W -f='${Status}\n' "${want[@]}" 2>/dev/null | grep -c 'install ok installed')" = ${#want[@]} ]
 }
-gpu_steps=(build cuda_tests preset_150M preset_1B preset_1B_causal preset_1B_causal_auto profile_1B preset_1B_aten nvtx bench)
+gpu_steps=(build cuda_tests preset_150M preset_1B preset_1B_causal preset_1B_causal_auto profile_1B preset_1B_aten
+           reference_cpu reference_gpu_fp32 reference_gpu_bf16 nvtx bench)
 if [ "${ZB_SKIP_BUILD:-0}" = 1 ]; then
   build_how=prebuilt
   [ -x "$ROOT/build/apps/train_fsdp" ] || { build_how=none; not_run "nothing to build with" "${gpu_steps[@]}";
@@ -218,6 +222,23 @@ if wanted kernels; then
   step preset_1B_aten 150 "${train[@]}" "${one_b[@]}" \
     --runtime.fused_kernels false --logging.metrics_file "$work/preset_1B_aten.jsonl"
 else not_run "not in GPU_CHECK_STEPS" preset_1B_aten; fi
+if wanted reference; then
+  # The quick start's model on real text (data/python-docs: scripts/setup.sh makes it here; name
+  # it in the device tool's carry) three ways: on this machine's CPU in fp32 (the reference), on
+  # the GPU in fp32 and in bf16. Held-out losses side by side: GPU fp32 against the CPU is the
+  # device alone (its random initial values, its kernels), bf16 against GPU fp32 the precision.
+  if [ -f data/python-docs/val/shard_000000.bin ]; then
+    quick=(build/apps/train_fsdp --config configs/debug/quickstart.toml --ckpt.path "" --wandb false)
+    step reference_cpu 150 "${quick[@]}" --runtime.device cpu --logging.metrics_file "$work/reference_cpu.jsonl"
+    step reference_gpu_fp32 60 "${quick[@]}" --runtime.device cuda --runtime.compute_dtype float32 \
+      --logging.metrics_file "$work/reference_gpu_fp32.jsonl"
+    step reference_gpu_bf16 60 "${quick[@]}" --runtime.device cuda --runtime.compute_dtype bfloat16 \
+      --logging.metrics_file "$work/reference_gpu_bf16.jsonl"
+  else
+    not_run "no data/python-docs here (scripts/setup.sh makes it; carry it)" reference_cpu reference_gpu_fp32 reference_gpu_bf16
+    failed=1
+  fi
+else not_run "not in GPU_CHECK_STEPS" reference_cpu reference_gpu_fp32 reference_gpu_bf16; fi
 if wanted nvtx; then
   # The phases as NVTX ranges, seen by Nsight Compute around one kernel (the debug model).
   step nvtx 90 scripts/gpu/nvtx_check.sh build/apps/train_fsdp configs/debug/normal.toml

@@ -8,6 +8,7 @@ Reads from DIR, each when present:
   steps.tsv           one line per step: name, status, seconds, note (tab-separated)
   cuda_tests.xml      ctest's JUnit output for `ctest -L cuda`; suite.xml for the rest
   preset_NAME.jsonl   train_fsdp's metrics file (src/train/metrics_logger.cpp) for preset NAME
+  reference_RUN.jsonl the quick start's metrics, RUN = cpu, gpu_fp32, gpu_bf16 (held-out losses)
   profile_1B/iteration_8/rank0_summary.json   the 1B preset's profiled steps (src/train/profiler.h)
   bench/bench.json    scripts/perf/bench.sh's result (scripts/perf/bench_report.py)
 --set adds top-level fields (mode, result, message, gpu, build, commit, date, cpus, ...).
@@ -87,6 +88,21 @@ def read_metrics(path):
     }
 
 
+def read_val_losses(path):
+    """The held-out losses of a metrics file, {step: val_loss}; None when the run wrote none."""
+    if not os.path.exists(path):
+        return None
+    losses = {}
+    for line in open(path):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record.get("val_loss"), (int, float)):
+            losses[record["step"]] = record["val_loss"]
+    return losses or None
+
+
 def read_json(path):
     """A step's JSON output: None when the step left none, an error entry when it is damaged."""
     if not os.path.exists(path):
@@ -135,6 +151,19 @@ def main():
     report["sdpa_auto_over_flash_speed_ratio"] = speed_ratio("1B_causal_auto", "1B_causal")
     # Our RoPE and SwiGLU-gate kernels over ATen's operators alone (GPU_CHECK_STEPS "kernels").
     report["fused_kernels_speed_ratio"] = speed_ratio("1B", "1B_aten")
+    # The quick start on real text, CPU fp32 / GPU fp32 / GPU bf16 ("reference"): held-out losses
+    # at each evaluation, and the final one's differences. Each run draws its own initial values
+    # (the GPU's generator is not the CPU's), so only the bf16 - GPU fp32 gap is precision alone.
+    report["reference"] = {}
+    for name in ("cpu", "gpu_fp32", "gpu_bf16"):
+        losses = read_val_losses(os.path.join(args.work, f"reference_{name}.jsonl"))
+        if losses:
+            report["reference"][name] = {"val_loss": {str(k): v for k, v in sorted(losses.items())},
+                                         "final_val_loss": losses[max(losses)]}
+    ref = {k: v["final_val_loss"] for k, v in report["reference"].items()}
+    report["reference_gaps"] = {f"{a}_minus_{b}": ref[a] - ref[b]
+                                for a, b in (("gpu_fp32", "cpu"), ("gpu_bf16", "gpu_fp32"), ("gpu_bf16", "cpu"))
+                                if a in ref and b in ref}
     report["bench"] = read_json(os.path.join(args.work, "bench", "bench.json"))
     # The 1B preset's profiled steps (train/profiler.h's summary): phases, operators and kernels.
     report["profile_1B"] = read_json(os.path.join(args.work, "profile_1B", "iteration_8", "rank0_summary.json"))
@@ -176,6 +205,10 @@ def main():
                   f"kernels {compute:.3f}, NCCL {p['gpu_nccl_seconds_per_step']:.3f} of which {busy - compute:.3f} exposed")
         for k in p.get("top_kernels", [])[:8]:  # where the GPU's time goes, kernel by kernel
             print(f"    {k['seconds_per_step']:.4f} s/step x{k['count_per_step']:.0f}  {k['name'][:110]}")
+    if report["reference"]:
+        finals = ", ".join(f"{k} {v['final_val_loss']:.4f}" for k, v in report["reference"].items())
+        gaps = ", ".join(f"{k} {v:+.4f}" for k, v in report["reference_gaps"].items())
+        print(f"  quick start, held-out loss at the end: {finals}{'; ' + gaps if gaps else ''}")
     if report["bench"]:
         for pair, r in report["bench"].get("ratios", {}).items():
             print(f"  bench {pair}: tokens/s x {r.get('tokens_per_second', float('nan')):.2f}")

@@ -216,6 +216,14 @@ if wanted presets; then
     --optim.total_steps 8 --profiling.enable_profiling true --profiling.profile_freq 8 --profiling.profile_active 2 \
     --profiling.save_traces_folder "$work/profile_1B" --logging.metrics_file "$work/profile_1B.jsonl"
   cp "$work/profile_1B/iteration_8/rank0_summary.json" "$out/profile_1B_summary.json" 2>/dev/null || true
+  # The trace itself, compressed, for reading the timeline after the machine is gone (the device
+  # tool brings back files of up to 16 MB; a larger one stays behind, said in the log).
+  if [ -f "$work/profile_1B/iteration_8/rank0_trace.json" ]; then
+    gzip -c "$work/profile_1B/iteration_8/rank0_trace.json" >"$out/profile_1B_trace.json.gz"
+    if [ "$(stat -c %s "$out/profile_1B_trace.json.gz")" -gt $((15 << 20)) ]; then
+      say "   the 1B trace compressed is over 15 MB: not kept"; rm -f "$out/profile_1B_trace.json.gz"
+    fi
+  fi
 else not_run "not in GPU_CHECK_STEPS" preset_150M preset_1B preset_1B_causal preset_1B_causal_auto profile_1B; fi
 if wanted kernels; then
   # The 1B preset as preset_1B ran it, with ATen's operators in place of our kernels.

@@ -101,7 +101,7 @@ debian_packages() {  # the Debian packages scripts/setup.sh installs, all presen
   [ "$(dpkg-query -W -f='${Status}\n' "${want[@]}" 2>/dev/null | grep -c 'install ok installed')" = ${#want[@]} ]
 }
 gpu_steps=(build cuda_tests preset_150M preset_1B preset_1B_causal preset_1B_causal_auto profile_1B preset_1B_aten
-           reference_cpu reference_gpu_fp32 reference_gpu_bf16 nvtx bench)
+           reference_cpu reference_gpu_fp32 reference_gpu_bf16 reference_check nvtx bench)
 if [ "${ZB_SKIP_BUILD:-0}" = 1 ]; then
   build_how=prebuilt
   [ -x "$ROOT/build/apps/train_fsdp" ] || { build_how=none; not_run "nothing to build with" "${gpu_steps[@]}";
@@ -242,11 +242,14 @@ if wanted reference; then
       --logging.metrics_file "$work/reference_gpu_fp32.jsonl"
     step reference_gpu_bf16 60 "${quick[@]}" --runtime.device cuda --runtime.compute_dtype bfloat16 \
       --logging.metrics_file "$work/reference_gpu_bf16.jsonl"
+    # The final held-out losses within 1% of the CPU's (gpu_check_report.py's REFERENCE_TOLERANCE).
+    step reference_check 30 python3 "$ROOT/scripts/gpu/gpu_check_report.py" --work "$work" --check-reference
   else
-    not_run "no data/python-docs here (scripts/setup.sh makes it; carry it)" reference_cpu reference_gpu_fp32 reference_gpu_bf16
+    not_run "no data/python-docs here (scripts/setup.sh makes it; carry it)" reference_cpu reference_gpu_fp32 \
+      reference_gpu_bf16 reference_check
     failed=1
   fi
-else not_run "not in GPU_CHECK_STEPS" reference_cpu reference_gpu_fp32 reference_gpu_bf16; fi
+else not_run "not in GPU_CHECK_STEPS" reference_cpu reference_gpu_fp32 reference_gpu_bf16 reference_check; fi
 if wanted nvtx; then
   # The phases as NVTX ranges, seen by Nsight Compute around one kernel (the debug model).
   step nvtx 90 scripts/gpu/nvtx_check.sh build/apps/train_fsdp configs/debug/normal.toml

@@ -69,6 +69,23 @@ TEST(StepClock, MarksAreReadOnlyAfterTheHostSynchronised) {
   EXPECT_EQ(clock.marks(), 0);
 }
 
+// Kernel kinds from names as CUDA's libraries and ours spell them.
+TEST(Profile, KernelKindsFromTheirNames) {
+  EXPECT_EQ(kernel_kind("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>(Params)"), "gemm");
+  EXPECT_EQ(kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off_kernel__5x_cublas"), "gemm");
+  EXPECT_EQ(kernel_kind("nvjet_tst_128x256_64x4_2x1_v_bz_coopB_TNT"), "gemm");
+  EXPECT_EQ(kernel_kind("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>, true>(Flash_fwd_params)"), "attention");
+  EXPECT_EQ(kernel_kind("void zb::(anonymous namespace)::silu_mul_bf16(__nv_bfloat16 const*, __nv_bfloat16 const*, __nv_bfloat16*, long)"), "ours");
+  EXPECT_EQ(kernel_kind("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>(int, float, float const*)"), "norm");
+  EXPECT_EQ(kernel_kind("void at::native::vectorized_elementwise_kernel<4, at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda(float)#1}, std::array<char*, 2ul> >(int, at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda(float)#1}, std::array<char*, 2ul>)"), "copy");
+  EXPECT_EQ(kernel_kind("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)"), "elementwise");
+  EXPECT_EQ(kernel_kind("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::NormTwoOps<float, float, float>, unsigned int, float, 4, 4> >(at::native::ReduceOp<float, at::native::NormTwoOps<float, float, float>, unsigned int, float, 4, 4>)"), "reduce");
+  EXPECT_EQ(kernel_kind("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"), "nccl");
+  EXPECT_EQ(kernel_kind("void at::native::(anonymous namespace)::CatArrayBatchedCopy<int, 4>(int*, int)"), "copy");
+  EXPECT_EQ(kernel_kind("void at::native::index_elementwise_kernel<128, 4>(long)"), "elementwise");
+  EXPECT_EQ(kernel_kind("void at::native::(anonymous namespace)::ag_kernel<(bool)1>(float*, int)"), "other");
+}
+
 // The profile's summary from events laid out by hand as a GPU trace would have them (two steps
 // of 1 s): the GPU's busy time is the union of its kernels, compute and NCCL apart, so a
 // collective beside compute is hidden and one alone is exposed; phases on the host and the GPU
@@ -128,9 +145,21 @@ TEST(Profile, SummaryReadsTheGpuTimelineFromItsKernels) {
       << lines[1];
   EXPECT_NE(lines[2].find("phases on the host (s/step): zb.forward 0.3000"), std::string::npos) << lines[2];
   EXPECT_NE(lines[3].find("phases on the GPU (s/step): zb.forward 0.5000"), std::string::npos) << lines[3];
-  ASSERT_EQ(lines.size(), 6u);
-  EXPECT_NE(lines[5].find("longest GPU kernels (s/step): sm90_xmma_gemm_bf16 0.3000 (x1), flash_fwd_kernel<Traits<(bool)1, "
-                          "128>> 0.2500 (x1)"),
+  // By kind: gemm 0.3, attention 0.25, nccl 0.15, other (the anonymous-namespace kernel) 0.005.
+  ASSERT_EQ(s.kernel_kinds.size(), 4u);
+  EXPECT_EQ(s.kernel_kinds[0].name, "gemm");
+  EXPECT_EQ(s.kernel_kinds[1].name, "attention");
+  EXPECT_EQ(s.kernel_kinds[2].name, "nccl");
+  EXPECT_NEAR(s.kernel_kinds[2].seconds_per_step, 0.150, 1e-12);
+  EXPECT_DOUBLE_EQ(s.kernel_kinds[2].count_per_step, 2);
+  EXPECT_EQ(s.kernel_kinds[3].name, "other");
+  ASSERT_EQ(lines.size(), 7u);
+  EXPECT_NE(lines[5].find("GPU kernels by kind (s/step): gemm 0.3000 (43%), attention 0.2500 (35%), nccl 0.1500 (21%), "
+                          "other 0.0050 (1%)"),
             std::string::npos)
       << lines[5];
+  EXPECT_NE(lines[6].find("longest GPU kernels (s/step): sm90_xmma_gemm_bf16 0.3000 (x1), flash_fwd_kernel<Traits<(bool)1, "
+                          "128>> 0.2500 (x1)"),
+            std::string::npos)
+      << lines[6];
 }

@@ -237,6 +237,9 @@ def main():
             busy, compute = p["gpu_busy_seconds_per_step"], p["gpu_compute_seconds_per_step"]
             print(f"  1B profiled GPU: busy {busy:.3f} s/step ({100 * busy / p['seconds_per_step']:.1f}%), compute "
                   f"kernels {compute:.3f}, NCCL {p['gpu_nccl_seconds_per_step']:.3f} of which {busy - compute:.3f} exposed")
+        if p.get("kernel_kinds"):
+            print("  1B profiled GPU kernels by kind (s/step): " +
+                  ", ".join(f"{k['name']} {k['seconds_per_step']:.3f}" for k in p["kernel_kinds"]))
         for k in p.get("top_kernels", [])[:8]:  # where the GPU's time goes, kernel by kernel
             print(f"    {k['seconds_per_step']:.4f} s/step x{k['count_per_step']:.0f}  {k['name'][:110]}")
     if report["reference"]:

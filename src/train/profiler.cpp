@@ -67,6 +67,24 @@ std::string kernel_name(const std::string& name) {
 
 }  // namespace
 
+std::string kernel_kind(const std::string& name) {
+  const auto has = [&](std::initializer_list<const char*> parts) {
+    for (const char* part : parts)
+      if (name.find(part) != std::string::npos) return true;
+    return false;
+  };
+  const std::string k = kernel_name(name);
+  if (k.rfind("nccl", 0) == 0) return "nccl";
+  if (k.rfind("zb::", 0) == 0) return "ours";
+  if (has({"flash", "fmha", "attention", "cudnn"})) return "attention";
+  if (has({"gemm", "xmma", "cutlass", "nvjet", "cublas", "sm90_", "sm80_"})) return "gemm";
+  if (has({"norm"})) return "norm";
+  if (has({"copy", "Copy"})) return "copy";  // casts run as direct_copy_kernel
+  if (has({"reduce", "Reduce"})) return "reduce";
+  if (has({"elementwise", "vectorized"})) return "elementwise";
+  return "other";
+}
+
 ProfileSummary summarize_events(const std::vector<ProfileEvent>& events, int64_t first_step, int64_t last_step,
                                 double wall_seconds) {
   ProfileSummary s;
@@ -78,7 +96,7 @@ ProfileSummary summarize_events(const std::vector<ProfileEvent>& events, int64_t
     double seconds = 0;
     int64_t count = 0;
   };
-  std::map<std::string, Sum> phases, device_phases, ops, kernels;
+  std::map<std::string, Sum> phases, device_phases, ops, kernels, kinds;
   std::vector<std::pair<uint64_t, uint64_t>> all, compute, nccl;  // kernels' spans
   int64_t n_ops = 0, n_kernels = 0;
   for (const ProfileEvent& e : events) {
@@ -90,6 +108,8 @@ ProfileSummary summarize_events(const std::vector<ProfileEvent>& events, int64_t
         all.emplace_back(e.start_ns, e.end_ns);
         (is_nccl(e.name) ? nccl : compute).emplace_back(e.start_ns, e.end_ns);
         sum = &kernels[kernel_name(e.name)];
+        kinds[kernel_kind(e.name)].seconds += static_cast<double>(e.end_ns - e.start_ns) * 1e-9;
+        ++kinds[kernel_kind(e.name)].count;
         break;
       case ProfileEvent::Kind::Phase: sum = &phases[phase_name(e.name)]; break;
       case ProfileEvent::Kind::DevicePhase: sum = &device_phases[phase_name(e.name)]; break;
@@ -115,6 +135,8 @@ ProfileSummary summarize_events(const std::vector<ProfileEvent>& events, int64_t
   for (const auto& [name, sum] : kernels) s.top_kernels.push_back({name, sum.seconds / steps, sum.count / steps});
   std::sort(s.top_kernels.begin(), s.top_kernels.end(), longest_first);
   if (s.top_kernels.size() > 15) s.top_kernels.resize(15);
+  for (const auto& [name, sum] : kinds) s.kernel_kinds.push_back({name, sum.seconds / steps, sum.count / steps});
+  std::sort(s.kernel_kinds.begin(), s.kernel_kinds.end(), longest_first);
   s.ops_per_step = static_cast<int64_t>(static_cast<double>(n_ops) / steps + 0.5);
   s.kernels_per_step = static_cast<int64_t>(static_cast<double>(n_kernels) / steps + 0.5);
   s.gpu_busy_seconds_per_step = covered_seconds(all) / steps;
@@ -155,6 +177,7 @@ std::string ProfileSummary::to_json() const {
   j["device_phases"] = rows(device_phases);
   j["top_ops"] = rows(top_ops);
   j["top_kernels"] = rows(top_kernels);
+  j["kernel_kinds"] = rows(kernel_kinds);
   return j.dump(1);
 }
 
@@ -185,6 +208,15 @@ std::vector<std::string> ProfileSummary::describe(const std::string& folder) con
     line += strf(" %s %.4f (x%.0f)%s", top_ops[i].name.c_str(), top_ops[i].seconds_per_step, top_ops[i].count_per_step,
                  i + 1 < top_ops.size() && i < 5 ? "," : "");
   lines.push_back(line);
+  if (!kernel_kinds.empty()) {  // shares of the kernels' own time (overlapping kernels each count)
+    double total = 0;
+    for (const Op& k : kernel_kinds) total += k.seconds_per_step;
+    line = "  GPU kernels by kind (s/step):";
+    for (size_t i = 0; i < kernel_kinds.size(); ++i)
+      line += strf(" %s %.4f (%.0f%%)%s", kernel_kinds[i].name.c_str(), kernel_kinds[i].seconds_per_step,
+                   total > 0 ? 100 * kernel_kinds[i].seconds_per_step / total : 0.0, i + 1 < kernel_kinds.size() ? "," : "");
+    lines.push_back(line);
+  }
   if (!top_kernels.empty()) {
     line = "  longest GPU kernels (s/step):";
     for (size_t i = 0; i < top_kernels.size() && i < 5; ++i) {

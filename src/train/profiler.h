@@ -59,10 +59,18 @@ struct ProfileSummary {
   // GPU kernels by name (without "void " and the argument list, at most 160 characters), their
   // own time: the 15 longest. Where a GPU step's time goes, kernel by kernel (empty on CPU).
   std::vector<Op> top_kernels;
+  // The same kernels by kind, read from their names (kernel_kind), longest first: gemm,
+  // attention, ours (our kernels), norm, elementwise, copy, reduce, nccl, other.
+  std::vector<Op> kernel_kinds;
   std::string to_json() const;
   // A few lines for the log: the window, its phases, the operator counts and the longest operators.
   std::vector<std::string> describe(const std::string& folder) const;
 };
+
+// A GPU kernel's kind from its name: "gemm" (cuBLAS/CUTLASS matrix products), "attention"
+// (flash, cuDNN), "ours" (zb::), "norm", "elementwise", "copy" (casts and copies), "reduce",
+// "nccl", else "other".
+std::string kernel_kind(const std::string& name);
 
 // What the summary reads of one recorded event.
 struct ProfileEvent {

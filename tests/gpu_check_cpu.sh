@@ -133,7 +133,9 @@ PY
  "exposed_comm_seconds_per_step": 0.01, "gpu_busy_seconds_per_step": 1.8, "gpu_compute_seconds_per_step": 1.7,
  "gpu_nccl_seconds_per_step": 0.3, "phases": [{"name": "zb.backward", "seconds_per_step": 1.2, "count_per_step": 8}],
  "device_phases": [], "top_ops": [],
- "top_kernels": [{"name": "sm90_xmma_gemm_bf16bf16_bf16f32", "seconds_per_step": 0.9, "count_per_step": 2500}]}
+ "top_kernels": [{"name": "sm90_xmma_gemm_bf16bf16_bf16f32", "seconds_per_step": 0.9, "count_per_step": 2500}],
+ "kernel_kinds": [{"name": "gemm", "seconds_per_step": 1.1, "count_per_step": 3000},
+                  {"name": "elementwise", "seconds_per_step": 0.4, "count_per_step": 9000}]}
 JSON
   python3 "$src/scripts/gpu/gpu_check_report.py" --work "$work" --out "$tmp/out/gpu_check.json" \
     --set mode=gpu result=failed gpu="NVIDIA H100 80GB HBM3, 81559 MiB, 570.1" commit=0123456 cpus=16 >"$tmp/report.out" \
@@ -156,6 +158,7 @@ JSON
   grep -q "1B profiled GPU: busy 1.800 s/step (90.0%), compute kernels 1.700, NCCL 0.300 of which 0.100 exposed" \
     "$tmp/report.out" || fail "profile line"
   grep -q "0.9000 s/step x2500  sm90_xmma_gemm_bf16bf16_bf16f32" "$tmp/report.out" || fail "kernels line"
+  grep -q "1B profiled GPU kernels by kind (s/step): gemm 1.100, elementwise 0.400" "$tmp/report.out" || fail "kinds line"
   report 'r["reference"]["cpu"]["val_loss"] == {"1": 4.5, "2": 4.0} and r["reference"]["gpu_bf16"]["final_val_loss"] == 4.035'
   report 'abs(r["reference_gaps"]["gpu_fp32_minus_cpu"] - 0.03) < 1e-9 and abs(r["reference_gaps"]["gpu_bf16_minus_gpu_fp32"] - 0.005) < 1e-9'
   # The reference check: 1% of the CPU's final loss (0.04 here) holds gaps of 0.03 and 0.035 but

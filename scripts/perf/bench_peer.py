@@ -337,8 +337,10 @@ def flex_document_mask(docs):
         return (q >= kv) & (docs[b, q] == docs[b, kv])
     B, T = docs.shape
     block = min(128, T)
-    return create_block_mask(mask_mod, B, None, T, T, device=docs.device, BLOCK_SIZE=block,
-                             _compile=docs.is_cuda)
+    with warnings.catch_warnings():  # ZeroBand's _compile=True is deprecated in torch 2.11, still works
+        warnings.filterwarnings("ignore", category=DeprecationWarning, message="_compile flag on create_block_mask")
+        return create_block_mask(mask_mod, B, None, T, T, device=docs.device, BLOCK_SIZE=block,
+                                 _compile=docs.is_cuda)
 
 
 def compiled_flex_attention():

@@ -240,6 +240,60 @@ TEST(CudaLoss, Fp32ProductsOfBf16MatchFloat64) {
   EXPECT_LT(relative_error(gpu[2], ref[2]), 1e-2) << "dw";
 }
 
+TEST(CudaLoss, FusedLogitGradientEqualsAtensOperators) {
+  SKIP_WITHOUT_GPU();
+  // The chunked loss on the GPU in bf16 with our kernel for softmax(z) - onehot (model/
+  // loss_grad_kernel.cu) against the same loss with ATen's operators alone (use_fused_kernels
+  // false): the same fp32 arithmetic rounded once to bf16, so the loss equal, and dx and dw each
+  // element within one bf16 step, nearly all bit-identical. Then the kernel itself on an odd width
+  // (its single-value path), z off alignment, and a vocabulary split at 1,000 (targets outside
+  // the slice get no one-hot).
+  const int64_t N = 1000, D = 256, V = 32000;
+  at::manual_seed(9);
+  const auto bf16 = at::TensorOptions().device(kGpu).dtype(at::kBFloat16);
+  const at::Tensor x0 = at::randn({N, D}, bf16), w0 = at::randn({V, D}, bf16) * 0.05;
+  const at::Tensor targets = at::randint(V, {N}, at::TensorOptions().device(kGpu).dtype(at::kLong));
+  auto run = [&](bool fused) {
+    use_fused_kernels(fused);
+    at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+    at::Tensor loss = chunked_cross_entropy(x, w, targets, /*chunk_tokens=*/300);
+    loss.backward();
+    use_fused_kernels(true);
+    return std::vector<at::Tensor>{loss.detach(), x.grad(), w.grad()};
+  };
+  const auto got = run(true), want = run(false);
+  auto compare = [](const std::string& name, const at::Tensor& a, const at::Tensor& b) {
+    const at::Tensor af = a.detach().to(at::kFloat), bf = b.detach().to(at::kFloat);
+    const at::Tensor off = (af - bf).abs() > bf.abs() * std::ldexp(1.0, -7) + std::ldexp(1.0, -14);
+    EXPECT_EQ(off.sum().item<int64_t>(), 0) << name << ": elements more than one bf16 step apart";
+    const double same = af.eq(bf).to(at::kDouble).mean().item<double>();
+    std::cout << "logit gradient, " << name << ": " << same * 100 << "% bit-identical\n";
+    EXPECT_GT(same, 0.99) << name;
+  };
+  EXPECT_NEAR(got[0].item<double>(), want[0].item<double>(), 1e-6) << "loss";
+  compare("dx", got[1], want[1]);
+  compare("dw", got[2], want[2]);
+#ifdef ZB_WITH_CUDA
+  const auto f32 = at::TensorOptions().device(kGpu).dtype(at::kFloat);
+  for (const auto& [rows, width, offset, vocab_start] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t>{37, 1001, 0, 0}, {64, 4000, 1, 0}, {50, 1000, 0, 1000}}) {
+    const at::Tensor z = (at::randn({rows * width + offset}, f32) * 3).narrow(0, offset, rows * width).view({rows, width});
+    const at::Tensor lse = at::logsumexp(z, {1}, true);
+    const at::Tensor t = at::randint(3 * width, {rows}, targets.options());
+    ASSERT_TRUE(softmax_grad_cuda_bf16_applies(z, lse, t));
+    const at::Tensor g = softmax_grad_cuda_bf16(z, lse, t, vocab_start);
+    at::Tensor ref = z.clone();
+    ref.sub_(lse).exp_();
+    const at::Tensor local = t.unsqueeze(1) - vocab_start, here = local.ge(0).logical_and(local.lt(width));
+    ref.scatter_add_(1, local.clamp(0, width - 1), at::where(here, at::full_like(local, -1, ref.options()),
+                                                              at::zeros({1}, ref.options())));
+    compare("kernel " + std::to_string(rows) + " x " + std::to_string(width) + ", offset " + std::to_string(offset) +
+                ", vocab_start " + std::to_string(vocab_start),
+            g, ref.to(at::kBFloat16));
+  }
+#endif
+}
+
 TEST(CudaRope, FusedKernelEqualsTheUnfusedPathWithinOneBf16Rounding) {
   SKIP_WITHOUT_GPU();
   // bf16 q-shaped tensors [B, T, H, Dh] (odd sizes too), rotated by the fused kernel (apply_rope on

@@ -104,3 +104,43 @@ TEST(KernelsOnHost, RopeCoversEveryPairWithTheUnfusedPathsRounding) {
   EXPECT_EQ(cases, 2 * 2 * 3);
 #endif
 }
+
+TEST(KernelsOnHost, SoftmaxGradCoversEveryLogitWithAtensRounding) {
+#ifndef ZB_WITH_CUDA
+  GTEST_SKIP() << "built against a LibTorch without CUDA: no kernels";
+#else
+  // The chunked loss's gradient of its logits against the path it replaces (model/chunked_loss.cpp)
+  // on the CPU: z - lse and exp in place, -1 scattered at the target, cast to bf16. Widths that are
+  // multiples of 4 (vectors) and not (single values), z off 16-byte alignment (single values), grids
+  // smaller than the work, and a vocabulary split over ranks (vocab_start 5: targets below it or
+  // past the slice get no one-hot here).
+  at::manual_seed(8);
+  int cases = 0;
+  for (const auto& [rows, V] : {std::pair<int64_t, int64_t>{0, 8}, {1, 1}, {3, 37}, {17, 1000}, {6, 4}})
+    for (const int64_t offset : {0, 1})
+      for (const int64_t vocab_start : {0, 5})
+        for (const auto& [blocks, threads] : {std::pair<int64_t, int>{0, 0}, {1, 1}, {3, 7}}) {
+          const std::string what = std::to_string(rows) + " x " + std::to_string(V) + ", offset " +
+                                   std::to_string(offset) + ", vocab_start " + std::to_string(vocab_start) + ", grid " +
+                                   std::to_string(blocks) + " x " + std::to_string(threads);
+          const at::Tensor z = (at::randn({rows * V + offset}) * 3).narrow(0, offset, rows * V).view({rows, V});
+          const at::Tensor lse = at::logsumexp(z, {1}, /*keepdim=*/true);
+          const at::Tensor targets = at::randint(0, V + 2 * vocab_start, {rows}, at::kLong);
+          at::Tensor g = at::full({rows, V}, NAN, at::TensorOptions().dtype(at::kBFloat16));
+          zb::softmax_grad_bf16_on_host(z.const_data_ptr(), lse.const_data_ptr(), targets.const_data_ptr(),
+                                        vocab_start, g.mutable_data_ptr(), rows, V, blocks, threads);
+          // ATen's path, as chunked_loss.cpp writes it for a split vocabulary.
+          at::Tensor want = z.clone();
+          want.sub_(lse).exp_();
+          const at::Tensor local = targets.unsqueeze(1) - vocab_start;
+          const at::Tensor here = local.ge(0).logical_and(local.lt(V));
+          want.scatter_add_(1, local.clamp(0, std::max<int64_t>(V - 1, 0)),
+                            at::where(here, at::full_like(local, -1, want.options()), at::zeros({1}, want.options())));
+          const auto [far, differ] = differences(g, want.to(at::kBFloat16));
+          EXPECT_EQ(far, 0) << what << ": logits missed or more than one bf16 step off";
+          EXPECT_LE(differ, g.numel() / 100 + 1) << what;
+          ++cases;
+        }
+  EXPECT_EQ(cases, 5 * 2 * 2 * 3);
+#endif
+}

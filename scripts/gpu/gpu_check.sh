@@ -32,8 +32,9 @@
 # GPU_CHECK_PRESET_STEPS (the presets' steps, default 20; tokens/s is over the last 10),
 # ZB_BUILD_TARGETS (the kit builds only these; default what the steps need, all with "suite"),
 # GPU_CHECK_STEPS (default "cuda_tests presets kernels reference nvtx bench": "kernels" is the 1B
-# preset again with ATen's operators alone, --runtime.fused_kernels false, what our RoPE and
-# SwiGLU-gate kernels give in tokens/s and peak memory; "reference" trains the quick start on the
+# preset again with ATen's operators alone, --runtime.fused_kernels false, what our kernels
+# (RoPE, SwiGLU's gate, the loss's logit gradient) give in tokens/s and peak memory; "reference"
+# trains the quick start on the
 # CPU in fp32 and on the GPU in fp32 and bf16, held-out losses side by side (it needs
 # data/python-docs carried along); "nvtx" checks with Nsight Compute that the phases are NVTX
 # ranges, scripts/gpu/nvtx_check.sh; add "suite" for the rest of ctest), GPU_CHECK_BENCH

@@ -195,7 +195,7 @@ def main():
     report["document_mask_speed_ratio"] = speed_ratio("1B", "1B_causal")
     # PyTorch's own choice of kernel for causal attention (cuDNN's on an H100, reportedly) over flash.
     report["sdpa_auto_over_flash_speed_ratio"] = speed_ratio("1B_causal_auto", "1B_causal")
-    # Our RoPE and SwiGLU-gate kernels over ATen's operators alone (GPU_CHECK_STEPS "kernels").
+    # Our kernels (RoPE, SwiGLU's gate, the loss's logit gradient) over ATen's operators alone ("kernels").
     report["fused_kernels_speed_ratio"] = speed_ratio("1B", "1B_aten")
     report["reference"], report["reference_gaps"] = read_reference(args.work)
     report["bench"] = read_json(os.path.join(args.work, "bench", "bench.json"))

@@ -1,5 +1,9 @@
 #include "model/chunked_loss.h"
+#include "model/layers.h"
 #include "util/phase.h"
+#ifdef ZB_WITH_CUDA
+#include "model/cuda_ops.h"
+#endif
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
@@ -71,12 +75,21 @@ struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
       }
       loss_sum += (lse - target_logit).sum();
       if (!want_x_grad && !want_w_grad) continue;
-      // d(summed loss)/dz = softmax(z) - onehot(target), in z's memory.
-      z.sub_(lse).exp_();
-      at::Tensor one = at::full_like(tc, -1, z.options());  // the one-hot's entry, negated
-      if (here.defined()) one = at::where(here, one, at::zeros_like(one));  // another rank's word
-      z.scatter_add_(1, tc, one);
-      const at::Tensor g = z.to(x.scalar_type());  // as the unchunked graph casts it back
+      // d(summed loss)/dz = softmax(z) - onehot(target), cast to x's dtype as the unchunked graph
+      // casts it back: on a GPU in bf16 our kernel in one pass, else in z's memory.
+      at::Tensor g;
+#ifdef ZB_WITH_CUDA
+      const at::Tensor chunk_targets = targets.narrow(0, start, n);
+      if (x.scalar_type() == at::kBFloat16 && fused_kernels_on() && softmax_grad_cuda_bf16_applies(z, lse, chunk_targets))
+        g = softmax_grad_cuda_bf16(z, lse, chunk_targets, vocab_group ? vocab_start : 0);
+#endif
+      if (!g.defined()) {
+        z.sub_(lse).exp_();
+        at::Tensor one = at::full_like(tc, -1, z.options());  // the one-hot's entry, negated
+        if (here.defined()) one = at::where(here, one, at::zeros_like(one));  // another rank's word
+        z.scatter_add_(1, tc, one);
+        g = z.to(x.scalar_type());
+      }
       if (want_x_grad) {
         at::Tensor rows = dx.narrow(0, start, n);  // contiguous: whole rows
         at::addmm_out(rows, rows, g, w, /*beta=*/0, /*alpha=*/inv_n);  // beta 0: rows' old contents unread

@@ -19,6 +19,12 @@ cudaError_t launch_silu_mul_bf16(const void* a, const void* b, void* out, int64_
 cudaError_t launch_silu_mul_backward_bf16(const void* g, const void* a, const void* b, void* ga, void* gb, int64_t n,
                                           cudaStream_t stream);
 
+// The chunked loss's gradient of its logits (model/loss_grad_kernel.cu): from z [rows, V] fp32 and
+// lse [rows] fp32 (each row's log-sum-exp), g [rows, V] bf16 = exp(z - lse) - onehot, the one-hot at
+// column targets[r] - vocab_start where that falls in [0, V). targets: int64 [rows].
+cudaError_t launch_softmax_grad_bf16(const void* z, const void* lse, const void* targets, int64_t vocab_start, void* g,
+                                     int64_t rows, int64_t V, cudaStream_t stream);
+
 // The kernels run on the host instead, serially, every thread of a grid in turn (0: the grid the
 // launch would use): their indexing and arithmetic, testable without a GPU (the CUDA math
 // library's expf and bf16 conversions have host versions).
@@ -27,6 +33,8 @@ void rope_bf16_on_host(const void* x, void* out, const void* cis, int64_t rows, 
 void silu_mul_bf16_on_host(const void* a, const void* b, void* out, int64_t n, int64_t threads);
 void silu_mul_backward_bf16_on_host(const void* g, const void* a, const void* b, void* ga, void* gb, int64_t n,
                                     int64_t threads);
+void softmax_grad_bf16_on_host(const void* z, const void* lse, const void* targets, int64_t vocab_start, void* g,
+                               int64_t rows, int64_t V, int64_t blocks, int threads);
 
 // Whether these kernels have an image for the current device. They are built into one library
 // with the same architectures (TORCH_CUDA_ARCH_LIST), so one kernel's answer is every kernel's.

@@ -1,6 +1,7 @@
 #include "model/cuda_ops.h"
 #include "model/cuda_kernels.h"
 
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/view_as_real.h>
 #include <c10/cuda/CUDAException.h>
@@ -105,6 +106,25 @@ std::pair<at::Tensor, at::Tensor> silu_mul_backward_cuda_bf16(const at::Tensor& 
                                                ga.mutable_data_ptr(), gb.mutable_data_ptr(), ca.numel(),
                                                c10::cuda::getCurrentCUDAStream(a.device().index()).stream()));
   return {ga, gb};
+}
+
+bool softmax_grad_cuda_bf16_applies(const at::Tensor& z, const at::Tensor& lse, const at::Tensor& targets) {
+  return z.is_cuda() && z.scalar_type() == at::kFloat && z.dim() == 2 && lse.scalar_type() == at::kFloat &&
+         lse.numel() == z.size(0) && lse.device() == z.device() && targets.scalar_type() == at::kLong &&
+         targets.numel() == z.size(0) && targets.device() == z.device() && cuda_kernels_run_on(z.device());
+}
+
+at::Tensor softmax_grad_cuda_bf16(const at::Tensor& z, const at::Tensor& lse, const at::Tensor& targets,
+                                  int64_t vocab_start) {
+  TORCH_CHECK(softmax_grad_cuda_bf16_applies(z, lse, targets), "softmax_grad_cuda_bf16: z must be fp32 [n, V], lse "
+              "fp32 and targets int64 of n values, on one GPU with a kernel image");
+  const at::Tensor cz = z.contiguous(), clse = lse.contiguous(), ct = targets.contiguous();
+  at::Tensor g = at::empty(cz.sizes(), cz.options().dtype(at::kBFloat16));
+  const c10::cuda::CUDAGuard guard(z.device());
+  C10_CUDA_CHECK(launch_softmax_grad_bf16(cz.const_data_ptr(), clse.const_data_ptr(), ct.const_data_ptr(), vocab_start,
+                                          g.mutable_data_ptr(), cz.size(0), cz.size(1),
+                                          c10::cuda::getCurrentCUDAStream(z.device().index()).stream()));
+  return g;
 }
 
 }  // namespace zb

@@ -25,4 +25,12 @@ at::Tensor silu_mul_cuda_bf16(const at::Tensor& a, const at::Tensor& b);
 std::pair<at::Tensor, at::Tensor> silu_mul_backward_cuda_bf16(const at::Tensor& g, const at::Tensor& a,
                                                               const at::Tensor& b);
 
+// The chunked loss's gradient of its logits as bf16 (softmax(z) - onehot, model/chunked_loss.cpp):
+// whether the kernel takes z (fp32 [n, V] on a GPU with a kernel image), lse (fp32, n values) and
+// targets (int64, n values) on the same device; and g, bf16 [n, V], the one-hot at targets -
+// vocab_start where that is one of z's columns.
+bool softmax_grad_cuda_bf16_applies(const at::Tensor& z, const at::Tensor& lse, const at::Tensor& targets);
+at::Tensor softmax_grad_cuda_bf16(const at::Tensor& z, const at::Tensor& lse, const at::Tensor& targets,
+                                  int64_t vocab_start);
+
 }  // namespace zb

@@ -89,8 +89,10 @@ std::vector<std::string> describe_trainer(Trainer& trainer, const Config& c, con
   if (device.is_cuda())
     lines.push_back(!c.runtime.fused_kernels ? "kernels: ATen's operators alone (runtime.fused_kernels = false)"
                     : trainer.compute_dtype() == at::kBFloat16 && fused_kernels_run_on(device)
-                        ? "kernels: ours for RoPE and SwiGLU's gate in bf16 (runtime.fused_kernels = true)"
-                        : "kernels: ATen's for RoPE and SwiGLU's gate (ours take bf16, on a GPU this build has "
+                        ? "kernels: ours for RoPE, SwiGLU's gate and the loss's logit gradient in bf16 "
+                          "(runtime.fused_kernels = true)"
+                        : "kernels: ATen's for RoPE, SwiGLU's gate and the loss's logit gradient (ours take bf16, "
+                          "on a GPU this build has "
                           "their image for)");
   if (const auto& d = trainer.documents())
     lines.push_back(strf("attention: within documents, split %s token %ld (%s), kernel %s", d->opens ? "before" : "after",

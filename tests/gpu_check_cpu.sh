@@ -54,7 +54,7 @@ cpu_only)
   grep -q "build: kit" "$tmp/out/gpu_check.log" || fail "log"
   report 'r["mode"] == "cpu-only" and r["build"] == "kit" and r["gpu_parts_ran"] is False'
   report 'r["result"] == "gpu parts not run" and all(x["status"] == "not run" for x in r["steps"])'
-  report 'list(s) == ["build", "cuda_tests", "preset_150M", "preset_1B", "preset_1B_causal", "preset_1B_causal_auto", "profile_1B", "preset_1B_aten", "reference_cpu", "reference_gpu_fp32", "reference_gpu_bf16", "reference_check", "nvtx", "bench"] and r["bench"] is None'
+  report 'list(s) == ["build", "cuda_tests", "preset_150M", "preset_1B", "preset_1B_causal", "preset_1B_causal_auto", "profile_1B", "preset_1B_aten", "bench", "reference_cpu", "reference_gpu_fp32", "reference_gpu_bf16", "reference_check", "nvtx"] and r["bench"] is None'
   # A build to use as it is (ZB_SKIP_BUILD=1): "prebuilt".
   mkdir -p "$root/build/apps" && printf '#!/bin/sh\nexit 1\n' >"$root/build/apps/train_fsdp" && chmod +x "$root/build/apps/train_fsdp"
   ZB_SKIP_BUILD=1 run cpu_only --cpu-only "$tmp/out"
@@ -170,6 +170,12 @@ JSON
   python3 "$src/scripts/gpu/gpu_check_report.py" --work "$work" --check-reference >"$tmp/check.out" \
     && fail "reference check passed a gap of 0.045: $(cat "$tmp/check.out")"
   grep -q "reference_check: FAIL: gpu_bf16_minus_cpu beyond the bound" "$tmp/check.out" || fail "$(cat "$tmp/check.out")"
+  # A run cut short (its last evaluation at step 1) against the others' step 2.
+  grep -v '"step": 2,' "$work/reference_gpu_bf16.jsonl" >"$tmp/short.jsonl" && cp "$tmp/short.jsonl" "$work/reference_gpu_bf16.jsonl"
+  python3 "$src/scripts/gpu/gpu_check_report.py" --work "$work" --check-reference >"$tmp/check.out" \
+    && fail "reference check passed runs ending at different steps: $(cat "$tmp/check.out")"
+  grep -q "last evaluations are at different steps: cpu step 2, gpu_fp32 step 2, gpu_bf16 step 1" "$tmp/check.out" \
+    || fail "$(cat "$tmp/check.out")"
   mv "$work/reference_gpu_fp32.jsonl" "$tmp/"
   python3 "$src/scripts/gpu/gpu_check_report.py" --work "$work" --check-reference >"$tmp/check.out" \
     && fail "reference check passed without the GPU fp32 run"

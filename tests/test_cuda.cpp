@@ -8,11 +8,13 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <chrono>
 #include <cmath>
 #include <iostream>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -261,7 +263,26 @@ TEST(CudaLoss, FusedLogitGradientEqualsAtensOperators) {
     use_fused_kernels(true);
     return std::vector<at::Tensor>{loss.detach(), x.grad(), w.grad()};
   };
-  const auto got = run(true), want = run(false);
+#ifdef ZB_WITH_CUDA
+  // The fused run under the profiler: our kernel is among the GPU kernels it launched (else the
+  // comparison below would be ATen's operators against themselves).
+  namespace prof = torch::autograd::profiler;
+  namespace impl = torch::profiler::impl;
+  const std::set<impl::ActivityType> activities{impl::ActivityType::CPU, impl::ActivityType::CUDA};
+  const impl::ProfilerConfig cfg(impl::ProfilerState::KINETO, false, false);
+  prof::prepareProfiler(cfg, activities);
+  prof::enableProfiler(cfg, activities);
+  const auto got = run(true);
+  (void)got[2].sum().item<double>();  // the GPU has run it
+  const std::unique_ptr<prof::ProfilerResult> result = prof::disableProfiler();
+  int64_t ours = 0;
+  for (const prof::KinetoEvent& e : result->events())
+    if (e.name().find("softmax_grad_bf16") != std::string::npos) ++ours;
+  EXPECT_EQ(ours, 4) << "launches of our logit-gradient kernel: one per chunk of 300 of 1,000 tokens";
+#else
+  const auto got = run(true);
+#endif
+  const auto want = run(false);
   auto compare = [](const std::string& name, const at::Tensor& a, const at::Tensor& b) {
     const at::Tensor af = a.detach().to(at::kFloat), bf = b.detach().to(at::kFloat);
     const at::Tensor off = (af - bf).abs() > bf.abs() * std::ldexp(1.0, -7) + std::ldexp(1.0, -14);
@@ -270,7 +291,7 @@ TEST(CudaLoss, FusedLogitGradientEqualsAtensOperators) {
     std::cout << "logit gradient, " << name << ": " << same * 100 << "% bit-identical\n";
     EXPECT_GT(same, 0.99) << name;
   };
-  EXPECT_NEAR(got[0].item<double>(), want[0].item<double>(), 1e-6) << "loss";
+  EXPECT_NEAR(got[0].item<double>(), want[0].item<double>(), 1e-6) << "loss (the same logits: a check of the run)";
   compare("dx", got[1], want[1]);
   compare("dw", got[2], want[2]);
 #ifdef ZB_WITH_CUDA

@@ -84,6 +84,11 @@ TEST(Profile, KernelKindsFromTheirNames) {
   EXPECT_EQ(kernel_kind("void at::native::(anonymous namespace)::CatArrayBatchedCopy<int, 4>(int*, int)"), "copy");
   EXPECT_EQ(kernel_kind("void at::native::index_elementwise_kernel<128, 4>(long)"), "elementwise");
   EXPECT_EQ(kernel_kind("void at::native::(anonymous namespace)::ag_kernel<(bool)1>(float*, int)"), "other");
+  // Gradient norms (clipping) are reductions, not the layers' norms; parameters do not count.
+  EXPECT_EQ(kernel_kind("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous "
+                        "namespace)::LpNormFunctor<float, 2>>(TensorListMetadata<1>)"), "other");
+  EXPECT_EQ(kernel_kind("void at::native::reduce_kernel<512, 1>(Params<flash_like_name>)"), "reduce");
+  EXPECT_EQ(kernel_kind("void ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"), "nccl");
 }
 
 // The profile's summary from events laid out by hand as a GPU trace would have them (two steps

@@ -31,7 +31,7 @@
 # Environment: GPU_CHECK_SKIP (step names not to run, e.g. "preset_1B_causal_auto profile_1B"),
 # GPU_CHECK_PRESET_STEPS (the presets' steps, default 20; tokens/s is over the last 10),
 # ZB_BUILD_TARGETS (the kit builds only these; default what the steps need, all with "suite"),
-# GPU_CHECK_STEPS (default "cuda_tests presets kernels reference nvtx bench": "kernels" is the 1B
+# GPU_CHECK_STEPS (default "cuda_tests presets kernels bench reference nvtx": "kernels" is the 1B
 # preset again with ATen's operators alone, --runtime.fused_kernels false, what our kernels
 # (RoPE, SwiGLU's gate, the loss's logit gradient) give in tokens/s and peak memory; "reference"
 # trains the quick start on the
@@ -70,7 +70,7 @@ trap 'rm -rf "$work"' EXIT
 : >"$work/steps.tsv"
 
 budget=${GPU_CHECK_BUDGET_S:-540}
-selected=" ${GPU_CHECK_STEPS:-cuda_tests presets kernels reference nvtx bench} "
+selected=" ${GPU_CHECK_STEPS:-cuda_tests presets kernels bench reference nvtx} "
 read -r -a bench_args <<<"${GPU_CHECK_BENCH:-configs/1B/H100.toml 1 15 --train.micro_bs 8 --optim.batch_size 64}"
 now() { date +%s.%N; }
 started=$(now)
@@ -101,8 +101,8 @@ debian_packages() {  # the Debian packages scripts/setup.sh installs, all presen
   local want=(libtomlplusplus-dev libspdlog-dev libfmt-dev libcxxopts-dev nlohmann-json3-dev libgtest-dev libgmock-dev libgloo-dev)
   [ "$(dpkg-query -W -f='${Status}\n' "${want[@]}" 2>/dev/null | grep -c 'install ok installed')" = ${#want[@]} ]
 }
-gpu_steps=(build cuda_tests preset_150M preset_1B preset_1B_causal preset_1B_causal_auto profile_1B preset_1B_aten
-           reference_cpu reference_gpu_fp32 reference_gpu_bf16 reference_check nvtx bench)
+gpu_steps=(build cuda_tests preset_150M preset_1B preset_1B_causal preset_1B_causal_auto profile_1B preset_1B_aten bench
+           reference_cpu reference_gpu_fp32 reference_gpu_bf16 reference_check nvtx)
 if [ "${ZB_SKIP_BUILD:-0}" = 1 ]; then
   build_how=prebuilt
   [ -x "$ROOT/build/apps/train_fsdp" ] || { build_how=none; not_run "nothing to build with" "${gpu_steps[@]}";
@@ -220,8 +220,8 @@ if wanted presets; then
   # The trace itself, compressed, for reading the timeline after the machine is gone (the device
   # tool brings back files of up to 16 MB; a larger one stays behind, said in the log).
   if [ -f "$work/profile_1B/iteration_8/rank0_trace.json" ]; then
-    gzip -c "$work/profile_1B/iteration_8/rank0_trace.json" >"$out/profile_1B_trace.json.gz"
-    if [ "$(stat -c %s "$out/profile_1B_trace.json.gz")" -gt $((15 << 20)) ]; then
+    gzip -c "$work/profile_1B/iteration_8/rank0_trace.json" >"$out/profile_1B_trace.json.gz" || true
+    if [ "$(stat -c %s "$out/profile_1B_trace.json.gz" 2>/dev/null || echo 0)" -gt $((15 << 20)) ]; then
       say "   the 1B trace compressed is over 15 MB: not kept"; rm -f "$out/profile_1B_trace.json.gz"
     fi
   fi
@@ -231,6 +231,19 @@ if wanted kernels; then
   step preset_1B_aten 150 "${train[@]}" "${one_b[@]}" \
     --runtime.fused_kernels false --logging.metrics_file "$work/preset_1B_aten.jsonl"
 else not_run "not in GPU_CHECK_STEPS" preset_1B_aten; fi
+if wanted bench; then
+  # The peer with ZeroBand's own Muon only (GPU_CHECK_PEERS="zeroband torch" adds torch.optim.Muon's,
+  # if the budget allows: each peer runs eager and compiled). The peers' flex attention compiles
+  # without max-autotune (ZeroBand's PRIME_DEBUG): its search could take minutes of the budget.
+  # Without torch.compile (no Python.h) flex attention cannot be fused: the peers take the document
+  # mask as a dense one through SDPA instead.
+  step bench 270 env OUT="$work/bench" PYTHON="$python" PEER_COMPILE=$peer_compile ZB_SKIP_BUILD=1 PEERS="${GPU_CHECK_PEERS:-zeroband}" \
+    PRIME_DEBUG="${PRIME_DEBUG-1}" PEER_MASK="${PEER_MASK:-$([ $peer_compile = 1 ] && echo auto || echo sdpa)}" \
+    scripts/perf/bench.sh "${bench_args[@]}"
+  for f in "$work"/bench/*.log; do  # each side's own output, which bench.sh keeps apart
+    [ -f "$f" ] && { echo; echo "== $(basename "$f"), its last 60 lines"; tail -n 60 "$f"; } >>"$log"
+  done
+else not_run "not in GPU_CHECK_STEPS" bench; fi
 if wanted reference; then
   # The quick start's model on real text (data/python-docs: scripts/setup.sh makes it here; name
   # it in the device tool's carry) three ways: on this machine's CPU in fp32 (the reference), on
@@ -255,17 +268,6 @@ if wanted nvtx; then
   # The phases as NVTX ranges, seen by Nsight Compute around one kernel (the debug model).
   step nvtx 90 scripts/gpu/nvtx_check.sh build/apps/train_fsdp configs/debug/normal.toml
 else not_run "not in GPU_CHECK_STEPS" nvtx; fi
-if wanted bench; then
-  # The peer with ZeroBand's own Muon only (GPU_CHECK_PEERS="zeroband torch" adds torch.optim.Muon's,
-  # if the budget allows: each peer runs eager and compiled). The peers' flex attention compiles
-  # without max-autotune (ZeroBand's PRIME_DEBUG): its search could take minutes of the budget.
-  step bench 270 env OUT="$work/bench" PYTHON="$python" PEER_COMPILE=$peer_compile ZB_SKIP_BUILD=1 PEERS="${GPU_CHECK_PEERS:-zeroband}" \
-    PRIME_DEBUG="${PRIME_DEBUG-1}" \
-    scripts/perf/bench.sh "${bench_args[@]}"
-  for f in "$work"/bench/*.log; do  # each side's own output, which bench.sh keeps apart
-    [ -f "$f" ] && { echo; echo "== $(basename "$f"), its last 60 lines"; tail -n 60 "$f"; } >>"$log"
-  done
-else not_run "not in GPU_CHECK_STEPS" bench; fi
 if wanted suite; then
   step suite 300 ctest --test-dir build -LE cuda -j "$(nproc)" --timeout 300 --output-junit "$work/suite.xml"
 fi

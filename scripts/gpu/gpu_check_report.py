@@ -132,6 +132,11 @@ def check_reference(work):
     if missing:
         print(f"reference_check: no held-out loss from {', '.join(missing)}")
         return 1
+    last = {k: max(v["val_loss"], key=int) for k, v in runs.items()}
+    if len(set(last.values())) > 1:  # a run cut short: its last evaluation is an earlier step's
+        print("reference_check: the runs' last evaluations are at different steps: " +
+              ", ".join(f"{k} step {v}" for k, v in last.items()))
+        return 1
     bound = REFERENCE_TOLERANCE * runs["cpu"]["final_val_loss"]
     off = {k: v for k, v in gaps.items() if abs(v) > bound}
     print("reference_check: final held-out losses " + ", ".join(f"{k} {v['final_val_loss']:.4f}" for k, v in runs.items())

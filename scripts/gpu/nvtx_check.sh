@@ -17,13 +17,16 @@ rc=0
 "$ncu" --nvtx --launch-skip 1500 --launch-count 1 --section LaunchStats \
   "$train" --config "$config" --runtime.device cuda --data.fake --optim.total_steps 3 --ckpt.path "" \
   --wandb false --data.eval_interval 0 --profiling.nvtx true >"$out" 2>&1 || rc=$?
-# The profiled kernel's report, NVTX stack included (the training log before it is left out).
-sed -n '/==PROF==/,$p' "$out" | grep -v "^\s*$" | head -60
+# ncu's report comes after the program has ended ("==PROF== Disconnected"): the profiled kernel,
+# its NVTX stack included. The training log before it is left out (it names NVTX itself).
+report=$(sed -n '/==PROF== Disconnected/,$p' "$out")
+grep -v "^\s*$" <<<"$report" | head -60 || true
 [ $rc = 0 ] || { echo "nvtx_check: ncu or the run failed (exit $rc); the end of its output:"; tail -20 "$out"; exit 1; }
-stack=$(sed -n '/NVTX/,$p' "$out")
+stack=$(sed -n '/NVTX/,$p' <<<"$report")
 if grep -q "zb\.step" <<<"$stack" && grep -q -E "zb\.(micro_batch|forward|backward|optimizer|block_forward|loss)" <<<"$stack"; then
   echo "nvtx_check: PASS (the kernel ran inside zb.step and one of its phases)"
 else
-  echo "nvtx_check: FAIL: no zb.step range with a phase inside it around the profiled kernel"
+  echo "nvtx_check: FAIL: no zb.step range with a phase inside it around the profiled kernel; the end of ncu's output:"
+  tail -40 "$out"
   exit 1
 fi

@@ -12,10 +12,15 @@
 namespace zb {
 namespace {
 
+// Four bf16 values stored as one 8-byte access.
+struct alignas(8) Bf16x4 {
+  __nv_bfloat162 lo, hi;
+};
+
 // One row of z per block at a time: the row's log-sum-exp and target are read once. The column of
 // the target here is target - vocab_start (under a vocabulary split over ranks, a word of another
-// rank's falls outside [0, V) and gets no one-hot). Columns go four at a time (16-byte reads,
-// 8-byte writes) where V is a multiple of 4 and the pointers aligned, else one at a time. One
+// rank's falls outside [0, V) and gets no one-hot). Columns go four at a time (a 16-byte read, an
+// 8-byte write) where V is a multiple of 4 and the pointers aligned, else one at a time. One
 // thread's loops (`block` of `blocks`, `thread` of `threads` in it), host and device: the tests
 // also run them on the CPU (softmax_grad_bf16_on_host).
 __host__ __device__ __forceinline__ void softmax_grad_thread(const float* __restrict__ z, const float* __restrict__ lse,
@@ -31,12 +36,13 @@ __host__ __device__ __forceinline__ void softmax_grad_thread(const float* __rest
     const int64_t n_vectors = vectors ? V / 4 : 0;
     for (int64_t j = thread; j < n_vectors; j += threads) {
       const float4 v = reinterpret_cast<const float4*>(zr)[j];
-      float e[4] = {expf(v.x - m), expf(v.y - m), expf(v.z - m), expf(v.w - m)};
-      const int64_t c = 4 * j;
-      if (target >= c && target < c + 4) e[target - c] += -1.0f;
-      __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(gr + c);
-      out[0] = __floats2bfloat162_rn(e[0], e[1]);
-      out[1] = __floats2bfloat162_rn(e[2], e[3]);
+      float e0 = expf(v.x - m), e1 = expf(v.y - m), e2 = expf(v.z - m), e3 = expf(v.w - m);
+      const int64_t c = 4 * j;  // named lanes, not an array indexed at run time (kept in registers)
+      if (target == c) e0 += -1.0f;
+      else if (target == c + 1) e1 += -1.0f;
+      else if (target == c + 2) e2 += -1.0f;
+      else if (target == c + 3) e3 += -1.0f;
+      reinterpret_cast<Bf16x4*>(gr + c)[0] = {__floats2bfloat162_rn(e0, e1), __floats2bfloat162_rn(e2, e3)};
     }
     for (int64_t c = n_vectors * 4 + thread; c < V; c += threads) {
       float e = expf(zr[c] - m);

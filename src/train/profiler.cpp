@@ -44,8 +44,6 @@ double covered_seconds(std::vector<std::pair<uint64_t, uint64_t>>& spans) {
 // "zb.fsdp.unshard layers.3" -> "zb.fsdp.unshard": a phase without its detail.
 std::string phase_name(const std::string& name) { return name.substr(0, name.find(' ')); }
 
-bool is_nccl(const std::string& kernel) { return kernel.rfind("nccl", 0) == 0; }
-
 // "void at::native::(anonymous namespace)::kernel<128, 4>(int, float*)" ->
 // "at::native::(anonymous namespace)::kernel<128, 4>": one row per kernel and template instance,
 // short enough to read. The argument list is the last parenthesised group, matched from the end.
@@ -68,17 +66,17 @@ std::string kernel_name(const std::string& name) {
 }  // namespace
 
 std::string kernel_kind(const std::string& name) {
+  const std::string k = kernel_name(name);  // the name and template arguments, not the parameters
   const auto has = [&](std::initializer_list<const char*> parts) {
     for (const char* part : parts)
-      if (name.find(part) != std::string::npos) return true;
+      if (k.find(part) != std::string::npos) return true;
     return false;
   };
-  const std::string k = kernel_name(name);
   if (k.rfind("nccl", 0) == 0) return "nccl";
   if (k.rfind("zb::", 0) == 0) return "ours";
   if (has({"flash", "fmha", "attention", "cudnn"})) return "attention";
   if (has({"gemm", "xmma", "cutlass", "nvjet", "cublas", "sm90_", "sm80_"})) return "gemm";
-  if (has({"norm"})) return "norm";
+  if (has({"layer_norm", "rms_norm", "RmsNorm", "LayerNorm"})) return "norm";  // the layers' (not gradient norms)
   if (has({"copy", "Copy"})) return "copy";  // casts run as direct_copy_kernel
   if (has({"reduce", "Reduce"})) return "reduce";
   if (has({"elementwise", "vectorized"})) return "elementwise";
@@ -103,14 +101,16 @@ ProfileSummary summarize_events(const std::vector<ProfileEvent>& events, int64_t
     const double seconds = static_cast<double>(e.end_ns - e.start_ns) * 1e-9;
     Sum* sum = nullptr;
     switch (e.kind) {
-      case ProfileEvent::Kind::Kernel:
+      case ProfileEvent::Kind::Kernel: {
         ++n_kernels;
+        const std::string kind = kernel_kind(e.name);
         all.emplace_back(e.start_ns, e.end_ns);
-        (is_nccl(e.name) ? nccl : compute).emplace_back(e.start_ns, e.end_ns);
+        (kind == "nccl" ? nccl : compute).emplace_back(e.start_ns, e.end_ns);
         sum = &kernels[kernel_name(e.name)];
-        kinds[kernel_kind(e.name)].seconds += static_cast<double>(e.end_ns - e.start_ns) * 1e-9;
-        ++kinds[kernel_kind(e.name)].count;
+        kinds[kind].seconds += seconds;
+        ++kinds[kind].count;
         break;
+      }
       case ProfileEvent::Kind::Phase: sum = &phases[phase_name(e.name)]; break;
       case ProfileEvent::Kind::DevicePhase: sum = &device_phases[phase_name(e.name)]; break;
       case ProfileEvent::Kind::Operator:

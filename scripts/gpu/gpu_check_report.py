@@ -106,6 +106,7 @@ def read_val_losses(path):
 # How far the quick start's final held-out loss may move between the CPU (fp32) and the GPU (fp32,
 # bf16): 1% of it. Two seeds on the CPU ended 0.13% apart (3.5428 and 3.5475, 2026-11-25).
 REFERENCE_TOLERANCE = 0.01
+REFERENCE_RUNS = ("cpu", "gpu_fp32", "gpu_bf16")
 
 
 def read_reference(work):
@@ -113,7 +114,7 @@ def read_reference(work):
     at each evaluation, and the final one's differences. Each run draws its own initial values
     (the GPU's generator is not the CPU's), so only the bf16 - GPU fp32 gap is precision alone."""
     runs = {}
-    for name in ("cpu", "gpu_fp32", "gpu_bf16"):
+    for name in REFERENCE_RUNS:
         losses = read_val_losses(os.path.join(work, f"reference_{name}.jsonl"))
         if losses:
             runs[name] = {"val_loss": {str(k): v for k, v in sorted(losses.items())},
@@ -128,7 +129,7 @@ def check_reference(work):
     """Exit status for gpu_check's reference_check step: 0 when all three runs ended and every
     gap is within REFERENCE_TOLERANCE of the CPU's final held-out loss."""
     runs, gaps = read_reference(work)
-    missing = [k for k in ("cpu", "gpu_fp32", "gpu_bf16") if k not in runs]
+    missing = [k for k in REFERENCE_RUNS if k not in runs]
     if missing:
         print(f"reference_check: no held-out loss from {', '.join(missing)}")
         return 1
@@ -198,7 +199,7 @@ def main():
     # The document mask's cost: the 1B preset's tokens/s with it (the variable-length flash
     # kernel) over without (causal, forced to the dense flash kernel: the same family).
     report["document_mask_speed_ratio"] = speed_ratio("1B", "1B_causal")
-    # PyTorch's own choice of kernel for causal attention (cuDNN's on an H100, reportedly) over flash.
+    # PyTorch's own choice of kernel for causal attention (cuDNN's on the H200, 2026-11-25) over flash.
     report["sdpa_auto_over_flash_speed_ratio"] = speed_ratio("1B_causal_auto", "1B_causal")
     # Our kernels (RoPE, SwiGLU's gate, the loss's logit gradient) over ATen's operators alone ("kernels").
     report["fused_kernels_speed_ratio"] = speed_ratio("1B", "1B_aten")

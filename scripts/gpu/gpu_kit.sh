@@ -86,7 +86,7 @@ build)
     -DCMAKE_PREFIX_PATH="$torch_cmake;$usr;$usr/lib/x86_64-linux-gnu/cmake" \
     -DCMAKE_CXX_FLAGS="-isystem $usr/include" \
     -DZB_PYTHON="$python"
-  # ZB_BUILD_TARGETS: only these targets (a lent machine's minutes: train_fsdp zb_cuda_tests).
+  # ZB_BUILD_TARGETS: only these targets (a lent machine's minutes; gpu_check.sh names its own).
   read -r -a targets <<<"${ZB_BUILD_TARGETS:-}"
   cmake --build "$ROOT/build" -j "${JOBS:-$(nproc)}" ${targets[@]+--target "${targets[@]}"}
   ;;

@@ -53,7 +53,8 @@ struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
       const int64_t n = std::min(chunk_tokens, N - start);
       Phase phase("zb.loss_chunk", start / chunk_tokens);
       const at::Tensor xc = x.narrow(0, start, n);
-      at::Tensor tc = targets.narrow(0, start, n).unsqueeze(1);
+      const at::Tensor chunk_targets = targets.narrow(0, start, n);
+      at::Tensor tc = chunk_targets.unsqueeze(1);
       at::Tensor z = fp32_gemm ? at::mm(xc, wt, logits_dtype) : at::mm(xc, wt).to(logits_dtype);  // [n, V]
       at::Tensor lse = at::logsumexp(z, {1}, /*keepdim=*/true);
       at::Tensor target_logit, here;  // here: the target is one of this rank's words (vocab_group)
@@ -79,7 +80,6 @@ struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
       // casts it back: on a GPU in bf16 our kernel in one pass, else in z's memory.
       at::Tensor g;
 #ifdef ZB_WITH_CUDA
-      const at::Tensor chunk_targets = targets.narrow(0, start, n);
       if (x.scalar_type() == at::kBFloat16 && fused_kernels_on() && softmax_grad_cuda_bf16_applies(z, lse, chunk_targets))
         g = softmax_grad_cuda_bf16(z, lse, chunk_targets, vocab_group ? vocab_start : 0);
 #endif

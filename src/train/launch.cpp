@@ -92,8 +92,7 @@ std::vector<std::string> describe_trainer(Trainer& trainer, const Config& c, con
                         ? "kernels: ours for RoPE, SwiGLU's gate and the loss's logit gradient in bf16 "
                           "(runtime.fused_kernels = true)"
                         : "kernels: ATen's for RoPE, SwiGLU's gate and the loss's logit gradient (ours take bf16, "
-                          "on a GPU this build has "
-                          "their image for)");
+                          "on a GPU this build has their image for)");
   if (const auto& d = trainer.documents())
     lines.push_back(strf("attention: within documents, split %s token %ld (%s), kernel %s", d->opens ? "before" : "after",
                          static_cast<long>(d->token),

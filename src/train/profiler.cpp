@@ -45,9 +45,9 @@ double covered_seconds(std::vector<std::pair<uint64_t, uint64_t>>& spans) {
 std::string phase_name(const std::string& name) { return name.substr(0, name.find(' ')); }
 
 // "void at::native::(anonymous namespace)::kernel<128, 4>(int, float*)" ->
-// "at::native::(anonymous namespace)::kernel<128, 4>": one row per kernel and template instance,
-// short enough to read. The argument list is the last parenthesised group, matched from the end.
-std::string kernel_name(const std::string& name) {
+// "at::native::(anonymous namespace)::kernel<128, 4>": the kernel and its template instance. The
+// argument list is the last parenthesised group, matched from the end.
+std::string without_parameters(const std::string& name) {
   std::string k = name.rfind("void ", 0) == 0 ? name.substr(5) : name;
   if (!k.empty() && k.back() == ')') {
     int depth = 0;
@@ -59,14 +59,14 @@ std::string kernel_name(const std::string& name) {
       }
     }
   }
-  if (k.size() > 160) k = k.substr(0, 157) + "...";
   return k;
 }
 
-}  // namespace
+// A summary row's name: at most 160 characters, short enough to read.
+std::string row_name(const std::string& k) { return k.size() > 160 ? k.substr(0, 157) + "..." : k; }
 
-std::string kernel_kind(const std::string& name) {
-  const std::string k = kernel_name(name);  // the name and template arguments, not the parameters
+// The kind of a kernel named k (without_parameters: template arguments count, parameters do not).
+std::string kind_of(const std::string& k) {
   const auto has = [&](std::initializer_list<const char*> parts) {
     for (const char* part : parts)
       if (k.find(part) != std::string::npos) return true;
@@ -82,6 +82,10 @@ std::string kernel_kind(const std::string& name) {
   if (has({"elementwise", "vectorized"})) return "elementwise";
   return "other";
 }
+
+}  // namespace
+
+std::string kernel_kind(const std::string& name) { return kind_of(without_parameters(name)); }
 
 ProfileSummary summarize_events(const std::vector<ProfileEvent>& events, int64_t first_step, int64_t last_step,
                                 double wall_seconds) {
@@ -103,10 +107,10 @@ ProfileSummary summarize_events(const std::vector<ProfileEvent>& events, int64_t
     switch (e.kind) {
       case ProfileEvent::Kind::Kernel: {
         ++n_kernels;
-        const std::string kind = kernel_kind(e.name);
+        const std::string k = without_parameters(e.name), kind = kind_of(k);
         all.emplace_back(e.start_ns, e.end_ns);
         (kind == "nccl" ? nccl : compute).emplace_back(e.start_ns, e.end_ns);
-        sum = &kernels[kernel_name(e.name)];
+        sum = &kernels[row_name(k)];
         kinds[kind].seconds += seconds;
         ++kinds[kind].count;
         break;

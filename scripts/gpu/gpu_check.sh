@@ -231,19 +231,6 @@ if wanted kernels; then
   step preset_1B_aten 150 "${train[@]}" "${one_b[@]}" \
     --runtime.fused_kernels false --logging.metrics_file "$work/preset_1B_aten.jsonl"
 else not_run "not in GPU_CHECK_STEPS" preset_1B_aten; fi
-if wanted bench; then
-  # The peer with ZeroBand's own Muon only (GPU_CHECK_PEERS="zeroband torch" adds torch.optim.Muon's,
-  # if the budget allows: each peer runs eager and compiled). The peers' flex attention compiles
-  # without max-autotune (ZeroBand's PRIME_DEBUG): its search could take minutes of the budget.
-  # Without torch.compile (no Python.h) flex attention cannot be fused: the peers take the document
-  # mask as a dense one through SDPA instead.
-  step bench 270 env OUT="$work/bench" PYTHON="$python" PEER_COMPILE=$peer_compile ZB_SKIP_BUILD=1 PEERS="${GPU_CHECK_PEERS:-zeroband}" \
-    PRIME_DEBUG="${PRIME_DEBUG-1}" PEER_MASK="${PEER_MASK:-$([ $peer_compile = 1 ] && echo auto || echo sdpa)}" \
-    scripts/perf/bench.sh "${bench_args[@]}"
-  for f in "$work"/bench/*.log; do  # each side's own output, which bench.sh keeps apart
-    [ -f "$f" ] && { echo; echo "== $(basename "$f"), its last 60 lines"; tail -n 60 "$f"; } >>"$log"
-  done
-else not_run "not in GPU_CHECK_STEPS" bench; fi
 if wanted reference; then
   # The quick start's model on real text (data/python-docs: scripts/setup.sh makes it here; name
   # it in the device tool's carry) three ways: on this machine's CPU in fp32 (the reference), on
@@ -268,6 +255,19 @@ if wanted nvtx; then
   # The phases as NVTX ranges, seen by Nsight Compute around one kernel (the debug model).
   step nvtx 90 scripts/gpu/nvtx_check.sh build/apps/train_fsdp configs/debug/normal.toml
 else not_run "not in GPU_CHECK_STEPS" nvtx; fi
+if wanted bench; then
+  # The peer with ZeroBand's own Muon only (GPU_CHECK_PEERS="zeroband torch" adds torch.optim.Muon's,
+  # if the budget allows: each peer runs eager and compiled). The peers' flex attention compiles
+  # without max-autotune (ZeroBand's PRIME_DEBUG): its search could take minutes of the budget.
+  # Without torch.compile (no Python.h) flex attention cannot be fused: the peers take the document
+  # mask as a dense one through SDPA instead.
+  step bench 270 env OUT="$work/bench" PYTHON="$python" PEER_COMPILE=$peer_compile ZB_SKIP_BUILD=1 PEERS="${GPU_CHECK_PEERS:-zeroband}" \
+    PRIME_DEBUG="${PRIME_DEBUG-1}" PEER_MASK="${PEER_MASK:-$([ $peer_compile = 1 ] && echo auto || echo sdpa)}" \
+    scripts/perf/bench.sh "${bench_args[@]}"
+  for f in "$work"/bench/*.log; do  # each side's own output, which bench.sh keeps apart
+    [ -f "$f" ] && { echo; echo "== $(basename "$f"), its last 60 lines"; tail -n 60 "$f"; } >>"$log"
+  done
+else not_run "not in GPU_CHECK_STEPS" bench; fi
 if wanted suite; then
   step suite 300 ctest --test-dir build -LE cuda -j "$(nproc)" --timeout 300 --output-junit "$work/suite.xml"
 fi

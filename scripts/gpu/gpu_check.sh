@@ -261,7 +261,7 @@ if wanted bench; then
   # without max-autotune (ZeroBand's PRIME_DEBUG): its search could take minutes of the budget.
   # Without torch.compile (no Python.h) flex attention cannot be fused: the peers take the document
   # mask as a dense one through SDPA instead.
-  step bench 270 env OUT="$work/bench" PYTHON="$python" PEER_COMPILE=$peer_compile ZB_SKIP_BUILD=1 PEERS="${GPU_CHECK_PEERS:-zeroband}" \
+  step bench 270 env OUT="$work/bench" BENCH_COMMIT="$commit" PYTHON="$python" PEER_COMPILE=$peer_compile ZB_SKIP_BUILD=1 PEERS="${GPU_CHECK_PEERS:-zeroband}" \
     PRIME_DEBUG="${PRIME_DEBUG-1}" PEER_MASK="${PEER_MASK:-$([ $peer_compile = 1 ] && echo auto || echo sdpa)}" \
     scripts/perf/bench.sh "${bench_args[@]}"
   for f in "$work"/bench/*.log; do  # each side's own output, which bench.sh keeps apart

@@ -15,7 +15,8 @@
 # PEER_COMPILE (1: each peer also torch.compile'd; default 1 on GPU, 0 on CPU), PEER_MASK (the
 # peers' document mask: auto, flex or sdpa; see bench_peer.py --mask-kernel), ZB_SKIP_BUILD=1
 # (use the build as is), TRAIN_FSDP (the binary, default build/apps/train_fsdp), PYTHON (default
-# .venv/bin/python). Rows: zeroband-cpp, then pytorch-MUON-eager / pytorch-MUON-compile; with
+# .venv/bin/python), BENCH_COMMIT (the commit to report, where git's HEAD is not the tree's:
+# the device tool's copies). Rows: zeroband-cpp, then pytorch-MUON-eager / pytorch-MUON-compile; with
 # --optim.optim.type adamw one peer, pytorch-adamw-eager / -compile (no Muon to choose).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -102,7 +103,7 @@ else
   device="$(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores"
 fi
 meta=$("$python" -c 'import json, sys; print(json.dumps({"date": sys.argv[1], "commit": sys.argv[2], "command": sys.argv[3]}))' \
-  "$(date -u +%Y-%m-%dT%H:%MZ)" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+  "$(date -u +%Y-%m-%dT%H:%MZ)" "${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" \
   "scripts/perf/bench.sh $config $nproc $steps $*")
 echo
 "$python" scripts/perf/bench_report.py --config-json "$out/run.json" --world-size "$nproc" \

@@ -256,10 +256,11 @@ TEST(CudaLoss, Fp32ProductsOfBf16MatchFloat64) {
 
 TEST(CudaLoss, FusedLogitGradientEqualsAtensOperators) {
   SKIP_WITHOUT_GPU();
-  // The chunked loss on the GPU in bf16 with our kernel for softmax(z) - onehot (model/
-  // loss_grad_kernel.cu) against the same loss with ATen's operators alone (use_fused_kernels
-  // false): the same fp32 arithmetic rounded once to bf16, so the loss equal, and dx and dw each
-  // element within one bf16 step, nearly all bit-identical. Then the kernel itself on an odd width
+  // The chunked loss on the GPU in bf16 with our kernels for each row's log-sum-exp and for
+  // softmax(z) - onehot (model/loss_grad_kernel.cu) against the same loss with ATen's operators
+  // alone (use_fused_kernels false): the same fp32 arithmetic but for the order of the log-sum-exp's
+  // sums, rounded once to bf16, so the loss equal to fp32 rounding, and dx and dw each element
+  // within one bf16 step, nearly all bit-identical. Then the kernel itself on an odd width
   // (its single-value path), z off alignment, and a vocabulary split at 1,000 (targets outside
   // the slice get no one-hot).
   const int64_t N = 1000, D = 256, V = 32000;
@@ -287,10 +288,13 @@ TEST(CudaLoss, FusedLogitGradientEqualsAtensOperators) {
   const auto got = run(true);
   (void)got[2].sum().item<double>();  // the GPU has run it
   const std::unique_ptr<prof::ProfilerResult> result = prof::disableProfiler();
-  int64_t ours = 0;
-  for (const prof::KinetoEvent& e : result->events())
+  int64_t ours = 0, lse = 0;
+  for (const prof::KinetoEvent& e : result->events()) {
     if (e.name().find("softmax_grad_bf16") != std::string::npos) ++ours;
+    if (e.name().find("row_logsumexp_fp32") != std::string::npos) ++lse;
+  }
   EXPECT_EQ(ours, 4) << "launches of our logit-gradient kernel: one per chunk of 300 of 1,000 tokens";
+  EXPECT_EQ(lse, 4) << "launches of our log-sum-exp kernel: one per chunk";
 #else
   const auto got = run(true);
 #endif
@@ -303,7 +307,9 @@ TEST(CudaLoss, FusedLogitGradientEqualsAtensOperators) {
     std::cout << "logit gradient, " << name << ": " << same * 100 << "% bit-identical\n";
     EXPECT_GT(same, 0.99) << name;
   };
-  EXPECT_NEAR(got[0].item<double>(), want[0].item<double>(), 1e-6) << "loss (the same logits: a check of the run)";
+  // The same logits; the fused run's log-sum-exp sums each row in another order (within 4 fp32
+  // steps of ~7, 3e-6, a row; the mean of 1,000 rows' errors much less).
+  EXPECT_NEAR(got[0].item<double>(), want[0].item<double>(), 1e-5) << "loss";
   compare("dx", got[1], want[1]);
   compare("dw", got[2], want[2]);
 #ifdef ZB_WITH_CUDA
@@ -325,6 +331,31 @@ TEST(CudaLoss, FusedLogitGradientEqualsAtensOperators) {
             g, ref.to(at::kBFloat16));
   }
 #endif
+}
+
+TEST(CudaLoss, RowLogSumExpEqualsAtensWithinFp32Rounding) {
+  SKIP_WITHOUT_GPU();
+  // Our one-pass log-sum-exp of each row (the chunked loss's, model/loss_grad_kernel.cu) against
+  // ATen's in float64 on the same fp32 values: the 1B and 8B presets' vocabularies (32,000 and
+  // 128,256), an odd width, z off 16-byte alignment, values spread over 60, a row of -inf and one
+  // with a NaN.
+  // Within 4 fp32 steps of the result's magnitude, as on the host (KernelsOnHost).
+  const auto f32 = at::TensorOptions().device(kGpu).dtype(at::kFloat);
+  at::manual_seed(10);
+  for (const auto& [rows, width, offset] :
+       {std::tuple<int64_t, int64_t, int64_t>{300, 32000, 0}, {37, 1001, 0}, {64, 4000, 1}, {9, 128256, 0}}) {
+    at::Tensor z = (at::randn({rows * width + offset}, f32) * 20).narrow(0, offset, rows * width).view({rows, width});
+    z[3].fill_(-INFINITY);
+    z[5][width - 1] = NAN;  // a diverged logit: the row's result NaN
+    ASSERT_TRUE(row_logsumexp_cuda_applies(z));
+    const at::Tensor got = row_logsumexp_cuda(z).squeeze(1).to(at::kDouble).cpu();
+    const at::Tensor want = at::logsumexp(z.to(at::kDouble), {1}).cpu();
+    const at::Tensor finite = want.isfinite();
+    const at::Tensor off = ((got - want).abs() > want.abs() * 4 * std::ldexp(1.0, -23) + 1e-6).logical_and(finite);
+    EXPECT_EQ(off.sum().item<int64_t>(), 0) << rows << " x " << width << ", offset " << offset;
+    EXPECT_TRUE(got[3].item<double>() == -INFINITY) << "the row of -inf";
+    EXPECT_TRUE(std::isnan(got[5].item<double>())) << "the row with a NaN";
+  }
 }
 
 TEST(CudaRope, FusedKernelEqualsTheUnfusedPathWithinOneBf16Rounding) {

@@ -144,3 +144,47 @@ TEST(KernelsOnHost, SoftmaxGradCoversEveryLogitWithAtensRounding) {
   EXPECT_EQ(cases, 5 * 2 * 2 * 3);
 #endif
 }
+
+TEST(KernelsOnHost, RowLogSumExpEqualsAtensWithinFp32Rounding) {
+#ifndef ZB_WITH_CUDA
+  GTEST_SKIP() << "built against a LibTorch without CUDA: no kernels";
+#else
+  // Each row's log-sum-exp in one pass (a running maximum, the sum relative to it, threads' shares
+  // combined pairwise) against at::logsumexp in float64 on the same fp32 values. Widths that are
+  // multiples of 4 (vectors) and not, z off 16-byte alignment (single values), more threads than
+  // columns, rows whose values span 60 (the running maximum rescales), a row growing all along
+  // (every value a new maximum), one with -inf entries (a vocabulary's masked words), one all
+  // -inf (log(0)) and one with a NaN (NaN, never dropped). Within 4 fp32 steps of the float64 result's magnitude: expf and logf are
+  // within 2 ulps each, the sums add a few more roundings relative to values of size log(V).
+  at::manual_seed(9);
+  int cases = 0;
+  for (const auto& [rows, V] : {std::pair<int64_t, int64_t>{0, 8}, {1, 1}, {3, 37}, {17, 1000}, {6, 4}, {2, 32000}})
+    for (const int64_t offset : {0, 1})
+      for (const int threads : {0, 1, 7, 64}) {
+        const std::string what = std::to_string(rows) + " x " + std::to_string(V) + ", offset " +
+                                 std::to_string(offset) + ", threads " + std::to_string(threads);
+        at::Tensor z = (at::randn({rows * V + offset}) * 20).narrow(0, offset, rows * V).view({rows, V});
+        if (rows >= 3) {
+          z[1].copy_(at::arange(V, at::kFloat) * 0.01);  // increasing: every value rescales the sum
+          z[2].narrow(0, 0, (V + 1) / 2).fill_(-INFINITY);
+        }
+        if (rows >= 6) {
+          z[5].fill_(-INFINITY);
+          z[4][0] = NAN;  // a diverged logit: the row's result NaN, as ATen's
+        }
+        at::Tensor lse = at::full({rows}, NAN);
+        zb::row_logsumexp_fp32_on_host(z.const_data_ptr(), lse.mutable_data_ptr(), rows, V, threads);
+        const at::Tensor want = at::logsumexp(z.to(at::kDouble), {1});
+        const at::Tensor finite = want.isfinite();
+        const at::Tensor off = ((lse.to(at::kDouble) - want).abs() > want.abs() * 4 * std::ldexp(1.0, -23) + 1e-6)
+                                   .logical_and(finite)
+                                   .logical_or(lse.isnan().logical_and(finite));
+        EXPECT_EQ(off.sum().item<int64_t>(), 0) << what << ": " << lse << " against " << want;
+        EXPECT_TRUE(lse.masked_select(want.isneginf()).eq(-INFINITY).all().item<bool>()) << what;
+        EXPECT_TRUE(lse.masked_select(want.isnan()).isnan().all().item<bool>()) << what;
+        EXPECT_EQ(want.isnan().sum().item<int64_t>(), rows >= 6 ? 1 : 0) << what;
+        ++cases;
+      }
+  EXPECT_EQ(cases, 6 * 2 * 4);
+#endif
+}

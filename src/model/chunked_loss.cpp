@@ -56,7 +56,11 @@ struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
       const at::Tensor chunk_targets = targets.narrow(0, start, n);
       at::Tensor tc = chunk_targets.unsqueeze(1);
       at::Tensor z = fp32_gemm ? at::mm(xc, wt, logits_dtype) : at::mm(xc, wt).to(logits_dtype);  // [n, V]
-      at::Tensor lse = at::logsumexp(z, {1}, /*keepdim=*/true);
+      at::Tensor lse;  // [n, 1]: on a GPU our kernel in one pass over z, else ATen's four
+#ifdef ZB_WITH_CUDA
+      if (fused_kernels_on() && row_logsumexp_cuda_applies(z)) lse = row_logsumexp_cuda(z);
+#endif
+      if (!lse.defined()) lse = at::logsumexp(z, {1}, /*keepdim=*/true);
       at::Tensor target_logit, here;  // here: the target is one of this rank's words (vocab_group)
       if (!vocab_group) {
         target_logit = z.gather(1, tc);

@@ -25,6 +25,10 @@ cudaError_t launch_silu_mul_backward_bf16(const void* g, const void* a, const vo
 cudaError_t launch_softmax_grad_bf16(const void* z, const void* lse, const void* targets, int64_t vocab_start, void* g,
                                      int64_t rows, int64_t V, cudaStream_t stream);
 
+// Each row's log-sum-exp (model/loss_grad_kernel.cu): lse [rows] fp32 = log(sum(exp(z[r, :]))) of
+// z [rows, V] fp32, computed relative to the row's maximum (as ATen's logsumexp).
+cudaError_t launch_row_logsumexp_fp32(const void* z, void* lse, int64_t rows, int64_t V, cudaStream_t stream);
+
 // The kernels run on the host instead, serially, every thread of a grid in turn (0: the grid the
 // launch would use): their indexing and arithmetic, testable without a GPU (the CUDA math
 // library's expf and bf16 conversions have host versions).
@@ -33,6 +37,7 @@ void rope_bf16_on_host(const void* x, void* out, const void* cis, int64_t rows, 
 void silu_mul_bf16_on_host(const void* a, const void* b, void* out, int64_t n, int64_t threads);
 void silu_mul_backward_bf16_on_host(const void* g, const void* a, const void* b, void* ga, void* gb, int64_t n,
                                     int64_t threads);
+void row_logsumexp_fp32_on_host(const void* z, void* lse, int64_t rows, int64_t V, int threads);
 void softmax_grad_bf16_on_host(const void* z, const void* lse, const void* targets, int64_t vocab_start, void* g,
                                int64_t rows, int64_t V, int64_t blocks, int threads);
 

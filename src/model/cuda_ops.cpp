@@ -108,6 +108,20 @@ std::pair<at::Tensor, at::Tensor> silu_mul_backward_cuda_bf16(const at::Tensor& 
   return {ga, gb};
 }
 
+bool row_logsumexp_cuda_applies(const at::Tensor& z) {
+  return z.is_cuda() && z.scalar_type() == at::kFloat && z.dim() == 2 && cuda_kernels_run_on(z.device());
+}
+
+at::Tensor row_logsumexp_cuda(const at::Tensor& z) {
+  TORCH_CHECK(row_logsumexp_cuda_applies(z), "row_logsumexp_cuda: z must be fp32 [n, V] on one GPU with a kernel image");
+  const at::Tensor cz = z.contiguous();
+  at::Tensor lse = at::empty({cz.size(0), 1}, cz.options());
+  const c10::cuda::CUDAGuard guard(z.device());
+  C10_CUDA_CHECK(launch_row_logsumexp_fp32(cz.const_data_ptr(), lse.mutable_data_ptr(), cz.size(0), cz.size(1),
+                                           c10::cuda::getCurrentCUDAStream(z.device().index()).stream()));
+  return lse;
+}
+
 bool softmax_grad_cuda_bf16_applies(const at::Tensor& z, const at::Tensor& lse, const at::Tensor& targets) {
   return z.is_cuda() && z.scalar_type() == at::kFloat && z.dim() == 2 && lse.scalar_type() == at::kFloat &&
          lse.numel() == z.size(0) && lse.device() == z.device() && targets.scalar_type() == at::kLong &&

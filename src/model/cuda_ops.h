@@ -25,6 +25,11 @@ at::Tensor silu_mul_cuda_bf16(const at::Tensor& a, const at::Tensor& b);
 std::pair<at::Tensor, at::Tensor> silu_mul_backward_cuda_bf16(const at::Tensor& g, const at::Tensor& a,
                                                               const at::Tensor& b);
 
+// The chunked loss's log-sum-exp of each row of z (fp32 [n, V] on a GPU with a kernel image) in one
+// pass: [n, 1] fp32, as at::logsumexp(z, {1}, true).
+bool row_logsumexp_cuda_applies(const at::Tensor& z);
+at::Tensor row_logsumexp_cuda(const at::Tensor& z);
+
 // The chunked loss's gradient of its logits as bf16 (softmax(z) - onehot, model/chunked_loss.cpp):
 // whether the kernel takes z (fp32 [n, V] on a GPU with a kernel image), lse (fp32, n values) and
 // targets (int64, n values) on the same device; and g, bf16 [n, V], the one-hot at targets -

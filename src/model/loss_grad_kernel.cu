@@ -1,12 +1,18 @@
-// The chunked loss's gradient of its logits (model/chunked_loss.cpp) in one pass over memory: from
-// the fp32 logits z [n, V] and each row's log-sum-exp, softmax(z) - onehot(target) rounded to bf16
-// for the two GEMMs that follow. ATen's operators make it in three passes (z - lse in place, exp in
-// place, the cast to bf16: 22 bytes of traffic per element) where this reads 4 bytes and writes 2.
-// The numbers are theirs: expf(z - lse) in fp32, then -1 added at the target, then rounded to the
-// nearest bf16, even on ties. Plain CUDA: no LibTorch headers here.
+// The chunked loss's kernels (model/chunked_loss.cpp), each one pass over the fp32 logits z [n, V]:
+// - each row's log-sum-exp: ATen's logsumexp takes four (the row maximum, z - max written out, exp
+//   in place, the sum: 20 bytes of traffic per element, 18.6 ms of a 1B step on an H100) where this
+//   reads 4 bytes, keeping a running maximum and the sum of exponentials relative to it;
+// - the gradient of the logits, softmax(z) - onehot(target) rounded to bf16 for the two GEMMs that
+//   follow. ATen's operators make it in three passes (z - lse in place, exp in place, the cast to
+//   bf16: 22 bytes of traffic per element) where this reads 4 bytes and writes 2. The numbers are
+//   theirs: expf(z - lse) in fp32, then -1 added at the target, then rounded to the nearest bf16,
+//   even on ties.
+// Plain CUDA: no LibTorch headers here.
 #include "model/cuda_kernels.h"
 
 #include <cuda_bf16.h>
+
+#include <vector>
 
 // In zb: the profiler counts kernels named zb:: as ours (train/profiler.h, kernel_kind).
 namespace zb {
@@ -59,13 +65,78 @@ __global__ void softmax_grad_bf16(const float* __restrict__ z, const float* __re
                       blockDim.x);
 }
 
+// A running log-sum-exp: the largest value seen, m, and the sum of exp(value - m). Two of them
+// combine by rescaling the smaller maximum's sum. Nothing seen yet is (-inf, 0).
+struct RunningLse {
+  float m, s;
+};
+
+__host__ __device__ __forceinline__ RunningLse lse_combine(RunningLse a, RunningLse b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return {m, 0.0f};  // neither has seen a finite value
+  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+
+// One thread's share of row r: columns thread, thread + threads, ... (four at a time where vectors).
+// The sum is rescaled only when a larger maximum arrives (rarely, after a row's first values): one
+// exp per value.
+__host__ __device__ __forceinline__ void lse_add(RunningLse& acc, float largest) {
+  if (!(largest <= acc.m)) {  // larger, or NaN: a NaN logit makes the row's result NaN, not dropped
+    acc.s *= expf(acc.m - largest);  // from nothing seen (-inf): 0 * 0
+    acc.m = largest;
+  }
+}
+
+__host__ __device__ __forceinline__ RunningLse lse_thread(const float* __restrict__ zr, int64_t V, bool vectors,
+                                                          int thread, int threads) {
+  RunningLse acc{-INFINITY, 0.0f};
+  const int64_t n_vectors = vectors ? V / 4 : 0;
+  for (int64_t j = thread; j < n_vectors; j += threads) {
+    const float4 v = reinterpret_cast<const float4*>(zr)[j];
+    lse_add(acc, fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)));
+    if (acc.m == -INFINITY) continue;  // only -inf so far: exp(-inf - -inf) would be NaN
+    acc.s += expf(v.x - acc.m) + expf(v.y - acc.m) + expf(v.z - acc.m) + expf(v.w - acc.m);
+  }
+  for (int64_t c = n_vectors * 4 + thread; c < V; c += threads) {
+    lse_add(acc, zr[c]);
+    if (acc.m != -INFINITY) acc.s += expf(zr[c] - acc.m);
+  }
+  return acc;
+}
+
+__host__ __device__ __forceinline__ float lse_value(RunningLse a) {
+  return a.m == -INFINITY ? -INFINITY : a.m + logf(a.s);
+}
+
+// One row per block at a time: each thread's share, then the block's 256 combined through the
+// warps' shuffles and shared memory (8 warps), the result written by thread 0.
+__global__ void row_logsumexp_fp32(const float* __restrict__ z, float* __restrict__ lse, int64_t rows, int64_t V,
+                                   bool vectors) {
+  __shared__ RunningLse warps[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = (blockDim.x + 31) / 32;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    RunningLse acc = lse_thread(z + r * V, V, vectors, threadIdx.x, blockDim.x);
+    for (int offset = 16; offset > 0; offset /= 2)
+      acc = lse_combine(acc, {__shfl_xor_sync(0xffffffffu, acc.m, offset), __shfl_xor_sync(0xffffffffu, acc.s, offset)});
+    if (lane == 0) warps[warp] = acc;
+    __syncthreads();
+    if (warp == 0) {
+      acc = lane < n_warps ? warps[lane] : RunningLse{-INFINITY, 0.0f};
+      for (int offset = 16; offset > 0; offset /= 2)
+        acc = lse_combine(acc, {__shfl_xor_sync(0xffffffffu, acc.m, offset), __shfl_xor_sync(0xffffffffu, acc.s, offset)});
+      if (lane == 0) lse[r] = lse_value(acc);
+    }
+    __syncthreads();  // warps[] is rewritten for the next row
+  }
+}
+
 bool vectors_apply(const void* z, const void* g, int64_t V) {
   return V % 4 == 0 && reinterpret_cast<uintptr_t>(z) % 16 == 0 && reinterpret_cast<uintptr_t>(g) % 8 == 0;
 }
 
 // A block per row up to 2^20 blocks (the loop covers the rest), 256 threads: a 32,000-word row is
 // 8,000 vectors, 31 per thread.
-constexpr int kThreads = 256;
+constexpr int kThreads = 256;  // a multiple of 32 (the log-sum-exp's warp shuffles)
 int blocks_for(int64_t rows) { return static_cast<int>(rows < (1 << 20) ? rows : (1 << 20)); }
 
 }  // namespace
@@ -77,6 +148,27 @@ cudaError_t launch_softmax_grad_bf16(const void* z, const void* lse, const void*
       static_cast<const float*>(z), static_cast<const float*>(lse), static_cast<const int64_t*>(targets), vocab_start,
       static_cast<__nv_bfloat16*>(g), rows, V, vectors_apply(z, g, V));
   return cudaGetLastError();
+}
+
+cudaError_t launch_row_logsumexp_fp32(const void* z, void* lse, int64_t rows, int64_t V, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  row_logsumexp_fp32<<<blocks_for(rows), kThreads, 0, stream>>>(static_cast<const float*>(z), static_cast<float*>(lse),
+                                                                rows, V, vectors_apply(z, z, V));
+  return cudaGetLastError();
+}
+
+void row_logsumexp_fp32_on_host(const void* z, void* lse, int64_t rows, int64_t V, int threads) {
+  if (threads == 0) threads = kThreads;
+  const bool vectors = vectors_apply(z, z, V);
+  for (int64_t r = 0; r < rows; ++r) {
+    // The threads' shares combined pairwise, as the shuffles do (thread t with t + offset).
+    const int n = threads;
+    std::vector<RunningLse> acc(n);
+    for (int t = 0; t < n; ++t) acc[t] = lse_thread(static_cast<const float*>(z) + r * V, V, vectors, t, n);
+    for (int width = 1; width < n; width *= 2)
+      for (int t = 0; t + width < n; t += 2 * width) acc[t] = lse_combine(acc[t], acc[t + width]);
+    static_cast<float*>(lse)[r] = n > 0 ? lse_value(acc[0]) : -INFINITY;
+  }
 }
 
 void softmax_grad_bf16_on_host(const void* z, const void* lse, const void* targets, int64_t vocab_start, void* g,

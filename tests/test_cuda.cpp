@@ -358,6 +358,53 @@ TEST(CudaLoss, RowLogSumExpEqualsAtensWithinFp32Rounding) {
   }
 }
 
+TEST(CudaRmsNorm, ResidualNodesKernelMatchesFloat64) {
+  SKIP_WITHOUT_GPU();
+  // A norm whose input goes on in the residual stream, as a block uses it (h2 = h' + o, y =
+  // rms_norm(h)), on the GPU in bf16: the node's backward is our kernel, one launch, adding the
+  // residual's gradient in the same pass (model/rms_norm_kernel.cu). Against its formula in float64
+  // on the same bf16 values: dh within one bf16 step of its size (rounded once), the weight's
+  // gradient (fp32 partial sums, then bf16 as ATen's) within 2^-8 of its size plus 1e-4 of the
+  // largest; y bit-identical to rms_norm's (the same ATen kernel). Shapes: a 1B micro-batch's
+  // rows of 2,048, the 7B's 4,096, and a width of 8.
+  namespace prof = torch::autograd::profiler;
+  namespace impl = torch::profiler::impl;
+  at::manual_seed(13);
+  const auto bf16 = at::TensorOptions().device(kGpu).dtype(at::kBFloat16);
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{4, 1024, 2048}, {2, 77, 4096}, {3, 5, 8}}) {
+    const int64_t D = shape.back();
+    const at::Tensor h0 = at::randn(shape, bf16) * 3, o = at::randn(shape, bf16);
+    const at::Tensor c1 = at::randn(shape, bf16), c2 = at::randn(shape, bf16);
+    const at::Tensor w0 = at::rand({D}, at::TensorOptions().device(kGpu)) + 0.5;  // the fp32 master
+    at::Tensor h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+    const std::set<impl::ActivityType> activities{impl::ActivityType::CPU, impl::ActivityType::CUDA};
+    const impl::ProfilerConfig cfg(impl::ProfilerState::KINETO, false, false);
+    prof::prepareProfiler(cfg, activities);
+    prof::enableProfiler(cfg, activities);
+    auto [h_on, y] = rms_norm_residual(h, w, 1e-5);
+    ((c2 * y).sum() + (c1 * (h_on + o)).sum()).backward();
+    (void)h.grad().sum().item<double>();
+    const std::unique_ptr<prof::ProfilerResult> result = prof::disableProfiler();
+    int64_t ours = 0;
+    for (const prof::KinetoEvent& e : result->events())
+      if (e.name().find("rms_norm_backward_bf16") != std::string::npos) ++ours;
+    EXPECT_EQ(ours, 1) << D << ": launches of our norm backward";
+    EXPECT_TRUE(at::equal(y, rms_norm(h0, w0, 1e-5))) << D << ": the forward is rms_norm's";
+
+    const at::Tensor hd = h0.to(at::kDouble), r = (hd.pow(2).mean(-1, true) + 1e-5).rsqrt(), x_hat = hd * r;
+    const at::Tensor dy = c2.to(at::kDouble), wg = dy * w0.to(at::kBFloat16).to(at::kDouble);
+    const at::Tensor dh_want = r * (wg - x_hat * (wg * x_hat).mean(-1, true)) + c1.to(at::kDouble);
+    const at::Tensor dh = h.grad().to(at::kDouble);
+    const at::Tensor far = (dh - dh_want).abs() > dh_want.abs() * std::ldexp(1.0, -7) + 1e-3;
+    EXPECT_EQ(far.sum().item<int64_t>(), 0) << D << ": dh more than one bf16 step off, worst "
+                                            << (dh - dh_want).abs().max().item<double>();
+    const at::Tensor dw_want = (dy * x_hat).reshape({-1, D}).sum(0), dw = w.grad().to(at::kDouble);
+    const at::Tensor dw_far = (dw - dw_want).abs() > dw_want.abs() * std::ldexp(1.0, -8) +
+                                                         1e-4 * dw_want.abs().max().item<double>();
+    EXPECT_EQ(dw_far.sum().item<int64_t>(), 0) << D << ": dweight, worst " << (dw - dw_want).abs().max().item<double>();
+  }
+}
+
 TEST(CudaRope, FusedKernelEqualsTheUnfusedPathWithinOneBf16Rounding) {
   SKIP_WITHOUT_GPU();
   // bf16 q-shaped tensors [B, T, H, Dh] (odd sizes too), rotated by the fused kernel (apply_rope on

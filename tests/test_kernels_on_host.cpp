@@ -188,3 +188,48 @@ TEST(KernelsOnHost, RowLogSumExpEqualsAtensWithinFp32Rounding) {
   EXPECT_EQ(cases, 6 * 2 * 4);
 #endif
 }
+
+TEST(KernelsOnHost, RmsNormBackwardAddsTheResidualsGradientInOnePass) {
+#ifndef ZB_WITH_CUDA
+  GTEST_SKIP() << "built against a LibTorch without CUDA: no kernels";
+#else
+  // RMSNorm's backward with the residual stream's gradient (model/rms_norm_kernel.cu) against its
+  // formula in float64 on the same bf16 values: dh = rstd * (w * dy - x_hat * mean(w * dy * x_hat))
+  // + residual, rounded to bf16 once (so within one bf16 step, 2^-7 relative: ATen's own fused
+  // backward rounds the norm's part and the add separately); dw = the sum over rows of
+  // dy * x_hat, from the blocks' fp32 partial sums, within 1e-4 of the largest (a sum of 50 fp32
+  // products of size ~1-10). Widths of one vector (8) to several per thread (a grid of 7 threads
+  // over 24 vectors), grids smaller than the rows, and with no residual.
+  at::manual_seed(11);
+  int cases = 0;
+  for (const auto& [rows, D] : {std::pair<int64_t, int64_t>{1, 8}, {5, 64}, {50, 192}, {3, 2048}})
+    for (const bool with_residual : {true, false})
+      for (const auto& [blocks, threads] : {std::pair<int64_t, int>{0, 0}, {2, 7}, {1, 32}}) {
+        if (D / 8 > int64_t{threads == 0 ? 256 : threads} * 4) continue;  // wider than 4 vectors a thread
+        const std::string what = std::to_string(rows) + " x " + std::to_string(D) + (with_residual ? ", residual" : "") +
+                                 ", grid " + std::to_string(blocks) + " x " + std::to_string(threads);
+        const auto bf = at::TensorOptions().dtype(at::kBFloat16);
+        const at::Tensor h = (at::randn({rows, D}) * 2).to(at::kBFloat16), dy = at::randn({rows, D}).to(at::kBFloat16);
+        const at::Tensor w = (at::rand({D}) + 0.5).to(at::kBFloat16);
+        const at::Tensor residual = with_residual ? at::randn({rows, D}).to(at::kBFloat16) : at::Tensor();
+        const at::Tensor hd = h.to(at::kDouble), rstd = (hd.pow(2).mean(-1) + 1e-5).rsqrt();
+        const at::Tensor rstd32 = rstd.to(at::kFloat);
+        at::Tensor dh = at::full({rows, D}, NAN, bf);
+        const int64_t grid = blocks == 0 ? zb::rms_norm_backward_bf16_blocks(rows) : blocks;
+        at::Tensor partial = at::full({grid, D}, NAN);
+        zb::rms_norm_backward_bf16_on_host(dy.const_data_ptr(), h.const_data_ptr(), w.const_data_ptr(),
+                                           rstd32.const_data_ptr(), with_residual ? residual.const_data_ptr() : nullptr,
+                                           dh.mutable_data_ptr(), partial.mutable_data_ptr(), rows, D, blocks, threads);
+        const at::Tensor r = rstd32.to(at::kDouble).unsqueeze(1), x_hat = hd * r, wg = dy.to(at::kDouble) * w.to(at::kDouble);
+        at::Tensor want = r * (wg - x_hat * (wg * x_hat).mean(-1, true));
+        if (with_residual) want = want + residual.to(at::kDouble);
+        const at::Tensor got = dh.to(at::kDouble);
+        const at::Tensor far = ((got - want).abs() > want.abs() * std::ldexp(1.0, -7) + std::ldexp(1.0, -14)).logical_or(got.isnan());
+        EXPECT_EQ(far.sum().item<int64_t>(), 0) << what << ": dh more than one bf16 step off";
+        const at::Tensor dw = partial.to(at::kDouble).sum(0), dw_want = (dy.to(at::kDouble) * x_hat).sum(0);
+        EXPECT_LT((dw - dw_want).abs().max().item<double>(), 1e-4 * dw_want.abs().max().item<double>() + 1e-6) << what;
+        ++cases;
+      }
+  EXPECT_EQ(cases, 4 * 2 * 3 - 4);  // 2,048 wide is 256 vectors: past 7 or 32 threads' 4 each
+#endif
+}

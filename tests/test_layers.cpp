@@ -104,6 +104,48 @@ TEST(Layers, RmsNormMatchesFormula) {
   EXPECT_LT(max_abs_diff(rms_norm(x.to(at::kFloat), w.to(at::kFloat), eps), want), 1e-5);
 }
 
+TEST(Layers, RmsNormResidualNodeGivesAutogradsGradients) {
+  // The norm that hands its input on to the residual stream (rms_norm_residual_node: on a GPU its
+  // backward adds the residual's gradient inside our kernel) used as a block uses it, h2 = h' + o
+  // and y = rms_norm(h), against the plain graph (autograd adds h's two gradients itself). float64
+  // through the node's own formula: every gradient within 1e-12; y and h' equal to the plain ones.
+  // Then without a residual use of h' (the final norm), and with y unused (only the residual's
+  // gradient comes back).
+  at::manual_seed(12);
+  const at::Tensor h0 = randn64({2, 5, 16}) * 3, w0 = at::rand({16}, at::kDouble) + 0.5, o = randn64({2, 5, 16});
+  const at::Tensor c1 = randn64({2, 5, 16}), c2 = randn64({2, 5, 16});
+  for (const int uses : {3, 2, 1}) {  // bit 1: y used, bit 2: h' used
+    auto grads = [&](bool node) {
+      at::Tensor h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+      auto [h_on, y] = node ? rms_norm_residual_node(h, w, 1e-5) : std::pair{h, rms_norm(h, w, 1e-5)};
+      EXPECT_TRUE(at::equal(h_on, h0));
+      at::Tensor loss = at::zeros({}, at::kDouble);
+      if (uses & 1) loss = loss + (c2 * y).sum();
+      if (uses & 2) loss = loss + (c1 * (h_on + o)).sum();
+      loss.backward();
+      return std::vector<at::Tensor>{y.detach(), h.grad(), w.grad().defined() ? w.grad() : at::zeros_like(w0)};
+    };
+    const auto got = grads(true), want = grads(false);
+    EXPECT_LT(max_abs_diff(got[0], want[0]), 1e-12) << "y, uses " << uses;
+    EXPECT_LT(max_abs_diff(got[1], want[1]), 1e-12) << "dh, uses " << uses;
+    EXPECT_LT(max_abs_diff(got[2], want[2]), 1e-12) << "dw, uses " << uses;
+    EXPECT_GT(want[1].abs().max().item<double>(), 0.1) << "a gradient to compare, uses " << uses;
+  }
+  // In bf16 on the CPU the node gives the plain graph's gradients within one bf16 step of their
+  // size (its fp32 formula rounds once where the plain graph rounds each operator).
+  const at::Tensor hb = h0.to(at::kBFloat16), wb = w0.to(at::kFloat);
+  auto bf16_grads = [&](bool node) {
+    at::Tensor h = hb.clone().requires_grad_(true), w = wb.clone().requires_grad_(true);
+    auto [h_on, y] = node ? rms_norm_residual_node(h, w, 1e-5) : std::pair{h, rms_norm(h, w, 1e-5)};
+    ((c2.to(at::kBFloat16) * y).sum() + (c1.to(at::kBFloat16) * (h_on + o.to(at::kBFloat16))).sum()).backward();
+    return std::vector<at::Tensor>{h.grad().to(at::kDouble), w.grad().to(at::kDouble)};
+  };
+  const auto got = bf16_grads(true), want = bf16_grads(false);
+  for (int i = 0; i < 2; ++i)
+    EXPECT_LT(max_abs_diff(got[i], want[i]), 4 * std::ldexp(1.0, -8) * want[i].abs().max().item<double>())
+        << (i == 0 ? "dh" : "dw") << " in bf16";
+}
+
 TEST(Layers, SwiGluMatchesFormula) {
   at::manual_seed(3);
   const int64_t N = 4, D = 6, F = 10;

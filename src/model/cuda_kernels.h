@@ -29,6 +29,18 @@ cudaError_t launch_softmax_grad_bf16(const void* z, const void* lse, const void*
 // z [rows, V] fp32, computed relative to the row's maximum (as ATen's logsumexp).
 cudaError_t launch_row_logsumexp_fp32(const void* z, void* lse, int64_t rows, int64_t V, cudaStream_t stream);
 
+// RMSNorm's backward with the residual stream's gradient added (model/rms_norm_kernel.cu): from dy,
+// h [rows, D] bf16, the weight w [D] bf16, rstd [rows] fp32 (the forward's) and residual (bf16 like
+// dy, or null), dh = the norm's gradient of h + residual, bf16, and per block of the grid the
+// weight's gradient summed over its rows, partial [blocks, D] fp32 (blocks:
+// rms_norm_backward_bf16_blocks(rows); the caller sums them). Takes D a multiple of 8 up to 8,192
+// and 16-byte aligned pointers (rms_norm_backward_bf16_takes).
+bool rms_norm_backward_bf16_takes(int64_t D, const void* const* pointers, int n_pointers);
+int64_t rms_norm_backward_bf16_blocks(int64_t rows);
+cudaError_t launch_rms_norm_backward_bf16(const void* dy, const void* h, const void* w, const void* rstd,
+                                          const void* residual, void* dh, void* partial, int64_t rows, int64_t D,
+                                          cudaStream_t stream);
+
 // The kernels run on the host instead, serially, every thread of a grid in turn (0: the grid the
 // launch would use): their indexing and arithmetic, testable without a GPU (the CUDA math
 // library's expf and bf16 conversions have host versions).
@@ -38,6 +50,9 @@ void silu_mul_bf16_on_host(const void* a, const void* b, void* out, int64_t n, i
 void silu_mul_backward_bf16_on_host(const void* g, const void* a, const void* b, void* ga, void* gb, int64_t n,
                                     int64_t threads);
 void row_logsumexp_fp32_on_host(const void* z, void* lse, int64_t rows, int64_t V, int threads);
+void rms_norm_backward_bf16_on_host(const void* dy, const void* h, const void* w, const void* rstd,
+                                    const void* residual, void* dh, void* partial, int64_t rows, int64_t D,
+                                    int64_t blocks, int threads);
 void softmax_grad_bf16_on_host(const void* z, const void* lse, const void* targets, int64_t vocab_start, void* g,
                                int64_t rows, int64_t V, int64_t blocks, int threads);
 

@@ -108,6 +108,44 @@ std::pair<at::Tensor, at::Tensor> silu_mul_backward_cuda_bf16(const at::Tensor& 
   return {ga, gb};
 }
 
+bool rms_norm_backward_cuda_bf16_applies(const at::Tensor& dy, const at::Tensor& h, const at::Tensor& w,
+                                         const at::Tensor& rstd) {
+  if (!(h.is_cuda() && h.scalar_type() == at::kBFloat16 && dy.scalar_type() == at::kBFloat16 &&
+        w.scalar_type() == at::kBFloat16 && rstd.scalar_type() == at::kFloat && h.dim() >= 1 &&
+        dy.sizes() == h.sizes() && w.dim() == 1 && w.size(0) == h.size(-1) && rstd.numel() * h.size(-1) == h.numel() &&
+        dy.device() == h.device() && w.device() == h.device() && rstd.device() == h.device() &&
+        cuda_kernels_run_on(h.device())))
+    return false;
+  // The kernel's widths; the tensors are made contiguous (and so aligned) by the call.
+  return rms_norm_backward_bf16_takes(h.size(-1), nullptr, 0);
+}
+
+std::pair<at::Tensor, at::Tensor> rms_norm_backward_cuda_bf16(const at::Tensor& dy, const at::Tensor& h,
+                                                             const at::Tensor& w, const at::Tensor& rstd,
+                                                             const at::Tensor& residual) {
+  TORCH_CHECK(rms_norm_backward_cuda_bf16_applies(dy, h, w, rstd), "rms_norm_backward_cuda_bf16: dy and h bf16 [.., D] "
+              "with D a multiple of 8 up to 8192, w bf16 [D], rstd fp32 a value per row, on one GPU with a kernel image");
+  TORCH_CHECK(!residual.defined() || (residual.sizes() == h.sizes() && residual.scalar_type() == at::kBFloat16 &&
+                                      residual.device() == h.device()),
+              "rms_norm_backward_cuda_bf16: the residual's gradient must be bf16 shaped as h");
+  // Whole tensors from the caching allocator start 512-byte aligned; a view off alignment is copied.
+  auto aligned = [](const at::Tensor& t) {
+    at::Tensor c = t.contiguous();
+    return reinterpret_cast<uintptr_t>(c.const_data_ptr()) % 16 == 0 ? c : c.clone();
+  };
+  const at::Tensor cdy = aligned(dy), ch = aligned(h), cw = aligned(w), crstd = rstd.contiguous();
+  const at::Tensor cres = residual.defined() ? aligned(residual) : at::Tensor();
+  const int64_t D = h.size(-1), rows = h.numel() / D;
+  at::Tensor dh = at::empty(h.sizes(), ch.options());
+  at::Tensor partial = at::empty({rms_norm_backward_bf16_blocks(rows), D}, crstd.options());
+  const c10::cuda::CUDAGuard guard(h.device());
+  C10_CUDA_CHECK(launch_rms_norm_backward_bf16(cdy.const_data_ptr(), ch.const_data_ptr(), cw.const_data_ptr(),
+                                               crstd.const_data_ptr(), cres.defined() ? cres.const_data_ptr() : nullptr,
+                                               dh.mutable_data_ptr(), partial.mutable_data_ptr(), rows, D,
+                                               c10::cuda::getCurrentCUDAStream(h.device().index()).stream()));
+  return {dh, partial.sum(0).to(w.scalar_type())};
+}
+
 bool row_logsumexp_cuda_applies(const at::Tensor& z) {
   return z.is_cuda() && z.scalar_type() == at::kFloat && z.dim() == 2 && cuda_kernels_run_on(z.device());
 }

@@ -25,6 +25,16 @@ at::Tensor silu_mul_cuda_bf16(const at::Tensor& a, const at::Tensor& b);
 std::pair<at::Tensor, at::Tensor> silu_mul_backward_cuda_bf16(const at::Tensor& g, const at::Tensor& a,
                                                               const at::Tensor& b);
 
+// RMSNorm's backward for bf16 with the residual stream's gradient added (model/rms_norm_kernel.cu):
+// whether the kernel takes dy, h [.., D] (bf16, contiguous, on one GPU with a kernel image), w [D]
+// and rstd (fp32, a value per row); and (dh, dweight): dh = the norm's gradient + residual (bf16
+// like dy, or undefined for none), dweight [D] rounded to bf16 as ATen's.
+bool rms_norm_backward_cuda_bf16_applies(const at::Tensor& dy, const at::Tensor& h, const at::Tensor& w,
+                                         const at::Tensor& rstd);
+std::pair<at::Tensor, at::Tensor> rms_norm_backward_cuda_bf16(const at::Tensor& dy, const at::Tensor& h,
+                                                             const at::Tensor& w, const at::Tensor& rstd,
+                                                             const at::Tensor& residual);
+
 // The chunked loss's log-sum-exp of each row of z (fp32 [n, V] on a GPU with a kernel image) in one
 // pass: [n, 1] fp32, as at::logsumexp(z, {1}, true).
 bool row_logsumexp_cuda_applies(const at::Tensor& z);

@@ -9,6 +9,7 @@
 #include <ATen/ops/linear.h>
 #include <ATen/ops/outer.h>
 #include <ATen/ops/pow.h>
+#include <ATen/ops/_fused_rms_norm.h>
 #include <ATen/ops/rms_norm.h>
 #include <ATen/ops/silu.h>
 #include <ATen/ops/silu_backward.h>
@@ -26,6 +27,57 @@ namespace zb {
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   // at::rms_norm accumulates reduced-precision inputs in fp32 and uses a fused kernel on CUDA.
   return at::rms_norm(x, {x.size(-1)}, weight.to(x.scalar_type()), eps);
+}
+
+namespace {
+
+// (h, rms_norm(h, w)) as one node; w in h's dtype (the caller casts it, as rms_norm does). The
+// forward is ATen's fused norm (it also gives each row's rstd, which the backward needs). The
+// backward gets two gradients of h: the residual stream's (for the h returned) and the norm's
+// output's, and returns their sum, in one kernel on a GPU in bf16.
+struct RmsNormResidual : torch::autograd::Function<RmsNormResidual> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& h,
+                                                const at::Tensor& w, double eps) {
+    auto [y, rstd] = at::_fused_rms_norm(h, {h.size(-1)}, w, eps);
+    ctx->save_for_backward({h, w, rstd});
+    return {h, y};  // h as it came (autograd makes the returned h a view with this node's gradient)
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    TORCH_CHECK(!at::GradMode::is_enabled(), "rms_norm_residual has no second derivative (backward with create_graph)");
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &h = saved[0], &w = saved[1], &rstd = saved[2];
+    const at::Tensor &residual = grads[0], &dy = grads[1];
+    if (!dy.defined()) return {residual, at::Tensor(), at::Tensor()};
+#ifdef ZB_WITH_CUDA
+    if (rms_norm_backward_cuda_bf16_applies(dy, h, w, rstd) &&
+        (!residual.defined() || residual.scalar_type() == at::kBFloat16)) {
+      auto [dh, dw] = rms_norm_backward_cuda_bf16(dy, h, w, rstd, residual);
+      return {dh, dw, at::Tensor()};
+    }
+#endif
+    // The kernel's formula in fp32: x_hat = h * rstd, wg = w * dy,
+    // dh = rstd * (wg - x_hat * mean(wg * x_hat)), dw = the sum over rows of dy * x_hat.
+    const auto work = h.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    const at::Tensor r = rstd.to(work).reshape({-1, 1}), dyf = dy.to(work).reshape({-1, h.size(-1)});
+    const at::Tensor x_hat = h.to(work).reshape({-1, h.size(-1)}) * r, wg = dyf * w.to(work);
+    at::Tensor dh = (r * (wg - x_hat * (wg * x_hat).mean(-1, /*keepdim=*/true))).to(h.scalar_type()).view(h.sizes());
+    if (residual.defined()) dh = dh + residual;
+    return {dh, (dyf * x_hat).sum(0).to(w.scalar_type()), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> rms_norm_residual_node(const at::Tensor& h, const at::Tensor& weight, double eps) {
+  auto out = RmsNormResidual::apply(h, weight.to(h.scalar_type()), eps);
+  return {out[0], out[1]};
+}
+
+std::pair<at::Tensor, at::Tensor> rms_norm_residual(const at::Tensor& h, const at::Tensor& weight, double eps) {
+  if (fused_kernels_on() && h.scalar_type() == at::kBFloat16 && fused_kernels_run_on(h.device()))
+    return rms_norm_residual_node(h, weight, eps);
+  return {h, rms_norm(h, weight, eps)};
 }
 
 RopeTables rope_tables(int64_t head_dim, int64_t max_positions, double theta,

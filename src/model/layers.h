@@ -4,10 +4,22 @@
 // can be tested alone against a float64 formula.
 #include <ATen/core/Tensor.h>
 
+#include <utility>
+
 namespace zb {
 
 // x * rsqrt(mean(x^2, last dim) + eps) * weight, accumulated in fp32, returned in x's dtype.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// A norm of a block's input h that the residual stream also carries on: (h, rms_norm(h, weight)).
+// Use the h returned in the residual add. On a GPU in bf16 (fused kernels on) it is h through one
+// autograd node with the norm, whose backward (model/rms_norm_kernel.cu) adds the residual's
+// gradient of h to the norm's in the same pass, where autograd would add them afterwards;
+// elsewhere h itself and rms_norm. The forward's numbers are rms_norm's either way.
+std::pair<at::Tensor, at::Tensor> rms_norm_residual(const at::Tensor& h, const at::Tensor& weight, double eps);
+// That node on any device (its backward off the kernel: the same formula in ATen's fp32
+// operators), for the tests of a machine without a GPU.
+std::pair<at::Tensor, at::Tensor> rms_norm_residual_node(const at::Tensor& h, const at::Tensor& weight, double eps);
 
 // RoPE table for positions [0, max_positions): exp(j * pos * theta^(-2i/head_dim)) as complex
 // numbers, [max_positions, head_dim/2], complex64 (complex128 if `options` asks for float64).

@@ -136,14 +136,17 @@ at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h, const Docume
     wv = shared(wv).narrow(0, kv_start_ * hd, kv_heads_ * hd);
   }
 
-  at::Tensor x = whole_sequence(rms_norm(h, shared(b.attention_norm), eps));
+  // Each norm's input also goes on in the residual stream: rms_norm_residual hands it back, so that
+  // on a GPU both of its gradients meet in the norm's backward (layers.h).
+  auto [h_on, x_here] = rms_norm_residual(h, shared(b.attention_norm), eps);
+  at::Tensor x = whole_sequence(x_here);
   const int64_t B = x.size(0), T = x.size(1);
   at::Tensor q = at::linear(x, b.wq.to(dt)).view({B, T, heads_, hd});
   at::Tensor k = at::linear(x, wk.to(dt)).view({B, T, kv_heads_, hd});
   at::Tensor v = at::linear(x, wv.to(dt)).view({B, T, kv_heads_, hd});
   at::Tensor attn = attention(apply_rope(q, rope_), apply_rope(k, rope_), v, documents);
-  at::Tensor h2 = h + own_positions(at::linear(attn, b.wo.to(dt)));
-  at::Tensor y = whole_sequence(rms_norm(h2, shared(b.ffn_norm), eps));
+  auto [h2, y_here] = rms_norm_residual(h_on + own_positions(at::linear(attn, b.wo.to(dt))), shared(b.ffn_norm), eps);
+  at::Tensor y = whole_sequence(y_here);
   return h2 + own_positions(swiglu(y, b.w1.to(dt), b.w2.to(dt), b.w3.to(dt)));
 }
 
@@ -194,7 +197,8 @@ at::Tensor Llama::head(const at::Tensor& h) const {
 
 at::Tensor Llama::head_loss(const at::Tensor& h, const at::Tensor& targets) const {
   Phase phase("zb.loss");
-  at::Tensor x = rms_norm(h, tp_ ? replicated_weight(norm_, *tp_) : norm_, args_.norm_eps);
+  // The final norm through the same node (no residual after it): on a GPU its backward is our kernel.
+  at::Tensor x = rms_norm_residual(h, tp_ ? replicated_weight(norm_, *tp_) : norm_, args_.norm_eps).second;
   if (tp_) x = gather_sequence(x, *tp_);  // every rank scores every token on its words
   const int64_t V = output_.size(0);
   return chunked_cross_entropy(x.reshape({-1, args_.dim}), output_.to(compute_dtype_), targets,

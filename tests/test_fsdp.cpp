@@ -13,6 +13,7 @@
 #include "data/fake_data.h"
 #include "dist/comm.h"
 #include "fsdp/fsdp_engine.h"
+#include "parallel/gradient_group.h"
 #include "parallel/row_shard.h"
 #include "optim/sharded_muon.h"
 #include "model/llama.h"
@@ -182,6 +183,34 @@ INSTANTIATE_TEST_SUITE_P(Ranks, FSDPMatchesSingleProcess,
                            return "W" + std::to_string(std::get<0>(info.param)) + "_" +
                                   std::get<1>(info.param);
                          });
+
+TEST(FSDP, GradientAccumulatorOwnsTheSumsItReturns) {
+  // Three micro-batches: the totals are the fp32 sums (a missing gradient counts as zero), the
+  // accumulator's own (`owned`: the one-rank engine keeps them as the gradients, no copy), and no
+  // input's storage: the first micro-batch's gradients are copied, not adopted (autograd may
+  // still hold them). One micro-batch: the gradients handed over, not owned.
+  GradientAccumulator acc;
+  const std::vector<std::vector<int64_t>> shapes{{3, 2}, {4}};
+  const std::vector<at::Tensor> first{at::randn({3, 2}).to(at::kBFloat16), at::Tensor()};
+  const std::vector<at::Tensor> second{at::randn({3, 2}), at::randn({4})};
+  const std::vector<at::Tensor> third{at::randn({3, 2}), at::randn({4})};
+  const at::Tensor first0 = first[0].clone();
+  EXPECT_TRUE(acc.add(first, shapes, at::kCPU, false).sums.empty());
+  EXPECT_TRUE(acc.add(second, shapes, at::kCPU, false).sums.empty());
+  const GradientTotals totals = acc.add(third, shapes, at::kCPU, true);
+  ASSERT_EQ(totals.sums.size(), 2u);
+  EXPECT_TRUE(totals.owned);
+  EXPECT_TRUE(at::equal(totals.sums[0], first0.to(at::kFloat) + second[0] + third[0]));
+  EXPECT_TRUE(at::equal(totals.sums[1], second[1] + third[1]));
+  EXPECT_EQ(totals.sums[0].scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(first[0], first0)) << "the first micro-batch's gradient itself unchanged";
+  for (const auto& batch : {first, second, third})
+    for (const at::Tensor& g : batch)
+      if (g.defined()) EXPECT_FALSE(g.is_alias_of(totals.sums[0]) || g.is_alias_of(totals.sums[1]));
+  const GradientTotals one = acc.add(second, shapes, at::kCPU, true);  // the next step, one micro-batch
+  EXPECT_FALSE(one.owned);
+  EXPECT_TRUE(one.sums[0].is_same(second[0]));
+}
 
 TEST(FSDP, UnevenAndEmptyShards) {
   // vocab 1000 and dim 12 on 4 ranks; wk/wv have 2 rows (one kv head of width 2): ranks 2 and 3

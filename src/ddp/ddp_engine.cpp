@@ -41,7 +41,7 @@ class DDPEngine::Bucket : public GradientGroup {
     at::NoGradGuard no_grad;
     std::vector<std::vector<int64_t>> shapes;
     for (const at::Tensor* p : members_) shapes.push_back(p->sizes().vec());
-    const std::vector<at::Tensor> total = accumulator_.add(grads, shapes, members_.front()->device(), sync_);
+    const std::vector<at::Tensor> total = accumulator_.add(grads, shapes, members_.front()->device(), sync_).sums;
     if (!sync_) return;
     // One flat fp32 tensor in member order (a missing gradient counts as zero).
     std::vector<at::Tensor> parts;

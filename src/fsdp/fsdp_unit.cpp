@@ -68,10 +68,10 @@ void FSDPUnit::post_backward(const std::vector<at::Tensor>& grads) {
   reshard();
   std::vector<std::vector<int64_t>> shapes;
   for (FSDPParam* p : params_) shapes.push_back(p->full_shape);
-  const std::vector<at::Tensor> total =
+  const GradientTotals total =
       accumulator_.add(grads, shapes, params_.front()->sharded.device(), requires_gradient_sync);
   if (requires_gradient_sync && comm_.size() == 1 && !replicas_) add_whole_gradients(total);
-  else if (requires_gradient_sync) start_reduction(total);
+  else if (requires_gradient_sync) start_reduction(total.sums);
   trace(StepEvent::Op::Backward);
 }
 
@@ -110,17 +110,24 @@ void FSDPUnit::finish_gradients() {
   complete_gradients();
 }
 
-void FSDPUnit::add_whole_gradients(const std::vector<at::Tensor>& total) {
+void FSDPUnit::add_whole_gradients(const GradientTotals& total) {
   // One rank and no replicas: its sums are the mean's gradient, every row of it. Added as they
   // are (the fp32 copy of a compute-dtype gradient is exact), without the collective's staging.
+  // The accumulator's own sums (several micro-batches) become the gradients themselves where they
+  // fit as they are: no copy.
   for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& sharded = params_[i]->sharded;
     at::Tensor& grad = params_[i]->sharded.mutable_grad();
-    const at::Tensor& g = i < total.size() ? total[i] : at::Tensor();
+    const at::Tensor& g = i < total.sums.size() ? total.sums[i] : at::Tensor();
     if (grad.defined()) {
       if (g.defined()) grad.add_(g);
+    } else if (!g.defined()) {
+      grad = at::zeros_like(sharded);
+    } else if (total.owned && g.scalar_type() == sharded.scalar_type() && g.sizes() == sharded.sizes() &&
+               g.device() == sharded.device() && g.is_contiguous()) {
+      grad = g;
     } else {
-      grad = g.defined() ? g.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true)
-                         : at::zeros_like(params_[i]->sharded);
+      grad = g.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
     }
   }
 }

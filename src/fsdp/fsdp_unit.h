@@ -102,7 +102,7 @@ class FSDPUnit : public GradientGroup {
   // The reduced rows into each sharded parameter's .grad(); back to NONE.
   void complete_gradients();
   // A world of one without replicas: the step's sums straight into the .grad()s.
-  void add_whole_gradients(const std::vector<at::Tensor>& total);
+  void add_whole_gradients(const GradientTotals& total);
   // The reduce-scatter of the step's sums (the unit before finishes its own first).
   void start_reduction(const std::vector<at::Tensor>& total);
 

@@ -145,7 +145,10 @@ at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h, const Docume
   at::Tensor k = at::linear(x, wk.to(dt)).view({B, T, kv_heads_, hd});
   at::Tensor v = at::linear(x, wv.to(dt)).view({B, T, kv_heads_, hd});
   at::Tensor attn = attention(apply_rope(q, rope_), apply_rope(k, rope_), v, documents);
-  auto [h2, y_here] = rms_norm_residual(h_on + own_positions(at::linear(attn, b.wo.to(dt))), shared(b.ffn_norm), eps);
+  // (Separate statements: the order of operations, and so of TP's collectives in backward, is the
+  // step plan's; a call's arguments have none.)
+  const at::Tensor after_attention = h_on + own_positions(at::linear(attn, b.wo.to(dt)));
+  auto [h2, y_here] = rms_norm_residual(after_attention, shared(b.ffn_norm), eps);
   at::Tensor y = whole_sequence(y_here);
   return h2 + own_positions(swiglu(y, b.w1.to(dt), b.w2.to(dt), b.w3.to(dt)));
 }

@@ -29,18 +29,26 @@ std::vector<at::Tensor> through_gradient_group(GradientGroup& group, at::TensorL
   return GradientGroupNode::apply(&group, leaves);
 }
 
-std::vector<at::Tensor> GradientAccumulator::add(const std::vector<at::Tensor>& grads,
-                                                 const std::vector<std::vector<int64_t>>& shapes,
-                                                 c10::Device device, bool sync) {
-  if (sync && sums_.empty()) return grads;  // one micro-batch: nothing to add up
+GradientTotals GradientAccumulator::add(const std::vector<at::Tensor>& grads,
+                                       const std::vector<std::vector<int64_t>>& shapes, c10::Device device, bool sync) {
+  if (sync && sums_.empty()) return {grads, false};  // one micro-batch: nothing to add up
   at::NoGradGuard no_grad;
-  if (sums_.empty())
-    for (const auto& shape : shapes) sums_.push_back(at::zeros(shape, at::TensorOptions().device(device)));
-  for (size_t i = 0; i < sums_.size() && i < grads.size(); ++i)
-    if (grads[i].defined()) sums_[i].add_(grads[i]);
+  if (sums_.empty()) {
+    // The first micro-batch's gradients start the sums as fp32 copies (zeros where one is
+    // missing): the same values as zeros plus the gradient, in one pass instead of two.
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const at::Tensor g = i < grads.size() ? grads[i] : at::Tensor();
+      sums_.push_back(g.defined() ? g.to(at::TensorOptions().device(device).dtype(at::kFloat), /*non_blocking=*/false,
+                                         /*copy=*/true, at::MemoryFormat::Contiguous)
+                                  : at::zeros(shapes[i], at::TensorOptions().device(device)));
+    }
+  } else {
+    for (size_t i = 0; i < sums_.size() && i < grads.size(); ++i)
+      if (grads[i].defined()) sums_[i].add_(grads[i]);
+  }
   if (!sync) return {};
-  std::vector<at::Tensor> totals;
-  totals.swap(sums_);  // empty again for the next step
+  GradientTotals totals{{}, true};
+  totals.sums.swap(sums_);  // empty again for the next step
   return totals;
 }
 

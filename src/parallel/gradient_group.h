@@ -27,15 +27,23 @@ class GradientGroup {
 // their .grad() after its collective.
 std::vector<at::Tensor> through_gradient_group(GradientGroup& group, at::TensorList leaves);
 
+// A step's gradient totals. `owned`: they are the accumulator's own fp32 sums, which nothing else
+// holds, so the caller may keep them as they are; else (a single micro-batch) they are the
+// gradients backward handed over, which are autograd's.
+struct GradientTotals {
+  std::vector<at::Tensor> sums;
+  bool owned = false;
+};
+
 // Gradients summed in fp32 over a step's micro-batches. Before the last micro-batch nothing is
 // communicated; on the last (`sync`) the step's totals are handed to the collective.
 class GradientAccumulator {
  public:
   // Adds this micro-batch's gradients (`shapes` and `device` size the sums; a missing gradient
-  // counts as zero). Returns the step's totals when `sync`, an empty list before. With a single
+  // counts as zero). Returns the step's totals when `sync`, none before. With a single
   // micro-batch the gradients are returned as they are.
-  std::vector<at::Tensor> add(const std::vector<at::Tensor>& grads, const std::vector<std::vector<int64_t>>& shapes,
-                              c10::Device device, bool sync);
+  GradientTotals add(const std::vector<at::Tensor>& grads, const std::vector<std::vector<int64_t>>& shapes,
+                     c10::Device device, bool sync);
 
  private:
   std::vector<at::Tensor> sums_;

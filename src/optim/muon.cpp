@@ -8,7 +8,7 @@
 #include <ATen/ops/baddbmm.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/linalg_vector_norm.h>
-#include <ATen/ops/stack.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros_like.h>
 
 #include <algorithm>
@@ -69,10 +69,15 @@ std::vector<at::Tensor> Muon::orthogonalize_local(const std::vector<at::Tensor>&
   for (size_t i = 0; i < inputs.size(); ++i) by_shape[inputs[i].sizes().vec()].push_back(i);
   std::vector<at::Tensor> out(inputs.size());
   for (const auto& [shape, idx] : by_shape) {
-    std::vector<at::Tensor> batch;
-    for (size_t i : idx) batch.push_back(inputs[i]);
     Phase phase("zb.muon.newton_schulz");
-    at::Tensor O = newton_schulz(at::stack(batch), hyper_.ns_steps, hyper_.ns_dtype, hyper_.eps);
+    // Stacked straight into Newton-Schulz's dtype, each matrix cast as it is copied (the values of
+    // stacking in fp32 and casting the stack, one pass instead of two: ATen's stack and cast took
+    // 4.3 ms of a 1B step on an H100).
+    std::vector<int64_t> stacked_shape{static_cast<int64_t>(idx.size())};
+    stacked_shape.insert(stacked_shape.end(), shape.begin(), shape.end());
+    at::Tensor G = at::empty(stacked_shape, inputs[idx.front()].options().dtype(hyper_.ns_dtype));
+    for (size_t j = 0; j < idx.size(); ++j) G[static_cast<int64_t>(j)].copy_(inputs[idx[j]]);
+    at::Tensor O = newton_schulz(G, hyper_.ns_steps, hyper_.ns_dtype, hyper_.eps);
     for (size_t j = 0; j < idx.size(); ++j) out[idx[j]] = O[static_cast<int64_t>(j)];
     matrices_orthogonalized_ += static_cast<int64_t>(idx.size());
   }

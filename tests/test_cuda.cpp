@@ -405,6 +405,58 @@ TEST(CudaRmsNorm, ResidualNodesKernelMatchesFloat64) {
   }
 }
 
+TEST(CudaLinears, SharedInputsGradientSummedInsideTheGemms) {
+  SKIP_WITHOUT_GPU();
+  // q, k, v of a GQA block from one input through one node (shared_input_linears) on the GPU in
+  // bf16: x's gradient is summed by the GEMMs themselves (addmm with beta 1). Against float64 on the
+  // same bf16 values: each element of dx within 2^-7 of the sum of its three products' sizes
+  // (three bf16 roundings of partial sums; autograd's separate products and adds make five), the
+  // weights' gradients within one bf16 step plus 1e-3 of the largest; the same bound holds for
+  // autograd's own linears (fused kernels off), the path it replaces.
+  at::manual_seed(15);
+  const auto bf16 = at::TensorOptions().device(kGpu).dtype(at::kBFloat16);
+  const at::Tensor x0 = at::randn({4, 512, 1024}, bf16);
+  const std::vector<at::Tensor> w0{at::randn({1024, 1024}, bf16) * 0.03, at::randn({256, 1024}, bf16) * 0.03,
+                                   at::randn({256, 1024}, bf16) * 0.03};
+  std::vector<at::Tensor> c;
+  for (const at::Tensor& w : w0) c.push_back(at::randn({4, 512, w.size(0)}, bf16));
+  const at::Tensor x64 = x0.to(at::kDouble).reshape({-1, 1024});
+  at::Tensor dx_want = at::zeros_like(x64), dx_size = at::zeros_like(x64);
+  std::vector<at::Tensor> dw_want;
+  for (size_t i = 0; i < 3; ++i) {
+    const at::Tensor g = c[i].to(at::kDouble).reshape({-1, w0[i].size(0)});
+    const at::Tensor part = at::mm(g, w0[i].to(at::kDouble));
+    dx_want += part;
+    dx_size += part.abs();
+    dw_want.push_back(at::mm(g.t(), x64));
+  }
+  for (const bool fused : {true, false}) {
+    use_fused_kernels(fused);
+    at::Tensor x = x0.clone().requires_grad_(true);
+    std::vector<at::Tensor> w;
+    for (const at::Tensor& wi : w0) w.push_back(wi.clone().requires_grad_(true));
+    const std::vector<at::Tensor> y = shared_input_linears(x, w);
+    at::Tensor loss = at::zeros({}, at::TensorOptions().device(kGpu));
+    for (size_t i = 0; i < 3; ++i) loss = loss + (y[i] * c[i]).sum();
+    loss.backward();
+    use_fused_kernels(true);
+    const std::string what = fused ? "the node" : "autograd's linears";
+    EXPECT_EQ((y[0].grad_fn() == y[1].grad_fn()), fused) << what << ": one node for the three, or three";
+    const at::Tensor dx = x.grad().to(at::kDouble).reshape({-1, 1024});
+    EXPECT_EQ(((dx - dx_want).abs() > dx_size * std::ldexp(1.0, -7) + 1e-3).sum().item<int64_t>(), 0)
+        << what << ": dx, worst " << (dx - dx_want).abs().max().item<double>();
+    for (size_t i = 0; i < 3; ++i) {
+      const at::Tensor dw = w[i].grad().to(at::kDouble);
+      EXPECT_EQ(((dw - dw_want[i]).abs() > dw_want[i].abs() * std::ldexp(1.0, -7) +
+                                              1e-3 * dw_want[i].abs().max().item<double>())
+                    .sum()
+                    .item<int64_t>(),
+                0)
+          << what << ": dw " << i;
+    }
+  }
+}
+
 TEST(CudaRope, FusedKernelEqualsTheUnfusedPathWithinOneBf16Rounding) {
   SKIP_WITHOUT_GPU();
   // bf16 q-shaped tensors [B, T, H, Dh] (odd sizes too), rotated by the fused kernel (apply_rope on

@@ -7,6 +7,7 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cos.h>
 #include <ATen/ops/linear.h>
+#include <ATen/ops/mm.h>
 #include <ATen/ops/outer.h>
 #include <ATen/ops/pow.h>
 #include <ATen/ops/_fused_rms_norm.h>
@@ -40,6 +41,7 @@ struct RmsNormResidual : torch::autograd::Function<RmsNormResidual> {
                                                 const at::Tensor& w, double eps) {
     auto [y, rstd] = at::_fused_rms_norm(h, {h.size(-1)}, w, eps);
     ctx->save_for_backward({h, w, rstd});
+    ctx->set_materialize_grads(false);  // an output nothing used: no gradient, not zeros
     return {h, y};  // h as it came (autograd makes the returned h a view with this node's gradient)
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -78,6 +80,62 @@ std::pair<at::Tensor, at::Tensor> rms_norm_residual(const at::Tensor& h, const a
   if (fused_kernels_on() && h.scalar_type() == at::kBFloat16 && fused_kernels_run_on(h.device()))
     return rms_norm_residual_node(h, weight, eps);
   return {h, rms_norm(h, weight, eps)};
+}
+
+namespace {
+
+// x [.., D] times each weight w_i [O_i, D]: y_i = x w_i^T. Backward: dx = sum_i dy_i w_i, each
+// product accumulated into dx by the GEMM itself; dw_i = dy_i^T x, as autograd's linear computes it.
+struct SharedInputLinears : torch::autograd::Function<SharedInputLinears> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                                                at::TensorList weights) {
+    torch::autograd::variable_list out, saved{x};
+    for (const at::Tensor& w : weights) {
+      out.push_back(at::linear(x, w));
+      saved.push_back(w);
+    }
+    ctx->save_for_backward(saved);
+    ctx->set_materialize_grads(false);  // an output nothing used: no product for it, not zeros
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    TORCH_CHECK(!at::GradMode::is_enabled(), "shared_input_linears has no second derivative (backward with create_graph)");
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+    at::Tensor dx;
+    torch::autograd::variable_list dw;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const at::Tensor& w = saved[i + 1];
+      if (!grads[i].defined()) {
+        dw.emplace_back();
+        continue;
+      }
+      const at::Tensor g = grads[i].reshape({-1, w.size(0)});
+      if (!dx.defined()) dx = at::mm(g, w);
+      else dx.addmm_(g, w);  // beta 1: the sum so far read by the GEMM, not by an add after it
+      dw.push_back(at::mm(g.t(), x2));
+    }
+    if (dx.defined()) dx = dx.view(x.sizes());
+    torch::autograd::variable_list result{dx};
+    result.insert(result.end(), dw.begin(), dw.end());
+    return result;
+  }
+};
+
+}  // namespace
+
+std::vector<at::Tensor> shared_input_linears_node(const at::Tensor& x, const std::vector<at::Tensor>& weights) {
+  return SharedInputLinears::apply(x, at::TensorList(weights));
+}
+
+std::vector<at::Tensor> shared_input_linears(const at::Tensor& x, const std::vector<at::Tensor>& weights) {
+  if (fused_kernels_on() && x.scalar_type() == at::kBFloat16 && fused_kernels_run_on(x.device()))
+    return shared_input_linears_node(x, weights);
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& w : weights) out.push_back(at::linear(x, w));
+  return out;
 }
 
 RopeTables rope_tables(int64_t head_dim, int64_t max_positions, double theta,
@@ -171,7 +229,8 @@ at::Tensor silu_mul(const at::Tensor& a, const at::Tensor& b) {
 
 at::Tensor swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
                   const at::Tensor& w3) {
-  return at::linear(silu_mul(at::linear(x, w1), at::linear(x, w3)), w2);
+  const std::vector<at::Tensor> gate_up = shared_input_linears(x, {w1, w3});
+  return at::linear(silu_mul(gate_up[0], gate_up[1]), w2);
 }
 
 }  // namespace zb

@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <utility>
+#include <vector>
 
 namespace zb {
 
@@ -20,6 +21,14 @@ std::pair<at::Tensor, at::Tensor> rms_norm_residual(const at::Tensor& h, const a
 // That node on any device (its backward off the kernel: the same formula in ATen's fp32
 // operators), for the tests of a machine without a GPU.
 std::pair<at::Tensor, at::Tensor> rms_norm_residual_node(const at::Tensor& h, const at::Tensor& weight, double eps);
+
+// at::linear(x, w) for each weight w, one input shared (the block's wq, wk, wv; w1 and w3): on a
+// GPU in bf16 (fused kernels on) as one autograd node whose backward sums x's gradients inside the
+// GEMMs (each product added to the last, addmm with beta 1: rounded to bf16 once) where autograd
+// would write each product and add them after; elsewhere autograd's own linears.
+std::vector<at::Tensor> shared_input_linears(const at::Tensor& x, const std::vector<at::Tensor>& weights);
+// That node on any device, for the tests of a machine without a GPU.
+std::vector<at::Tensor> shared_input_linears_node(const at::Tensor& x, const std::vector<at::Tensor>& weights);
 
 // RoPE table for positions [0, max_positions): exp(j * pos * theta^(-2i/head_dim)) as complex
 // numbers, [max_positions, head_dim/2], complex64 (complex128 if `options` asks for float64).

@@ -141,9 +141,10 @@ at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h, const Docume
   auto [h_on, x_here] = rms_norm_residual(h, shared(b.attention_norm), eps);
   at::Tensor x = whole_sequence(x_here);
   const int64_t B = x.size(0), T = x.size(1);
-  at::Tensor q = at::linear(x, b.wq.to(dt)).view({B, T, heads_, hd});
-  at::Tensor k = at::linear(x, wk.to(dt)).view({B, T, kv_heads_, hd});
-  at::Tensor v = at::linear(x, wv.to(dt)).view({B, T, kv_heads_, hd});
+  const std::vector<at::Tensor> qkv = shared_input_linears(x, {b.wq.to(dt), wk.to(dt), wv.to(dt)});
+  at::Tensor q = qkv[0].view({B, T, heads_, hd});
+  at::Tensor k = qkv[1].view({B, T, kv_heads_, hd});
+  at::Tensor v = qkv[2].view({B, T, kv_heads_, hd});
   at::Tensor attn = attention(apply_rope(q, rope_), apply_rope(k, rope_), v, documents);
   // (Separate statements: the order of operations, and so of TP's collectives in backward, is the
   // step plan's; a call's arguments have none.)

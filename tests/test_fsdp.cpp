@@ -16,6 +16,7 @@
 #include "parallel/gradient_group.h"
 #include "parallel/row_shard.h"
 #include "optim/sharded_muon.h"
+#include "model/layers.h"
 #include "model/llama.h"
 #include "config/model_config.h"
 #include "multiprocess.h"
@@ -366,6 +367,26 @@ TEST(FSDP, ShardedMuonEqualsMuonOnWholeMatrices) {
     comm.all_reduce_sum(count).wait();
     EXPECT_EQ(count.item<double>(), 3.0 * shapes.size());
   });
+}
+
+TEST(FSDP, TheGpusAutogradNodesTrainAsAutogradsGraph) {
+  // The nodes a GPU takes in bf16 (the norm that hands its input on to the residual stream, q/k/v
+  // and the gate and up projections from one input) forced on the CPU in fp32, where they run
+  // their formulas in ATen's operators: the engine's hooks, several micro-batches and recompute
+  // in backward (every block) work through them, and a run gives the plain graph's losses and
+  // parameters within fp32 rounding, on one rank (its gradients kept as summed) and on two.
+  Config plain = small_config("muon");
+  plain.model.n_layers = 3;
+  plain.train.ac_ckpt = 1;
+  for (const int ranks : {1, 2})
+    multiprocess::run_ranks(ranks, [&](int) {
+      const RunResult want = train_sharded(plain, 4);
+      use_fused_nodes_on_any_device(true);
+      const RunResult got = train_sharded(plain, 4);
+      use_fused_nodes_on_any_device(false);
+      expect_same_run(got, want, 1e-5);
+      EXPECT_EQ(got.blocks_recomputed, 4 * (12 / ranks) * 3);
+    });
 }
 
 TEST(FSDP, ActivationCheckpointingChangesNothingButMemory) {

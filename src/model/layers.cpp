@@ -25,6 +25,11 @@
 
 namespace zb {
 
+namespace {
+std::atomic<bool> fused_kernels{true};
+std::atomic<bool> nodes_on_any_device{false};
+}  // namespace
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   // at::rms_norm accumulates reduced-precision inputs in fp32 and uses a fused kernel on CUDA.
   return at::rms_norm(x, {x.size(-1)}, weight.to(x.scalar_type()), eps);
@@ -76,8 +81,16 @@ std::pair<at::Tensor, at::Tensor> rms_norm_residual_node(const at::Tensor& h, co
   return {out[0], out[1]};
 }
 
+namespace {
+// Whether the nodes above take x: where our kernels run (bf16 on a GPU), or anywhere under test.
+bool nodes_take(const at::Tensor& x) {
+  return fused_kernels_on() && (nodes_on_any_device.load(std::memory_order_relaxed) ||
+                                (x.scalar_type() == at::kBFloat16 && fused_kernels_run_on(x.device())));
+}
+}  // namespace
+
 std::pair<at::Tensor, at::Tensor> rms_norm_residual(const at::Tensor& h, const at::Tensor& weight, double eps) {
-  if (fused_kernels_on() && h.scalar_type() == at::kBFloat16 && fused_kernels_run_on(h.device()))
+  if (nodes_take(h))
     return rms_norm_residual_node(h, weight, eps);
   return {h, rms_norm(h, weight, eps)};
 }
@@ -131,7 +144,7 @@ std::vector<at::Tensor> shared_input_linears_node(const at::Tensor& x, const std
 }
 
 std::vector<at::Tensor> shared_input_linears(const at::Tensor& x, const std::vector<at::Tensor>& weights) {
-  if (fused_kernels_on() && x.scalar_type() == at::kBFloat16 && fused_kernels_run_on(x.device()))
+  if (nodes_take(x))
     return shared_input_linears_node(x, weights);
   std::vector<at::Tensor> out;
   for (const at::Tensor& w : weights) out.push_back(at::linear(x, w));
@@ -150,9 +163,7 @@ RopeTables rope_tables(int64_t head_dim, int64_t max_positions, double theta,
   return {at::view_as_complex(at::stack({at::cos(angles), at::sin(angles)}, -1))};
 }
 
-namespace {
-std::atomic<bool> fused_kernels{true};
-}  // namespace
+void use_fused_nodes_on_any_device(bool on) { nodes_on_any_device.store(on, std::memory_order_relaxed); }
 
 void use_fused_kernels(bool on) { fused_kernels.store(on, std::memory_order_relaxed); }
 bool fused_kernels_on() { return fused_kernels.load(std::memory_order_relaxed); }

@@ -56,6 +56,10 @@ void use_fused_kernels(bool on);
 bool fused_kernels_on();
 // Whether our CUDA kernels run on `device`: a GPU this build has their image for (they take bf16).
 bool fused_kernels_run_on(const c10::Device& device);
+// For tests on a machine without a GPU: the autograd nodes that on a GPU call our kernels
+// (rms_norm_residual, shared_input_linears) taken on any device and dtype, where they run their
+// formulas in ATen's operators; so a whole model trains through them. Off by default; process-wide.
+void use_fused_nodes_on_any_device(bool on);
 
 // silu(a) * b (a and b of one shape), the gate of SwiGLU: ATen's silu then mul, forward and
 // backward, as one autograd node that keeps a and b but not silu(a); bf16 on a GPU in one kernel

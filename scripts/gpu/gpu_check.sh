@@ -22,9 +22,10 @@
 #
 # Time: meant for the device tool's 10-minute command on one H100 with 16 cores. Every step has
 # a cap and the whole a budget, GPU_CHECK_BUDGET_S (default 540 s); a step that would start with
-# under 30 s left is recorded as not run. Measured on an H200 (2026-11-25, 16 cores): the build
-# of the three targets it needs 41 s cold, the CUDA tests 14 s, each preset 10-21 s, the profile
-# 11 s; the benchmark over 270 s then (its peers' flex attention ran unfused; fixed since). When
+# under 30 s left is recorded as not run. Measured (16 cores): the build of the three targets it
+# needs 41-64 s cold, the CUDA tests 14-25 s, each preset 10-22 s, the profile 9-11 s, the
+# reference 20 s, nvtx 5 s, the benchmark 139 s (H200) and 159 s (H100, 2026-11-26); the whole
+# default set 299 s on the H200. The benchmark runs last: it gets what the budget leaves. When
 # the build takes the time, run again with ZB_SKIP_BUILD=1 while the machine is warm (it keeps
 # build/) and GPU_CHECK_STEPS naming what is left.
 #
@@ -33,9 +34,9 @@
 # ZB_BUILD_TARGETS (the kit builds only these; default what the steps need, all with "suite"),
 # GPU_CHECK_STEPS (default "cuda_tests presets kernels bench reference nvtx": "kernels" is the 1B
 # preset again with ATen's operators alone, --runtime.fused_kernels false, what our kernels
-# (RoPE, SwiGLU's gate, the loss's logit gradient) give in tokens/s and peak memory; "reference"
-# trains the quick start on the
-# CPU in fp32 and on the GPU in fp32 and bf16, held-out losses side by side (it needs
+# and nodes (RoPE, SwiGLU's gate, the loss's log-sum-exp and logit gradient, RMSNorm's backward
+# with the residual's gradient, q/k/v's input gradient summed in the GEMMs) give in tokens/s and
+# peak memory; "reference" trains the quick start on the CPU in fp32 and on the GPU in fp32 and bf16, held-out losses side by side (it needs
 # data/python-docs carried along); "nvtx" checks with Nsight Compute that the phases are NVTX
 # ranges, scripts/gpu/nvtx_check.sh; add "suite" for the rest of ctest), GPU_CHECK_BENCH
 # (bench.sh's arguments), GPU_CHECK_PEERS (bench.sh's PEERS, default zeroband),
@@ -227,7 +228,7 @@ if wanted presets; then
   fi
 else not_run "not in GPU_CHECK_STEPS" preset_150M preset_1B preset_1B_causal preset_1B_causal_auto profile_1B; fi
 if wanted kernels; then
-  # The 1B preset as preset_1B ran it, with ATen's operators in place of our kernels.
+  # The 1B preset as preset_1B ran it, with ATen's operators in place of our kernels and nodes.
   step preset_1B_aten 150 "${train[@]}" "${one_b[@]}" \
     --runtime.fused_kernels false --logging.metrics_file "$work/preset_1B_aten.jsonl"
 else not_run "not in GPU_CHECK_STEPS" preset_1B_aten; fi

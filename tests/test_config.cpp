@@ -164,6 +164,16 @@ TEST(ConfigErrors, WrongType) {
   EXPECT_DOUBLE_EQ(c.optim.optim.lr, 1.0);
 }
 
+TEST(ConfigErrors, UnknownFusedOperatorIsNamed) {
+  // runtime.unfused takes our fused operators' names; a typo names the key, its line and the known.
+  const std::string model = "name_model = \"debugmodel\"\ntype_model = \"llama2\"\n";
+  Config ok = load_config_string(model + "[train]\n[runtime]\nunfused = \"norm, linears\"\n", "x.toml");
+  EXPECT_NO_THROW(validate(ok, 1));
+  Config c = load_config_string(model + "[train]\n[runtime]\nunfused = \"norm,linear\"\n", "x.toml");
+  EXPECT_EQ(error_of([&] { validate(c, 1); }),
+            "x.toml:5: runtime.unfused names 'linear', not one of rope, gate, loss, norm, linears");
+}
+
 TEST(ConfigErrors, MissingTrainSection) {
   auto msg = error_of([] { load_config_string("name_model = \"1B\"\n", "x.toml"); });
   EXPECT_EQ(msg, "x.toml: missing required section [train]");

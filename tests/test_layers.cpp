@@ -180,6 +180,27 @@ TEST(Layers, SharedInputLinearsNodeGivesAutogradsGradients) {
     }
 }
 
+TEST(Layers, EachFusedOperatorCanBeLeftToAten) {
+  // runtime.unfused: the named operators off, the rest on; the gate (the one that applies on the
+  // CPU) then runs as ATen's silu and mul nodes. An unknown name is an error naming the known.
+  EXPECT_EQ(split_operator_names(" norm, linears,,gate "), (std::vector<std::string>{"norm", "linears", "gate"}));
+  EXPECT_EQ(fused_operator_names(), (std::vector<std::string>{"rope", "gate", "loss", "norm", "linears"}));
+  const at::Tensor a = at::randn({4}, at::kFloat).requires_grad_(true), b = at::randn({4}, at::kFloat);
+  leave_unfused({"gate", "norm"});
+  EXPECT_FALSE(fused_on(Fused::Gate));
+  EXPECT_FALSE(fused_on(Fused::Norm));
+  EXPECT_TRUE(fused_on(Fused::Rope) && fused_on(Fused::Loss) && fused_on(Fused::Linears));
+  EXPECT_EQ(silu_mul(a, b).grad_fn()->name(), "MulBackward0");
+  leave_unfused({});
+  EXPECT_NE(silu_mul(a, b).grad_fn()->name(), "MulBackward0");  // our node again
+  EXPECT_THROW(leave_unfused({"norms"}), std::invalid_argument);
+  use_fused_kernels(false);
+  EXPECT_FALSE(fused_on(Fused::Rope) || fused_on(Fused::Gate) || fused_on(Fused::Loss) || fused_on(Fused::Norm) ||
+               fused_on(Fused::Linears));
+  use_fused_kernels(true);
+  EXPECT_TRUE(fused_on(Fused::Gate));
+}
+
 TEST(Layers, SwiGluMatchesFormula) {
   at::manual_seed(3);
   const int64_t N = 4, D = 6, F = 10;

@@ -32,11 +32,12 @@
 # Environment: GPU_CHECK_SKIP (step names not to run, e.g. "preset_1B_causal_auto profile_1B"),
 # GPU_CHECK_PRESET_STEPS (the presets' steps, default 20; tokens/s is over the last 10),
 # ZB_BUILD_TARGETS (the kit builds only these; default what the steps need, all with "suite"),
-# GPU_CHECK_STEPS (default "cuda_tests presets kernels bench reference nvtx": "kernels" is the 1B
+# GPU_CHECK_STEPS (default "cuda_tests presets kernels unfused bench reference nvtx": "kernels" is the 1B
 # preset again with ATen's operators alone, --runtime.fused_kernels false, what our kernels
 # and nodes (RoPE, SwiGLU's gate, the loss's log-sum-exp and logit gradient, RMSNorm's backward
 # with the residual's gradient, q/k/v's input gradient summed in the GEMMs) give in tokens/s and
-# peak memory; "reference" trains the quick start on the CPU in fp32 and on the GPU in fp32 and bf16, held-out losses side by side (it needs
+# peak memory, and "unfused" the 1B preset five more times, each with one of them left to ATen
+# (runtime.unfused), each one's share; "reference" trains the quick start on the CPU in fp32 and on the GPU in fp32 and bf16, held-out losses side by side (it needs
 # data/python-docs carried along); "nvtx" checks with Nsight Compute that the phases are NVTX
 # ranges, scripts/gpu/nvtx_check.sh; add "suite" for the rest of ctest), GPU_CHECK_BENCH
 # (bench.sh's arguments), GPU_CHECK_PEERS (bench.sh's PEERS, default zeroband),
@@ -71,7 +72,7 @@ trap 'rm -rf "$work"' EXIT
 : >"$work/steps.tsv"
 
 budget=${GPU_CHECK_BUDGET_S:-540}
-selected=" ${GPU_CHECK_STEPS:-cuda_tests presets kernels bench reference nvtx} "
+selected=" ${GPU_CHECK_STEPS:-cuda_tests presets kernels unfused bench reference nvtx} "
 read -r -a bench_args <<<"${GPU_CHECK_BENCH:-configs/1B/H100.toml 1 15 --train.micro_bs 8 --optim.batch_size 64}"
 now() { date +%s.%N; }
 started=$(now)
@@ -232,6 +233,14 @@ if wanted kernels; then
   step preset_1B_aten 150 "${train[@]}" "${one_b[@]}" \
     --runtime.fused_kernels false --logging.metrics_file "$work/preset_1B_aten.jsonl"
 else not_run "not in GPU_CHECK_STEPS" preset_1B_aten; fi
+unfused_ops=(rope gate loss norm linears)  # model/layers.h's names
+if wanted unfused; then
+  # The 1B preset with one of our operators left to ATen at a time (runtime.unfused): each one's share.
+  for op in "${unfused_ops[@]}"; do
+    step "preset_1B_unfused_$op" 150 "${train[@]}" "${one_b[@]}" \
+      --runtime.unfused "$op" --logging.metrics_file "$work/preset_1B_unfused_$op.jsonl"
+  done
+else not_run "not in GPU_CHECK_STEPS" "${unfused_ops[@]/#/preset_1B_unfused_}"; fi
 if wanted reference; then
   # The quick start's model on real text (data/python-docs: scripts/setup.sh makes it here; name
   # it in the device tool's carry) three ways: on this machine's CPU in fp32 (the reference), on

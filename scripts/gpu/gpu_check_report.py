@@ -203,6 +203,11 @@ def main():
     report["sdpa_auto_over_flash_speed_ratio"] = speed_ratio("1B_causal_auto", "1B_causal")
     # Our kernels (RoPE, SwiGLU's gate, the loss's logit gradient) over ATen's operators alone ("kernels").
     report["fused_kernels_speed_ratio"] = speed_ratio("1B", "1B_aten")
+    # Each fused operator's share: the 1B preset with all of ours over it with one left to ATen
+    # (runtime.unfused, the "unfused" step): above 1, what that one gives.
+    report["fused_operator_speed_ratios"] = {
+        name[len("1B_unfused_"):]: speed_ratio("1B", name)
+        for name in report["presets"] if name.startswith("1B_unfused_")}
     report["reference"], report["reference_gaps"] = read_reference(args.work)
     report["bench"] = read_json(os.path.join(args.work, "bench", "bench.json"))
     # The 1B preset's profiled steps (train/profiler.h's summary): phases, operators and kernels.
@@ -234,6 +239,9 @@ def main():
         print(f"  1B causal, PyTorch's kernel / flash: tokens/s x {report['sdpa_auto_over_flash_speed_ratio']:.3f}")
     if report["fused_kernels_speed_ratio"] is not None:
         print(f"  1B with our kernels / ATen's operators: tokens/s x {report['fused_kernels_speed_ratio']:.3f}")
+    for name, ratio in report["fused_operator_speed_ratios"].items():
+        if ratio is not None:
+            print(f"  1B with all of ours / with {name} left to ATen: tokens/s x {ratio:.3f}")
     if report["profile_1B"] and "error" not in report["profile_1B"]:
         p = report["profile_1B"]
         top = ", ".join(f"{x['name']} {x['seconds_per_step']:.3f}" for x in p["phases"][:6])

@@ -6,6 +6,7 @@
 
 #include "config/fields.h"
 #include "config/model_config.h"
+#include "model/layers.h"
 #include "model/llama.h"
 
 namespace zb {
@@ -32,6 +33,12 @@ void validate(const Config& c, int64_t world_size) {
                      [&](const std::string& choice) { return show(choice) == value; }))
       fail(f.key, f.key + " = " + value + " is not one of " + join_choices(f.choices));
   }
+
+  // Our fused operators left to ATen, by name.
+  const std::vector<std::string> known = fused_operator_names();
+  for (const std::string& name : split_operator_names(c.runtime.unfused))
+    if (std::find(known.begin(), known.end(), name) == known.end())
+      fail("runtime.unfused", "runtime.unfused names '" + name + "', not one of rope, gate, loss, norm, linears");
 
   // Model shapes.
   const ModelArgs a = resolve_model_args(c);

@@ -58,7 +58,7 @@ struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
       at::Tensor z = fp32_gemm ? at::mm(xc, wt, logits_dtype) : at::mm(xc, wt).to(logits_dtype);  // [n, V]
       at::Tensor lse;  // [n, 1]: on a GPU our kernel in one pass over z, else ATen's four
 #ifdef ZB_WITH_CUDA
-      if (fused_kernels_on() && row_logsumexp_cuda_applies(z)) lse = row_logsumexp_cuda(z);
+      if (fused_on(Fused::Loss) && row_logsumexp_cuda_applies(z)) lse = row_logsumexp_cuda(z);
 #endif
       if (!lse.defined()) lse = at::logsumexp(z, {1}, /*keepdim=*/true);
       at::Tensor target_logit, here;  // here: the target is one of this rank's words (vocab_group)
@@ -84,7 +84,7 @@ struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
       // casts it back: on a GPU in bf16 our kernel in one pass, else in z's memory.
       at::Tensor g;
 #ifdef ZB_WITH_CUDA
-      if (x.scalar_type() == at::kBFloat16 && fused_kernels_on() && softmax_grad_cuda_bf16_applies(z, lse, chunk_targets))
+      if (x.scalar_type() == at::kBFloat16 && fused_on(Fused::Loss) && softmax_grad_cuda_bf16_applies(z, lse, chunk_targets))
         g = softmax_grad_cuda_bf16(z, lse, chunk_targets, vocab_group ? vocab_start : 0);
 #endif
       if (!g.defined()) {

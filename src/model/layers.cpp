@@ -21,14 +21,50 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <atomic>
+#include <stdexcept>
 
 namespace zb {
 
 namespace {
-std::atomic<bool> fused_kernels{true};
+// Bit i: Fused(i) on. All on by default.
+constexpr unsigned kAllFused = (1u << 5) - 1;
+std::atomic<unsigned> fused_ops{kAllFused};
 std::atomic<bool> nodes_on_any_device{false};
+const char* const kFusedNames[] = {"rope", "gate", "loss", "norm", "linears"};  // Fused's order
 }  // namespace
+
+std::vector<std::string> fused_operator_names() { return {std::begin(kFusedNames), std::end(kFusedNames)}; }
+
+std::vector<std::string> split_operator_names(const std::string& list) {
+  std::vector<std::string> out;
+  std::string name;
+  for (const char c : list + ",") {
+    if (c == ',') {
+      if (!name.empty()) out.push_back(name);
+      name.clear();
+    } else if (c != ' ') {
+      name += c;
+    }
+  }
+  return out;
+}
+
+void leave_unfused(const std::vector<std::string>& names) {
+  unsigned on = kAllFused;
+  for (const std::string& name : names) {
+    const auto* it = std::find(std::begin(kFusedNames), std::end(kFusedNames), name);
+    if (it == std::end(kFusedNames))
+      throw std::invalid_argument("unknown fused operator '" + name + "' (rope, gate, loss, norm, linears)");
+    on &= ~(1u << (it - std::begin(kFusedNames)));
+  }
+  fused_ops.store(on, std::memory_order_relaxed);
+}
+
+bool fused_on(Fused op) {
+  return (fused_ops.load(std::memory_order_relaxed) >> static_cast<unsigned>(op)) & 1u;
+}
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   // at::rms_norm accumulates reduced-precision inputs in fp32 and uses a fused kernel on CUDA.
@@ -82,16 +118,15 @@ std::pair<at::Tensor, at::Tensor> rms_norm_residual_node(const at::Tensor& h, co
 }
 
 namespace {
-// Whether the nodes above take x: where our kernels run (bf16 on a GPU), or anywhere under test.
-bool nodes_take(const at::Tensor& x) {
-  return fused_kernels_on() && (nodes_on_any_device.load(std::memory_order_relaxed) ||
-                                (x.scalar_type() == at::kBFloat16 && fused_kernels_run_on(x.device())));
+// Whether the node `op` takes x: where our kernels run (bf16 on a GPU), or anywhere under test.
+bool node_takes(Fused op, const at::Tensor& x) {
+  return fused_on(op) && (nodes_on_any_device.load(std::memory_order_relaxed) ||
+                          (x.scalar_type() == at::kBFloat16 && fused_kernels_run_on(x.device())));
 }
 }  // namespace
 
 std::pair<at::Tensor, at::Tensor> rms_norm_residual(const at::Tensor& h, const at::Tensor& weight, double eps) {
-  if (nodes_take(h))
-    return rms_norm_residual_node(h, weight, eps);
+  if (node_takes(Fused::Norm, h)) return rms_norm_residual_node(h, weight, eps);
   return {h, rms_norm(h, weight, eps)};
 }
 
@@ -144,8 +179,7 @@ std::vector<at::Tensor> shared_input_linears_node(const at::Tensor& x, const std
 }
 
 std::vector<at::Tensor> shared_input_linears(const at::Tensor& x, const std::vector<at::Tensor>& weights) {
-  if (nodes_take(x))
-    return shared_input_linears_node(x, weights);
+  if (node_takes(Fused::Linears, x)) return shared_input_linears_node(x, weights);
   std::vector<at::Tensor> out;
   for (const at::Tensor& w : weights) out.push_back(at::linear(x, w));
   return out;
@@ -165,8 +199,8 @@ RopeTables rope_tables(int64_t head_dim, int64_t max_positions, double theta,
 
 void use_fused_nodes_on_any_device(bool on) { nodes_on_any_device.store(on, std::memory_order_relaxed); }
 
-void use_fused_kernels(bool on) { fused_kernels.store(on, std::memory_order_relaxed); }
-bool fused_kernels_on() { return fused_kernels.load(std::memory_order_relaxed); }
+void use_fused_kernels(bool on) { fused_ops.store(on ? kAllFused : 0u, std::memory_order_relaxed); }
+bool fused_kernels_on() { return fused_ops.load(std::memory_order_relaxed) != 0; }
 
 bool fused_kernels_run_on(const c10::Device& device) {
 #ifdef ZB_WITH_CUDA
@@ -180,7 +214,7 @@ bool fused_kernels_run_on(const c10::Device& device) {
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {
 #ifdef ZB_WITH_CUDA
   // The unfused path moves about five times the bytes of q and k through memory (fp32 copies).
-  if (fused_kernels_on() && rope_cuda_bf16_applies(x, rope.cis)) return apply_rope_cuda_bf16(x, rope.cis);
+  if (fused_on(Fused::Rope) && rope_cuda_bf16_applies(x, rope.cis)) return apply_rope_cuda_bf16(x, rope.cis);
 #endif
   return apply_rope_unfused(x, rope);
 }
@@ -235,7 +269,7 @@ struct SiluMul : torch::autograd::Function<SiluMul> {
 }  // namespace
 
 at::Tensor silu_mul(const at::Tensor& a, const at::Tensor& b) {
-  return fused_kernels_on() ? SiluMul::apply(a, b) : at::silu(a) * b;
+  return fused_on(Fused::Gate) ? SiluMul::apply(a, b) : at::silu(a) * b;
 }
 
 at::Tensor swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,

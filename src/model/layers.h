@@ -4,6 +4,7 @@
 // can be tested alone against a float64 formula.
 #include <ATen/core/Tensor.h>
 
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -54,6 +55,15 @@ at::Tensor apply_rope_unfused(const at::Tensor& x, const RopeTables& rope);
 // default; process-wide.
 void use_fused_kernels(bool on);
 bool fused_kernels_on();
+// Each of them by name, to measure what one gives or to go around one: "rope", "gate" (SwiGLU's),
+// "loss" (its log-sum-exp and logit gradient), "norm" (RMSNorm with the residual's gradient),
+// "linears" (shared_input_linears). leave_unfused(names) turns the named ones off (all on first;
+// runtime.unfused, comma-separated); an unknown name is std::invalid_argument naming the known.
+enum class Fused { Rope, Gate, Loss, Norm, Linears };
+std::vector<std::string> fused_operator_names();
+std::vector<std::string> split_operator_names(const std::string& list);  // "a, b" -> {"a", "b"}
+void leave_unfused(const std::vector<std::string>& names);
+bool fused_on(Fused op);
 // Whether our CUDA kernels run on `device`: a GPU this build has their image for (they take bf16).
 bool fused_kernels_run_on(const c10::Device& device);
 // For tests on a machine without a GPU: the autograd nodes that on a GPU call our kernels

@@ -7,6 +7,7 @@
 #include "parallel/row_shard.h"
 #include "model/attention.h"
 #include "model/chunked_loss.h"
+#include "model/layers.h"
 #include "model/model_args.h"
 #include "config/model_config.h"
 #include "optim/optimizer.h"
@@ -117,7 +118,10 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
   }
 
   // What the forward keeps for backward (defined beside it: model/llama.h's forward_saves).
-  const ForwardSaves saves = forward_saves(a, compute_dtype, cuda, tp, c.runtime.fused_kernels);
+  const std::vector<std::string> unfused = split_operator_names(c.runtime.unfused);
+  const bool fused_gate =
+      c.runtime.fused_kernels && std::find(unfused.begin(), unfused.end(), "gate") == unfused.end();
+  const ForwardSaves saves = forward_saves(a, compute_dtype, cuda, tp, fused_gate);
   const int64_t block_keeps = saves.block.bytes(N, tp);
   auto checkpointed = [&](int64_t i) { return c.train.ac_ckpt > 0 && i % c.train.ac_ckpt == 0; };
   auto keeps_of = [&](int64_t i) { return checkpointed(i) ? saves.checkpointed.bytes(N, tp) : block_keeps; };  // block i

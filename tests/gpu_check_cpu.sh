@@ -54,7 +54,7 @@ cpu_only)
   grep -q "build: kit" "$tmp/out/gpu_check.log" || fail "log"
   report 'r["mode"] == "cpu-only" and r["build"] == "kit" and r["gpu_parts_ran"] is False'
   report 'r["result"] == "gpu parts not run" and all(x["status"] == "not run" for x in r["steps"])'
-  report 'list(s) == ["build", "cuda_tests", "preset_150M", "preset_1B", "preset_1B_causal", "preset_1B_causal_auto", "profile_1B", "preset_1B_aten", "bench", "reference_cpu", "reference_gpu_fp32", "reference_gpu_bf16", "reference_check", "nvtx"] and r["bench"] is None'
+  report 'list(s) == ["build", "cuda_tests", "preset_150M", "preset_1B", "profile_1B", "preset_1B_causal", "preset_1B_causal_auto", "preset_1B_aten", "preset_1B_unfused_rope", "preset_1B_unfused_gate", "preset_1B_unfused_loss", "preset_1B_unfused_norm", "preset_1B_unfused_linears", "reference_cpu", "reference_gpu_fp32", "reference_gpu_bf16", "reference_check", "nvtx", "bench"] and r["bench"] is None'
   # A build to use as it is (ZB_SKIP_BUILD=1): "prebuilt".
   mkdir -p "$root/build/apps" && printf '#!/bin/sh\nexit 1\n' >"$root/build/apps/train_fsdp" && chmod +x "$root/build/apps/train_fsdp"
   ZB_SKIP_BUILD=1 run cpu_only --cpu-only "$tmp/out"
@@ -107,12 +107,14 @@ XML
   "$train" --config "$config" --runtime.device cpu --runtime.num_threads 1 --data.seq_length 64 \
     --optim.batch_size 4 --train.micro_bs 4 --optim.total_steps 2 --optim.optim.ns_dtype float32 --ckpt.path "" \
     --logging.metrics_file "$work/preset_150M.jsonl" >"$tmp/train.err" 2>&1 || fail "train_fsdp: $(cat "$tmp/train.err")"
-  # The 1B runs with and without the document mask (flash), causal with PyTorch's kernel, and with
-  # ATen's operators in place of ours: their copies at 0.97, 1, 1.1 and 0.97 / 1.04 of the speed.
+  # The 1B runs with and without the document mask (flash), causal with PyTorch's kernel, with
+  # ATen's operators in place of ours, and with the norm's left to ATen: their copies at 0.97, 1,
+  # 1.1, 0.97 / 1.04 and 0.97 / 1.02 of the speed.
   python3 - "$work" <<'PY' || fail "copies"
 import json, os, sys
 rows = [json.loads(line) for line in open(os.path.join(sys.argv[1], "preset_150M.jsonl"))]
-for name, scale in (("1B", 0.97), ("1B_causal", 1.0), ("1B_causal_auto", 1.1), ("1B_aten", 0.97 / 1.04)):
+for name, scale in (("1B", 0.97), ("1B_causal", 1.0), ("1B_causal_auto", 1.1), ("1B_aten", 0.97 / 1.04),
+                    ("1B_unfused_norm", 0.97 / 1.02)):
     with open(os.path.join(sys.argv[1], f"preset_{name}.jsonl"), "w") as f:
         for r in rows:
             if r.get("tokens_per_second"):
@@ -154,6 +156,8 @@ JSON
   grep -q "1B with the document mask / without: tokens/s x 0.970" "$tmp/report.out" || fail "mask ratio line"
   report 'abs(r["fused_kernels_speed_ratio"] - 1.04) < 1e-9'
   grep -q "1B with our kernels / ATen's operators: tokens/s x 1.040" "$tmp/report.out" || fail "kernels ratio line"
+  report 'list(r["fused_operator_speed_ratios"]) == ["norm"] and abs(r["fused_operator_speed_ratios"]["norm"] - 1.02) < 1e-9'
+  grep -q "1B with all of ours / with norm left to ATen: tokens/s x 1.020" "$tmp/report.out" || fail "unfused ratio line"
   report 'r["profile_1B"]["gpu_busy_seconds_per_step"] == 1.8'
   grep -q "1B profiled GPU: busy 1.800 s/step (90.0%), compute kernels 1.700, NCCL 0.300 of which 0.100 exposed" \
     "$tmp/report.out" || fail "profile line"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, one command for whoever gets a GPU: builds (on a lent machine from the kit that
 # scripts/gpu/gpu_kit.sh prepares), runs the CUDA tests (ctest -L cuda), trains the 150M and 1B
-# presets for 20 steps on one GPU (1B also without the document mask, for its cost, and with
-# ATen's operators in place of our kernels), records a profile of two 1B steps
+# presets for 20 steps on one GPU (1B also with ATen's operators in place of our kernels, all
+# and one at a time), records a profile of two 1B steps
 # (OUTDIR/profile_1B_summary.json) and benchmarks train_fsdp against PyTorch FSDP2 eager and
 # compiled (scripts/perf/bench.sh). Leaves OUTDIR/gpu_check.log (every step's output) and
 # OUTDIR/gpu_check.json (what ran, how long, test counts, the presets' tokens/s, MFU and peak
@@ -29,7 +29,7 @@
 # the build takes the time, run again with ZB_SKIP_BUILD=1 while the machine is warm (it keeps
 # build/) and GPU_CHECK_STEPS naming what is left.
 #
-# Environment: GPU_CHECK_SKIP (step names not to run, e.g. "preset_1B_causal_auto profile_1B"),
+# Environment: GPU_CHECK_SKIP (step names not to run, e.g. "preset_150M profile_1B"),
 # GPU_CHECK_PRESET_STEPS (the presets' steps, default 20; tokens/s is over the last 10),
 # ZB_BUILD_TARGETS (the kit builds only these; default what the steps need, all with "suite"),
 # GPU_CHECK_STEPS (default "cuda_tests presets kernels unfused bench reference nvtx": "kernels" is the 1B
@@ -37,9 +37,12 @@
 # and nodes (RoPE, SwiGLU's gate, the loss's log-sum-exp and logit gradient, RMSNorm's backward
 # with the residual's gradient, q/k/v's input gradient summed in the GEMMs) give in tokens/s and
 # peak memory, and "unfused" the 1B preset five more times, each with one of them left to ATen
-# (runtime.unfused), each one's share; "reference" trains the quick start on the CPU in fp32 and on the GPU in fp32 and bf16, held-out losses side by side (it needs
-# data/python-docs carried along); "nvtx" checks with Nsight Compute that the phases are NVTX
-# ranges, scripts/gpu/nvtx_check.sh; add "suite" for the rest of ctest), GPU_CHECK_BENCH
+# (runtime.unfused), each one's share; "reference" trains the quick start on the CPU in fp32 and
+# on the GPU in fp32 and bf16, held-out losses side by side (it needs data/python-docs carried
+# along); "nvtx" checks with Nsight Compute that the phases are NVTX ranges,
+# scripts/gpu/nvtx_check.sh; add "attention" for the 1B preset without the document mask, flash
+# and PyTorch's choice (measured on both cards 2026-11-25/26: the mask x1.010, cuDNN x1.028 over
+# flash), "suite" for the rest of ctest), GPU_CHECK_BENCH
 # (bench.sh's arguments), GPU_CHECK_PEERS (bench.sh's PEERS, default zeroband),
 # GPU_CHECK_BUDGET_S, GPU_CHECK_COMMIT (the
 # commit to report where the tree has no .git), GPU_CHECK_SYSTEM_DEPS=0 (ignore Debian packages
@@ -72,7 +75,7 @@ trap 'rm -rf "$work"' EXIT
 : >"$work/steps.tsv"
 
 budget=${GPU_CHECK_BUDGET_S:-540}
-selected=" ${GPU_CHECK_STEPS:-cuda_tests presets kernels unfused bench reference nvtx} "
+selected=" ${GPU_CHECK_STEPS:-cuda_tests presets kernels unfused bench reference nvtx} "  # and "attention", "suite"
 read -r -a bench_args <<<"${GPU_CHECK_BENCH:-configs/1B/H100.toml 1 15 --train.micro_bs 8 --optim.batch_size 64}"
 now() { date +%s.%N; }
 started=$(now)
@@ -103,8 +106,11 @@ debian_packages() {  # the Debian packages scripts/setup.sh installs, all presen
   local want=(libtomlplusplus-dev libspdlog-dev libfmt-dev libcxxopts-dev nlohmann-json3-dev libgtest-dev libgmock-dev libgloo-dev)
   [ "$(dpkg-query -W -f='${Status}\n' "${want[@]}" 2>/dev/null | grep -c 'install ok installed')" = ${#want[@]} ]
 }
-gpu_steps=(build cuda_tests preset_150M preset_1B preset_1B_causal preset_1B_causal_auto profile_1B preset_1B_aten bench
-           reference_cpu reference_gpu_fp32 reference_gpu_bf16 reference_check nvtx)
+unfused_ops=(rope gate loss norm linears)  # model/layers.h's names of our fused operators
+# Every step, in the order they run (those of "attention" and "suite" only when asked for).
+gpu_steps=(build cuda_tests preset_150M preset_1B profile_1B preset_1B_causal preset_1B_causal_auto preset_1B_aten
+           "${unfused_ops[@]/#/preset_1B_unfused_}" reference_cpu reference_gpu_fp32 reference_gpu_bf16
+           reference_check nvtx bench)
 if [ "${ZB_SKIP_BUILD:-0}" = 1 ]; then
   build_how=prebuilt
   [ -x "$ROOT/build/apps/train_fsdp" ] || { build_how=none; not_run "nothing to build with" "${gpu_steps[@]}";
@@ -206,13 +212,6 @@ if wanted presets; then
     --logging.metrics_file "$work/preset_150M.jsonl"
   step preset_1B 150 "${train[@]}" "${one_b[@]}" \
     --logging.metrics_file "$work/preset_1B.jsonl"
-  # The same without the document mask, on the dense flash kernel (the family the document path
-  # runs): what masking costs (the report gives the ratio). Then with PyTorch's own choice of
-  # kernel (cuDNN's attention on the H200, 2026-11-25, x1.03 over flash; auto is the default).
-  step preset_1B_causal 150 "${train[@]}" "${one_b[@]}" \
-    --model.attention causal --runtime.sdpa_backend flash --logging.metrics_file "$work/preset_1B_causal.jsonl"
-  step preset_1B_causal_auto 150 "${train[@]}" "${one_b[@]}" \
-    --model.attention causal --runtime.sdpa_backend auto --logging.metrics_file "$work/preset_1B_causal_auto.jsonl"
   # A short trace of the 1B preset (steps 7 and 8 of 8, after the warm-up): where a step's time
   # goes, the kernels it launches; the summary and the trace (compressed) come back.
   step profile_1B 90 "${train[@]}" "${one_b[@]}" \
@@ -227,13 +226,21 @@ if wanted presets; then
       say "   the 1B trace compressed is over 15 MB: not kept"; rm -f "$out/profile_1B_trace.json.gz"
     fi
   fi
-else not_run "not in GPU_CHECK_STEPS" preset_150M preset_1B preset_1B_causal preset_1B_causal_auto profile_1B; fi
+else not_run "not in GPU_CHECK_STEPS" preset_150M preset_1B profile_1B; fi
+if wanted attention; then
+  # The same without the document mask, on the dense flash kernel (the family the document path
+  # runs): what masking costs (the report gives the ratio). Then with PyTorch's own choice of
+  # kernel (cuDNN's attention on the H200, 2026-11-25, x1.03 over flash; auto is the default).
+  step preset_1B_causal 150 "${train[@]}" "${one_b[@]}" \
+    --model.attention causal --runtime.sdpa_backend flash --logging.metrics_file "$work/preset_1B_causal.jsonl"
+  step preset_1B_causal_auto 150 "${train[@]}" "${one_b[@]}" \
+    --model.attention causal --runtime.sdpa_backend auto --logging.metrics_file "$work/preset_1B_causal_auto.jsonl"
+else not_run "not in GPU_CHECK_STEPS" preset_1B_causal preset_1B_causal_auto; fi
 if wanted kernels; then
   # The 1B preset as preset_1B ran it, with ATen's operators in place of our kernels and nodes.
   step preset_1B_aten 150 "${train[@]}" "${one_b[@]}" \
     --runtime.fused_kernels false --logging.metrics_file "$work/preset_1B_aten.jsonl"
 else not_run "not in GPU_CHECK_STEPS" preset_1B_aten; fi
-unfused_ops=(rope gate loss norm linears)  # model/layers.h's names
 if wanted unfused; then
   # The 1B preset with one of our operators left to ATen at a time (runtime.unfused): each one's share.
   for op in "${unfused_ops[@]}"; do

@@ -337,8 +337,8 @@ TEST(CudaLoss, RowLogSumExpEqualsAtensWithinFp32Rounding) {
   SKIP_WITHOUT_GPU();
   // Our one-pass log-sum-exp of each row (the chunked loss's, model/loss_grad_kernel.cu) against
   // ATen's in float64 on the same fp32 values: the 1B and 8B presets' vocabularies (32,000 and
-  // 128,256), an odd width, z off 16-byte alignment, values spread over 60, a row of -inf and one
-  // with a NaN.
+  // 128,256), an odd width, z off 16-byte alignment, values spread over 60, a row of -inf, one
+  // with a NaN in its last column and one with a +inf.
   // Within 4 fp32 steps of the result's magnitude, as on the host (KernelsOnHost).
   const auto f32 = at::TensorOptions().device(kGpu).dtype(at::kFloat);
   at::manual_seed(10);
@@ -346,7 +346,8 @@ TEST(CudaLoss, RowLogSumExpEqualsAtensWithinFp32Rounding) {
        {std::tuple<int64_t, int64_t, int64_t>{300, 32000, 0}, {37, 1001, 0}, {64, 4000, 1}, {9, 128256, 0}}) {
     at::Tensor z = (at::randn({rows * width + offset}, f32) * 20).narrow(0, offset, rows * width).view({rows, width});
     z[3].fill_(-INFINITY);
-    z[5][width - 1] = NAN;  // a diverged logit: the row's result NaN
+    z[5][width - 1] = NAN;       // a diverged logit: the row's result NaN
+    z[7][width / 2] = INFINITY;  // +inf: the row's result +inf
     ASSERT_TRUE(row_logsumexp_cuda_applies(z));
     const at::Tensor got = row_logsumexp_cuda(z).squeeze(1).to(at::kDouble).cpu();
     const at::Tensor want = at::logsumexp(z.to(at::kDouble), {1}).cpu();
@@ -355,6 +356,7 @@ TEST(CudaLoss, RowLogSumExpEqualsAtensWithinFp32Rounding) {
     EXPECT_EQ(off.sum().item<int64_t>(), 0) << rows << " x " << width << ", offset " << offset;
     EXPECT_TRUE(got[3].item<double>() == -INFINITY) << "the row of -inf";
     EXPECT_TRUE(std::isnan(got[5].item<double>())) << "the row with a NaN";
+    EXPECT_TRUE(got[7].item<double>() == INFINITY) << "the row with a +inf";
   }
 }
 

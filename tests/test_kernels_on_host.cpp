@@ -154,7 +154,8 @@ TEST(KernelsOnHost, RowLogSumExpEqualsAtensWithinFp32Rounding) {
   // multiples of 4 (vectors) and not, z off 16-byte alignment (single values), more threads than
   // columns, rows whose values span 60 (the running maximum rescales), a row growing all along
   // (every value a new maximum), one with -inf entries (a vocabulary's masked words), one all
-  // -inf (log(0)) and one with a NaN (NaN, never dropped). Within 4 fp32 steps of the float64 result's magnitude: expf and logf are
+  // -inf (log(0)), one with a NaN (NaN, never dropped) and one with a +inf (+inf). The threads'
+  // shares are combined in the GPU's shuffle order (model/block_reduce_host.h). Within 4 fp32 steps of the float64 result's magnitude: expf and logf are
   // within 2 ulps each, the sums add a few more roundings relative to values of size log(V).
   at::manual_seed(9);
   int cases = 0;
@@ -167,10 +168,13 @@ TEST(KernelsOnHost, RowLogSumExpEqualsAtensWithinFp32Rounding) {
         if (rows >= 3) {
           z[1].copy_(at::arange(V, at::kFloat) * 0.01);  // increasing: every value rescales the sum
           z[2].narrow(0, 0, (V + 1) / 2).fill_(-INFINITY);
+          // A diverged logit in the last column: with many threads its thread's shuffle partners
+          // have no columns (-inf), and the NaN must survive meeting them.
+          z[0][V - 1] = NAN;
         }
         if (rows >= 6) {
           z[5].fill_(-INFINITY);
-          z[4][0] = NAN;  // a diverged logit: the row's result NaN, as ATen's
+          z[4][V / 2] = INFINITY;  // +inf: the result +inf, as ATen's
         }
         at::Tensor lse = at::full({rows}, NAN);
         zb::row_logsumexp_fp32_on_host(z.const_data_ptr(), lse.mutable_data_ptr(), rows, V, threads);
@@ -181,8 +185,10 @@ TEST(KernelsOnHost, RowLogSumExpEqualsAtensWithinFp32Rounding) {
                                    .logical_or(lse.isnan().logical_and(finite));
         EXPECT_EQ(off.sum().item<int64_t>(), 0) << what << ": " << lse << " against " << want;
         EXPECT_TRUE(lse.masked_select(want.isneginf()).eq(-INFINITY).all().item<bool>()) << what;
+        EXPECT_TRUE(lse.masked_select(want.isposinf()).eq(INFINITY).all().item<bool>()) << what;
         EXPECT_TRUE(lse.masked_select(want.isnan()).isnan().all().item<bool>()) << what;
-        EXPECT_EQ(want.isnan().sum().item<int64_t>(), rows >= 6 ? 1 : 0) << what;
+        EXPECT_EQ(want.isnan().sum().item<int64_t>(), rows >= 3 ? 1 : 0) << what;
+        EXPECT_EQ(want.isposinf().sum().item<int64_t>(), rows >= 6 ? 1 : 0) << what;
         ++cases;
       }
   EXPECT_EQ(cases, 6 * 2 * 4);

@@ -161,9 +161,11 @@ struct SharedInputLinears : torch::autograd::Function<SharedInputLinears> {
         continue;
       }
       const at::Tensor g = grads[i].reshape({-1, w.size(0)});
-      if (!dx.defined()) dx = at::mm(g, w);
-      else dx.addmm_(g, w);  // beta 1: the sum so far read by the GEMM, not by an add after it
-      dw.push_back(at::mm(g.t(), x2));
+      if (ctx->needs_input_grad(0)) {
+        if (!dx.defined()) dx = at::mm(g, w);
+        else dx.addmm_(g, w);  // beta 1: the sum so far read by the GEMM, not by an add after it
+      }
+      dw.push_back(ctx->needs_input_grad(i + 1) ? at::mm(g.t(), x2) : at::Tensor());
     }
     if (dx.defined()) dx = dx.view(x.sizes());
     torch::autograd::variable_list result{dx};

@@ -8,6 +8,7 @@
 //   theirs: expf(z - lse) in fp32, then -1 added at the target, then rounded to the nearest bf16,
 //   even on ties.
 // Plain CUDA: no LibTorch headers here.
+#include "model/block_reduce_host.h"
 #include "model/cuda_kernels.h"
 
 #include <cuda_bf16.h>
@@ -66,46 +67,55 @@ __global__ void softmax_grad_bf16(const float* __restrict__ z, const float* __re
 }
 
 // A running log-sum-exp: the largest value seen, m, and the sum of exp(value - m). Two of them
-// combine by rescaling the smaller maximum's sum. Nothing seen yet is (-inf, 0).
+// combine by rescaling the smaller maximum's sum. Nothing seen yet is (-inf, 0). Special values
+// end as ATen's logsumexp ends them: a NaN anywhere makes the row's result NaN (m = NaN, kept
+// from then on), a +inf makes it +inf (m = +inf; s no longer matters).
 struct RunningLse {
   float m, s;
 };
 
+__host__ __device__ __forceinline__ bool is_nan(float x) { return x != x; }
+
 __host__ __device__ __forceinline__ RunningLse lse_combine(RunningLse a, RunningLse b) {
+  if (is_nan(a.m) || is_nan(b.m)) return {NAN, NAN};
   const float m = fmaxf(a.m, b.m);
-  if (m == -INFINITY) return {m, 0.0f};  // neither has seen a finite value
+  if (m == -INFINITY || m == INFINITY) return {m, 1.0f};  // the result is m itself
   return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
 }
 
-// One thread's share of row r: columns thread, thread + threads, ... (four at a time where vectors).
-// The sum is rescaled only when a larger maximum arrives (rarely, after a row's first values): one
-// exp per value.
+// A new largest value (one value, or the largest of four: NaN if any is): the sum is rescaled only
+// when a larger maximum arrives (rarely, after a row's first values), so one exp per value.
 __host__ __device__ __forceinline__ void lse_add(RunningLse& acc, float largest) {
-  if (!(largest <= acc.m)) {  // larger, or NaN: a NaN logit makes the row's result NaN, not dropped
-    acc.s *= expf(acc.m - largest);  // from nothing seen (-inf): 0 * 0
+  if (is_nan(largest) || is_nan(acc.m)) {
+    acc = {NAN, NAN};
+  } else if (largest > acc.m) {
+    acc.s = acc.m == -INFINITY ? 0.0f : acc.s * expf(acc.m - largest);
     acc.m = largest;
   }
 }
 
+// One thread's share of row r: columns thread, thread + threads, ... (four at a time where vectors).
 __host__ __device__ __forceinline__ RunningLse lse_thread(const float* __restrict__ zr, int64_t V, bool vectors,
                                                           int thread, int threads) {
   RunningLse acc{-INFINITY, 0.0f};
   const int64_t n_vectors = vectors ? V / 4 : 0;
   for (int64_t j = thread; j < n_vectors; j += threads) {
     const float4 v = reinterpret_cast<const float4*>(zr)[j];
-    lse_add(acc, fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)));
-    if (acc.m == -INFINITY) continue;  // only -inf so far: exp(-inf - -inf) would be NaN
+    const bool nan = is_nan(v.x) || is_nan(v.y) || is_nan(v.z) || is_nan(v.w);
+    lse_add(acc, nan ? NAN : fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)));
+    if (acc.m == -INFINITY || is_nan(acc.m)) continue;  // nothing to add (exp(-inf - -inf) is NaN)
     acc.s += expf(v.x - acc.m) + expf(v.y - acc.m) + expf(v.z - acc.m) + expf(v.w - acc.m);
   }
   for (int64_t c = n_vectors * 4 + thread; c < V; c += threads) {
     lse_add(acc, zr[c]);
-    if (acc.m != -INFINITY) acc.s += expf(zr[c] - acc.m);
+    if (acc.m != -INFINITY && !is_nan(acc.m)) acc.s += expf(zr[c] - acc.m);
   }
   return acc;
 }
 
 __host__ __device__ __forceinline__ float lse_value(RunningLse a) {
-  return a.m == -INFINITY ? -INFINITY : a.m + logf(a.s);
+  if (is_nan(a.m) || a.m == -INFINITY || a.m == INFINITY) return a.m;
+  return a.m + logf(a.s);
 }
 
 // One row per block at a time: each thread's share, then the block's 256 combined through the
@@ -161,13 +171,9 @@ void row_logsumexp_fp32_on_host(const void* z, void* lse, int64_t rows, int64_t 
   if (threads == 0) threads = kThreads;
   const bool vectors = vectors_apply(z, z, V);
   for (int64_t r = 0; r < rows; ++r) {
-    // The threads' shares combined pairwise, as the shuffles do (thread t with t + offset).
-    const int n = threads;
-    std::vector<RunningLse> acc(n);
-    for (int t = 0; t < n; ++t) acc[t] = lse_thread(static_cast<const float*>(z) + r * V, V, vectors, t, n);
-    for (int width = 1; width < n; width *= 2)
-      for (int t = 0; t + width < n; t += 2 * width) acc[t] = lse_combine(acc[t], acc[t + width]);
-    static_cast<float*>(lse)[r] = n > 0 ? lse_value(acc[0]) : -INFINITY;
+    std::vector<RunningLse> parts(threads);
+    for (int t = 0; t < threads; ++t) parts[t] = lse_thread(static_cast<const float*>(z) + r * V, V, vectors, t, threads);
+    static_cast<float*>(lse)[r] = lse_value(combine_as_shuffles(parts, RunningLse{-INFINITY, 0.0f}, lse_combine));
   }
 }
 

@@ -9,6 +9,7 @@
 //   dh = rstd * (wg - x_hat * mean(wg * x_hat)) + residual's gradient, rounded to bf16 once,
 //   dweight = sum over rows of dy * x_hat.
 // Plain CUDA: no LibTorch headers here.
+#include "model/block_reduce_host.h"
 #include "model/cuda_kernels.h"
 
 #include <cuda_bf16.h>
@@ -173,14 +174,12 @@ void rms_norm_backward_bf16_on_host(const void* dy, const void* h, const void* w
     for (int t = 0; t < threads; ++t) load_weight(state[t], static_cast<const __nv_bfloat16*>(w), vectors, t, threads);
     for (int64_t r = b; r < rows; r += blocks) {
       const int64_t o = r * D;
-      // The threads' parts summed pairwise, as the shuffles do.
-      std::vector<float> dot(threads);
-      for (int t = 0; t < threads; ++t) dot[t] = row_dot(state[t], g + o, x + o, rs[r], vectors, t, threads);
-      for (int width = 1; width < threads; width *= 2)
-        for (int t = 0; t + width < threads; t += 2 * width) dot[t] += dot[t + width];
+      std::vector<float> parts(threads);
+      for (int t = 0; t < threads; ++t) parts[t] = row_dot(state[t], g + o, x + o, rs[r], vectors, t, threads);
+      const float dot = combine_as_shuffles(parts, 0.0f, [](float a, float b) { return a + b; });
       for (int t = 0; t < threads; ++t)
         row_write(state[t], g + o, x + o, res ? res + o : nullptr, static_cast<__nv_bfloat16*>(dh) + o, rs[r],
-                  dot[0] / static_cast<float>(D), vectors, t, threads);
+                  dot / static_cast<float>(D), vectors, t, threads);
     }
     for (int t = 0; t < threads; ++t) store_partial(state[t], static_cast<float*>(partial), b, vectors, t, threads);
   }

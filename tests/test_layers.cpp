@@ -201,6 +201,21 @@ TEST(Layers, EachFusedOperatorCanBeLeftToAten) {
   EXPECT_TRUE(fused_on(Fused::Gate));
 }
 
+TEST(Layers, TheGpusNodesRunWithoutGradients) {
+  // Evaluation runs the model under no_grad: the nodes (on a GPU in bf16) give the plain values
+  // there too, and record nothing.
+  at::manual_seed(16);
+  const at::Tensor h = randn64({2, 3, 8}), w = at::rand({8}, at::kDouble) + 0.5, w2 = randn64({4, 8});
+  at::NoGradGuard no_grad;
+  const auto [h_on, y] = rms_norm_residual_node(h, w, 1e-5);
+  EXPECT_TRUE(at::equal(h_on, h));
+  EXPECT_LT(max_abs_diff(y, rms_norm(h, w, 1e-5)), 1e-12);
+  EXPECT_FALSE(y.requires_grad());
+  const std::vector<at::Tensor> out = shared_input_linears_node(h, {w2, w2 * 2});
+  EXPECT_LT(max_abs_diff(out[1], at::linear(h, w2) * 2), 1e-12);
+  EXPECT_FALSE(out[0].requires_grad());
+}
+
 TEST(Layers, SwiGluMatchesFormula) {
   at::manual_seed(3);
   const int64_t N = 4, D = 6, F = 10;

@@ -37,8 +37,11 @@ void validate(const Config& c, int64_t world_size) {
   // Our fused operators left to ATen, by name.
   const std::vector<std::string> known = fused_operator_names();
   for (const std::string& name : split_operator_names(c.runtime.unfused))
-    if (std::find(known.begin(), known.end(), name) == known.end())
-      fail("runtime.unfused", "runtime.unfused names '" + name + "', not one of rope, gate, loss, norm, linears");
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      std::string list;
+      for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
+      fail("runtime.unfused", "runtime.unfused names '" + name + "', not one of " + list);
+    }
 
   // Model shapes.
   const ModelArgs a = resolve_model_args(c);

@@ -34,8 +34,8 @@ cudaError_t launch_row_logsumexp_fp32(const void* z, void* lse, int64_t rows, in
 // dy, or null), dh = the norm's gradient of h + residual, bf16, and per block of the grid the
 // weight's gradient summed over its rows, partial [blocks, D] fp32 (blocks:
 // rms_norm_backward_bf16_blocks(rows); the caller sums them). Takes D a multiple of 8 up to 8,192
-// and 16-byte aligned pointers (rms_norm_backward_bf16_takes).
-bool rms_norm_backward_bf16_takes(int64_t D, const void* const* pointers, int n_pointers);
+// (rms_norm_backward_bf16_takes) and 16-byte aligned pointers.
+bool rms_norm_backward_bf16_takes(int64_t D);
 int64_t rms_norm_backward_bf16_blocks(int64_t rows);
 cudaError_t launch_rms_norm_backward_bf16(const void* dy, const void* h, const void* w, const void* rstd,
                                           const void* residual, void* dh, void* partial, int64_t rows, int64_t D,

@@ -116,8 +116,8 @@ bool rms_norm_backward_cuda_bf16_applies(const at::Tensor& dy, const at::Tensor&
         dy.device() == h.device() && w.device() == h.device() && rstd.device() == h.device() &&
         cuda_kernels_run_on(h.device())))
     return false;
-  // The kernel's widths; the tensors are made contiguous (and so aligned) by the call.
-  return rms_norm_backward_bf16_takes(h.size(-1), nullptr, 0);
+  // The kernel's widths; the tensors are made contiguous and aligned by the call.
+  return rms_norm_backward_bf16_takes(h.size(-1));
 }
 
 std::pair<at::Tensor, at::Tensor> rms_norm_backward_cuda_bf16(const at::Tensor& dy, const at::Tensor& h,

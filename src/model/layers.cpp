@@ -56,7 +56,7 @@ void leave_unfused(const std::vector<std::string>& names) {
   for (const std::string& name : names) {
     const auto* it = std::find(std::begin(kFusedNames), std::end(kFusedNames), name);
     if (it == std::end(kFusedNames))
-      throw std::invalid_argument("unknown fused operator '" + name + "' (rope, gate, loss, norm, linears)");
+      throw std::invalid_argument("unknown fused operator '" + name + "'");
     on &= ~(1u << (it - std::begin(kFusedNames)));
   }
   fused_ops.store(on, std::memory_order_relaxed);
@@ -202,7 +202,6 @@ RopeTables rope_tables(int64_t head_dim, int64_t max_positions, double theta,
 void use_fused_nodes_on_any_device(bool on) { nodes_on_any_device.store(on, std::memory_order_relaxed); }
 
 void use_fused_kernels(bool on) { fused_ops.store(on ? kAllFused : 0u, std::memory_order_relaxed); }
-bool fused_kernels_on() { return fused_ops.load(std::memory_order_relaxed) != 0; }
 
 bool fused_kernels_run_on(const c10::Device& device) {
 #ifdef ZB_WITH_CUDA

@@ -54,11 +54,11 @@ at::Tensor apply_rope_unfused(const at::Tensor& x, const RopeTables& rope);
 // differentiates them (runtime.fused_kernels: for comparison, and a way around them). On by
 // default; process-wide.
 void use_fused_kernels(bool on);
-bool fused_kernels_on();
 // Each of them by name, to measure what one gives or to go around one: "rope", "gate" (SwiGLU's),
 // "loss" (its log-sum-exp and logit gradient), "norm" (RMSNorm with the residual's gradient),
 // "linears" (shared_input_linears). leave_unfused(names) turns the named ones off (all on first;
-// runtime.unfused, comma-separated); an unknown name is std::invalid_argument naming the known.
+// runtime.unfused, comma-separated; validation names the known ones); an unknown name is
+// std::invalid_argument.
 enum class Fused { Rope, Gate, Loss, Norm, Linears };
 std::vector<std::string> fused_operator_names();
 std::vector<std::string> split_operator_names(const std::string& list);  // "a, b" -> {"a", "b"}

@@ -131,11 +131,8 @@ __global__ void rms_norm_backward_bf16(const __nv_bfloat16* __restrict__ dy, con
 
 }  // namespace
 
-bool rms_norm_backward_bf16_takes(int64_t D, const void* const* pointers, int n_pointers) {
-  if (D <= 0 || D % kVector != 0 || D > static_cast<int64_t>(kMaxVectors) * kVector * kThreads) return false;
-  for (int i = 0; i < n_pointers; ++i)
-    if (pointers[i] && reinterpret_cast<uintptr_t>(pointers[i]) % 16 != 0) return false;
-  return true;
+bool rms_norm_backward_bf16_takes(int64_t D) {
+  return D > 0 && D % kVector == 0 && D <= static_cast<int64_t>(kMaxVectors) * kVector * kThreads;
 }
 
 int64_t rms_norm_backward_bf16_blocks(int64_t rows) {

@@ -411,10 +411,13 @@ TEST(CudaLinears, SharedInputsGradientSummedInsideTheGemms) {
   SKIP_WITHOUT_GPU();
   // q, k, v of a GQA block from one input through one node (shared_input_linears) on the GPU in
   // bf16: x's gradient is summed by the GEMMs themselves (addmm with beta 1). Against float64 on the
-  // same bf16 values: each element of dx within 2^-7 of the sum of its three products' sizes
-  // (three bf16 roundings of partial sums; autograd's separate products and adds make five), the
-  // weights' gradients within one bf16 step plus 1e-3 of the largest; the same bound holds for
-  // autograd's own linears (fused kernels off), the path it replaces.
+  // same bf16 values. A bf16 rounding moves a value by at most 2^-8 of its size; the node rounds
+  // three partial sums and autograd's separate products and adds round five values, and in both
+  // the sizes rounded add up to at most three times the sum of the three products' sizes
+  // (dx_size): so each element of dx within 3 * 2^-8 * dx_size (plus 1e-3 for the GEMMs' fp32
+  // sums), for the node and for autograd's own linears (fused kernels off), the path it replaces.
+  // The weights' gradients: one bf16 step plus 1e-3 of the largest. (2^-7 * dx_size, two
+  // roundings' worth, failed both paths on an H100.)
   at::manual_seed(15);
   const auto bf16 = at::TensorOptions().device(kGpu).dtype(at::kBFloat16);
   const at::Tensor x0 = at::randn({4, 512, 1024}, bf16);
@@ -445,7 +448,7 @@ TEST(CudaLinears, SharedInputsGradientSummedInsideTheGemms) {
     const std::string what = fused ? "the node" : "autograd's linears";
     EXPECT_EQ((y[0].grad_fn() == y[1].grad_fn()), fused) << what << ": one node for the three, or three";
     const at::Tensor dx = x.grad().to(at::kDouble).reshape({-1, 1024});
-    EXPECT_EQ(((dx - dx_want).abs() > dx_size * std::ldexp(1.0, -7) + 1e-3).sum().item<int64_t>(), 0)
+    EXPECT_EQ(((dx - dx_want).abs() > dx_size * 3 * std::ldexp(1.0, -8) + 1e-3).sum().item<int64_t>(), 0)
         << what << ": dx, worst " << (dx - dx_want).abs().max().item<double>();
     for (size_t i = 0; i < 3; ++i) {
       const at::Tensor dw = w[i].grad().to(at::kDouble);

@@ -2,8 +2,9 @@
 # Do our phases reach Nsight as NVTX ranges (profiling.nvtx)? The lent machines have Nsight Compute
 # but not Nsight Systems; with --nvtx, ncu prints for each kernel it profiles the NVTX push/pop
 # stack of the thread that launched it. One kernel well inside the run (launch 1,500 of the
-# debug model's three steps, several thousand launches) is profiled: its stack must hold zb.step
-# and a phase inside it. Exit 0 and "nvtx_check: PASS" when it does.
+# debug model's eight steps, a few hundred launches each; with three steps an H100 ran out of
+# launches before 1,500 once our fused nodes cut their number) is profiled: its stack must hold
+# zb.step and a phase inside it. Exit 0 and "nvtx_check: PASS" when it does.
 #
 #   scripts/gpu/nvtx_check.sh TRAIN_FSDP CONFIG     # on a machine with a GPU (gpu_check's "nvtx")
 set -euo pipefail
@@ -15,7 +16,7 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 rc=0
 "$ncu" --nvtx --launch-skip 1500 --launch-count 1 --section LaunchStats \
-  "$train" --config "$config" --runtime.device cuda --data.fake --optim.total_steps 3 --ckpt.path "" \
+  "$train" --config "$config" --runtime.device cuda --data.fake --optim.total_steps 8 --ckpt.path "" \
   --wandb false --data.eval_interval 0 --profiling.nvtx true >"$out" 2>&1 || rc=$?
 # ncu's report comes after the program has ended ("==PROF== Disconnected"): the profiled kernel,
 # its NVTX stack included. The training log before it is left out (it names NVTX itself).

@@ -24,6 +24,7 @@
 #include "data/loader.h"
 #include "model/attention.h"
 #include "model/chunked_loss.h"
+#include "model/fp32_updates.h"
 #include "model/layers.h"
 #include "model/llama.h"
 #include "model/model_args.h"
@@ -655,5 +656,54 @@ TEST(CudaData, PinnedBatchesReachTheGpuUnchanged) {
     EXPECT_EQ(on_gpu[i].inputs.scalar_type(), at::kLong);
     EXPECT_TRUE(at::equal(on_gpu[i].inputs.cpu(), expected.inputs)) << "inputs of batch " << i;
     EXPECT_TRUE(at::equal(on_gpu[i].targets.cpu(), expected.targets)) << "targets of batch " << i;
+  }
+}
+
+TEST(CudaFp32Updates, KernelsEqualAtensOperators) {
+  SKIP_WITHOUT_GPU();
+  // The gradient sums, Muon's momentum and update (model/fp32_updates.h) through our kernels and,
+  // with "update" and "momentum" left unfused, through ATen's operators, on the same values: the
+  // sums and their start equal (one rounding each way); the update within one fp32 rounding of the
+  // result and of alpha * src (the kernel's fused multiply-add against ATen's add, which may round
+  // the product first); the momentum and Nesterov's input
+  // within two of the values' size (|buf| + |g|), as on the host (KernelsOnHost). Sizes with a
+  // partial vector; a view off alignment goes through single values.
+  at::manual_seed(22);
+  const auto f32 = at::TensorOptions().device(kGpu);
+  for (const int64_t n : {int64_t{4099}, int64_t{1} << 22}) {
+    const at::Tensor g16 = (at::randn({n + 1}, f32) * 3).to(at::kBFloat16), g32 = at::randn({n}, f32);
+    const at::Tensor d0 = at::randn({n}, f32), b0 = at::randn({n}, f32);
+    std::vector<at::Tensor> got, want;
+    for (const bool fused : {true, false}) {
+      leave_unfused(fused ? std::vector<std::string>{} : std::vector<std::string>{"update", "momentum"});
+      std::vector<at::Tensor>& out = fused ? got : want;
+      at::Tensor sum = d0.clone(), off = d0.clone(), upd = d0.clone();
+      scale_add_(sum, 1.0, g16.narrow(0, 0, n), 1.0);
+      scale_add_(off, 1.0, g16.narrow(0, 1, n), 1.0);  // 2 bytes off: single values
+      scale_add_(upd, 1.0 - 0.02 * 0.01, g16.narrow(0, 0, n), -0.02 * 0.7);
+      out.push_back(sum);
+      out.push_back(off);
+      out.push_back(fp32_copy(g16.narrow(0, 0, n)));
+      out.push_back(upd);
+      for (const bool nesterov : {true, false}) {
+        const std::vector<at::Tensor> bufs{b0.clone()};
+        const std::vector<at::Tensor> in = momentum_(bufs, {g32}, 0.95, nesterov);
+        out.push_back(bufs[0]);
+        out.push_back(in[0]);
+      }
+    }
+    leave_unfused({});
+    const std::string what = std::to_string(n) + " values";
+    EXPECT_TRUE(at::equal(got[0], want[0])) << what << ": the sum";
+    EXPECT_TRUE(at::equal(got[1], want[1])) << what << ": the sum, off alignment";
+    EXPECT_TRUE(at::equal(got[2], want[2])) << what << ": the sum's start";
+    const at::Tensor step = (want[3].abs() + g16.narrow(0, 0, n).to(at::kFloat).abs() * 0.02 * 0.7) * std::ldexp(1.0, -23);
+    EXPECT_EQ(((got[3] - want[3]).abs() > step + 1e-30).sum().item<int64_t>(), 0)
+        << what << ": the update, worst " << (got[3] - want[3]).abs().max().item<double>();
+    const at::Tensor size = (b0.abs() + g32.abs()) * std::ldexp(1.0, -22) + 1e-30;
+    for (size_t i = 4; i < got.size(); ++i)
+      EXPECT_EQ(((got[i] - want[i]).abs() > size).sum().item<int64_t>(), 0)
+          << what << ": momentum output " << i - 4 << ", worst " << (got[i] - want[i]).abs().max().item<double>();
+    EXPECT_TRUE(at::equal(got[7], got[6])) << "without Nesterov the input is the momentum itself";
   }
 }

@@ -239,3 +239,69 @@ TEST(KernelsOnHost, RmsNormBackwardAddsTheResidualsGradientInOnePass) {
   EXPECT_EQ(cases, 4 * 2 * 3 - 4);  // 2,048 wide is 256 vectors: past 7 or 32 threads' 4 each
 #endif
 }
+
+TEST(KernelsOnHost, Fp32UpdatesEqualAtensOperators) {
+#ifndef ZB_WITH_CUDA
+  GTEST_SKIP() << "built against a LibTorch without CUDA: no kernels";
+#else
+  // The fp32 updates (model/fp32_update_kernel.cu) over sizes with and without a partial vector,
+  // pointers off alignment (single values), grids smaller than the work, bf16 and fp32 sources:
+  //   a gradient sum (keep 1, alpha 1) and its start (dst unread) equal ATen's add_ and copy (one
+  //   rounding, the same); Muon's update (keep = the decay, alpha = -lr * scale) within one fp32
+  //   rounding of the exact fma of the decayed value (the multiply rounded first), and of ATen's
+  //   mul_ then add_ within that and the rounding of alpha * src ATen may make first;
+  //   the momentum within two fp32 roundings of the values' size (|buf| + |g|) of ATen's lerps
+  //   (each lerp one or two roundings; the grouping of its multiply-add may differ).
+  at::manual_seed(21);
+  int cases = 0;
+  for (const int64_t n : {0, 1, 5, 4099})
+    for (const int64_t offset : {0, 1})
+      for (const int threads : {0, 1, 7})
+        for (const bool bf16_src : {true, false}) {
+          const std::string what = std::to_string(n) + " values, offset " + std::to_string(offset) + ", threads " +
+                                   std::to_string(threads) + (bf16_src ? ", bf16" : ", fp32");
+          const at::Tensor src = (at::randn({n + offset}) * 3).to(bf16_src ? at::kBFloat16 : at::kFloat).narrow(0, offset, n);
+          const at::Tensor d0 = at::randn({n + offset}).narrow(0, offset, n);
+          at::Tensor sum = d0.clone(), start = at::full({n}, NAN), upd = d0.clone();
+          zb::scale_add_fp32_on_host(sum.mutable_data_ptr(), src.const_data_ptr(), bf16_src, 1.0f, 1.0f, true, n, threads);
+          zb::scale_add_fp32_on_host(start.mutable_data_ptr(), src.const_data_ptr(), bf16_src, 0.0f, 1.0f, false, n,
+                                     threads);
+          const float keep = static_cast<float>(1.0 - 0.02 * 0.01), alpha = static_cast<float>(-0.02 * 0.7);
+          zb::scale_add_fp32_on_host(upd.mutable_data_ptr(), src.const_data_ptr(), bf16_src, keep, alpha, true, n, threads);
+          EXPECT_TRUE(at::equal(sum, d0.clone().add_(src))) << what << ": the sum";
+          EXPECT_TRUE(at::equal(start, src.to(at::kFloat))) << what << ": the start";
+          const at::Tensor decayed = d0.clone().mul_(keep).to(at::kDouble);
+          const at::Tensor exact = decayed + static_cast<double>(alpha) * src.to(at::kDouble);
+          const at::Tensor step = exact.abs() * std::ldexp(1.0, -23) + 1e-30;
+          EXPECT_EQ(((upd.to(at::kDouble) - exact).abs() > step).sum().item<int64_t>(), 0) << what << ": the update";
+          // ATen may round alpha * src before adding: that rounding too.
+          const at::Tensor aten = d0.clone().mul_(keep).add_(src, alpha).to(at::kDouble);
+          const at::Tensor steps = (exact.abs() + (static_cast<double>(alpha) * src.to(at::kDouble)).abs()) *
+                                   std::ldexp(1.0, -23) + 1e-30;
+          EXPECT_EQ(((upd.to(at::kDouble) - aten).abs() > steps).sum().item<int64_t>(), 0) << what << ": vs ATen";
+
+          if (bf16_src) {  // the momentum has fp32 operands only
+            const double mu = 0.95;
+            const at::Tensor g = at::randn({n + offset}).narrow(0, offset, n), b0 = at::randn({n + offset}).narrow(0, offset, n);
+            for (const bool nesterov : {true, false}) {
+              at::Tensor buf = b0.clone(), out = at::full({n}, NAN);
+              zb::momentum_fp32_on_host(buf.mutable_data_ptr(), g.const_data_ptr(),
+                                        nesterov ? out.mutable_data_ptr() : nullptr, static_cast<float>(1.0 - mu),
+                                        static_cast<float>(mu), n, threads);
+              std::vector<at::Tensor> want_buf{b0.clone()};
+              at::_foreach_lerp_(want_buf, {g}, 1.0 - mu);
+              const at::Tensor size = (b0.abs() + g.abs()) * std::ldexp(1.0, -22) + 1e-30;
+              EXPECT_EQ(((buf - want_buf[0]).abs() > size).sum().item<int64_t>(), 0) << what << ": the momentum";
+              if (nesterov) {
+                const at::Tensor want_out = at::_foreach_lerp({g}, want_buf, mu)[0];
+                EXPECT_EQ(((out - want_out).abs() > size).sum().item<int64_t>(), 0) << what << ": Nesterov's input";
+              } else {
+                EXPECT_TRUE(out.isnan().all().item<bool>()) << what << ": no output without Nesterov";
+              }
+            }
+          }
+          ++cases;
+        }
+  EXPECT_EQ(cases, 4 * 2 * 3 * 2);
+#endif
+}

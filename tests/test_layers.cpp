@@ -184,7 +184,8 @@ TEST(Layers, EachFusedOperatorCanBeLeftToAten) {
   // runtime.unfused: the named operators off, the rest on; the gate (the one that applies on the
   // CPU) then runs as ATen's silu and mul nodes. An unknown name is an error naming the known.
   EXPECT_EQ(split_operator_names(" norm, linears,,gate "), (std::vector<std::string>{"norm", "linears", "gate"}));
-  EXPECT_EQ(fused_operator_names(), (std::vector<std::string>{"rope", "gate", "loss", "norm", "linears"}));
+  EXPECT_EQ(fused_operator_names(),
+            (std::vector<std::string>{"rope", "gate", "loss", "norm", "linears", "update", "momentum"}));
   const at::Tensor a = at::randn({4}, at::kFloat).requires_grad_(true), b = at::randn({4}, at::kFloat);
   leave_unfused({"gate", "norm"});
   EXPECT_FALSE(fused_on(Fused::Gate));

@@ -41,6 +41,15 @@ cudaError_t launch_rms_norm_backward_bf16(const void* dy, const void* h, const v
                                           const void* residual, void* dh, void* partial, int64_t rows, int64_t D,
                                           cudaStream_t stream);
 
+// fp32 updates in one pass (model/fp32_update_kernel.cu), over n contiguous values: dst (fp32) =
+// fma(alpha, src, dst * keep), src bf16 (src_bf16) or fp32; with `read` false dst = alpha * src,
+// dst unread. And Muon's momentum: buf = lerp(buf, g, w_buf), and where out is not null
+// out = lerp(g, buf, w_out) (buf's new values), all fp32.
+cudaError_t launch_scale_add_fp32(void* dst, const void* src, bool src_bf16, float keep, float alpha, bool read,
+                                  int64_t n, cudaStream_t stream);
+cudaError_t launch_momentum_fp32(void* buf, const void* g, void* out, float w_buf, float w_out, int64_t n,
+                                 cudaStream_t stream);
+
 // The kernels run on the host instead, serially, every thread of a grid in turn (0: the grid the
 // launch would use): their indexing and arithmetic, testable without a GPU (the CUDA math
 // library's expf and bf16 conversions have host versions).
@@ -53,6 +62,10 @@ void row_logsumexp_fp32_on_host(const void* z, void* lse, int64_t rows, int64_t 
 void rms_norm_backward_bf16_on_host(const void* dy, const void* h, const void* w, const void* rstd,
                                     const void* residual, void* dh, void* partial, int64_t rows, int64_t D,
                                     int64_t blocks, int threads);
+void scale_add_fp32_on_host(void* dst, const void* src, bool src_bf16, float keep, float alpha, bool read, int64_t n,
+                            int64_t threads);
+void momentum_fp32_on_host(void* buf, const void* g, void* out, float w_buf, float w_out, int64_t n,
+                           int64_t threads);
 void softmax_grad_bf16_on_host(const void* z, const void* lse, const void* targets, int64_t vocab_start, void* g,
                                int64_t rows, int64_t V, int64_t blocks, int threads);
 

@@ -179,4 +179,34 @@ at::Tensor softmax_grad_cuda_bf16(const at::Tensor& z, const at::Tensor& lse, co
   return g;
 }
 
+bool scale_add_cuda_applies(const at::Tensor& dst, const at::Tensor& src) {
+  return dst.is_cuda() && dst.scalar_type() == at::kFloat && dst.is_contiguous() &&
+         (src.scalar_type() == at::kBFloat16 || src.scalar_type() == at::kFloat) && src.is_contiguous() &&
+         src.numel() == dst.numel() && src.device() == dst.device() && cuda_kernels_run_on(dst.device());
+}
+
+void scale_add_cuda_(const at::Tensor& dst, float keep, const at::Tensor& src, float alpha, bool read) {
+  TORCH_CHECK(scale_add_cuda_applies(dst, src), "scale_add_cuda_: dst must be fp32 and src bf16 or fp32, both "
+              "contiguous with as many values, on one GPU with a kernel image");
+  const c10::cuda::CUDAGuard guard(dst.device());
+  C10_CUDA_CHECK(launch_scale_add_fp32(dst.mutable_data_ptr(), src.const_data_ptr(),
+                                       src.scalar_type() == at::kBFloat16, keep, alpha, read, dst.numel(),
+                                       c10::cuda::getCurrentCUDAStream(dst.device().index()).stream()));
+}
+
+bool momentum_cuda_applies(const at::Tensor& buf, const at::Tensor& g) {
+  return buf.is_cuda() && buf.scalar_type() == at::kFloat && g.scalar_type() == at::kFloat && buf.is_contiguous() &&
+         g.is_contiguous() && buf.sizes() == g.sizes() && g.device() == buf.device() &&
+         cuda_kernels_run_on(buf.device());
+}
+
+void momentum_cuda_(const at::Tensor& buf, const at::Tensor& g, const at::Tensor& out, float w_buf, float w_out) {
+  TORCH_CHECK(momentum_cuda_applies(buf, g) && (!out.defined() || momentum_cuda_applies(out, g)),
+              "momentum_cuda_: buf, g (and out) must be fp32, contiguous, of one shape on one GPU with a kernel image");
+  const c10::cuda::CUDAGuard guard(buf.device());
+  C10_CUDA_CHECK(launch_momentum_fp32(buf.mutable_data_ptr(), g.const_data_ptr(),
+                                      out.defined() ? out.mutable_data_ptr() : nullptr, w_buf, w_out, buf.numel(),
+                                      c10::cuda::getCurrentCUDAStream(buf.device().index()).stream()));
+}
+
 }  // namespace zb

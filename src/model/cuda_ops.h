@@ -48,4 +48,16 @@ bool softmax_grad_cuda_bf16_applies(const at::Tensor& z, const at::Tensor& lse, 
 at::Tensor softmax_grad_cuda_bf16(const at::Tensor& z, const at::Tensor& lse, const at::Tensor& targets,
                                   int64_t vocab_start);
 
+// fp32 updates in one pass (model/fp32_update_kernel.cu). Whether the kernel takes dst (fp32,
+// contiguous, on a GPU with a kernel image) and src (bf16 or fp32, contiguous, dst's number of
+// values, on its device); dst = dst * keep + alpha * src in place (with `read` false: alpha * src,
+// dst's values unread).
+bool scale_add_cuda_applies(const at::Tensor& dst, const at::Tensor& src);
+void scale_add_cuda_(const at::Tensor& dst, float keep, const at::Tensor& src, float alpha, bool read);
+// Muon's momentum: whether the kernel takes buf and g (fp32, contiguous, one shape, on one GPU with
+// a kernel image); buf = lerp(buf, g, w_buf) in place, and where out is defined (fp32 shaped as
+// buf, contiguous) out = lerp(g, buf, w_out).
+bool momentum_cuda_applies(const at::Tensor& buf, const at::Tensor& g);
+void momentum_cuda_(const at::Tensor& buf, const at::Tensor& g, const at::Tensor& out, float w_buf, float w_out);
+
 }  // namespace zb

@@ -29,10 +29,10 @@ namespace zb {
 
 namespace {
 // Bit i: Fused(i) on. All on by default.
-constexpr unsigned kAllFused = (1u << 5) - 1;
+constexpr unsigned kAllFused = (1u << 7) - 1;
 std::atomic<unsigned> fused_ops{kAllFused};
 std::atomic<bool> nodes_on_any_device{false};
-const char* const kFusedNames[] = {"rope", "gate", "loss", "norm", "linears"};  // Fused's order
+const char* const kFusedNames[] = {"rope", "gate", "loss", "norm", "linears", "update", "momentum"};  // Fused's order
 }  // namespace
 
 std::vector<std::string> fused_operator_names() { return {std::begin(kFusedNames), std::end(kFusedNames)}; }

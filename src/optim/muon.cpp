@@ -1,10 +1,10 @@
 #include "optim/muon.h"
+
+#include "model/fp32_updates.h"
 #include "util/phase.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
-#include <ATen/ops/_foreach_lerp.h>
-#include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/baddbmm.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/linalg_vector_norm.h>
@@ -99,17 +99,17 @@ void Muon::step(double lr_multiplier) {
   }
   if (active.empty()) return;
   const double mu = hyper_.momentum;
-  at::_foreach_lerp_(bufs, grads, 1.0 - mu);  // EMA momentum, on whatever rows this rank holds
-  std::vector<at::Tensor> inputs = hyper_.nesterov ? at::_foreach_lerp(grads, bufs, mu) : bufs;
+  // EMA momentum, on whatever rows this rank holds: buf = lerp(buf, g, 1 - mu); Nesterov's input
+  // lerp(g, buf, mu).
+  std::vector<at::Tensor> inputs = momentum_(bufs, grads, mu, hyper_.nesterov);
   std::vector<at::Tensor> updates =
       orthogonalize_ ? orthogonalize_(inputs, active) : orthogonalize_held(inputs, active);
 
   const double lr = hyper_.lr * lr_multiplier;
-  at::_foreach_mul_(params, 1.0 - lr * hyper_.weight_decay);
   for (size_t i = 0; i < active.size(); ++i) {
     const auto& shape = active[i]->global_shape;
     const double scale = muon_update_scale(hyper_.update_scale, shape[0], shape[1]);
-    params[i].add_(updates[i], -lr * scale);
+    scale_add_(params[i], 1.0 - lr * hyper_.weight_decay, updates[i], -lr * scale);  // decay, then the update
   }
 }
 

@@ -75,9 +75,14 @@ TEST(Clip, ScalesToMaxNormAndReportsTheNormBefore) {
   EXPECT_NEAR(a.grad()[0].item<double>(), 0.6, 1e-6);
   EXPECT_NEAR(b.grad()[0].item<double>(), 0.8, 1e-6);
   // Below the threshold nothing changes.
+  const at::Tensor before = a.grad().clone();
   norm = clip_grad_norm_({a, b}, 10.0);
   EXPECT_NEAR(norm.item<double>(), 1.0, 1e-6);
-  EXPECT_NEAR(a.grad()[0].item<double>(), 0.6, 1e-6);
+  EXPECT_TRUE(at::equal(a.grad(), before));
+  // A norm that is not finite leaves the gradients as they are (the trainer skips the step).
+  b.mutable_grad() = at::tensor({NAN});
+  EXPECT_TRUE(std::isnan(clip_grad_norm_({a, b}, 1.0).item<double>()));
+  EXPECT_TRUE(at::equal(a.grad(), before));
 }
 
 // The norm of a long fp32 gradient to float precision (float64 the reference), whether the

@@ -51,49 +51,37 @@ ZB_HD void load_weight(ThreadState& s, const __nv_bfloat16* __restrict__ w, int6
   }
 }
 
-// A row's values this thread works on, loaded once (dy, h and the residual's gradient together,
-// before the row's sum: one wait on memory per row, not two).
-struct RowValues {
-  Bf16x8 g[kMaxVectors], x[kMaxVectors], r[kMaxVectors];
-};
-
-ZB_HD void load_row(RowValues& v, const __nv_bfloat16* __restrict__ dy, const __nv_bfloat16* __restrict__ h,
-                    const __nv_bfloat16* __restrict__ residual, int64_t vectors, int thread, int threads) {
-#pragma unroll
-  for (int k = 0; k < kMaxVectors; ++k) {
-    const int64_t j = thread + static_cast<int64_t>(k) * threads;
-    if (j >= vectors) continue;  // (not break: the loop unrolls, the arrays stay in registers)
-    v.g[k] = reinterpret_cast<const Bf16x8*>(dy)[j];
-    v.x[k] = reinterpret_cast<const Bf16x8*>(h)[j];
-    if (residual) v.r[k] = reinterpret_cast<const Bf16x8*>(residual)[j];
-  }
-}
-
-// Row r, first: this thread's part of sum(wg * x_hat) over the row.
-ZB_HD float row_dot(const ThreadState& s, const RowValues& v, float rstd, int64_t vectors, int thread, int threads) {
+// Row r, first pass: this thread's part of sum(wg * x_hat) over the row.
+ZB_HD float row_dot(const ThreadState& s, const __nv_bfloat16* __restrict__ dy, const __nv_bfloat16* __restrict__ h,
+                    float rstd, int64_t vectors, int thread, int threads) {
   float dot = 0.0f;
 #pragma unroll
   for (int k = 0; k < kMaxVectors; ++k) {
     const int64_t j = thread + static_cast<int64_t>(k) * threads;
-    if (j >= vectors) continue;
-    for (int e = 0; e < kVector; ++e) dot += s.w[k][e] * f(v.g[k].v[e]) * (f(v.x[k].v[e]) * rstd);
+    if (j >= vectors) continue;  // (not break: the loop unrolls, the arrays stay in registers)
+    const Bf16x8 g = reinterpret_cast<const Bf16x8*>(dy)[j], x = reinterpret_cast<const Bf16x8*>(h)[j];
+    for (int e = 0; e < kVector; ++e) dot += s.w[k][e] * f(g.v[e]) * (f(x.v[e]) * rstd);
   }
   return dot;
 }
 
-// Row r, then (mean = the row's sum(wg * x_hat) / D): dh for this thread's columns, and their
-// dweight accumulated. `residual`: whether there is a gradient from the residual stream.
-ZB_HD void row_write(ThreadState& s, const RowValues& v, bool residual, __nv_bfloat16* __restrict__ dh, float rstd,
+// Row r, second pass (mean = the row's sum(wg * x_hat) / D): dh for this thread's columns, and
+// their dweight accumulated. residual may be null (no gradient from the residual stream).
+ZB_HD void row_write(ThreadState& s, const __nv_bfloat16* __restrict__ dy, const __nv_bfloat16* __restrict__ h,
+                     const __nv_bfloat16* __restrict__ residual, __nv_bfloat16* __restrict__ dh, float rstd,
                      float mean, int64_t vectors, int thread, int threads) {
 #pragma unroll
   for (int k = 0; k < kMaxVectors; ++k) {
     const int64_t j = thread + static_cast<int64_t>(k) * threads;
     if (j >= vectors) continue;
+    const Bf16x8 g = reinterpret_cast<const Bf16x8*>(dy)[j], x = reinterpret_cast<const Bf16x8*>(h)[j];
+    Bf16x8 r{};
+    if (residual) r = reinterpret_cast<const Bf16x8*>(residual)[j];
     Bf16x8 out;
     for (int e = 0; e < kVector; ++e) {
-      const float x_hat = f(v.x[k].v[e]) * rstd, gy = f(v.g[k].v[e]);
+      const float x_hat = f(x.v[e]) * rstd, gy = f(g.v[e]);
       float d = rstd * (s.w[k][e] * gy - x_hat * mean);
-      if (residual) d += f(v.r[k].v[e]);
+      if (residual) d += f(r.v[e]);
       out.v[e] = __float2bfloat16_rn(d);
       s.dw[k][e] += gy * x_hat;
     }
@@ -134,12 +122,9 @@ __global__ void rms_norm_backward_bf16(const __nv_bfloat16* __restrict__ dy, con
   load_weight(s, w, vectors, threadIdx.x, blockDim.x);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const int64_t o = r * D;
-    const float row_rstd = rstd[r];
-    RowValues v;
-    load_row(v, dy + o, h + o, residual ? residual + o : nullptr, vectors, threadIdx.x, blockDim.x);
-    const float dot = block_sum(row_dot(s, v, row_rstd, vectors, threadIdx.x, blockDim.x), warps);
-    row_write(s, v, residual != nullptr, dh + o, row_rstd, dot / static_cast<float>(D), vectors, threadIdx.x,
-              blockDim.x);
+    const float dot = block_sum(row_dot(s, dy + o, h + o, rstd[r], vectors, threadIdx.x, blockDim.x), warps);
+    row_write(s, dy + o, h + o, residual ? residual + o : nullptr, dh + o, rstd[r], dot / static_cast<float>(D),
+              vectors, threadIdx.x, blockDim.x);
   }
   store_partial(s, partial, blockIdx.x, vectors, threadIdx.x, blockDim.x);
 }
@@ -186,15 +171,11 @@ void rms_norm_backward_bf16_on_host(const void* dy, const void* h, const void* w
     for (int t = 0; t < threads; ++t) load_weight(state[t], static_cast<const __nv_bfloat16*>(w), vectors, t, threads);
     for (int64_t r = b; r < rows; r += blocks) {
       const int64_t o = r * D;
-      std::vector<RowValues> values(threads);
       std::vector<float> parts(threads);
-      for (int t = 0; t < threads; ++t) {
-        load_row(values[t], g + o, x + o, res ? res + o : nullptr, vectors, t, threads);
-        parts[t] = row_dot(state[t], values[t], rs[r], vectors, t, threads);
-      }
+      for (int t = 0; t < threads; ++t) parts[t] = row_dot(state[t], g + o, x + o, rs[r], vectors, t, threads);
       const float dot = combine_as_shuffles(parts, 0.0f, [](float a, float b) { return a + b; });
       for (int t = 0; t < threads; ++t)
-        row_write(state[t], values[t], res != nullptr, static_cast<__nv_bfloat16*>(dh) + o, rs[r],
+        row_write(state[t], g + o, x + o, res ? res + o : nullptr, static_cast<__nv_bfloat16*>(dh) + o, rs[r],
                   dot / static_cast<float>(D), vectors, t, threads);
     }
     for (int t = 0; t < threads; ++t) store_partial(state[t], static_cast<float*>(partial), b, vectors, t, threads);

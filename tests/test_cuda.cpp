@@ -707,3 +707,34 @@ TEST(CudaFp32Updates, KernelsEqualAtensOperators) {
     EXPECT_TRUE(at::equal(got[7], got[6])) << "without Nesterov the input is the momentum itself";
   }
 }
+
+TEST(CudaResidualLinear, OneGemmRoundsTheSumOnce) {
+  SKIP_WITHOUT_GPU();
+  // A block's output linear and residual add, h + x w^T, in bf16 on the GPU: one addmm (fused on)
+  // rounds the sum once, so each element within half a bf16 step of the float64 sum on the same
+  // bf16 values (2^-8 of its size) plus the fp32 GEMM's own error (2^-20 of the sum of its
+  // terms' sizes); the linear then the add (unfused) round twice, within 2^-8 of the sum's size
+  // and of the product's. h's gradient is the output's, unchanged, both ways.
+  at::manual_seed(17);
+  const auto bf16 = at::TensorOptions().device(kGpu).dtype(at::kBFloat16);
+  const at::Tensor h0 = at::randn({4, 256, 1024}, bf16), x0 = at::randn({4, 256, 2048}, bf16),
+                   w0 = at::randn({1024, 2048}, bf16) * 0.02, g = at::randn({4, 256, 1024}, bf16);
+  const at::Tensor xw = at::linear(x0.to(at::kDouble), w0.to(at::kDouble));
+  const at::Tensor exact = h0.to(at::kDouble) + xw;
+  const at::Tensor terms = h0.to(at::kDouble).abs() + at::linear(x0.to(at::kDouble).abs(), w0.to(at::kDouble).abs());
+  for (const bool fused : {true, false}) {
+    leave_unfused(fused ? std::vector<std::string>{} : std::vector<std::string>{"residual"});
+    at::Tensor h = h0.clone().requires_grad_(true), x = x0.clone().requires_grad_(true),
+               w = w0.clone().requires_grad_(true);
+    const at::Tensor y = residual_linear(h, x, w);
+    y.backward(g);
+    leave_unfused({});
+    const std::string what = fused ? "one GEMM" : "linear, then add";
+    EXPECT_EQ(y.grad_fn()->name(), fused ? "ViewBackward0" : "AddBackward0") << what;
+    const at::Tensor bound = fused ? exact.abs() * std::ldexp(1.0, -8) + terms * std::ldexp(1.0, -20)
+                                   : (exact.abs() + xw.abs()) * std::ldexp(1.0, -8) + terms * std::ldexp(1.0, -20);
+    EXPECT_EQ(((y.to(at::kDouble) - exact).abs() > bound).sum().item<int64_t>(), 0)
+        << what << ", worst " << (y.to(at::kDouble) - exact).abs().max().item<double>();
+    EXPECT_TRUE(at::equal(h.grad(), g)) << what << ": h's gradient is the output's";
+  }
+}

@@ -106,7 +106,7 @@ debian_packages() {  # the Debian packages scripts/setup.sh installs, all presen
   local want=(libtomlplusplus-dev libspdlog-dev libfmt-dev libcxxopts-dev nlohmann-json3-dev libgtest-dev libgmock-dev libgloo-dev)
   [ "$(dpkg-query -W -f='${Status}\n' "${want[@]}" 2>/dev/null | grep -c 'install ok installed')" = ${#want[@]} ]
 }
-unfused_ops=(rope gate loss norm linears update momentum)  # model/layers.h's names of our fused operators
+unfused_ops=(rope gate loss norm linears update momentum residual)  # model/layers.h's names of our fused operators
 # Every step, in the order they run (those of "attention" and "suite" only when asked for).
 gpu_steps=(build cuda_tests preset_150M preset_1B profile_1B preset_1B_causal preset_1B_causal_auto preset_1B_aten
            "${unfused_ops[@]/#/preset_1B_unfused_}" reference_cpu reference_gpu_fp32 reference_gpu_bf16

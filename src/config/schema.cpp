@@ -190,11 +190,11 @@ const std::vector<Field>& schema() {
       ZB_FIELD("runtime.fused_kernels", Bool, bool, runtime.fused_kernels,
                "our fused operators: SwiGLU's gate as one autograd node, and on CUDA in bf16 our kernels for "
                "it, RoPE, RMSNorm's backward, the loss's log-sum-exp and logit gradient, q/k/v's input "
-               "gradient summed in the GEMMs, and the fp32 gradient sums and Muon's momentum and update "
-               "in one pass each (false: ATen's operators alone, for comparison)"),
+               "gradient summed in the GEMMs, the residual adds in the output GEMMs, and the fp32 gradient "
+               "sums and Muon's momentum and update in one pass each (false: ATen's operators alone, for comparison)"),
       ZB_FIELD("runtime.unfused", String, std::string, runtime.unfused,
                "of those, the ones to leave to ATen, comma-separated: rope, gate, loss, norm, linears, update, "
-               "momentum "
+               "momentum, residual "
                "(to measure what each gives)"),
       ZB_FIELD("ckpt.path", String, std::string, ckpt.path,
                "directory of checkpoints (\"\" = none)"),

@@ -4,6 +4,7 @@
 #endif
 
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/addmm.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cos.h>
 #include <ATen/ops/linear.h>
@@ -29,10 +30,11 @@ namespace zb {
 
 namespace {
 // Bit i: Fused(i) on. All on by default.
-constexpr unsigned kAllFused = (1u << 7) - 1;
+constexpr unsigned kAllFused = (1u << 8) - 1;
 std::atomic<unsigned> fused_ops{kAllFused};
 std::atomic<bool> nodes_on_any_device{false};
-const char* const kFusedNames[] = {"rope", "gate", "loss", "norm", "linears", "update", "momentum"};  // Fused's order
+const char* const kFusedNames[] = {"rope", "gate", "loss", "norm", "linears", "update", "momentum",
+                                    "residual"};  // Fused's order
 }  // namespace
 
 std::vector<std::string> fused_operator_names() { return {std::begin(kFusedNames), std::end(kFusedNames)}; }
@@ -273,10 +275,21 @@ at::Tensor silu_mul(const at::Tensor& a, const at::Tensor& b) {
   return fused_on(Fused::Gate) ? SiluMul::apply(a, b) : at::silu(a) * b;
 }
 
+at::Tensor swiglu_hidden(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w3) {
+  const std::vector<at::Tensor> gate_up = shared_input_linears(x, {w1, w3});
+  return silu_mul(gate_up[0], gate_up[1]);
+}
+
 at::Tensor swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
                   const at::Tensor& w3) {
-  const std::vector<at::Tensor> gate_up = shared_input_linears(x, {w1, w3});
-  return at::linear(silu_mul(gate_up[0], gate_up[1]), w2);
+  return at::linear(swiglu_hidden(x, w1, w3), w2);
+}
+
+at::Tensor residual_linear(const at::Tensor& h, const at::Tensor& x, const at::Tensor& w) {
+  if (!node_takes(Fused::Residual, h)) return h + at::linear(x, w);
+  // addmm's backward hands h the output's gradient as it is and x and w the linear's.
+  const at::Tensor out = at::addmm(h.reshape({-1, h.size(-1)}), x.reshape({-1, x.size(-1)}), w.t());
+  return out.view(h.sizes());
 }
 
 }  // namespace zb

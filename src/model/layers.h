@@ -57,10 +57,10 @@ void use_fused_kernels(bool on);
 // Each of them by name, to measure what one gives or to go around one: "rope", "gate" (SwiGLU's),
 // "loss" (its log-sum-exp and logit gradient), "norm" (RMSNorm with the residual's gradient),
 // "linears" (shared_input_linears), "update" (the fp32 gradient sums and Muon's update of the
-// weights, model/fp32_updates.h), "momentum" (Muon's). leave_unfused(names) turns the named ones off (all on first;
+// weights, model/fp32_updates.h), "momentum" (Muon's), "residual" (residual_linear's one GEMM). leave_unfused(names) turns the named ones off (all on first;
 // runtime.unfused, comma-separated; validation names the known ones); an unknown name is
 // std::invalid_argument.
-enum class Fused { Rope, Gate, Loss, Norm, Linears, Update, Momentum };
+enum class Fused { Rope, Gate, Loss, Norm, Linears, Update, Momentum, Residual };
 std::vector<std::string> fused_operator_names();
 std::vector<std::string> split_operator_names(const std::string& list);  // "a, b" -> {"a", "b"}
 void leave_unfused(const std::vector<std::string>& names);
@@ -80,5 +80,13 @@ at::Tensor silu_mul(const at::Tensor& a, const at::Tensor& b);
 // SwiGLU feed-forward: w2(silu_mul(w1 x, w3 x)), no biases.
 at::Tensor swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
                   const at::Tensor& w3);
+// Its hidden values silu_mul(w1 x, w3 x), the input of w2.
+at::Tensor swiglu_hidden(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w3);
+
+// h + x w^T (x [.., K], w [D, K], h [.., D]): a block's residual add after its output linear. On a
+// GPU in bf16 (fused kernels on; "residual" in runtime.unfused goes around it) one GEMM adds h in
+// its epilogue (addmm), the sum rounded to bf16 once where the linear and the add round twice, and
+// the add's pass over memory saved; elsewhere at::linear, then the add.
+at::Tensor residual_linear(const at::Tensor& h, const at::Tensor& x, const at::Tensor& w);
 
 }  // namespace zb

@@ -148,10 +148,14 @@ at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h, const Docume
   at::Tensor attn = attention(apply_rope(q, rope_), apply_rope(k, rope_), v, documents);
   // (Separate statements: the order of operations, and so of TP's collectives in backward, is the
   // step plan's; a call's arguments have none.)
-  const at::Tensor after_attention = h_on + own_positions(at::linear(attn, b.wo.to(dt)));
+  // Without TP each output linear and its residual add are one operation (residual_linear); under
+  // TP the reduce-scatter comes between them.
+  const at::Tensor after_attention =
+      tp_ ? h_on + own_positions(at::linear(attn, b.wo.to(dt))) : residual_linear(h_on, attn, b.wo.to(dt));
   auto [h2, y_here] = rms_norm_residual(after_attention, shared(b.ffn_norm), eps);
   at::Tensor y = whole_sequence(y_here);
-  return h2 + own_positions(swiglu(y, b.w1.to(dt), b.w2.to(dt), b.w3.to(dt)));
+  const at::Tensor hidden = swiglu_hidden(y, b.w1.to(dt), b.w3.to(dt));
+  return tp_ ? h2 + own_positions(at::linear(hidden, b.w2.to(dt))) : residual_linear(h2, hidden, b.w2.to(dt));
 }
 
 ForwardSaves forward_saves(const ModelArgs& a, at::ScalarType compute_dtype, bool cuda, int64_t tp,

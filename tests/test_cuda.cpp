@@ -708,20 +708,22 @@ TEST(CudaFp32Updates, KernelsEqualAtensOperators) {
   }
 }
 
-TEST(CudaResidualLinear, OneGemmRoundsTheSumOnce) {
+TEST(CudaResidualLinear, OneGemmWithinTheLinearsRounding) {
   SKIP_WITHOUT_GPU();
   // A block's output linear and residual add, h + x w^T, in bf16 on the GPU: one addmm (fused on)
-  // rounds the sum once, so each element within half a bf16 step of the float64 sum on the same
-  // bf16 values (2^-8 of its size) plus the fp32 GEMM's own error (2^-20 of the sum of its
-  // terms' sizes); the linear then the add (unfused) round twice, within 2^-8 of the sum's size
-  // and of the product's. h's gradient is the output's, unchanged, both ways.
+  // and the linear then the add (unfused), against float64 on the same bf16 values. PyTorch lets
+  // cuBLAS sum a bf16 GEMM's partial products in bf16 (split-K; allow_bf16_reduced_precision_
+  // reduction), so a bound of one rounding of the sum failed on an H100 (2026-11-26, worst 0.023
+  // on values of size ~4): each element within 2^-8 of the sum's size and of its terms' sizes
+  // (|h| + sum |x||w|, each partial sum rounded at most once), both ways. h's gradient is the
+  // output's, unchanged, both ways; one node (addmm's, viewed back) or the add's.
   at::manual_seed(17);
   const auto bf16 = at::TensorOptions().device(kGpu).dtype(at::kBFloat16);
   const at::Tensor h0 = at::randn({4, 256, 1024}, bf16), x0 = at::randn({4, 256, 2048}, bf16),
                    w0 = at::randn({1024, 2048}, bf16) * 0.02, g = at::randn({4, 256, 1024}, bf16);
-  const at::Tensor xw = at::linear(x0.to(at::kDouble), w0.to(at::kDouble));
-  const at::Tensor exact = h0.to(at::kDouble) + xw;
+  const at::Tensor exact = h0.to(at::kDouble) + at::linear(x0.to(at::kDouble), w0.to(at::kDouble));
   const at::Tensor terms = h0.to(at::kDouble).abs() + at::linear(x0.to(at::kDouble).abs(), w0.to(at::kDouble).abs());
+  const at::Tensor bound = (exact.abs() + terms) * std::ldexp(1.0, -8);
   for (const bool fused : {true, false}) {
     leave_unfused(fused ? std::vector<std::string>{} : std::vector<std::string>{"residual"});
     at::Tensor h = h0.clone().requires_grad_(true), x = x0.clone().requires_grad_(true),
@@ -731,8 +733,6 @@ TEST(CudaResidualLinear, OneGemmRoundsTheSumOnce) {
     leave_unfused({});
     const std::string what = fused ? "one GEMM" : "linear, then add";
     EXPECT_EQ(y.grad_fn()->name(), fused ? "ViewBackward0" : "AddBackward0") << what;
-    const at::Tensor bound = fused ? exact.abs() * std::ldexp(1.0, -8) + terms * std::ldexp(1.0, -20)
-                                   : (exact.abs() + xw.abs()) * std::ldexp(1.0, -8) + terms * std::ldexp(1.0, -20);
     EXPECT_EQ(((y.to(at::kDouble) - exact).abs() > bound).sum().item<int64_t>(), 0)
         << what << ", worst " << (y.to(at::kDouble) - exact).abs().max().item<double>();
     EXPECT_TRUE(at::equal(h.grad(), g)) << what << ": h's gradient is the output's";

@@ -171,7 +171,8 @@ TEST(ConfigErrors, UnknownFusedOperatorIsNamed) {
   EXPECT_NO_THROW(validate(ok, 1));
   Config c = load_config_string(model + "[train]\n[runtime]\nunfused = \"norm,linear\"\n", "x.toml");
   EXPECT_EQ(error_of([&] { validate(c, 1); }),
-            "x.toml:5: runtime.unfused names 'linear', not one of rope, gate, loss, norm, linears");
+            "x.toml:5: runtime.unfused names 'linear', not one of rope, gate, loss, norm, linears, update, "
+            "momentum, residual");
 }
 
 TEST(ConfigErrors, MissingTrainSection) {

@@ -697,7 +697,8 @@ TEST(CudaFp32Updates, KernelsEqualAtensOperators) {
     EXPECT_TRUE(at::equal(got[0], want[0])) << what << ": the sum";
     EXPECT_TRUE(at::equal(got[1], want[1])) << what << ": the sum, off alignment";
     EXPECT_TRUE(at::equal(got[2], want[2])) << what << ": the sum's start";
-    const at::Tensor step = (want[3].abs() + g16.narrow(0, 0, n).to(at::kFloat).abs() * 0.02 * 0.7) * std::ldexp(1.0, -23);
+    const at::Tensor product = g16.narrow(0, 0, n).to(at::kFloat).abs() * 0.02 * 0.7;
+    const at::Tensor step = (want[3].abs() + product) * std::ldexp(1.0, -23);
     EXPECT_EQ(((got[3] - want[3]).abs() > step + 1e-30).sum().item<int64_t>(), 0)
         << what << ": the update, worst " << (got[3] - want[3]).abs().max().item<double>();
     const at::Tensor size = (b0.abs() + g32.abs()) * std::ldexp(1.0, -22) + 1e-30;

@@ -264,14 +264,17 @@ TEST(KernelsOnHost, Fp32UpdatesEqualAtensOperators) {
         for (const bool bf16_src : {true, false}) {
           const std::string what = std::to_string(n) + " values, offset " + std::to_string(offset) + ", threads " +
                                    std::to_string(threads) + (bf16_src ? ", bf16" : ", fp32");
-          const at::Tensor src = (at::randn({n + offset}) * 3).to(bf16_src ? at::kBFloat16 : at::kFloat).narrow(0, offset, n);
+          const at::Tensor src =
+              (at::randn({n + offset}) * 3).to(bf16_src ? at::kBFloat16 : at::kFloat).narrow(0, offset, n);
           const at::Tensor d0 = at::randn({n + offset}).narrow(0, offset, n);
           at::Tensor sum = d0.clone(), start = at::full({n}, NAN), upd = d0.clone();
-          zb::scale_add_fp32_on_host(sum.mutable_data_ptr(), src.const_data_ptr(), bf16_src, 1.0f, 1.0f, true, n, threads);
+          zb::scale_add_fp32_on_host(sum.mutable_data_ptr(), src.const_data_ptr(), bf16_src, 1.0f, 1.0f, true, n,
+                                     threads);
           zb::scale_add_fp32_on_host(start.mutable_data_ptr(), src.const_data_ptr(), bf16_src, 0.0f, 1.0f, false, n,
                                      threads);
           const float keep = static_cast<float>(1.0 - 0.02 * 0.01), alpha = static_cast<float>(-0.02 * 0.7);
-          zb::scale_add_fp32_on_host(upd.mutable_data_ptr(), src.const_data_ptr(), bf16_src, keep, alpha, true, n, threads);
+          zb::scale_add_fp32_on_host(upd.mutable_data_ptr(), src.const_data_ptr(), bf16_src, keep, alpha, true, n,
+                                     threads);
           EXPECT_TRUE(at::equal(sum, d0.clone().add_(src))) << what << ": the sum";
           EXPECT_TRUE(at::equal(start, src.to(at::kFloat))) << what << ": the start";
           const at::Tensor decayed = d0.clone().mul_(keep).to(at::kDouble);
@@ -286,7 +289,8 @@ TEST(KernelsOnHost, Fp32UpdatesEqualAtensOperators) {
 
           if (bf16_src) {  // the momentum has fp32 operands only
             const double mu = 0.95;
-            const at::Tensor g = at::randn({n + offset}).narrow(0, offset, n), b0 = at::randn({n + offset}).narrow(0, offset, n);
+            const at::Tensor g = at::randn({n + offset}).narrow(0, offset, n);
+            const at::Tensor b0 = at::randn({n + offset}).narrow(0, offset, n);
             for (const bool nesterov : {true, false}) {
               at::Tensor buf = b0.clone(), out = at::full({n}, NAN);
               zb::momentum_fp32_on_host(buf.mutable_data_ptr(), g.const_data_ptr(),

@@ -192,6 +192,7 @@ void scale_add_cuda_(const at::Tensor& dst, float keep, const at::Tensor& src, f
   C10_CUDA_CHECK(launch_scale_add_fp32(dst.mutable_data_ptr(), src.const_data_ptr(),
                                        src.scalar_type() == at::kBFloat16, keep, alpha, read, dst.numel(),
                                        c10::cuda::getCurrentCUDAStream(dst.device().index()).stream()));
+  dst.unsafeGetTensorImpl()->bump_version();  // written in place, as ATen's in-place operators count
 }
 
 bool momentum_cuda_applies(const at::Tensor& buf, const at::Tensor& g) {
@@ -202,11 +203,13 @@ bool momentum_cuda_applies(const at::Tensor& buf, const at::Tensor& g) {
 
 void momentum_cuda_(const at::Tensor& buf, const at::Tensor& g, const at::Tensor& out, float w_buf, float w_out) {
   TORCH_CHECK(momentum_cuda_applies(buf, g) && (!out.defined() || momentum_cuda_applies(out, g)),
-              "momentum_cuda_: buf, g (and out) must be fp32, contiguous, of one shape on one GPU with a kernel image");
+              "momentum_cuda_: buf, g (and out) must be fp32, contiguous, of one shape on one GPU with a kernel "
+              "image");
   const c10::cuda::CUDAGuard guard(buf.device());
   C10_CUDA_CHECK(launch_momentum_fp32(buf.mutable_data_ptr(), g.const_data_ptr(),
                                       out.defined() ? out.mutable_data_ptr() : nullptr, w_buf, w_out, buf.numel(),
                                       c10::cuda::getCurrentCUDAStream(buf.device().index()).stream()));
+  buf.unsafeGetTensorImpl()->bump_version();
 }
 
 }  // namespace zb

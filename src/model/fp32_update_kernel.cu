@@ -98,7 +98,8 @@ ZB_HD void momentum_thread(float* __restrict__ buf, const float* __restrict__ g,
 template <typename Src>
 __global__ void scale_add_fp32(float* __restrict__ dst, const Src* __restrict__ src, float keep, float alpha,
                                bool read, int64_t n, bool vectors) {
-  scale_add_thread(dst, src, keep, alpha, read, n, vectors, static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
+  scale_add_thread(dst, src, keep, alpha, read, n, vectors,
+                   static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
                    static_cast<int64_t>(gridDim.x) * blockDim.x);
 }
 
@@ -127,7 +128,8 @@ void scale_add_on_host(void* dst, const void* src, float keep, float alpha, bool
   const bool vectors = scale_add_vectors<Src>(dst, src);
   if (threads == 0) threads = static_cast<int64_t>(grid_for(n, vectors).x) * 256;
   for (int64_t t = 0; t < threads; ++t)
-    scale_add_thread(static_cast<float*>(dst), static_cast<const Src*>(src), keep, alpha, read, n, vectors, t, threads);
+    scale_add_thread(static_cast<float*>(dst), static_cast<const Src*>(src), keep, alpha, read, n, vectors, t,
+                     threads);
 }
 
 }  // namespace
@@ -169,8 +171,8 @@ void momentum_fp32_on_host(void* buf, const void* g, void* out, float w_buf, flo
   const bool vectors = aligned(buf, 16) && aligned(g, 16) && aligned(out, 16);
   if (threads == 0) threads = static_cast<int64_t>(grid_for(n, vectors).x) * 256;
   for (int64_t t = 0; t < threads; ++t)
-    momentum_thread(static_cast<float*>(buf), static_cast<const float*>(g), static_cast<float*>(out), w_buf, w_out, n, vectors,
-                    t, threads);
+    momentum_thread(static_cast<float*>(buf), static_cast<const float*>(g), static_cast<float*>(out), w_buf, w_out,
+                    n, vectors, t, threads);
 }
 
 }  // namespace zb

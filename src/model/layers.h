@@ -57,9 +57,9 @@ void use_fused_kernels(bool on);
 // Each of them by name, to measure what one gives or to go around one: "rope", "gate" (SwiGLU's),
 // "loss" (its log-sum-exp and logit gradient), "norm" (RMSNorm with the residual's gradient),
 // "linears" (shared_input_linears), "update" (the fp32 gradient sums and Muon's update of the
-// weights, model/fp32_updates.h), "momentum" (Muon's), "residual" (residual_linear's one GEMM). leave_unfused(names) turns the named ones off (all on first;
-// runtime.unfused, comma-separated; validation names the known ones); an unknown name is
-// std::invalid_argument.
+// weights, model/fp32_updates.h), "momentum" (Muon's), "residual" (residual_linear's one GEMM).
+// leave_unfused(names) turns the named ones off (all on first; runtime.unfused, comma-separated;
+// validation names the known ones); an unknown name is std::invalid_argument.
 enum class Fused { Rope, Gate, Loss, Norm, Linears, Update, Momentum, Residual };
 std::vector<std::string> fused_operator_names();
 std::vector<std::string> split_operator_names(const std::string& list);  // "a, b" -> {"a", "b"}

@@ -40,7 +40,8 @@ GradientTotals GradientAccumulator::add(const std::vector<at::Tensor>& grads,
     // missing): the same values as zeros plus the gradient, in one pass instead of two.
     for (size_t i = 0; i < shapes.size(); ++i) {
       const at::Tensor g = i < grads.size() ? grads[i] : at::Tensor();
-      sums_.push_back(g.defined() ? fp32_copy(g.to(device)) : at::zeros(shapes[i], at::TensorOptions().device(device)));
+      sums_.push_back(g.defined() ? fp32_copy(g.to(device))
+                                  : at::zeros(shapes[i], at::TensorOptions().device(device)));
     }
   } else {
     for (size_t i = 0; i < sums_.size() && i < grads.size(); ++i)

@@ -24,8 +24,9 @@
 # a cap and the whole a budget, GPU_CHECK_BUDGET_S (default 540 s); a step that would start with
 # under 30 s left is recorded as not run. Measured (16 cores): the build of the three targets it
 # needs 41-64 s cold, the CUDA tests 14-25 s, each preset 10-22 s, the profile 9-11 s, the
-# reference 20 s, nvtx 5 s, the benchmark 139 s (H200) and 159 s (H100, 2026-11-26); the whole
-# default set 299 s on the H200. The benchmark runs last: it gets what the budget leaves. When
+# reference 20 s, nvtx 5 s, the benchmark 124-159 s (H100) and 139 s (H200); the whole default
+# set 299 s on the H200, 371 s on the H100 with five "unfused" runs (2026-11-26; eight now,
+# about 60 s more). The benchmark runs last: it gets what the budget leaves. When
 # the build takes the time, run again with ZB_SKIP_BUILD=1 while the machine is warm (it keeps
 # build/) and GPU_CHECK_STEPS naming what is left.
 #
@@ -35,8 +36,9 @@
 # GPU_CHECK_STEPS (default "cuda_tests presets kernels unfused bench reference nvtx": "kernels" is the 1B
 # preset again with ATen's operators alone, --runtime.fused_kernels false, what our kernels
 # and nodes (RoPE, SwiGLU's gate, the loss's log-sum-exp and logit gradient, RMSNorm's backward
-# with the residual's gradient, q/k/v's input gradient summed in the GEMMs) give in tokens/s and
-# peak memory, and "unfused" the 1B preset five more times, each with one of them left to ATen
+# with the residual's gradient, q/k/v's input gradient summed in the GEMMs, the fp32 updates,
+# Muon's momentum, the residual adds in the GEMMs) give in tokens/s and peak memory, and
+# "unfused" the 1B preset eight more times, each with one of them left to ATen
 # (runtime.unfused), each one's share; "reference" trains the quick start on the CPU in fp32 and
 # on the GPU in fp32 and bf16, held-out losses side by side (it needs data/python-docs carried
 # along); "nvtx" checks with Nsight Compute that the phases are NVTX ranges,

@@ -188,4 +188,12 @@ TEST(Attention, KernelIsReportedAndCanBeChosen) {
   EXPECT_EQ(attention_kernel(cpu, at::kFloat, 64, 4, 2, 16, false, false), automatic);
   EXPECT_LT((forced - before).abs().max().item<double>(), 1e-5);
   EXPECT_THROW(use_sdpa_backend("fast"), std::invalid_argument);
+  // runtime.varlen_kernel: the documents' kernel reported as cuDNN's when chosen; the CPU's mask
+  // path is not affected.
+  use_varlen_kernel("cudnn");
+  EXPECT_EQ(attention_kernel(cpu, at::kFloat, 64, 4, 2, 16, true, /*flash_documents=*/true), "cudnn_varlen");
+  EXPECT_NE(attention_kernel(cpu, at::kFloat, 64, 4, 2, 16, true, false), "cudnn_varlen");
+  use_varlen_kernel("flash");
+  EXPECT_EQ(attention_kernel(cpu, at::kFloat, 64, 4, 2, 16, true, true), "flash_varlen");
+  EXPECT_THROW(use_varlen_kernel("fa3"), std::invalid_argument);
 }

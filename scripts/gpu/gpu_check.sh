@@ -44,7 +44,8 @@
 # along); "nvtx" checks with Nsight Compute that the phases are NVTX ranges,
 # scripts/gpu/nvtx_check.sh; add "attention" for the 1B preset without the document mask, flash
 # and PyTorch's choice (measured on both cards 2026-11-25/26: the mask x1.010, cuDNN x1.028 over
-# flash), "suite" for the rest of ctest), GPU_CHECK_BENCH
+# flash), and with the mask through cuDNN's attention (runtime.varlen_kernel cudnn), "suite" for
+# the rest of ctest), GPU_CHECK_BENCH
 # (bench.sh's arguments), GPU_CHECK_PEERS (bench.sh's PEERS, default zeroband),
 # GPU_CHECK_BUDGET_S, GPU_CHECK_COMMIT (the
 # commit to report where the tree has no .git), GPU_CHECK_SYSTEM_DEPS=0 (ignore Debian packages
@@ -110,7 +111,8 @@ debian_packages() {  # the Debian packages scripts/setup.sh installs, all presen
 }
 unfused_ops=(rope gate loss norm linears update momentum residual)  # model/layers.h's names of our fused operators
 # Every step, in the order they run (those of "attention" and "suite" only when asked for).
-gpu_steps=(build cuda_tests preset_150M preset_1B profile_1B preset_1B_causal preset_1B_causal_auto preset_1B_aten
+gpu_steps=(build cuda_tests preset_150M preset_1B profile_1B preset_1B_causal preset_1B_causal_auto preset_1B_cudnn_varlen
+           preset_1B_aten
            "${unfused_ops[@]/#/preset_1B_unfused_}" reference_cpu reference_gpu_fp32 reference_gpu_bf16
            reference_check nvtx bench)
 if [ "${ZB_SKIP_BUILD:-0}" = 1 ]; then
@@ -237,7 +239,10 @@ if wanted attention; then
     --model.attention causal --runtime.sdpa_backend flash --logging.metrics_file "$work/preset_1B_causal.jsonl"
   step preset_1B_causal_auto 150 "${train[@]}" "${one_b[@]}" \
     --model.attention causal --runtime.sdpa_backend auto --logging.metrics_file "$work/preset_1B_causal_auto.jsonl"
-else not_run "not in GPU_CHECK_STEPS" preset_1B_causal preset_1B_causal_auto; fi
+  # The document mask again, by cuDNN's attention over the same lengths (runtime.varlen_kernel).
+  step preset_1B_cudnn_varlen 150 "${train[@]}" "${one_b[@]}" \
+    --runtime.varlen_kernel cudnn --logging.metrics_file "$work/preset_1B_cudnn_varlen.jsonl"
+else not_run "not in GPU_CHECK_STEPS" preset_1B_causal preset_1B_causal_auto preset_1B_cudnn_varlen; fi
 if wanted kernels; then
   # The 1B preset as preset_1B ran it, with ATen's operators in place of our kernels and nodes.
   step preset_1B_aten 150 "${train[@]}" "${one_b[@]}" \

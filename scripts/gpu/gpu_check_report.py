@@ -201,6 +201,8 @@ def main():
     report["document_mask_speed_ratio"] = speed_ratio("1B", "1B_causal")
     # PyTorch's own choice of kernel for causal attention (cuDNN's on the H200, 2026-11-25) over flash.
     report["sdpa_auto_over_flash_speed_ratio"] = speed_ratio("1B_causal_auto", "1B_causal")
+    # The document mask through cuDNN's attention over the flash varlen kernels (runtime.varlen_kernel).
+    report["cudnn_varlen_over_flash_varlen_speed_ratio"] = speed_ratio("1B_cudnn_varlen", "1B")
     # Our kernels (RoPE, SwiGLU's gate, the loss's logit gradient) over ATen's operators alone ("kernels").
     report["fused_kernels_speed_ratio"] = speed_ratio("1B", "1B_aten")
     # Each fused operator's share: the 1B preset with all of ours over it with one left to ATen
@@ -237,6 +239,9 @@ def main():
         print(f"  1B with the document mask / without: tokens/s x {report['document_mask_speed_ratio']:.3f}")
     if report["sdpa_auto_over_flash_speed_ratio"] is not None:
         print(f"  1B causal, PyTorch's kernel / flash: tokens/s x {report['sdpa_auto_over_flash_speed_ratio']:.3f}")
+    if report["cudnn_varlen_over_flash_varlen_speed_ratio"] is not None:
+        print("  1B documents, cuDNN's attention / flash varlen: tokens/s x "
+              f"{report['cudnn_varlen_over_flash_varlen_speed_ratio']:.3f}")
     if report["fused_kernels_speed_ratio"] is not None:
         print(f"  1B with our kernels / ATen's operators: tokens/s x {report['fused_kernels_speed_ratio']:.3f}")
     for name, ratio in report["fused_operator_speed_ratios"].items():

@@ -128,6 +128,7 @@ struct RuntimeConfig {  // [runtime]
   int64_t timeout_s = 300;  // rendezvous and collectives fail after this long
   double device_memory_gb = 0;  // one device's memory for the fit check; 0: from the GPU's name
   std::string sdpa_backend = "auto";  // scaled_dot_product_attention's kernel (model/attention.h)
+  std::string varlen_kernel = "flash";  // document attention's kernel on a GPU (model/attention.h)
   bool fused_kernels = true;  // our fused operators and CUDA kernels (model/layers.h); false: none
   std::string unfused;        // those of them to leave to ATen, comma-separated (model/layers.h's names)
 };

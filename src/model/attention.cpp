@@ -3,6 +3,8 @@
 #include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/_cudnn_attention_backward.h>
+#include <ATen/ops/_cudnn_attention_forward.h>
 #include <ATen/ops/_fused_sdp_choice.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/_flash_attention_backward.h>
@@ -12,6 +14,7 @@
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -57,6 +60,16 @@ Documents make_documents(const at::Tensor& cu_seqlens, int64_t max_len, int64_t 
   return d;
 }
 
+namespace {
+std::atomic<bool> cudnn_varlen{false};  // runtime.varlen_kernel = "cudnn"
+}  // namespace
+
+void use_varlen_kernel(const std::string& choice) {
+  if (choice != "flash" && choice != "cudnn")
+    throw std::invalid_argument("runtime.varlen_kernel: unknown kernel \"" + choice + "\" (flash or cudnn)");
+  cudnn_varlen.store(choice == "cudnn", std::memory_order_relaxed);
+}
+
 void use_sdpa_backend(const std::string& choice) {
   const bool all = choice == "auto";  // PyTorch's defaults: every kernel a candidate
   const bool flash = choice == "flash", cudnn = choice == "cudnn", efficient = choice == "efficient";
@@ -71,7 +84,8 @@ void use_sdpa_backend(const std::string& choice) {
 
 std::string attention_kernel(const c10::Device& device, at::ScalarType dtype, int64_t T, int64_t heads,
                              int64_t kv_heads, int64_t head_dim, bool document_mask, bool flash_documents) {
-  if (document_mask && flash_documents) return "flash_varlen";
+  if (document_mask && flash_documents)
+    return cudnn_varlen.load(std::memory_order_relaxed) ? "cudnn_varlen" : "flash_varlen";
   // One row of the real shapes, in the layout attention() hands over ([B, T, H, Dh] transposed),
   // requiring gradients as in training: the dispatcher's choice depends on all of that.
   const auto opts = at::TensorOptions().device(device).dtype(dtype);
@@ -119,15 +133,42 @@ struct VarlenFlashAttention : torch::autograd::Function<VarlenFlashAttention> {
   }
 };
 
+// The same through cuDNN's attention (ATen's _cudnn_attention_forward/backward with cumulative
+// lengths: its ragged layout is this one, [N, H, Dh] with H and Hkv heads).
+struct CudnnVarlenAttention : torch::autograd::Function<CudnnVarlenAttention> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
+                                                const at::Tensor& k, const at::Tensor& v,
+                                                const at::Tensor& cu_seqlens, int64_t max_len) {
+    auto [out, logsumexp, cum_q, cum_k, max_q, max_k, seed, offset, debug_mask] =
+        at::_cudnn_attention_forward(q, k, v, /*attn_bias=*/std::nullopt, cu_seqlens, cu_seqlens, max_len, max_len,
+                                     /*compute_log_sumexp=*/true, /*dropout_p=*/0.0, /*is_causal=*/true,
+                                     /*return_debug_mask=*/false);
+    ctx->save_for_backward({q, k, v, out, logsumexp, cu_seqlens, seed, offset});
+    ctx->saved_data["max_len"] = max_len;
+    return {out};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const int64_t max_len = ctx->saved_data["max_len"].toInt();
+    auto [dq, dk, dv] = at::_cudnn_attention_backward(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], s[6], s[7],
+                                                      /*attn_bias=*/at::Tensor(), s[5], s[5], max_len, max_len,
+                                                      /*dropout_p=*/0.0, /*is_causal=*/true);
+    return {dq, dk, dv, at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Documents& documents) {
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dh = q.size(3);
   if (documents.cu_seqlens.defined()) {
-    at::Tensor out = VarlenFlashAttention::apply(q.reshape({B * T, H, Dh}).contiguous(),
-                                                 k.reshape({B * T, k.size(2), Dh}).contiguous(),
-                                                 v.reshape({B * T, v.size(2), Dh}).contiguous(),
-                                                 documents.cu_seqlens, documents.max_len)[0];
+    const at::Tensor qf = q.reshape({B * T, H, Dh}).contiguous(), kf = k.reshape({B * T, k.size(2), Dh}).contiguous(),
+                     vf = v.reshape({B * T, v.size(2), Dh}).contiguous();
+    const at::Tensor out =
+        cudnn_varlen.load(std::memory_order_relaxed)
+            ? CudnnVarlenAttention::apply(qf, kf, vf, documents.cu_seqlens, documents.max_len)[0]
+            : VarlenFlashAttention::apply(qf, kf, vf, documents.cu_seqlens, documents.max_len)[0];
     return out.view({B, T, H * Dh});
   }
   const bool gqa = k.size(2) != H;

@@ -39,6 +39,13 @@ bool varlen_flash_supported(const c10::Device& device, at::ScalarType dtype, int
 Documents make_documents(const at::Tensor& cu_seqlens, int64_t max_len, int64_t T, const c10::Device& device,
                          at::ScalarType dtype, bool flash);
 
+// Document attention's kernel on a GPU (runtime.varlen_kernel): "flash", LibTorch's
+// variable-length flash kernels (the default), or "cudnn", cuDNN's attention over the same
+// cumulative lengths (q, k, v ragged as [N, H, Dh]; a candidate to measure: on an H100 cuDNN ran
+// plain causal attention faster than flash, and the flash varlen kernels take 88 ms of the 1B
+// step). Process-wide; std::invalid_argument for another name.
+void use_varlen_kernel(const std::string& choice);
+
 // Which kernel scaled_dot_product_attention may run (runtime.sdpa_backend): "auto" leaves the
 // choice to PyTorch with every kernel a candidate (on an H100 torch 2.11 is said to prefer cuDNN's
 // attention: the metrics say which ran);
@@ -47,7 +54,8 @@ Documents make_documents(const at::Tensor& cu_seqlens, int64_t max_len, int64_t 
 void use_sdpa_backend(const std::string& choice);
 
 // The kernel attention runs for a micro-batch of rows of T tokens on `device` in `dtype` (what
-// the metrics report): "flash_varlen" for documents by the flash kernel, else the name of
+// the metrics report): "flash_varlen" (or "cudnn_varlen") for documents by the flash kernel (or
+// cuDNN's), else the name of
 // PyTorch's choice for scaled_dot_product_attention on these shapes ("flash_attention",
 // "cudnn_attention", "efficient_attention", "math"), asked of the dispatcher itself.
 std::string attention_kernel(const c10::Device& device, at::ScalarType dtype, int64_t T, int64_t heads,

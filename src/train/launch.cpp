@@ -96,7 +96,7 @@ std::vector<std::string> describe_trainer(Trainer& trainer, const Config& c, con
   if (const auto& d = trainer.documents())
     lines.push_back(strf("attention: within documents, split %s token %ld (%s), kernel %s", d->opens ? "before" : "after",
                          static_cast<long>(d->token),
-                         trainer.flash_documents() ? "variable-length flash kernel" : "additive mask through SDPA",
+                         trainer.flash_documents() ? "variable-length kernel" : "additive mask through SDPA",
                          trainer.attention_kernel().c_str()));
   else
     lines.push_back(strf("attention: causal over whole rows, kernel %s (runtime.sdpa_backend = %s)",

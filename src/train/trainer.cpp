@@ -118,6 +118,7 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
   documents_ = sources.documents;
   flash_documents_ = varlen_flash_supported(device, compute_dtype_, model_->args().head_dim());
   use_sdpa_backend(config.runtime.sdpa_backend);
+  use_varlen_kernel(config.runtime.varlen_kernel);
   use_fused_kernels(config.runtime.fused_kernels);
   if (config.runtime.fused_kernels) leave_unfused(split_operator_names(config.runtime.unfused));
   // Asked for this rank's heads: under TP each rank attends with its share of them.

@@ -197,3 +197,22 @@ TEST(Attention, KernelIsReportedAndCanBeChosen) {
   EXPECT_EQ(attention_kernel(cpu, at::kFloat, 64, 4, 2, 16, true, true), "flash_varlen");
   EXPECT_THROW(use_varlen_kernel("fa3"), std::invalid_argument);
 }
+
+TEST(Attention, CudnnVarlenLengthsComeInPowersOfTwo) {
+  // For cuDNN's attention the cumulative lengths are padded with empty sequences to a power of two
+  // and the longest is taken as T (cuDNN builds a graph per count and longest); the flash kernel's
+  // are as given. Made for the CPU here (make_documents does not look at the device for these).
+  const at::Tensor cu = at::tensor(std::vector<int32_t>{0, 5, 16, 20, 32}, at::kInt);  // 4 pieces, 2 rows of 16
+  const at::Tensor odd = at::tensor(std::vector<int32_t>{0, 5, 16, 32}, at::kInt);     // 3 pieces
+  const c10::Device cpu(c10::kCPU);
+  use_varlen_kernel("cudnn");
+  const Documents four = make_documents(cu, 12, 16, cpu, at::kFloat, /*flash=*/true);
+  const Documents three = make_documents(odd, 16, 16, cpu, at::kFloat, true);
+  use_varlen_kernel("flash");
+  const Documents flash = make_documents(odd, 16, 16, cpu, at::kFloat, true);
+  EXPECT_TRUE(at::equal(four.cu_seqlens, cu));
+  EXPECT_EQ(four.max_len, 16);
+  EXPECT_TRUE(at::equal(three.cu_seqlens, at::tensor(std::vector<int32_t>{0, 5, 16, 32, 32}, at::kInt)));
+  EXPECT_TRUE(at::equal(flash.cu_seqlens, odd));
+  EXPECT_EQ(flash.max_len, 16);
+}

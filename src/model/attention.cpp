@@ -22,6 +22,10 @@
 
 namespace zb {
 
+namespace {
+std::atomic<bool> cudnn_varlen{false};  // runtime.varlen_kernel = "cudnn"
+}  // namespace
+
 bool varlen_flash_supported(const c10::Device& device, at::ScalarType dtype, int64_t head_dim) {
   return device.is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf) && head_dim % 8 == 0 &&
          head_dim <= 256;
@@ -41,6 +45,21 @@ Documents make_documents(const at::Tensor& cu_seqlens, int64_t max_len, int64_t 
   TORCH_CHECK(c[0] == 0 && N > 0 && N % T == 0 && max_len >= 1 && max_len <= T,
               "make_documents: malformed cumulative lengths (first 0, last a multiple of T = ", T,
               ", longest piece in [1, T]; got last ", N, ", longest ", max_len, ")");
+  if (flash && cudnn_varlen.load(std::memory_order_relaxed)) {
+    // cuDNN builds (and caches) a graph for each count of sequences and longest one: the count
+    // rounded up to a power of two with empty sequences at the end, and the longest taken as T,
+    // so that a run meets a few graphs rather than one per micro-batch.
+    const int64_t n = host.numel() - 1;
+    int64_t bucket = 1;
+    while (bucket < n) bucket *= 2;
+    // Pinned, so that the copy does not wait: the host allocator keeps the buffer until it is done.
+    at::Tensor padded = at::empty({bucket + 1}, host.options().pinned_memory(device.is_cuda()));
+    padded.fill_(c[n]);
+    padded.narrow(0, 0, n + 1).copy_(host);
+    d.cu_seqlens = padded.to(device, /*non_blocking=*/true);
+    d.max_len = T;
+    return d;
+  }
   at::Tensor cu = cu_seqlens.to(device, /*non_blocking=*/true);
   if (flash) {
     d.cu_seqlens = cu;
@@ -59,10 +78,6 @@ Documents make_documents(const at::Tensor& cu_seqlens, int64_t max_len, int64_t 
   d.max_len = max_len;
   return d;
 }
-
-namespace {
-std::atomic<bool> cudnn_varlen{false};  // runtime.varlen_kernel = "cudnn"
-}  // namespace
 
 void use_varlen_kernel(const std::string& choice) {
   if (choice != "flash" && choice != "cudnn")

@@ -130,6 +130,9 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
   if (parallelism == zb::Parallelism::FSDP)
     memory = zb::check_memory(cfg, world.size, device, zb::memory_budget(cfg, device, /*dry_run=*/false), cl.force,
                               /*dry_run=*/false);
+  // train.keep_unsharded as the verdict resolved it ("auto" on or off), for the trainer, the plan
+  // and the run's record.
+  if (memory) cfg.train.keep_unsharded = memory->keep_unsharded ? "true" : "false";
   zb::Trainer trainer(cfg, comm, device, parallelism, std::move(groups),
                       memory ? std::optional<bool>(memory->reduce_every_micro_batch) : std::nullopt);
   trainer.set_gradient_hook(gradient_hook);

@@ -59,6 +59,32 @@ TEST(RunPolicy, AutoStaysOffWhereTheRunFitsAndTheCpuIsNotChecked) {
   EXPECT_FALSE(cpu.reduce_every_micro_batch);
 }
 
+// train.keep_unsharded = "auto": the 1B preset on one GPU of 80 GB keeps its casts (they fit),
+// its peak higher by at most the whole model's bf16 cast; on 8 GPUs (8 ranks a shard group) they
+// do not apply; where only the run without them fits, or on the CPU, it stays off.
+TEST(RunPolicy, AutoKeepsTheCastsOnOneGpuWhereTheRunFitsWithThem) {
+  Config c = load_config_file(kConfigs + "1B/H100.toml");
+  c.runtime.device_memory_gb = 80;
+  const MemoryVerdict kept = judge_memory(c, 1, kGpu, planned_budget(c, ""));
+  EXPECT_TRUE(kept.fits && kept.keep_unsharded && kept.keep_unsharded_auto_on && kept.estimate.keep_unsharded);
+  c.train.keep_unsharded = "false";
+  const MemoryVerdict freed = judge_memory(c, 1, kGpu, planned_budget(c, ""));
+  EXPECT_FALSE(freed.keep_unsharded || freed.keep_unsharded_auto_on);
+  const int64_t cast = 2 * 1'055'991'808;  // every parameter in bf16
+  EXPECT_GT(kept.estimate.peak, freed.estimate.peak);
+  EXPECT_LE(kept.estimate.peak, freed.estimate.peak + cast);
+  c.train.keep_unsharded = "auto";
+  EXPECT_FALSE(judge_memory(c, 8, kGpu, planned_budget(c, "")).keep_unsharded);
+  // A device between the two peaks (usable: 90% of it): the run fits only with the casts freed.
+  c.runtime.device_memory_gb = (freed.estimate.peak + kept.estimate.peak) / 2.0 / 0.9 / 1e9;
+  const MemoryVerdict between = judge_memory(c, 1, kGpu, planned_budget(c, ""));
+  EXPECT_TRUE(between.fits);
+  EXPECT_FALSE(between.keep_unsharded || between.keep_unsharded_auto_on);
+  EXPECT_FALSE(judge_memory(c, 1, c10::Device(c10::kCPU), MemoryBudget{}).keep_unsharded);
+  c.train.keep_unsharded = "true";  // asked for: in effect wherever it applies
+  EXPECT_TRUE(judge_memory(c, 1, c10::Device(c10::kCPU), MemoryBudget{}).keep_unsharded);
+}
+
 namespace {
 StepStats nonfinite_step(int64_t step, int64_t in_a_row, int64_t total) {
   StepStats s;

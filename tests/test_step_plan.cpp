@@ -3,6 +3,7 @@
 // forward, activation checkpointing and reducing on every micro-batch, the events a Trainer's
 // step records (the engine's gathers, frees and hand-offs, and every collective with its group
 // and bytes) must be exactly the plan's, in order.
+#include <ATen/ops/equal.h>
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -55,12 +56,14 @@ std::vector<Layout> layouts(int64_t world) {
 // Three blocks (so the last, the one before it and the others all occur), two micro-batches per
 // rank, fp32, Newton-Schulz in fp32; the debug model at dim 128 (every matrix still a bucket of its
 // own, rows still uneven over 3 ranks; half the time of dim 256, most of it Newton-Schulz's).
-Config config(const Layout& l, int64_t world, bool reshard, int64_t ac, bool reduce_every, const std::string& opt) {
+Config config(const Layout& l, int64_t world, bool reshard, int64_t ac, bool reduce_every, const std::string& opt,
+              bool keep_unsharded = false) {
   std::ostringstream toml;
   toml << "name_model = \"debugmodel\"\ntype_model = \"llama2\"\n"
        << "[model]\nn_layers = 3\ndim = 128\n" << (l.kv_heads ? "n_kv_heads = " + std::to_string(l.kv_heads) + "\n" : "")
        << "[train]\nmicro_bs = 1\nac_ckpt = " << ac << "\nreshard_after_forward = " << (reshard ? "true" : "false")
        << "\nreduce_every_micro_batch = " << (reduce_every ? "true" : "false") << "\nbucket_mb = 0.05\n"
+       << "keep_unsharded = " << (keep_unsharded ? "true" : "false") << "\n"
        << "[optim]\nbatch_size = " << 2 * world / l.tp << "\ntotal_steps = 4\n"
        << "[optim.optim]\ntype = \"" << opt << "\"\nns_dtype = \"float32\"\n"
        << "[data]\nfake = true\nseq_length = 16\n[runtime]\ndevice = \"cpu\"\n";
@@ -148,6 +151,86 @@ TEST_P(StepPlanMatchesTheTrace, EveryLayoutAndOption) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, StepPlanMatchesTheTrace, ::testing::Values(1, 2, 3, 4));
+
+// Kept casts (train.keep_unsharded, one rank per shard group): in every layout where they apply,
+// with and without resharding after forward and activation checkpointing, three steps' traces
+// equal the plan: each unit cast once, in the first micro-batch's forward (again in the step after
+// the optimizer changed the parameters), never freed.
+class StepPlanKeepingCasts : public ::testing::TestWithParam<int> {};
+
+TEST_P(StepPlanKeepingCasts, EqualTheTrace) {
+  const int world = GetParam();
+  multiprocess::run_ranks(world, [world](int rank) {
+    Communicator comm(detect_world(), c10::Device(c10::kCPU), std::chrono::seconds(60));
+    int checked = 0;
+    for (const Layout& l : layouts(world)) {
+      if (l.parallelism != Parallelism::FSDP || l.shard != 1) continue;
+      for (const bool reshard : {true, false})
+        for (const int64_t ac : {0, 2}) {
+          if (l.diloco && !(reshard && ac == 0)) continue;
+          const Config c = config(l, world, reshard, ac, false, "muon", /*keep_unsharded=*/true);
+          const StepPlan plan = plan_step(c, world, rank, l.parallelism, at::kFloat, at::kFloat, false);
+          const bool replicas = world / l.tp > 1 && !l.diloco;  // HSDP's: the casts are not kept
+          EXPECT_EQ(plan.keep_unsharded, !replicas) << l.name;
+          if (!plan.keep_unsharded) continue;
+          const std::string what = l.name + " on " + std::to_string(world) + ", reshard " + std::to_string(reshard) +
+                                   ", ac_ckpt " + std::to_string(ac) + ", rank " + std::to_string(rank);
+          Trainer trainer(c, comm, c10::Device(c10::kCPU), l.parallelism);
+          EXPECT_TRUE(trainer.keeps_unsharded()) << what;
+          StepTrace trace;
+          trainer.set_step_trace(&trace);
+          for (int step = 1; step <= 3; ++step) {
+            trace.clear();
+            trainer.train_step();
+            std::vector<StepEvent> planned = plan.events;
+            if (l.diloco && step == 2) {
+              for (const StepEvent& e : plan.diloco->exchanges.front()) planned.push_back(e);
+              planned.insert(planned.end(), plan.diloco->norm.begin(), plan.diloco->norm.end());
+            }
+            expect_same_events(lines(trace.events()), lines(planned), what + ", step " + std::to_string(step));
+          }
+          trainer.set_step_trace(nullptr);
+          ++checked;
+        }
+    }
+    EXPECT_GT(checked, 0);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, StepPlanKeepingCasts, ::testing::Values(1, 2, 4));
+
+// Kept casts change no number: one process, two micro-batches a step, with and without
+// resharding after forward and activation checkpointing, and an evaluation between steps (its
+// forward reuses or remakes the casts): the same losses and the same parameters after three
+// steps, bit for bit, as without keeping them.
+TEST(StepPlan, KeptCastsTrainBitForBitAsWithout) {
+  Communicator comm(detect_world(), c10::Device(c10::kCPU), std::chrono::seconds(60));
+  const Layout fsdp{Parallelism::FSDP, 1, "FSDP"};
+  for (const bool reshard : {true, false})
+    for (const int64_t ac : {0, 2}) {
+      auto run = [&](bool keep) {
+        Config c = config(fsdp, 1, reshard, ac, false, "muon", keep);
+        c.data.eval_interval = 0;
+        Trainer trainer(c, comm, c10::Device(c10::kCPU), Parallelism::FSDP);
+        EXPECT_EQ(trainer.keeps_unsharded(), keep);
+        std::vector<double> losses;
+        for (int step = 1; step <= 3; ++step) {
+          losses.push_back(trainer.train_step().loss);
+          if (step == 2) losses.push_back(trainer.evaluate());
+        }
+        std::vector<at::Tensor> params;
+        for (auto& [name, value] : trainer.parallel().gather_full_parameters()) params.push_back(value);
+        return std::make_pair(losses, params);
+      };
+      const auto [kept_losses, kept] = run(true);
+      const auto [losses, params] = run(false);
+      const std::string what = "reshard " + std::to_string(reshard) + ", ac_ckpt " + std::to_string(ac);
+      EXPECT_EQ(kept_losses, losses) << what;
+      ASSERT_EQ(kept.size(), params.size());
+      for (size_t i = 0; i < params.size(); ++i)
+        EXPECT_TRUE(at::equal(kept[i], params[i])) << what << ", tensor " << i;
+    }
+}
 
 // The plan's own arithmetic where it is easy to state: plain FSDP on 4 ranks, one micro-batch,
 // AdamW. Each block is gathered in forward and, but for the last, again in backward, and each

@@ -112,7 +112,7 @@ debian_packages() {  # the Debian packages scripts/setup.sh installs, all presen
 unfused_ops=(rope gate loss norm linears update momentum residual)  # model/layers.h's names of our fused operators
 # Every step, in the order they run (those of "attention" and "suite" only when asked for).
 gpu_steps=(build cuda_tests preset_150M preset_1B profile_1B preset_1B_causal preset_1B_causal_auto preset_1B_cudnn_varlen
-           preset_1B_aten
+           preset_1B_aten preset_1B_casts_freed
            "${unfused_ops[@]/#/preset_1B_unfused_}" reference_cpu reference_gpu_fp32 reference_gpu_bf16
            reference_check nvtx bench)
 if [ "${ZB_SKIP_BUILD:-0}" = 1 ]; then
@@ -247,7 +247,11 @@ if wanted kernels; then
   # The 1B preset as preset_1B ran it, with ATen's operators in place of our kernels and nodes.
   step preset_1B_aten 150 "${train[@]}" "${one_b[@]}" \
     --runtime.fused_kernels false --logging.metrics_file "$work/preset_1B_aten.jsonl"
-else not_run "not in GPU_CHECK_STEPS" preset_1B_aten; fi
+  # And with the casts freed and made again as resharding asks (train.keep_unsharded false; the
+  # preset's run keeps them where they fit, "auto").
+  step preset_1B_casts_freed 150 "${train[@]}" "${one_b[@]}" \
+    --train.keep_unsharded false --logging.metrics_file "$work/preset_1B_casts_freed.jsonl"
+else not_run "not in GPU_CHECK_STEPS" preset_1B_aten preset_1B_casts_freed; fi
 if wanted unfused; then
   # The 1B preset with one of our operators left to ATen at a time (runtime.unfused): each one's share.
   for op in "${unfused_ops[@]}"; do

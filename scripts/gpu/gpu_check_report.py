@@ -205,6 +205,8 @@ def main():
     report["cudnn_varlen_over_flash_varlen_speed_ratio"] = speed_ratio("1B_cudnn_varlen", "1B")
     # Our kernels (RoPE, SwiGLU's gate, the loss's logit gradient) over ATen's operators alone ("kernels").
     report["fused_kernels_speed_ratio"] = speed_ratio("1B", "1B_aten")
+    # The casts kept for the step (train.keep_unsharded auto, one rank) over freed and made again.
+    report["kept_casts_speed_ratio"] = speed_ratio("1B", "1B_casts_freed")
     # Each fused operator's share: the 1B preset with all of ours over it with one left to ATen
     # (runtime.unfused, the "unfused" step): above 1, what that one gives.
     report["fused_operator_speed_ratios"] = {
@@ -239,6 +241,8 @@ def main():
         print(f"  1B with the document mask / without: tokens/s x {report['document_mask_speed_ratio']:.3f}")
     if report["sdpa_auto_over_flash_speed_ratio"] is not None:
         print(f"  1B causal, PyTorch's kernel / flash: tokens/s x {report['sdpa_auto_over_flash_speed_ratio']:.3f}")
+    if report["kept_casts_speed_ratio"] is not None:
+        print(f"  1B with the casts kept / freed: tokens/s x {report['kept_casts_speed_ratio']:.3f}")
     if report["cudnn_varlen_over_flash_varlen_speed_ratio"] is not None:
         print("  1B documents, cuDNN's attention / flash varlen: tokens/s x "
               f"{report['cudnn_varlen_over_flash_varlen_speed_ratio']:.3f}")

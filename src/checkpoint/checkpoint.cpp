@@ -506,6 +506,7 @@ void load_checkpoint(const std::string& dir, TrainingState& run, Communicator& c
   const int64_t step = meta["step"];
   run.restore_position(step, meta.value("skipped_steps", int64_t{0}),
                            static_cast<uint64_t>(meta["seed"].get<int64_t>()));
+  run.parallel().parameters_changed();
   log::info(strf("resumed from %s: step %ld, saved on %ld rank(s), now on %ld", dir.c_str(), step,
                  saved_world, comm.size()));
 }
@@ -527,6 +528,7 @@ void init_from_hf(const std::string& dir, TrainingState& run) {
   }
   at::NoGradGuard no_grad;
   for (auto& [dst, value] : assignments) dst.copy_(value);
+  run.parallel().parameters_changed();
   log::info("initial weights from " + dir);
 }
 

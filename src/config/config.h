@@ -38,6 +38,9 @@ struct TrainConfig {  // [train]
   // shards, instead of accumulating whole fp32 gradients until the last: "true", "false" or "auto"
   // (on where the memory estimate says the run fits only that way; train/memory_estimate.h).
   std::string reduce_every_micro_batch = "auto";
+  // One rank per shard group: keep the compute-dtype casts of the parameters across the step
+  // ("true", "false"; "auto": on a GPU where the memory estimate says the run fits with them).
+  std::string keep_unsharded = "auto";
   // A step whose loss or gradient norm is not finite is never applied. "stop": the run stops
   // (exit 1); "skip": it goes on, and stops after max_skipped_steps such steps in a row.
   std::string nonfinite = "stop";

@@ -96,6 +96,20 @@ const std::vector<Field>& schema() {
               const std::string& v = c.train.reduce_every_micro_batch;
               return v == "auto" ? show(v) : v;  // a TOML string or boolean
             }},
+      Field{"train.keep_unsharded", Kind::BoolOrAuto,
+            "with one rank per shard group, where gathering parameters is casting them to the compute "
+            "dtype: keep the casts for the whole step (one cast a step, the whole model's cast in memory) "
+            "instead of freeing them after forward and backward (false); auto: on a GPU where the memory "
+            "estimate says the run fits with them",
+            {},
+            [](Config& c, const Value& v) {
+              c.train.keep_unsharded = std::holds_alternative<bool>(v) ? (std::get<bool>(v) ? "true" : "false")
+                                                                       : std::get<std::string>(v);
+            },
+            [](const Config& c) {
+              const std::string& v = c.train.keep_unsharded;
+              return v == "auto" ? show(v) : v;
+            }},
       ZB_FIELD("train.bucket_mb", Float, double, train.bucket_mb,
                "train_ddp: size of the gradient all-reduce buckets in MiB"),
       ZB_CHOICE("optim.sched_type", optim.sched_type, "learning-rate schedule", "cosine", "linear",

@@ -43,10 +43,11 @@ FSDPEngine::FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& opti
   const int64_t L = model.args().n_layers;
   for (int64_t i = 0; i < L; ++i) {
     const bool reshard = options.reshard_after_forward && i != L - 1;
-    blocks_.push_back(std::make_unique<FSDPUnit>(i, "layers." + std::to_string(i),
-                                                 std::move(block_params[i]), comm, reshard, context_, replicas));
+    blocks_.push_back(std::make_unique<FSDPUnit>(i, "layers." + std::to_string(i), std::move(block_params[i]),
+                                                 comm, reshard, context_, replicas, options.keep_cast));
   }
-  root_ = std::make_unique<FSDPUnit>(L, "root", std::move(root_params), comm, false, context_, replicas);
+  root_ = std::make_unique<FSDPUnit>(L, "root", std::move(root_params), comm, false, context_, replicas,
+                                     options.keep_cast);
 }
 
 namespace {
@@ -144,6 +145,11 @@ void FSDPEngine::finish_backward() {
 void FSDPEngine::reshard() {
   for (auto& b : blocks_) b->reset();
   root_->reset();
+}
+
+void FSDPEngine::parameters_changed() {
+  for (auto& b : blocks_) b->parameters_changed();
+  root_->parameters_changed();
 }
 
 std::vector<ShardedParameter> FSDPEngine::parameters() {

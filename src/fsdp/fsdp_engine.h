@@ -34,6 +34,11 @@ struct FSDPOptions {
   // Activation checkpointing: 0 off; N recomputes the forward of every N-th block (layer % N == 0)
   // during backward instead of keeping its activations (only its input is kept).
   int64_t checkpoint_every = 0;
+  // With one rank in the shard group and no replicas (gathering is a cast): keep every unit's
+  // cast for the whole step and across steps, cast again after the parameters change (once a
+  // step), instead of after each free. Costs the whole model in the compute dtype;
+  // reshard_after_forward then frees nothing (train.keep_unsharded).
+  bool keep_cast = false;
   // Where the shards live; parameters the model left on the meta device (Llama's
   // allocate_parameters = false) are created here one at a time.
   c10::Device device = c10::kCPU;
@@ -57,6 +62,8 @@ class FSDPEngine : public ParallelModel {
   // gathered parameter. Call after each backward.
   void finish_backward() override;
   void reshard() override;
+  void parameters_changed() override;
+  bool keeps_casts() const override { return root_->keeps_cast(); }
 
   // The optimizer's view: sharded fp32 parameters under their model names, with their rows.
   std::vector<ShardedParameter> parameters() override;

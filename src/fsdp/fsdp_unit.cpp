@@ -25,9 +25,9 @@ const char* state_name(FSDPUnit::TrainingState s) {
 }  // namespace
 
 FSDPUnit::FSDPUnit(int64_t index, std::string name, std::vector<FSDPParam*> params, Communicator& comm,
-                   bool reshard_after_forward, FSDPCommContext& context, Communicator* replicas)
+                   bool reshard_after_forward, FSDPCommContext& context, Communicator* replicas, bool keep_cast)
     : index_(index), name_(std::move(name)), params_(std::move(params)), comm_(comm), replicas_(replicas),
-      reshard_after_forward_(reshard_after_forward), context_(context) {
+      reshard_after_forward_(reshard_after_forward), keep_cast_(keep_cast && comm.size() == 1 && !replicas), context_(context) {
   for (FSDPParam* p : params_) {
     offsets_.push_back(block_numel_);
     block_numel_ += p->shard.block_numel();
@@ -50,7 +50,7 @@ void FSDPUnit::pre_forward() {
 
 void FSDPUnit::post_forward() {
   transition({TrainingState::Forward}, TrainingState::Idle, "post_forward");
-  if (reshard_after_forward_) reshard();
+  if (reshard_after_forward()) reshard();
 }
 
 void FSDPUnit::pre_backward() {
@@ -64,8 +64,8 @@ void FSDPUnit::post_backward(const std::vector<at::Tensor>& grads) {
   transition({TrainingState::Idle, TrainingState::PreBackward}, TrainingState::PostBackward, "post_backward");
   at::NoGradGuard no_grad;
   // Every node that used this unit's parameters has run (they produced these gradients): the
-  // gathered copies can go now rather than at the end of backward.
-  reshard();
+  // gathered copies can go now rather than at the end of backward (a kept cast stays).
+  if (!keep_cast_) reshard();
   std::vector<std::vector<int64_t>> shapes;
   for (FSDPParam* p : params_) shapes.push_back(p->full_shape);
   const GradientTotals total =
@@ -154,26 +154,43 @@ void FSDPUnit::issue_unshard() {
 }
 
 void FSDPUnit::wait_unshard() {
-  if (state_ == State::Unsharded) return;
+  if (state_ == State::Unsharded) {
+    if (!keep_cast_ || cast_is_current()) return;
+    Phase phase("zb.fsdp.wait_unshard", name_);
+    cast_shards();  // into the storages it keeps
+    trace(StepEvent::Op::Unshard);
+    return;
+  }
   Phase phase("zb.fsdp.wait_unshard", name_);
   if (state_ == State::Sharded) issue_unshard();
   gather_.wait();
-  if (comm_.size() > 1) {
-    all_gather_copy_out(params_, gather_out_, comm_.size());
-  } else {
-    at::NoGradGuard no_grad;
-    std::vector<at::Tensor> into, from;
-    for (FSDPParam* p : params_) {
-      p->allocate_unsharded();
-      into.push_back(p->padded_blocks());  // one rank: its rows are the whole, unpadded
-      from.push_back(p->sharded.detach().view({1, -1}));
-    }
-    at::_foreach_copy_(into, from);  // fp32 -> compute dtype, in one launch where CUDA can
-  }
+  if (comm_.size() > 1) all_gather_copy_out(params_, gather_out_, comm_.size());
+  else cast_shards();
   gather_in_ = at::Tensor();
   gather_out_ = at::Tensor();
   state_ = State::Unsharded;
   trace(StepEvent::Op::Unshard);
+}
+
+void FSDPUnit::cast_shards() {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> into, from;
+  cast_versions_.clear();
+  for (FSDPParam* p : params_) {
+    p->allocate_unsharded();
+    into.push_back(p->padded_blocks());  // one rank: its rows are the whole, unpadded
+    from.push_back(p->sharded.detach().view({1, -1}));
+    cast_versions_.push_back(static_cast<int64_t>(p->sharded._version()));
+  }
+  at::_foreach_copy_(into, from);  // fp32 -> compute dtype, in one launch where CUDA can
+  cast_current_ = true;
+}
+
+bool FSDPUnit::cast_is_current() const {
+  if (!cast_current_ || cast_versions_.size() != params_.size()) return false;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (static_cast<int64_t>(params_[i]->sharded._version()) != cast_versions_[i]) return false;
+  return true;
 }
 
 void FSDPUnit::reshard() {
@@ -188,7 +205,7 @@ void FSDPUnit::reshard() {
 
 void FSDPUnit::reset() {
   finish_gradients();
-  reshard();
+  if (!keep_cast_) reshard();
   training_state_ = TrainingState::Idle;
 }
 

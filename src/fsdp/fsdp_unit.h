@@ -17,6 +17,10 @@
 //   gradients   NONE --post_backward--> REDUCING --advance--> REPLICATING --finish--> NONE
 // (without replicas advance goes straight back to NONE), so one unit's reduce-scatter and the
 // unit before's all-reduce are in flight while the next blocks compute their backward.
+// With one rank in the shard group the gather is a cast of the fp32 shards into the compute
+// dtype; a unit that keeps its cast (`keep_cast`) stays UNSHARDED from its first cast on, across
+// forward, backward and micro-batches, and casts again only after its parameters changed
+// (parameters_changed, or a write to a shard that advanced its version counter).
 #include <ATen/core/Tensor.h>
 
 #include <initializer_list>
@@ -52,13 +56,16 @@ class FSDPUnit : public GradientGroup {
 
   // `index`: the block's, or n_layers for the root. `comm`: the ranks the parameters are sharded
   // over; `replicas`: the group that holds the same shards under hybrid sharding (null for FSDP).
+  // `keep_cast`: with one rank in `comm` and no replicas, keep the cast (above); ignored else.
   FSDPUnit(int64_t index, std::string name, std::vector<FSDPParam*> params, Communicator& comm,
-           bool reshard_after_forward, FSDPCommContext& context, Communicator* replicas = nullptr);
+           bool reshard_after_forward, FSDPCommContext& context, Communicator* replicas = nullptr,
+           bool keep_cast = false);
 
   const std::string& name() const { return name_; }
   State state() const { return state_; }
   TrainingState training_state() const { return training_state_; }
-  bool reshard_after_forward() const { return reshard_after_forward_; }
+  bool reshard_after_forward() const { return reshard_after_forward_ && !keep_cast_; }
+  bool keeps_cast() const { return keep_cast_; }
   const std::vector<FSDPParam*>& params() const { return params_; }
 
   // --- the calls the engine makes ---
@@ -85,8 +92,11 @@ class FSDPUnit : public GradientGroup {
   void wait_unshard();
   // Frees the unsharded storages.
   void reshard();
-  // Back to IDLE and SHARDED, whatever was in progress (the engine, after evaluation).
+  // Back to IDLE and SHARDED (a unit that keeps its cast: UNSHARDED), whatever was in progress
+  // (the engine, after each backward and after evaluation).
   void reset();
+  // The shards were changed (the optimizer stepped): a kept cast is made again at its next use.
+  void parameters_changed() { cast_current_ = false; }
   // Puts the unsharded parameters into the model's slots through the unit's gradient node
   // (requires UNSHARDED; pre_forward does it, and an activation-checkpointing recompute).
   void fill_slots();
@@ -105,6 +115,10 @@ class FSDPUnit : public GradientGroup {
   void add_whole_gradients(const GradientTotals& total);
   // The reduce-scatter of the step's sums (the unit before finishes its own first).
   void start_reduction(const std::vector<at::Tensor>& total);
+  // One rank: the shards cast into the unsharded storages, in one launch where CUDA can.
+  void cast_shards();
+  // A kept cast that still holds the shards' values.
+  bool cast_is_current() const;
 
   void trace(StepEvent::Op op) {
     if (context_.trace) context_.trace->record(op, index_);
@@ -118,6 +132,9 @@ class FSDPUnit : public GradientGroup {
   Communicator& comm_;
   Communicator* replicas_;
   bool reshard_after_forward_;
+  bool keep_cast_;
+  bool cast_current_ = false;
+  std::vector<int64_t> cast_versions_;  // of each shard when it was cast
   FSDPCommContext& context_;
   State state_ = State::Sharded;
   TrainingState training_state_ = TrainingState::Idle;

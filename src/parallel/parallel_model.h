@@ -49,6 +49,11 @@ class ParallelModel {
   virtual void finish_backward() = 0;
   // After a forward without backward (evaluation): frees whatever the forward gathered.
   virtual void reshard() = 0;
+  // The optimizer (or anything else) changed the parameters: whatever the engine keeps that is
+  // derived from them (FSDP's kept casts) is made again at its next use.
+  virtual void parameters_changed() {}
+  // Whether it keeps such casts (FSDP's train.keep_unsharded in effect).
+  virtual bool keeps_casts() const { return false; }
   // The tensors the optimizer updates, in model order.
   virtual std::vector<ShardedParameter> parameters() = 0;
   // Clips by the global L2 norm over all ranks; returns the norm before clipping (0-d fp32, no

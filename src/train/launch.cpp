@@ -82,10 +82,12 @@ std::vector<std::string> describe_run(const Config& c, const ModelArgs& a, int64
 }
 
 std::vector<std::string> describe_trainer(Trainer& trainer, const Config& c, const c10::Device& device) {
-  std::vector<std::string> lines = {strf("device: %s (%s), compute dtype %s, %d CPU threads, reshard_after_forward %s",
+  std::vector<std::string> lines = {strf("device: %s (%s), compute dtype %s, %d CPU threads, reshard_after_forward %s%s",
                                          device.str().c_str(), device_name(device).c_str(),
                                          c10::toString(trainer.compute_dtype()), at::get_num_threads(),
-                                         c.train.reshard_after_forward ? "true" : "false")};
+                                         c.train.reshard_after_forward ? "true" : "false",
+                                         trainer.keeps_unsharded() ? ", casts kept for the step (train.keep_unsharded)"
+                                                                   : "")};
   if (device.is_cuda())
     lines.push_back(!c.runtime.fused_kernels ? "kernels: ATen's operators alone (runtime.fused_kernels = false)"
                     : trainer.compute_dtype() == at::kBFloat16 && fused_kernels_run_on(device)
@@ -129,6 +131,9 @@ MemoryVerdict check_memory(const Config& config, int64_t world_size, const c10::
   if (v.auto_turned_on)
     log::info(v.fits ? "train.reduce_every_micro_batch = auto: on (the run fits only with sharded gradient sums)"
                      : "train.reduce_every_micro_batch = auto: on (whole gradient sums need more, and neither fits)");
+  if (v.keep_unsharded_auto_on)
+    log::info("train.keep_unsharded = auto: on (one rank: the parameters' casts kept for the step, and the run "
+              "fits with them)");
   if (v.fits || dry_run || force) {
     for (const auto& line : v.table) (v.fits ? log::info : log::warn)(line);
     if (!v.fits && !dry_run) log::warn("--force: training anyway");
@@ -144,6 +149,7 @@ void record_run(const Config& config, const Trainer& trainer, const std::string&
   if (const std::string path = run_config_path(metrics_path); !path.empty()) {
     nlohmann::json run = resolved_run(config);
     run["resolved_reduce_every_micro_batch"] = trainer.reduces_every_micro_batch();
+    run["resolved_keep_unsharded"] = trainer.keeps_unsharded();
     std::ofstream(path) << run.dump(2) << "\n";
   }
   start_metrics_follower(config, metrics_path, resumed);

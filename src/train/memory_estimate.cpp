@@ -181,6 +181,11 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
   };
   // One rank without replicas adds its sums straight into the shards' .grad(), no reduce-scatter.
   const bool whole_gradients = W == 1 && plan.replicate == 1;
+  // Kept casts (train.keep_unsharded): every unit's, from the step before, all step long; the
+  // plan's casts then allocate nothing.
+  const bool keep = plan.keep_unsharded;
+  if (keep)
+    for (const UnitSizes& u : units) t.alloc("gathered parameters", e * u.gathered);
   const int64_t head_grad = e * V * D;  // the head's gradient, made by the loss (below)
 
   int64_t m = -1;         // the micro-batch under way
@@ -191,6 +196,52 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
     if (m < 0) return;
     finish_reduce();
     t.free("attention mask", mask);
+  };
+  // A unit's backward, up to its post-backward (block u's, or for the root the embedding's).
+  auto unit_backward = [&](int64_t u, const std::string& block) {
+    if (u < L) {
+      t.at("backward of " + block + mb);
+      // Most memory in the block's backward is at the MLP's product (measured with the
+      // counting allocator: the recompute adds exactly block_keeps, its backward 2 F per token
+      // plus w2's weight gradient). w2's backward hands back the product's gradient [N, F] and
+      // w2's weight gradient [D, F] and frees the product it kept; the gate's backward
+      // (silu_mul) then makes the gradients of w1's and w3's outputs, two more [N, F]. Under TP w2's
+      // backward reads the output's gradient gathered whole, [N, D], freed when it is done.
+      if (tp > 1) t.alloc("activation gradients", e * D * N);
+      t.alloc("activation gradients", e * F * N);
+      t.alloc("parameter gradients", e * D * F);
+      if (tp > 1) t.free("activation gradients", e * D * N);
+      t.free("activations", e * F * N);
+      t.alloc("activation gradients", 2 * e * F * N);
+      t.free("activation gradients", 3 * e * F * N);
+      if (cuda) {
+        // Attention's backward on the GPU (the flash kernels; FA2's buffers): an fp32
+        // accumulator for dq of [N + 128 per sequence, H, Dh rounded up to 32 or 64] and fp32
+        // row sums [sequences, H, T rounded up to 128], beside the gradients of q, k and v
+        // (and, under grouped-query attention, of k and v at every query head before they
+        // are summed down). Sequences counted as one per row: each further document in a
+        // row adds 128 rows of dq.
+        const int64_t B = c.train.micro_bs, T = c.data.seq_length, Dh = a.head_dim();
+        const int64_t round = Dh <= 128 ? 32 : 64;
+        const int64_t dh_rounded = (Dh + round - 1) / round * round;
+        const int64_t work = 4 * (N + 128 * B) * H * dh_rounded + 4 * B * H * ((T + 127) / 128 * 128) +
+                             e * (Q + 2 * K) * N + (K < Q ? 2 * e * Q * N : 0);
+        t.alloc("attention backward", work);
+        t.free("attention backward", work);
+      }
+      t.free("activations", keeps_of(u) - e * F * N + (checkpointed(u) ? block_keeps : 0));
+      t.alloc("parameter gradients", e * (units[u].full - D * F));
+    } else {
+      // The embedding's gradient (dense, [V, D]), the last of backward.
+      t.at("backward of the embedding" + mb);
+      t.alloc("parameter gradients", e * V * D);
+      t.free("activation gradients", e * D * own);
+    }
+  };
+  // Its post-backward's sums: the fp32 accumulators of the first micro-batch, or the shards' .grad().
+  auto post_backward_sums = [&](int64_t u) {
+    if (A > 1 && !reduce_every && m == 0) t.alloc("gradient accumulators (fp32)", 4 * units[u].full);
+    if (sync && whole_gradients) grad_shards(static_cast<size_t>(u));
   };
   for (const StepEvent& ev : plan.events) {
     const int64_t u = ev.unit;
@@ -216,7 +267,7 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
         break;
       case StepEvent::Op::Unshard:
         if (backward) t.at("backward of " + block + mb);
-        t.alloc("gathered parameters", e * units[u].gathered);
+        if (!keep) t.alloc("gathered parameters", e * units[u].gathered);
         t.free("all-gather buffers", gathering[u]);
         gathering[u] = 0;
         if (u == L) t.alloc("activations", e * D * own);  // the embedding's output, block 0's input
@@ -268,49 +319,15 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
         }
         // In backward: the unit's gradients are computed, then its post-backward frees the
         // gathered copy and sums its gradients (or hands them to the reduce-scatter that follows).
-        if (u < L) {
-          t.at("backward of " + block + mb);
-          // Most memory in the block's backward is at the MLP's product (measured with the
-          // counting allocator: the recompute adds exactly block_keeps, its backward 2 F per token
-          // plus w2's weight gradient). w2's backward hands back the product's gradient [N, F] and
-          // w2's weight gradient [D, F] and frees the product it kept; the gate's backward
-          // (silu_mul) then makes the gradients of w1's and w3's outputs, two more [N, F]. Under TP w2's
-          // backward reads the output's gradient gathered whole, [N, D], freed when it is done.
-          if (tp > 1) t.alloc("activation gradients", e * D * N);
-          t.alloc("activation gradients", e * F * N);
-          t.alloc("parameter gradients", e * D * F);
-          if (tp > 1) t.free("activation gradients", e * D * N);
-          t.free("activations", e * F * N);
-          t.alloc("activation gradients", 2 * e * F * N);
-          t.free("activation gradients", 3 * e * F * N);
-          if (cuda) {
-            // Attention's backward on the GPU (the flash kernels; FA2's buffers): an fp32
-            // accumulator for dq of [N + 128 per sequence, H, Dh rounded up to 32 or 64] and fp32
-            // row sums [sequences, H, T rounded up to 128], beside the gradients of q, k and v
-            // (and, under grouped-query attention, of k and v at every query head before they
-            // are summed down). Sequences counted as one per row: each further document in a
-            // row adds 128 rows of dq.
-            const int64_t B = c.train.micro_bs, T = c.data.seq_length, Dh = a.head_dim();
-            const int64_t round = Dh <= 128 ? 32 : 64;
-            const int64_t dh_rounded = (Dh + round - 1) / round * round;
-            const int64_t work = 4 * (N + 128 * B) * H * dh_rounded + 4 * B * H * ((T + 127) / 128 * 128) +
-                                 e * (Q + 2 * K) * N + (K < Q ? 2 * e * Q * N : 0);
-            t.alloc("attention backward", work);
-            t.free("attention backward", work);
-          }
-          t.free("activations", keeps_of(u) - e * F * N + (checkpointed(u) ? block_keeps : 0));
-          t.alloc("parameter gradients", e * (units[u].full - D * F));
-        } else {
-          // The embedding's gradient (dense, [V, D]), the last of backward.
-          t.at("backward of the embedding" + mb);
-          t.alloc("parameter gradients", e * V * D);
-          t.free("activation gradients", e * D * own);
-        }
+        unit_backward(u, block);
         t.free("gathered parameters", e * units[u].gathered);
-        if (A > 1 && !reduce_every && m == 0) t.alloc("gradient accumulators (fp32)", 4 * units[u].full);
-        if (sync && whole_gradients) grad_shards(static_cast<size_t>(u));
+        post_backward_sums(u);
         break;
       case StepEvent::Op::Backward:  // its post-backward is done
+        if (keep) {  // no Reshard: the same backward, the cast kept
+          unit_backward(u, block);
+          post_backward_sums(u);
+        }
         if (sync && A > 1 && !reduce_every) t.free("gradient accumulators (fp32)", 4 * units[u].full);
         t.free("parameter gradients", u < L ? e * units[u].full : e * V * D + head_grad);
         break;
@@ -416,6 +433,7 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
   est.activations_without_checkpointing = block_keeps * L;
   for (int64_t i = 0; i < L; ++i) est.activations_per_micro_batch += keeps_of(i);
   est.reduce_every_micro_batch = reduce_every;
+  est.keep_unsharded = keep;
   return est;
 }
 

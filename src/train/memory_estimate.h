@@ -30,6 +30,7 @@ struct MemoryEstimate {
   int64_t activations_per_micro_batch = 0;  // saved for backward over all blocks, as configured
   int64_t activations_without_checkpointing = 0;
   bool reduce_every_micro_batch = false;
+  bool keep_unsharded = false;  // train.keep_unsharded in effect (one rank per shard group)
 };
 
 // `cuda`: the device's kernels (fused RMSNorm and flash attention save less than the CPU's).

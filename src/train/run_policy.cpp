@@ -27,6 +27,19 @@ MemoryVerdict judge_memory(const Config& c, int64_t world_size, const c10::Devic
     }
   }
   v.reduce_every_micro_batch = v.estimate.reduce_every_micro_batch;
+  // train.keep_unsharded = "auto": on a GPU, one rank per shard group keeps its casts where the
+  // run fits with them (on the CPU a cast is cheap beside the step, and memory is not checked).
+  if (c.train.keep_unsharded == "auto" && device.is_cuda() && known) {
+    Config kept_config = c;
+    kept_config.train.keep_unsharded = "true";
+    MemoryEstimate kept =
+        estimate_step_memory(kept_config, world_size, compute, /*cuda=*/true, v.estimate.reduce_every_micro_batch);
+    if (kept.keep_unsharded && kept.peak <= budget.usable) {
+      v.estimate = std::move(kept);
+      v.keep_unsharded_auto_on = true;
+    }
+  }
+  v.keep_unsharded = v.estimate.keep_unsharded;
   v.fits = !known || v.estimate.peak <= budget.usable;
   v.table = describe_memory(v.estimate, budget);
   return v;
@@ -155,12 +168,14 @@ StepPlan plan_run(const Config& c, int64_t world_size, int64_t rank, Parallelism
   const c10::Device device = planned_device(c);
   // The memory estimate decides "auto".
   bool reduce_every = c.train.reduce_every_micro_batch == "true";
+  Config resolved = c;
   if (parallelism == Parallelism::FSDP) {
     MemoryVerdict v = judge_memory(c, world_size, device, memory_budget(c, device, /*dry_run=*/true));
     reduce_every = v.reduce_every_micro_batch;
+    resolved.train.keep_unsharded = v.keep_unsharded ? "true" : "false";
     if (memory) *memory = std::move(v);
   }
-  return plan_step(c, world_size, rank, parallelism, Trainer::resolve_compute_dtype(c, device),
+  return plan_step(resolved, world_size, rank, parallelism, Trainer::resolve_compute_dtype(c, device),
                    resolve_ns_dtype(c, device), reduce_every, device.is_cuda());
 }
 

@@ -28,6 +28,10 @@ struct MemoryVerdict {
   // with whole fp32 sums (and needs less so, whether or not it then fits).
   bool reduce_every_micro_batch = false;
   bool auto_turned_on = false;     // "auto" chose it
+  // train.keep_unsharded resolved: in effect ("true", or "auto" on a GPU where the run fits with
+  // the casts kept), for one rank per shard group only.
+  bool keep_unsharded = false;
+  bool keep_unsharded_auto_on = false;  // "auto" chose it
   std::vector<std::string> table;  // the estimate and the budget, as lines (describe_memory)
 };
 // The sharding engine's runs (train_fsdp, train_hsdp) of `world_size` ranks on `device`.

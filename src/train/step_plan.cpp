@@ -106,8 +106,10 @@ void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, 
   const int64_t S = p.shard;
   const bool raf = c.train.reshard_after_forward;
   const int64_t ac = c.train.ac_ckpt;
+  // Kept casts (one rank): each unit is cast in the first micro-batch's forward and never freed.
+  const bool keep = p.keep_unsharded;
   auto name = [L](int64_t u) { return u == L ? std::string("root") : "block " + std::to_string(u); };
-  auto resharded_after_forward = [&](int64_t i) { return raf && i != L - 1; };  // the last is kept
+  auto resharded_after_forward = [&](int64_t i) { return raf && !keep && i != L - 1; };  // the last is kept
   auto gather = [&](int64_t u, const char* overlap) {  // issue_unshard: a collective over several ranks
     if (S > 1) w.ring(CommKind::AllGather, group, S, compute_bytes * block[u], "gather " + name(u), overlap, u);
   };
@@ -131,12 +133,13 @@ void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, 
     w.micro_batch(m);
     // Forward: the root (embedding, final norm, head) stays gathered to the end of backward;
     // each block is prefetched while the one before computes.
+    const bool cast = !keep || m == 0;  // whether forward gathers (casts) the units
     gather(L, "exposed");
-    w.mark(StepEvent::Op::Unshard, L);
+    if (cast) w.mark(StepEvent::Op::Unshard, L);
     if (L > 0) gather(0, "gather");
     tp.embedding_forward(w);
     for (int64_t i = 0; i < L; ++i) {
-      w.mark(StepEvent::Op::Unshard, i);
+      if (cast) w.mark(StepEvent::Op::Unshard, i);
       if (i + 1 < L) gather(i + 1, "gather");
       w.mark(StepEvent::Op::Forward, i);
       tp.block_forward(w);
@@ -159,12 +162,12 @@ void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, 
       }
       tp.block_backward(w);
       // Post-backward: the gathered copy freed, the gradients reduced (or summed for later).
-      w.mark(StepEvent::Op::Reshard, i);
+      if (!keep) w.mark(StepEvent::Op::Reshard, i);
       reduce(i);
       w.mark(StepEvent::Op::Backward, i);
     }
     tp.embedding_backward(w);
-    w.mark(StepEvent::Op::Reshard, L);
+    if (!keep) w.mark(StepEvent::Op::Reshard, L);
     reduce(L);
     w.mark(StepEvent::Op::Backward, L);
     // finish_backward: the root's reduce-scatter completes, then its all-reduce over the replicas.
@@ -218,6 +221,10 @@ StepPlan plan_step(const Config& c, int64_t world_size, int64_t rank, Parallelis
   p.tp = parallelism == Parallelism::FSDP ? layout.tp : 1;
   p.micro_batches = grad_accum_steps(c, world_size);
   p.reduce_every_micro_batch = reduce_every_micro_batch && p.micro_batches > 1;
+  // Kept casts: one rank per shard group whose gradients no replicas sum (HSDP's do; DiLoCo's
+  // replicas train apart).
+  p.keep_unsharded = parallelism == Parallelism::FSDP && p.shard == 1 &&
+                     (p.replicate == 1 || c.diloco.inner_steps > 0) && c.train.keep_unsharded == "true";
 
   const ModelArgs a = resolve_model_args(c);
   const int64_t L = a.n_layers, S = p.shard, R = p.replicate, tp = p.tp;
@@ -442,6 +449,7 @@ nlohmann::json plan_to_json(const StepPlan& p) {
       {"rank", p.rank},
       {"micro_batches", p.micro_batches},
       {"reduce_every_micro_batch", p.reduce_every_micro_batch},
+      {"keep_unsharded", p.keep_unsharded},
       {"events", events(p.events)},
       {"counted_bytes", p.counted_bytes()},
       {"diloco", diloco},

@@ -33,6 +33,9 @@ struct StepPlan {
   int64_t world = 1, shard = 1, replicate = 1, tp = 1, rank = 0;
   int64_t micro_batches = 1;
   bool reduce_every_micro_batch = false;
+  // One rank per shard group keeping its casts (train.keep_unsharded "true"): each unit is cast
+  // once, in the first micro-batch's forward, and never freed.
+  bool keep_unsharded = false;
   // Trainer::train_step's events, in order.
   std::vector<StepEvent> events;
 
@@ -59,7 +62,8 @@ struct StepPlan {
 };
 
 // The plan of rank `rank` of `world_size` (config validated for it). `reduce_every_micro_batch`
-// as the trainer resolved it (the memory estimate decides "auto"); `cuda`: the loss's chunks are
+// as the trainer resolved it (the memory estimate decides "auto"; train.keep_unsharded is read
+// from the config, "auto" counting as off: the memory verdict resolves it there); `cuda`: the loss's chunks are
 // sized for a GPU (model/chunked_loss.h), which tensor parallelism's per-chunk gathers follow.
 StepPlan plan_step(const Config& config, int64_t world_size, int64_t rank, Parallelism parallelism,
                    at::ScalarType compute_dtype, at::ScalarType ns_dtype, bool reduce_every_micro_batch,

@@ -85,6 +85,7 @@ Trainer::Trainer(const Config& config, Communicator& comm, c10::Device device, P
     fsdp.compute_dtype = compute_dtype_;
     fsdp.reshard_after_forward = config.train.reshard_after_forward;
     fsdp.checkpoint_every = config.train.ac_ckpt;
+    fsdp.keep_cast = config.train.keep_unsharded == "true";  // "auto" is resolved by the memory verdict
     parallel_ = std::make_unique<FSDPEngine>(*model_, *shard_comm, fsdp, diloco ? nullptr : replicate_comm_.get(),
                                              tp_comm_.get());
   } else {
@@ -245,6 +246,7 @@ StepStats Trainer::train_step(const StepFlagSource& flag_source) {
   if (std::isfinite(stats.loss) && std::isfinite(stats.grad_norm)) {
     Phase phase("zb.optimizer");
     optimizer_->step(lr_multiplier);
+    parallel_->parameters_changed();
     skipped_in_a_row_ = 0;
   } else {  // not applied: parameters, momentum and Adam state stay as they are
     stats.nonfinite = !std::isfinite(stats.loss) ? (std::isfinite(stats.grad_norm) ? "loss" : "loss and gradient norm")
@@ -260,7 +262,10 @@ StepStats Trainer::train_step(const StepFlagSource& flag_source) {
   for (const ShardedParameter& p : parallel_->parameters()) p.tensor->mutable_grad().reset();
   // DiLoCo's outer steps due after this step, once the gradients are freed (its temporaries take
   // their place).
-  if (diloco_) stats.outer = diloco_->after_step(step_, config_.optim.total_steps);
+  if (diloco_) {
+    stats.outer = diloco_->after_step(step_, config_.optim.total_steps);
+    parallel_->parameters_changed();
+  }
   stats.skipped_in_a_row = skipped_in_a_row_;
   stats.skipped_total = skipped_;
   stats.learning_rates = optimizer_->learning_rates(lr_multiplier);

@@ -103,6 +103,8 @@ class Trainer : public TrainingState {
   // Gradients reduced on every micro-batch into sharded sums (train.reduce_every_micro_batch),
   // rather than summed whole in fp32 and reduced on the last.
   bool reduces_every_micro_batch() const { return reduce_every_micro_batch_; }
+  // The engine keeps the parameters' casts for the step (train.keep_unsharded, one rank per shard group).
+  bool keeps_unsharded() const { return parallel_->keeps_casts(); }
   int64_t tokens_per_step() const override { return config_.optim.batch_size * config_.data.seq_length; }
   const ModelArgs& model_args() const override { return model_->args(); }
   at::ScalarType compute_dtype() const { return compute_dtype_; }

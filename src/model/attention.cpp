@@ -123,53 +123,46 @@ std::string attention_kernel(const c10::Device& device, at::ScalarType dtype, in
 
 namespace {
 
-// The variable-length flash kernels (forward and backward, as LibTorch exposes them) joined into
-// one autograd node. q [N, H, Dh], k and v [N, Hkv, Dh] over the flattened rows; causal within
-// each piece that cu_seqlens delimits. The kernel handles Hkv < H itself.
-struct VarlenFlashAttention : torch::autograd::Function<VarlenFlashAttention> {
+// The variable-length kernels (forward and backward, as LibTorch exposes them) joined into one
+// autograd node: q [N, H, Dh], k and v [N, Hkv, Dh] over the flattened rows; causal within each
+// piece that cu_seqlens delimits; the kernels handle Hkv < H themselves. Flash's, or with `cudnn`
+// cuDNN's attention (ATen's _cudnn_attention_forward/backward with cumulative lengths: its ragged
+// layout is this one). Each keeps its two random-number tensors (unused without dropout) in
+// slots 6 and 7.
+struct VarlenAttention : torch::autograd::Function<VarlenAttention> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
                                                 const at::Tensor& k, const at::Tensor& v,
-                                                const at::Tensor& cu_seqlens, int64_t max_len) {
-    auto [out, logsumexp, rng_state, unused, debug_mask] =
-        at::_flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len, /*dropout_p=*/0.0,
-                                     /*is_causal=*/true, /*return_debug_mask=*/false);
-    ctx->save_for_backward({q, k, v, out, logsumexp, cu_seqlens, rng_state, unused});
+                                                const at::Tensor& cu_seqlens, int64_t max_len, bool cudnn) {
+    at::Tensor out, logsumexp, rng_a, rng_b;
+    if (cudnn) {
+      auto [o, lse, cum_q, cum_k, max_q, max_k, seed, offset, debug_mask] =
+          at::_cudnn_attention_forward(q, k, v, /*attn_bias=*/std::nullopt, cu_seqlens, cu_seqlens, max_len, max_len,
+                                       /*compute_log_sumexp=*/true, /*dropout_p=*/0.0, /*is_causal=*/true,
+                                       /*return_debug_mask=*/false);
+      out = o, logsumexp = lse, rng_a = seed, rng_b = offset;
+    } else {
+      auto [o, lse, rng_state, unused, debug_mask] =
+          at::_flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len, /*dropout_p=*/0.0,
+                                       /*is_causal=*/true, /*return_debug_mask=*/false);
+      out = o, logsumexp = lse, rng_a = rng_state, rng_b = unused;
+    }
+    ctx->save_for_backward({q, k, v, out, logsumexp, cu_seqlens, rng_a, rng_b});
     ctx->saved_data["max_len"] = max_len;
+    ctx->saved_data["cudnn"] = cudnn;
     return {out};
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto s = ctx->get_saved_variables();
     const int64_t max_len = ctx->saved_data["max_len"].toInt();
-    auto [dq, dk, dv] = at::_flash_attention_backward(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], s[5],
-                                                      s[5], max_len, max_len, /*dropout_p=*/0.0,
-                                                      /*is_causal=*/true, s[6], s[7]);
-    return {dq, dk, dv, at::Tensor(), at::Tensor()};
-  }
-};
-
-// The same through cuDNN's attention (ATen's _cudnn_attention_forward/backward with cumulative
-// lengths: its ragged layout is this one, [N, H, Dh] with H and Hkv heads).
-struct CudnnVarlenAttention : torch::autograd::Function<CudnnVarlenAttention> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
-                                                const at::Tensor& k, const at::Tensor& v,
-                                                const at::Tensor& cu_seqlens, int64_t max_len) {
-    auto [out, logsumexp, cum_q, cum_k, max_q, max_k, seed, offset, debug_mask] =
-        at::_cudnn_attention_forward(q, k, v, /*attn_bias=*/std::nullopt, cu_seqlens, cu_seqlens, max_len, max_len,
-                                     /*compute_log_sumexp=*/true, /*dropout_p=*/0.0, /*is_causal=*/true,
-                                     /*return_debug_mask=*/false);
-    ctx->save_for_backward({q, k, v, out, logsumexp, cu_seqlens, seed, offset});
-    ctx->saved_data["max_len"] = max_len;
-    return {out};
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto s = ctx->get_saved_variables();
-    const int64_t max_len = ctx->saved_data["max_len"].toInt();
-    auto [dq, dk, dv] = at::_cudnn_attention_backward(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], s[6], s[7],
-                                                      /*attn_bias=*/at::Tensor(), s[5], s[5], max_len, max_len,
-                                                      /*dropout_p=*/0.0, /*is_causal=*/true);
-    return {dq, dk, dv, at::Tensor(), at::Tensor()};
+    const at::Tensor dout = grads[0].contiguous();
+    auto [dq, dk, dv] =
+        ctx->saved_data["cudnn"].toBool()
+            ? at::_cudnn_attention_backward(dout, s[0], s[1], s[2], s[3], s[4], s[6], s[7], /*attn_bias=*/at::Tensor(),
+                                            s[5], s[5], max_len, max_len, /*dropout_p=*/0.0, /*is_causal=*/true)
+            : at::_flash_attention_backward(dout, s[0], s[1], s[2], s[3], s[4], s[5], s[5], max_len, max_len,
+                                            /*dropout_p=*/0.0, /*is_causal=*/true, s[6], s[7]);
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -180,10 +173,8 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   if (documents.cu_seqlens.defined()) {
     const at::Tensor qf = q.reshape({B * T, H, Dh}).contiguous(), kf = k.reshape({B * T, k.size(2), Dh}).contiguous(),
                      vf = v.reshape({B * T, v.size(2), Dh}).contiguous();
-    const at::Tensor out =
-        cudnn_varlen.load(std::memory_order_relaxed)
-            ? CudnnVarlenAttention::apply(qf, kf, vf, documents.cu_seqlens, documents.max_len)[0]
-            : VarlenFlashAttention::apply(qf, kf, vf, documents.cu_seqlens, documents.max_len)[0];
+    const at::Tensor out = VarlenAttention::apply(qf, kf, vf, documents.cu_seqlens, documents.max_len,
+                                                  cudnn_varlen.load(std::memory_order_relaxed))[0];
     return out.view({B, T, H * Dh});
   }
   const bool gqa = k.size(2) != H;

@@ -139,12 +139,19 @@ void FSDPEngine::set_requires_gradient_sync(bool sync) {
 void FSDPEngine::finish_backward() {
   for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) (*it)->finish_gradients();
   root_->finish_gradients();
-  reshard();
+  reset_units();
+}
+
+void FSDPEngine::reset_units() {
+  for (auto& b : blocks_) b->reset();
+  root_->reset();
 }
 
 void FSDPEngine::reshard() {
-  for (auto& b : blocks_) b->reset();
-  root_->reset();
+  reset_units();
+  // After evaluation: kept casts are made again at the next step's first use, as after any step
+  // (the step's plan casts each unit once).
+  parameters_changed();
 }
 
 void FSDPEngine::parameters_changed() {

@@ -92,6 +92,7 @@ class FSDPEngine : public ParallelModel {
   Communicator* replicas_;
   Communicator* tp_;
   FSDPOptions options_;
+  void reset_units();  // every unit back to IDLE (and SHARDED, or its kept cast)
   std::vector<std::unique_ptr<FSDPParam>> params_;  // in model order
   std::vector<std::unique_ptr<FSDPUnit>> blocks_;
   std::unique_ptr<FSDPUnit> root_;

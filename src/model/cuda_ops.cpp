@@ -182,7 +182,7 @@ at::Tensor softmax_grad_cuda_bf16(const at::Tensor& z, const at::Tensor& lse, co
 bool scale_add_cuda_applies(const at::Tensor& dst, const at::Tensor& src) {
   return dst.is_cuda() && dst.scalar_type() == at::kFloat && dst.is_contiguous() &&
          (src.scalar_type() == at::kBFloat16 || src.scalar_type() == at::kFloat) && src.is_contiguous() &&
-         src.numel() == dst.numel() && src.device() == dst.device() && cuda_kernels_run_on(dst.device());
+         src.sizes() == dst.sizes() && src.device() == dst.device() && cuda_kernels_run_on(dst.device());
 }
 
 void scale_add_cuda_(const at::Tensor& dst, float keep, const at::Tensor& src, float alpha, bool read) {

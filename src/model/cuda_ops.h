@@ -49,8 +49,8 @@ at::Tensor softmax_grad_cuda_bf16(const at::Tensor& z, const at::Tensor& lse, co
                                   int64_t vocab_start);
 
 // fp32 updates in one pass (model/fp32_update_kernel.cu). Whether the kernel takes dst (fp32,
-// contiguous, on a GPU with a kernel image) and src (bf16 or fp32, contiguous, dst's number of
-// values, on its device); dst = dst * keep + alpha * src in place (with `read` false: alpha * src,
+// contiguous, on a GPU with a kernel image) and src (bf16 or fp32, contiguous, dst's shape, on
+// its device); dst = dst * keep + alpha * src in place (with `read` false: alpha * src,
 // dst's values unread).
 bool scale_add_cuda_applies(const at::Tensor& dst, const at::Tensor& src);
 void scale_add_cuda_(const at::Tensor& dst, float keep, const at::Tensor& src, float alpha, bool read);

@@ -255,6 +255,9 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
         mb = A > 1 ? " (micro-batch " + std::to_string(m + 1) + ")" : "";
         t.at("forward" + mb);
         t.alloc("attention mask", mask);
+        // The embedding's output, block 0's input: made where the root is gathered (below); with
+        // kept casts the plan gathers it in the first micro-batch only.
+        if (keep && m > 0) t.alloc("activations", e * D * own);
         break;
       case StepEvent::Op::Collective:
         if (ev.group == "tp") break;  // inside the model (see above)

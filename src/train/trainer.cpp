@@ -246,7 +246,6 @@ StepStats Trainer::train_step(const StepFlagSource& flag_source) {
   if (std::isfinite(stats.loss) && std::isfinite(stats.grad_norm)) {
     Phase phase("zb.optimizer");
     optimizer_->step(lr_multiplier);
-    parallel_->parameters_changed();
     skipped_in_a_row_ = 0;
   } else {  // not applied: parameters, momentum and Adam state stay as they are
     stats.nonfinite = !std::isfinite(stats.loss) ? (std::isfinite(stats.grad_norm) ? "loss" : "loss and gradient norm")
@@ -254,6 +253,8 @@ StepStats Trainer::train_step(const StepFlagSource& flag_source) {
     ++skipped_;
     ++skipped_in_a_row_;
   }
+  // Whether or not the step was applied: the next step casts afresh (one cast a step, as planned).
+  parallel_->parameters_changed();
   const int optimizer_done = clock_.mark();
   // The device's times are read once it has finished the step (the optimizer ran after the host's
   // read above): one wait for the step's end, which the loop's next host read would make anyway.

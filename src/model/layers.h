@@ -85,8 +85,9 @@ at::Tensor swiglu_hidden(const at::Tensor& x, const at::Tensor& w1, const at::Te
 
 // h + x w^T (x [.., K], w [D, K], h [.., D]): a block's residual add after its output linear. On a
 // GPU in bf16 (fused kernels on; "residual" in runtime.unfused goes around it) one GEMM adds h in
-// its epilogue (addmm), the sum rounded to bf16 once where the linear and the add round twice, and
-// the add's pass over memory saved; elsewhere at::linear, then the add.
+// its epilogue (addmm): the add's pass over memory saved, and the product not rounded to bf16
+// before h is added (cuBLAS may still round partial sums of the product, as in any bf16 GEMM);
+// elsewhere at::linear, then the add.
 at::Tensor residual_linear(const at::Tensor& h, const at::Tensor& x, const at::Tensor& w);
 
 }  // namespace zb

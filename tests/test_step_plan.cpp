@@ -97,6 +97,27 @@ void expect_same_events(const std::vector<std::string>& traced, const std::vecto
   ADD_FAILURE() << msg.str();
 }
 
+// `steps` traced steps of `trainer`, each equal to the plan (DiLoCo's outer step, the exchange
+// then the norm, in the second); an evaluation after step `evaluate_after` (0: none).
+void expect_steps_as_planned(Trainer& trainer, const StepPlan& plan, bool diloco, int steps, int evaluate_after,
+                             const std::string& what) {
+  StepTrace trace;
+  trainer.set_step_trace(&trace);
+  for (int step = 1; step <= steps; ++step) {
+    trace.clear();
+    trainer.train_step();
+    std::vector<StepEvent> planned = plan.events;
+    if (diloco && step == 2) {
+      ASSERT_TRUE(plan.diloco.has_value());
+      for (const StepEvent& e : plan.diloco->exchanges.front()) planned.push_back(e);
+      planned.insert(planned.end(), plan.diloco->norm.begin(), plan.diloco->norm.end());
+    }
+    expect_same_events(lines(trace.events()), lines(planned), what + ", step " + std::to_string(step));
+    if (step == evaluate_after) trainer.evaluate();
+  }
+  trainer.set_step_trace(nullptr);
+}
+
 }  // namespace
 
 class StepPlanMatchesTheTrace : public ::testing::TestWithParam<int> {};
@@ -125,20 +146,8 @@ TEST_P(StepPlanMatchesTheTrace, EveryLayoutAndOption) {
                                      ", rank " + std::to_string(rank);
             Trainer trainer(c, comm, c10::Device(c10::kCPU), l.parallelism);
             const StepPlan plan = plan_step(c, world, rank, l.parallelism, at::kFloat, at::kFloat, reduce_every);
-            StepTrace trace;
-            trainer.set_step_trace(&trace);
-            for (int step = 1; step <= 2; ++step) {  // the first step and one after it
-              trace.clear();
-              trainer.train_step();
-              std::vector<StepEvent> planned = plan.events;
-              if (l.diloco && step == 2) {  // DiLoCo's outer step: the exchange, then the norm
-                ASSERT_TRUE(plan.diloco.has_value());
-                for (const StepEvent& e : plan.diloco->exchanges.front()) planned.push_back(e);
-                planned.insert(planned.end(), plan.diloco->norm.begin(), plan.diloco->norm.end());
-              }
-              expect_same_events(lines(trace.events()), lines(planned), what + ", step " + std::to_string(step));
-            }
-            trainer.set_step_trace(nullptr);
+            // The first step and one after it.
+            expect_steps_as_planned(trainer, plan, l.diloco, 2, /*evaluate_after=*/0, what);
             ++checked;
           }
     // 8 per FSDP layout, 2 for DDP, 1 per DiLoCo layout (one per divisor of the world size), 3 per
@@ -177,20 +186,7 @@ TEST_P(StepPlanKeepingCasts, EqualTheTrace) {
                                    ", ac_ckpt " + std::to_string(ac) + ", rank " + std::to_string(rank);
           Trainer trainer(c, comm, c10::Device(c10::kCPU), l.parallelism);
           EXPECT_TRUE(trainer.keeps_unsharded()) << what;
-          StepTrace trace;
-          trainer.set_step_trace(&trace);
-          for (int step = 1; step <= 3; ++step) {
-            trace.clear();
-            trainer.train_step();
-            std::vector<StepEvent> planned = plan.events;
-            if (l.diloco && step == 2) {
-              for (const StepEvent& e : plan.diloco->exchanges.front()) planned.push_back(e);
-              planned.insert(planned.end(), plan.diloco->norm.begin(), plan.diloco->norm.end());
-            }
-            expect_same_events(lines(trace.events()), lines(planned), what + ", step " + std::to_string(step));
-            if (step == 2) trainer.evaluate();  // the step after it casts as planned all the same
-          }
-          trainer.set_step_trace(nullptr);
+          expect_steps_as_planned(trainer, plan, l.diloco, 3, /*evaluate_after=*/2, what);
           ++checked;
         }
     }

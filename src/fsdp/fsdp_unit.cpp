@@ -27,7 +27,8 @@ const char* state_name(FSDPUnit::TrainingState s) {
 FSDPUnit::FSDPUnit(int64_t index, std::string name, std::vector<FSDPParam*> params, Communicator& comm,
                    bool reshard_after_forward, FSDPCommContext& context, Communicator* replicas, bool keep_cast)
     : index_(index), name_(std::move(name)), params_(std::move(params)), comm_(comm), replicas_(replicas),
-      reshard_after_forward_(reshard_after_forward), keep_cast_(keep_cast && comm.size() == 1 && !replicas), context_(context) {
+      reshard_after_forward_(reshard_after_forward), keep_cast_(keep_cast && comm.size() == 1 && !replicas),
+      context_(context) {
   for (FSDPParam* p : params_) {
     offsets_.push_back(block_numel_);
     block_numel_ += p->shard.block_numel();

@@ -47,7 +47,8 @@ class ParallelModel {
   // After each backward: the optimizer's tensors have their (averaged) gradients, and everything
   // gathered for the backward is freed.
   virtual void finish_backward() = 0;
-  // After a forward without backward (evaluation): frees whatever the forward gathered.
+  // After a forward without backward (evaluation): frees whatever the forward gathered (FSDP's
+  // kept casts stay, to be made again at their next use).
   virtual void reshard() = 0;
   // The optimizer (or anything else) changed the parameters: whatever the engine keeps that is
   // derived from them (FSDP's kept casts) is made again at its next use.
@@ -56,8 +57,8 @@ class ParallelModel {
   virtual bool keeps_casts() const { return false; }
   // The tensors the optimizer updates, in model order.
   virtual std::vector<ShardedParameter> parameters() = 0;
-  // Clips by the global L2 norm over all ranks; returns the norm before clipping (0-d fp32, no
-  // host synchronisation).
+  // Clips by the global L2 norm over all ranks; returns the norm before clipping (0-d fp32;
+  // parallel/clip.h: one host read of the coefficient).
   virtual at::Tensor clip_grad_norm_(double max_norm) = 0;
   // The whole fp32 value of every parameter (collective under sharding; for tests and export).
   virtual std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters() = 0;

@@ -255,9 +255,6 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
         mb = A > 1 ? " (micro-batch " + std::to_string(m + 1) + ")" : "";
         t.at("forward" + mb);
         t.alloc("attention mask", mask);
-        // The embedding's output, block 0's input: made where the root is gathered (below); with
-        // kept casts the plan gathers it in the first micro-batch only.
-        if (keep && m > 0) t.alloc("activations", e * D * own);
         break;
       case StepEvent::Op::Collective:
         if (ev.group == "tp") break;  // inside the model (see above)
@@ -273,9 +270,9 @@ MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::Sca
         if (!keep) t.alloc("gathered parameters", e * units[u].gathered);
         t.free("all-gather buffers", gathering[u]);
         gathering[u] = 0;
-        if (u == L) t.alloc("activations", e * D * own);  // the embedding's output, block 0's input
         break;
       case StepEvent::Op::Forward:
+        if (u == 0) t.alloc("activations", e * D * own);  // the embedding's output, block 0's input
         t.at("forward of " + block + mb);
         t.alloc("activations", keeps_of(u));
         partial_sums();

@@ -199,9 +199,10 @@ TEST(Attention, KernelIsReportedAndCanBeChosen) {
 }
 
 TEST(Attention, CudnnVarlenLengthsComeInPowersOfTwo) {
-  // For cuDNN's attention the cumulative lengths are padded with empty sequences to a power of two
-  // and the longest is taken as T (cuDNN builds a graph per count and longest); the flash kernel's
-  // are as given. Made for the CPU here (make_documents does not look at the device for these).
+  // For cuDNN's forward the cumulative lengths are padded with empty sequences to a power of two
+  // (cuDNN builds a graph per count and longest, and attention() gives it T as the longest); flash's
+  // backward reads the real ones, a view of their start, with the real longest. Made for the CPU
+  // here (make_documents does not look at the device for these).
   const at::Tensor cu = at::tensor(std::vector<int32_t>{0, 5, 16, 20, 32}, at::kInt);  // 4 pieces, 2 rows of 16
   const at::Tensor odd = at::tensor(std::vector<int32_t>{0, 5, 16, 32}, at::kInt);     // 3 pieces
   const c10::Device cpu(c10::kCPU);
@@ -210,9 +211,14 @@ TEST(Attention, CudnnVarlenLengthsComeInPowersOfTwo) {
   const Documents three = make_documents(odd, 16, 16, cpu, at::kFloat, true);
   use_varlen_kernel("flash");
   const Documents flash = make_documents(odd, 16, 16, cpu, at::kFloat, true);
+  EXPECT_TRUE(at::equal(four.cudnn_cu_seqlens, cu));
   EXPECT_TRUE(at::equal(four.cu_seqlens, cu));
-  EXPECT_EQ(four.max_len, 16);
-  EXPECT_TRUE(at::equal(three.cu_seqlens, at::tensor(std::vector<int32_t>{0, 5, 16, 32, 32}, at::kInt)));
+  EXPECT_EQ(four.max_len, 12);
+  EXPECT_TRUE(at::equal(three.cudnn_cu_seqlens, at::tensor(std::vector<int32_t>{0, 5, 16, 32, 32}, at::kInt)));
+  EXPECT_TRUE(at::equal(three.cu_seqlens, odd));
+  EXPECT_EQ(three.cu_seqlens.data_ptr(), three.cudnn_cu_seqlens.data_ptr());
+  EXPECT_EQ(three.max_len, 16);
   EXPECT_TRUE(at::equal(flash.cu_seqlens, odd));
+  EXPECT_FALSE(flash.cudnn_cu_seqlens.defined());
   EXPECT_EQ(flash.max_len, 16);
 }

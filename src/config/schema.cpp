@@ -203,7 +203,8 @@ const std::vector<Field>& schema() {
                 "auto", "flash", "cudnn", "efficient", "math"),
       ZB_CHOICE("runtime.varlen_kernel", runtime.varlen_kernel,
                 "kernel of attention within documents on a GPU: flash (variable-length flash) or cudnn "
-                "(cuDNN's attention over the same cumulative lengths; the metrics name the one that ran)",
+                "(cuDNN's forward over the same cumulative lengths, flash's backward; the metrics name the one "
+                "that ran)",
                 "flash", "cudnn"),
       ZB_FIELD("runtime.fused_kernels", Bool, bool, runtime.fused_kernels,
                "our fused operators: SwiGLU's gate as one autograd node, and on CUDA in bf16 our kernels for "

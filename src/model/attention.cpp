@@ -3,7 +3,6 @@
 #include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/TensorOperators.h>
-#include <ATen/ops/_cudnn_attention_backward.h>
 #include <ATen/ops/_cudnn_attention_forward.h>
 #include <ATen/ops/_fused_sdp_choice.h>
 #include <ATen/ops/empty.h>
@@ -56,8 +55,9 @@ Documents make_documents(const at::Tensor& cu_seqlens, int64_t max_len, int64_t 
     at::Tensor padded = at::empty({bucket + 1}, host.options().pinned_memory(device.is_cuda()));
     padded.fill_(c[n]);
     padded.narrow(0, 0, n + 1).copy_(host);
-    d.cu_seqlens = padded.to(device, /*non_blocking=*/true);
-    d.max_len = T;
+    d.cudnn_cu_seqlens = padded.to(device, /*non_blocking=*/true);
+    d.cu_seqlens = d.cudnn_cu_seqlens.narrow(0, 0, n + 1);  // flash's backward: the real sequences
+    d.max_len = max_len;
     return d;
   }
   at::Tensor cu = cu_seqlens.to(device, /*non_blocking=*/true);
@@ -123,32 +123,49 @@ std::string attention_kernel(const c10::Device& device, at::ScalarType dtype, in
 
 namespace {
 
+// cuDNN's softmax statistics (log-sum-exp of each query row's scaled scores, as flash's) in flash's
+// layout [H, N] float. Their shape has changed between torch versions ([N, H, 1], [H, N]): taken
+// from the sizes, and anything else is an error rather than a silent misreading.
+at::Tensor lse_as_flash(const at::Tensor& lse, int64_t H, int64_t N) {
+  at::Tensor s = lse;
+  while (s.dim() > 2 && (s.size(-1) == 1 || s.size(0) == 1)) s = s.size(-1) == 1 ? s.squeeze(-1) : s.squeeze(0);
+  TORCH_CHECK(s.scalar_type() == at::kFloat && s.dim() == 2 && H != N,
+              "cuDNN attention's softmax statistics: unexpected shape ", lse.sizes(), " for ", H, " heads, ", N,
+              " tokens");
+  if (s.size(0) == H && s.size(1) == N) return s.contiguous();
+  TORCH_CHECK(s.size(0) == N && s.size(1) == H, "cuDNN attention's softmax statistics: unexpected shape ",
+              lse.sizes(), " for ", H, " heads, ", N, " tokens");
+  return s.t().contiguous();
+}
+
 // The variable-length kernels (forward and backward, as LibTorch exposes them) joined into one
 // autograd node: q [N, H, Dh], k and v [N, Hkv, Dh] over the flattened rows; causal within each
-// piece that cu_seqlens delimits; the kernels handle Hkv < H themselves. Flash's, or with `cudnn`
-// cuDNN's attention (ATen's _cudnn_attention_forward/backward with cumulative lengths: its ragged
-// layout is this one). Each keeps its two random-number tensors (unused without dropout) in
-// slots 6 and 7.
+// piece that cu_seqlens delimits; the kernels handle Hkv < H themselves. Flash's forward, or with
+// `cudnn_cu_seqlens` cuDNN's (ATen's _cudnn_attention_forward with cumulative lengths: its ragged
+// layout is this one; the longest sequence taken as `cudnn_max_len`); flash's backward either way,
+// from the forward's output and log-sum-exp. Without dropout the backward reads no random state:
+// flash's placeholders (slots 6 and 7) are kept as its forward returns them.
 struct VarlenAttention : torch::autograd::Function<VarlenAttention> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
                                                 const at::Tensor& k, const at::Tensor& v,
-                                                const at::Tensor& cu_seqlens, int64_t max_len, bool cudnn) {
-    at::Tensor out, logsumexp, rng_a, rng_b;
-    if (cudnn) {
-      auto [o, lse, cum_q, cum_k, max_q, max_k, seed, offset, debug_mask] =
-          at::_cudnn_attention_forward(q, k, v, /*attn_bias=*/std::nullopt, cu_seqlens, cu_seqlens, max_len, max_len,
-                                       /*compute_log_sumexp=*/true, /*dropout_p=*/0.0, /*is_causal=*/true,
-                                       /*return_debug_mask=*/false);
-      out = o, logsumexp = lse, rng_a = seed, rng_b = offset;
+                                                const at::Tensor& cu_seqlens, int64_t max_len,
+                                                const at::Tensor& cudnn_cu_seqlens, int64_t cudnn_max_len) {
+    at::Tensor out, logsumexp, rng_state, unused;
+    if (cudnn_cu_seqlens.defined()) {
+      auto [o, lse, cum_q, cum_k, max_q, max_k, seed, offset, debug_mask] = at::_cudnn_attention_forward(
+          q, k, v, /*attn_bias=*/std::nullopt, cudnn_cu_seqlens, cudnn_cu_seqlens, cudnn_max_len, cudnn_max_len,
+          /*compute_log_sumexp=*/true, /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false);
+      out = o, logsumexp = lse_as_flash(lse, q.size(1), q.size(0));
+      const auto u64 = q.options().dtype(at::kUInt64);
+      rng_state = at::empty({2}, u64), unused = at::empty({}, u64);
     } else {
-      auto [o, lse, rng_state, unused, debug_mask] =
+      auto [o, lse, rng, u, debug_mask] =
           at::_flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len, /*dropout_p=*/0.0,
                                        /*is_causal=*/true, /*return_debug_mask=*/false);
-      out = o, logsumexp = lse, rng_a = rng_state, rng_b = unused;
+      out = o, logsumexp = lse, rng_state = rng, unused = u;
     }
-    ctx->save_for_backward({q, k, v, out, logsumexp, cu_seqlens, rng_a, rng_b});
+    ctx->save_for_backward({q, k, v, out, logsumexp, cu_seqlens, rng_state, unused});
     ctx->saved_data["max_len"] = max_len;
-    ctx->saved_data["cudnn"] = cudnn;
     return {out};
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -156,13 +173,9 @@ struct VarlenAttention : torch::autograd::Function<VarlenAttention> {
     const auto s = ctx->get_saved_variables();
     const int64_t max_len = ctx->saved_data["max_len"].toInt();
     const at::Tensor dout = grads[0].contiguous();
-    auto [dq, dk, dv] =
-        ctx->saved_data["cudnn"].toBool()
-            ? at::_cudnn_attention_backward(dout, s[0], s[1], s[2], s[3], s[4], s[6], s[7], /*attn_bias=*/at::Tensor(),
-                                            s[5], s[5], max_len, max_len, /*dropout_p=*/0.0, /*is_causal=*/true)
-            : at::_flash_attention_backward(dout, s[0], s[1], s[2], s[3], s[4], s[5], s[5], max_len, max_len,
-                                            /*dropout_p=*/0.0, /*is_causal=*/true, s[6], s[7]);
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+    auto [dq, dk, dv] = at::_flash_attention_backward(dout, s[0], s[1], s[2], s[3], s[4], s[5], s[5], max_len, max_len,
+                                                      /*dropout_p=*/0.0, /*is_causal=*/true, s[6], s[7]);
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -174,7 +187,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     const at::Tensor qf = q.reshape({B * T, H, Dh}).contiguous(), kf = k.reshape({B * T, k.size(2), Dh}).contiguous(),
                      vf = v.reshape({B * T, v.size(2), Dh}).contiguous();
     const at::Tensor out = VarlenAttention::apply(qf, kf, vf, documents.cu_seqlens, documents.max_len,
-                                                  cudnn_varlen.load(std::memory_order_relaxed))[0];
+                                                  documents.cudnn_cu_seqlens, T)[0];
     return out.view({B, T, H * Dh});
   }
   const bool gqa = k.size(2) != H;

@@ -26,6 +26,9 @@ struct Documents {
   // each). The flash kernel's input.
   at::Tensor cu_seqlens;
   int64_t max_len = 0;  // tokens of the longest piece
+  // With runtime.varlen_kernel = "cudnn": the same lengths for cuDNN's forward, their count padded
+  // to a power of two with empty sequences (cu_seqlens is a view of its start).
+  at::Tensor cudnn_cu_seqlens;
   // The same as an additive mask (0: attend, -inf: not) where the flash kernel does not run.
   at::Tensor mask;
   bool any() const { return cu_seqlens.defined() || mask.defined(); }
@@ -40,10 +43,10 @@ Documents make_documents(const at::Tensor& cu_seqlens, int64_t max_len, int64_t 
                          at::ScalarType dtype, bool flash);
 
 // Document attention's kernel on a GPU (runtime.varlen_kernel): "flash", LibTorch's
-// variable-length flash kernels (the default), or "cudnn", cuDNN's attention over the same
-// cumulative lengths (q, k, v ragged as [N, H, Dh]; a candidate to measure: on an H100 cuDNN ran
-// plain causal attention faster than flash, and the flash varlen kernels take 88 ms of the 1B
-// step). Process-wide; std::invalid_argument for another name.
+// variable-length flash kernels (the default), or "cudnn", cuDNN's forward over the same
+// cumulative lengths (q, k, v ragged as [N, H, Dh]) with flash's backward: torch 2.11's cuDNN
+// varlen backward takes head_dim for the longest sequence (pytorch/pytorch#186142) and returned
+// wrong gradients on an H100. Process-wide; std::invalid_argument for another name.
 void use_varlen_kernel(const std::string& choice);
 
 // Which kernel scaled_dot_product_attention may run (runtime.sdpa_backend): "auto" leaves the
@@ -54,8 +57,8 @@ void use_varlen_kernel(const std::string& choice);
 void use_sdpa_backend(const std::string& choice);
 
 // The kernel attention runs for a micro-batch of rows of T tokens on `device` in `dtype` (what
-// the metrics report): "flash_varlen" (or "cudnn_varlen") for documents by the flash kernel (or
-// cuDNN's), else the name of
+// the metrics report): "flash_varlen" (or "cudnn_varlen") for documents by the flash kernels (or
+// cuDNN's forward and flash's backward), else the name of
 // PyTorch's choice for scaled_dot_product_attention on these shapes ("flash_attention",
 // "cudnn_attention", "efficient_attention", "math"), asked of the dispatcher itself.
 std::string attention_kernel(const c10::Device& device, at::ScalarType dtype, int64_t T, int64_t heads,

@@ -54,7 +54,7 @@ cpu_only)
   grep -q "build: kit" "$tmp/out/gpu_check.log" || fail "log"
   report 'r["mode"] == "cpu-only" and r["build"] == "kit" and r["gpu_parts_ran"] is False'
   report 'r["result"] == "gpu parts not run" and all(x["status"] == "not run" for x in r["steps"])'
-  report 'list(s) == ["build", "cuda_tests", "preset_150M", "preset_1B", "profile_1B", "preset_1B_causal", "preset_1B_causal_auto", "preset_1B_cudnn_varlen", "preset_1B_aten", "preset_1B_casts_freed", "preset_1B_unfused_rope", "preset_1B_unfused_gate", "preset_1B_unfused_loss", "preset_1B_unfused_norm", "preset_1B_unfused_linears", "preset_1B_unfused_update", "preset_1B_unfused_momentum", "preset_1B_unfused_residual", "reference_cpu", "reference_gpu_fp32", "reference_gpu_bf16", "reference_check", "nvtx", "bench"] and r["bench"] is None'
+  report 'list(s) == ["build", "cuda_tests", "preset_150M", "preset_1B", "profile_1B", "preset_1B_causal", "preset_1B_causal_auto", "preset_1B_cudnn_varlen", "preset_1B_aten", "preset_1B_casts_freed", "preset_1B_unfused_rope", "preset_1B_unfused_gate", "preset_1B_unfused_loss", "preset_1B_unfused_norm", "preset_1B_unfused_linears", "preset_1B_unfused_update", "preset_1B_unfused_momentum", "preset_1B_unfused_residual", "preset_1B_unfused_newton_schulz", "reference_cpu", "reference_gpu_fp32", "reference_gpu_bf16", "reference_check", "nvtx", "bench"] and r["bench"] is None'
   # A build to use as it is (ZB_SKIP_BUILD=1): "prebuilt".
   mkdir -p "$root/build/apps" && printf '#!/bin/sh\nexit 1\n' >"$root/build/apps/train_fsdp" && chmod +x "$root/build/apps/train_fsdp"
   ZB_SKIP_BUILD=1 run cpu_only --cpu-only "$tmp/out"

@@ -172,7 +172,7 @@ TEST(ConfigErrors, UnknownFusedOperatorIsNamed) {
   Config c = load_config_string(model + "[train]\n[runtime]\nunfused = \"norm,linear\"\n", "x.toml");
   EXPECT_EQ(error_of([&] { validate(c, 1); }),
             "x.toml:5: runtime.unfused names 'linear', not one of rope, gate, loss, norm, linears, update, "
-            "momentum, residual");
+            "momentum, residual, newton_schulz");
 }
 
 TEST(ConfigErrors, MissingTrainSection) {

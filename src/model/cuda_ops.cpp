@@ -1,6 +1,7 @@
 #include "model/cuda_ops.h"
 #include "model/cuda_kernels.h"
 
+#include <ATen/cuda/CUDAContextLight.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/view_as_real.h>
@@ -9,8 +10,15 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <cublasLt.h>
+#include <dlfcn.h>
+
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
+#include <optional>
 #include <stdexcept>
+#include <type_traits>
 
 namespace zb {
 
@@ -210,6 +218,154 @@ void momentum_cuda_(const at::Tensor& buf, const at::Tensor& g, const at::Tensor
                                       out.defined() ? out.mutable_data_ptr() : nullptr, w_buf, w_out, buf.numel(),
                                       c10::cuda::getCurrentCUDAStream(buf.device().index()).stream()));
   buf.unsafeGetTensorImpl()->bump_version();
+}
+
+namespace {
+
+// cuBLASLt's entry points, looked up in the process: LibTorch has loaded the library (the copy in
+// its wheel), and this build links no second one. `found` false: gemm_add stays with ATen.
+struct CublasLt {
+  decltype(&cublasLtMatmulDescCreate) desc_create = nullptr;
+  decltype(&cublasLtMatmulDescSetAttribute) desc_set = nullptr;
+  decltype(&cublasLtMatmulDescDestroy) desc_destroy = nullptr;
+  decltype(&cublasLtMatrixLayoutCreate) layout_create = nullptr;
+  decltype(&cublasLtMatrixLayoutSetAttribute) layout_set = nullptr;
+  decltype(&cublasLtMatrixLayoutDestroy) layout_destroy = nullptr;
+  decltype(&cublasLtMatmulPreferenceCreate) preference_create = nullptr;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) preference_set = nullptr;
+  decltype(&cublasLtMatmulPreferenceDestroy) preference_destroy = nullptr;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
+  decltype(&cublasLtMatmul) matmul = nullptr;
+  bool found = false;
+};
+
+const CublasLt& cublas_lt() {
+  static const CublasLt lt = [] {
+    CublasLt f;
+    auto get = [](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(RTLD_DEFAULT, name));
+      return fn != nullptr;
+    };
+    f.found = get(f.desc_create, "cublasLtMatmulDescCreate") && get(f.desc_set, "cublasLtMatmulDescSetAttribute") &&
+              get(f.desc_destroy, "cublasLtMatmulDescDestroy") && get(f.layout_create, "cublasLtMatrixLayoutCreate") &&
+              get(f.layout_set, "cublasLtMatrixLayoutSetAttribute") &&
+              get(f.layout_destroy, "cublasLtMatrixLayoutDestroy") &&
+              get(f.preference_create, "cublasLtMatmulPreferenceCreate") &&
+              get(f.preference_set, "cublasLtMatmulPreferenceSetAttribute") &&
+              get(f.preference_destroy, "cublasLtMatmulPreferenceDestroy") &&
+              get(f.heuristic, "cublasLtMatmulAlgoGetHeuristic") && get(f.matmul, "cublasLtMatmul");
+    return f;
+  }();
+  return lt;
+}
+
+void lt_check(cublasStatus_t status, const char* what) {
+  TORCH_CHECK(status == CUBLAS_STATUS_SUCCESS, "gemm_add_cuda: cuBLASLt ", what, " failed with status ",
+              static_cast<int>(status));
+}
+
+// A matrix [R, C] (the last two dimensions, row-major in ATen's terms) as cuBLASLt's column-major
+// operand of C rows and R columns: stored as such (a row-major tensor, operation N) or as its
+// transpose (a transposed view, operation T). None for other strides.
+struct Operand {
+  cublasOperation_t op;
+  uint64_t rows, cols;  // as stored
+  int64_t ld;
+};
+std::optional<Operand> column_major(const at::Tensor& t) {
+  const int64_t R = t.size(-2), C = t.size(-1);
+  if (t.stride(-1) == 1 && t.stride(-2) >= std::max<int64_t>(C, 1))
+    return Operand{CUBLAS_OP_N, static_cast<uint64_t>(C), static_cast<uint64_t>(R), t.stride(-2)};
+  if (t.stride(-2) == 1 && t.stride(-1) >= std::max<int64_t>(R, 1))
+    return Operand{CUBLAS_OP_T, static_cast<uint64_t>(R), static_cast<uint64_t>(C), t.stride(-1)};
+  return std::nullopt;
+}
+
+// The largest power of two up to 256 that divides the address: what the chosen kernel may assume.
+uint32_t alignment(const void* p) {
+  uint32_t a = 256;
+  while (a > 2 && reinterpret_cast<uintptr_t>(p) % a != 0) a /= 2;
+  return a;
+}
+
+}  // namespace
+
+bool gemm_add_cuda_applies(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b) {
+  const int64_t d = c.dim();
+  if (!c.is_cuda() || (d != 2 && d != 3) || a.dim() != d || b.dim() != d) return false;
+  for (const at::Tensor* t : {&c, &a, &b})
+    if (t->scalar_type() != at::kBFloat16 || t->device() != c.device() || t->numel() == 0) return false;
+  if (d == 3 && (a.size(0) != c.size(0) || b.size(0) != c.size(0) || c.size(0) > INT32_MAX)) return false;
+  const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
+  return b.size(-2) == K && c.size(-2) == M && c.size(-1) == N && c.stride(-1) == 1 && c.stride(-2) >= N &&
+         column_major(a) && column_major(b) && cublas_lt().found;
+}
+
+at::Tensor gemm_add_cuda(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double beta, double alpha) {
+  TORCH_CHECK(gemm_add_cuda_applies(c, a, b), "gemm_add_cuda: c, a, b must be bf16 on one GPU, [M, N], [M, K], "
+              "[K, N] (or batched alike), a and b row-major or transposed, c row-major; cuBLASLt must be loaded");
+  const c10::cuda::CUDAGuard guard(c.device());
+  const CublasLt& lt = cublas_lt();
+  at::Tensor out = at::empty(c.sizes(), c.options().memory_format(at::MemoryFormat::Contiguous));
+  const int64_t M = a.size(-2), N = b.size(-1);
+  // Row-major out [M, N] = a [M, K] b [K, N] is column-major out^T [N, M] = b^T [N, K] a^T [K, M]:
+  // cuBLASLt's first operand is b, its second a.
+  const Operand first = *column_major(b), second = *column_major(a);
+  struct Handles {  // destroyed in any case
+    const CublasLt& lt;
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t layouts[4] = {nullptr, nullptr, nullptr, nullptr};
+    cublasLtMatmulPreference_t preference = nullptr;
+    ~Handles() {
+      for (auto* l : layouts)
+        if (l) lt.layout_destroy(l);
+      if (desc) lt.desc_destroy(desc);
+      if (preference) lt.preference_destroy(preference);
+    }
+  } h{lt};
+  lt_check(lt.desc_create(&h.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+  lt_check(lt.desc_set(h.desc, CUBLASLT_MATMUL_DESC_TRANSA, &first.op, sizeof(first.op)), "TRANSA");
+  lt_check(lt.desc_set(h.desc, CUBLASLT_MATMUL_DESC_TRANSB, &second.op, sizeof(second.op)), "TRANSB");
+  const at::Tensor* tensors[4] = {&b, &a, &c, &out};
+  const uint64_t rows[4] = {first.rows, second.rows, static_cast<uint64_t>(N), static_cast<uint64_t>(N)};
+  const uint64_t cols[4] = {first.cols, second.cols, static_cast<uint64_t>(M), static_cast<uint64_t>(M)};
+  const int64_t lds[4] = {first.ld, second.ld, c.stride(-2), N};
+  for (int i = 0; i < 4; ++i) {
+    lt_check(lt.layout_create(&h.layouts[i], CUDA_R_16BF, rows[i], cols[i], lds[i]), "MatrixLayoutCreate");
+    if (c.dim() == 3) {
+      const int32_t count = static_cast<int32_t>(c.size(0));
+      const int64_t stride = tensors[i]->stride(0);
+      lt_check(lt.layout_set(h.layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)), "BATCH_COUNT");
+      lt_check(lt.layout_set(h.layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
+               "STRIDED_BATCH_OFFSET");
+    }
+  }
+  const uint64_t workspace_bytes = at::cuda::getCUDABlasLtWorkspaceSize();
+  lt_check(lt.preference_create(&h.preference), "MatmulPreferenceCreate");
+  lt_check(lt.preference_set(h.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                             sizeof(workspace_bytes)),
+           "MAX_WORKSPACE_BYTES");
+  const cublasLtMatmulPreferenceAttributes_t aligned[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t bytes = alignment(tensors[i]->const_data_ptr());
+    lt_check(lt.preference_set(h.preference, aligned[i], &bytes, sizeof(bytes)), "MIN_ALIGNMENT");
+  }
+  const cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
+  cublasLtMatmulHeuristicResult_t result{};
+  int results = 0;
+  lt_check(lt.heuristic(handle, h.desc, h.layouts[0], h.layouts[1], h.layouts[2], h.layouts[3], h.preference, 1,
+                        &result, &results),
+           "MatmulAlgoGetHeuristic");
+  TORCH_CHECK(results > 0, "gemm_add_cuda: cuBLASLt has no algorithm for ", a.sizes(), " x ", b.sizes());
+  const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
+  lt_check(lt.matmul(handle, h.desc, &alpha_f, b.const_data_ptr(), h.layouts[0], a.const_data_ptr(), h.layouts[1],
+                     &beta_f, c.const_data_ptr(), h.layouts[2], out.mutable_data_ptr(), h.layouts[3], &result.algo,
+                     at::cuda::getCUDABlasLtWorkspace(), workspace_bytes,
+                     c10::cuda::getCurrentCUDAStream(c.device().index()).stream()),
+           "Matmul");
+  return out;
 }
 
 }  // namespace zb

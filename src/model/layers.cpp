@@ -1,4 +1,5 @@
 #include "model/layers.h"
+#include "model/gemm_add.h"
 #ifdef ZB_WITH_CUDA
 #include "model/cuda_ops.h"
 #endif
@@ -30,11 +31,11 @@ namespace zb {
 
 namespace {
 // Bit i: Fused(i) on. All on by default.
-constexpr unsigned kAllFused = (1u << 8) - 1;
+constexpr unsigned kAllFused = (1u << 9) - 1;
 std::atomic<unsigned> fused_ops{kAllFused};
 std::atomic<bool> nodes_on_any_device{false};
 const char* const kFusedNames[] = {"rope", "gate", "loss", "norm", "linears", "update", "momentum",
-                                    "residual"};  // Fused's order
+                                    "residual", "newton_schulz"};  // Fused's order
 }  // namespace
 
 std::vector<std::string> fused_operator_names() { return {std::begin(kFusedNames), std::end(kFusedNames)}; }
@@ -285,11 +286,34 @@ at::Tensor swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w
   return at::linear(swiglu_hidden(x, w1, w3), w2);
 }
 
+namespace {
+
+// h + x w^T in one GEMM (gemm_add); the backward is addmm's with x and w^T for its matrices: h's
+// gradient the output's as it is, x's g w, and w's (x^T g)^T.
+struct ResidualLinear : torch::autograd::Function<ResidualLinear> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& h,
+                                                const at::Tensor& x, const at::Tensor& w) {
+    ctx->save_for_backward({x, w});
+    const at::Tensor out = gemm_add(h.reshape({-1, h.size(-1)}), x.reshape({-1, x.size(-1)}), w.t(), 1.0, 1.0,
+                                    /*through_cublaslt=*/true);
+    return {out.view(h.sizes())};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& w = saved[1];
+    const at::Tensor g = grads[0].reshape({-1, grads[0].size(-1)});
+    const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+    return {grads[0], at::mm(g, w).view(x.sizes()), at::mm(x2.t(), g).t()};
+  }
+};
+
+}  // namespace
+
 at::Tensor residual_linear(const at::Tensor& h, const at::Tensor& x, const at::Tensor& w) {
   if (!node_takes(Fused::Residual, h)) return h + at::linear(x, w);
-  // addmm's backward hands h the output's gradient as it is and x and w the linear's.
-  const at::Tensor out = at::addmm(h.reshape({-1, h.size(-1)}), x.reshape({-1, x.size(-1)}), w.t());
-  return out.view(h.sizes());
+  return ResidualLinear::apply(h, x, w)[0];
 }
 
 }  // namespace zb

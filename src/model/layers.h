@@ -57,10 +57,11 @@ void use_fused_kernels(bool on);
 // Each of them by name, to measure what one gives or to go around one: "rope", "gate" (SwiGLU's),
 // "loss" (its log-sum-exp and logit gradient), "norm" (RMSNorm with the residual's gradient),
 // "linears" (shared_input_linears), "update" (the fp32 gradient sums and Muon's update of the
-// weights, model/fp32_updates.h), "momentum" (Muon's), "residual" (residual_linear's one GEMM).
+// weights, model/fp32_updates.h), "momentum" (Muon's), "residual" (residual_linear's one GEMM),
+// "newton_schulz" (Muon's GEMMs reading their added term in the epilogue, model/gemm_add.h).
 // leave_unfused(names) turns the named ones off (all on first; runtime.unfused, comma-separated;
 // validation names the known ones); an unknown name is std::invalid_argument.
-enum class Fused { Rope, Gate, Loss, Norm, Linears, Update, Momentum, Residual };
+enum class Fused { Rope, Gate, Loss, Norm, Linears, Update, Momentum, Residual, NewtonSchulz };
 std::vector<std::string> fused_operator_names();
 std::vector<std::string> split_operator_names(const std::string& list);  // "a, b" -> {"a", "b"}
 void leave_unfused(const std::vector<std::string>& names);
@@ -84,10 +85,10 @@ at::Tensor swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w
 at::Tensor swiglu_hidden(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w3);
 
 // h + x w^T (x [.., K], w [D, K], h [.., D]): a block's residual add after its output linear. On a
-// GPU in bf16 (fused kernels on; "residual" in runtime.unfused goes around it) one GEMM adds h in
-// its epilogue (addmm): the add's pass over memory saved, and the product not rounded to bf16
-// before h is added (cuBLAS may still round partial sums of the product, as in any bf16 GEMM);
-// elsewhere at::linear, then the add.
+// GPU in bf16 (fused kernels on; "residual" in runtime.unfused goes around it) one GEMM reads h in
+// its epilogue and writes the sum elsewhere (model/gemm_add.h): the add's passes over memory saved,
+// and the product not rounded to bf16 before h is added (cuBLAS may still round partial sums of
+// the product, as in any bf16 GEMM); its backward is addmm's. Elsewhere at::linear, then the add.
 at::Tensor residual_linear(const at::Tensor& h, const at::Tensor& x, const at::Tensor& w);
 
 }  // namespace zb

@@ -1,11 +1,12 @@
 #include "optim/muon.h"
 
 #include "model/fp32_updates.h"
+#include "model/gemm_add.h"
+#include "model/layers.h"
 #include "util/phase.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
-#include <ATen/ops/baddbmm.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/empty.h>
@@ -31,11 +32,13 @@ at::Tensor newton_schulz(const at::Tensor& G, int64_t steps, at::ScalarType dtyp
   // transposed X made each step's sum copy it, and its update reach the parameter strided:
   // 7 ms of the 1B step on an H100): A = X^T X and X <- a X + X B^T.
   const bool tall = X.size(1) > X.size(2);
+  // The added terms read by the GEMMs themselves on a GPU (model/gemm_add.h), not copied first.
+  const bool lt = fused_on(Fused::NewtonSchulz);
   for (int64_t i = 0; i < steps; ++i) {
     at::Tensor A = tall ? at::bmm(X.mT(), X) : at::bmm(X, X.mT());
-    at::Tensor B = at::baddbmm(A, A, A, /*beta=*/kNsB, /*alpha=*/kNsC);  // b*A + c*A*A
-    X = tall ? at::baddbmm(X, X, B.mT(), /*beta=*/kNsA)                   // a*X + X*B^T
-             : at::baddbmm(X, B, X, /*beta=*/kNsA);                       // a*X + B*X
+    at::Tensor B = gemm_add(A, A, A, /*beta=*/kNsB, /*alpha=*/kNsC, lt);  // b*A + c*A*A
+    X = tall ? gemm_add(X, X, B.mT(), /*beta=*/kNsA, 1.0, lt)              // a*X + X*B^T
+             : gemm_add(X, B, X, /*beta=*/kNsA, 1.0, lt);                  // a*X + B*X
   }
   return batched ? X : X.squeeze(0);
 }

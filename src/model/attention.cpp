@@ -141,8 +141,8 @@ at::Tensor lse_as_flash(const at::Tensor& lse, int64_t H, int64_t N) {
 // The variable-length kernels (forward and backward, as LibTorch exposes them) joined into one
 // autograd node: q [N, H, Dh], k and v [N, Hkv, Dh] over the flattened rows; causal within each
 // piece that cu_seqlens delimits; the kernels handle Hkv < H themselves. Flash's forward, or with
-// `cudnn_cu_seqlens` cuDNN's (ATen's _cudnn_attention_forward with cumulative lengths: its ragged
-// layout is this one; the longest sequence taken as `cudnn_max_len`); flash's backward either way,
+// `cudnn_max_len` > 0 cuDNN's over `cudnn_cu_seqlens` (ATen's _cudnn_attention_forward with
+// cumulative lengths: its ragged layout is this one); flash's backward either way,
 // from the forward's output and log-sum-exp. Without dropout the backward reads no random state:
 // flash's placeholders (slots 6 and 7) are kept as its forward returns them.
 struct VarlenAttention : torch::autograd::Function<VarlenAttention> {
@@ -151,7 +151,7 @@ struct VarlenAttention : torch::autograd::Function<VarlenAttention> {
                                                 const at::Tensor& cu_seqlens, int64_t max_len,
                                                 const at::Tensor& cudnn_cu_seqlens, int64_t cudnn_max_len) {
     at::Tensor out, logsumexp, rng_state, unused;
-    if (cudnn_cu_seqlens.defined()) {
+    if (cudnn_max_len > 0) {
       auto [o, lse, cum_q, cum_k, max_q, max_k, seed, offset, debug_mask] = at::_cudnn_attention_forward(
           q, k, v, /*attn_bias=*/std::nullopt, cudnn_cu_seqlens, cudnn_cu_seqlens, cudnn_max_len, cudnn_max_len,
           /*compute_log_sumexp=*/true, /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false);
@@ -186,8 +186,11 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   if (documents.cu_seqlens.defined()) {
     const at::Tensor qf = q.reshape({B * T, H, Dh}).contiguous(), kf = k.reshape({B * T, k.size(2), Dh}).contiguous(),
                      vf = v.reshape({B * T, v.size(2), Dh}).contiguous();
+    // An autograd function takes no undefined tensor: flash's lengths stand in for cuDNN's.
+    const bool cudnn = documents.cudnn_cu_seqlens.defined();
     const at::Tensor out = VarlenAttention::apply(qf, kf, vf, documents.cu_seqlens, documents.max_len,
-                                                  documents.cudnn_cu_seqlens, T)[0];
+                                                  cudnn ? documents.cudnn_cu_seqlens : documents.cu_seqlens,
+                                                  cudnn ? T : 0)[0];
     return out.view({B, T, H * Dh});
   }
   const bool gqa = k.size(2) != H;

@@ -46,7 +46,8 @@ Documents make_documents(const at::Tensor& cu_seqlens, int64_t max_len, int64_t 
 // variable-length flash kernels (the default), or "cudnn", cuDNN's forward over the same
 // cumulative lengths (q, k, v ragged as [N, H, Dh]) with flash's backward: torch 2.11's cuDNN
 // varlen backward takes head_dim for the longest sequence (pytorch/pytorch#186142) and returned
-// wrong gradients on an H100. Process-wide; std::invalid_argument for another name.
+// wrong gradients on an H100. Right, but a third of flash's speed there (2026-11-26): a switch to
+// measure again on a later torch. Process-wide; std::invalid_argument for another name.
 void use_varlen_kernel(const std::string& choice);
 
 // Which kernel scaled_dot_product_attention may run (runtime.sdpa_backend): "auto" leaves the

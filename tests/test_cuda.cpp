@@ -789,11 +789,14 @@ TEST(CudaGemmAdd, CublasLtReadsTheAddedTermWithinAtensRounding) {
                                 {"a X + B X", X, B, X, 3.4445, 1.0},
                                 {"a X + X B^T", T, T, Bt.mT(), 3.4445, 1.0}};
   for (const Case& k : cases) {
+    const at::Tensor before = k.c.clone();
 #ifdef ZB_WITH_CUDA
     ASSERT_TRUE(gemm_add_cuda_applies(k.c, k.a, k.b)) << k.name;
-#endif
-    const at::Tensor before = k.c.clone();
+    const at::Tensor got = gemm_add_cuda(k.c, k.a, k.b, k.beta, k.alpha);
+    ASSERT_TRUE(got.defined()) << k.name << ": cuBLASLt offered no algorithm";
+#else
     const at::Tensor got = gemm_add(k.c, k.a, k.b, k.beta, k.alpha, /*through_cublaslt=*/true);
+#endif
     const at::Tensor aten = gemm_add(k.c, k.a, k.b, k.beta, k.alpha, /*through_cublaslt=*/false);
     EXPECT_TRUE(at::equal(k.c, before)) << k.name << ": c unchanged";
     EXPECT_TRUE(got.is_contiguous() && got.sizes() == k.c.sizes() && got.scalar_type() == at::kBFloat16) << k.name;

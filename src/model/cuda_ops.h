@@ -62,7 +62,8 @@ void momentum_cuda_(const at::Tensor& buf, const at::Tensor& g, const at::Tensor
 
 // cuBLASLt's GEMM with its added term read in the epilogue (model/gemm_add.h): whether it takes
 // c, a, b (bf16 on one GPU; 2-D, or 3-D with one batch size; a and b row-major or transposed views,
-// c row-major, shapes [M, K], [K, N], [M, N]); and beta * c + alpha * a b as a new tensor.
+// c row-major, shapes [M, K], [K, N], [M, N]); and beta * c + alpha * a b as a new tensor, or an
+// undefined one where cuBLASLt offers no algorithm for these shapes and alignments.
 bool gemm_add_cuda_applies(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b);
 at::Tensor gemm_add_cuda(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double beta, double alpha);
 

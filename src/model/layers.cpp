@@ -5,7 +5,6 @@
 #endif
 
 #include <ATen/TensorOperators.h>
-#include <ATen/ops/addmm.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cos.h>
 #include <ATen/ops/linear.h>

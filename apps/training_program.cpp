@@ -19,12 +19,15 @@
 #include "dist/comm.h"
 #include "dist/world.h"
 #include "model/llama.h"
-#include "train/launch.h"
-#include "train/metrics.h"
-#include "train/metrics_logger.h"
-#include "train/profiler.h"
-#include "train/run_policy.h"
-#include "train/step_plan.h"
+#include "launch/launch.h"
+#include "observe/metrics.h"
+#include "observe/metrics_logger.h"
+#include "observe/profiler.h"
+#include "plan/run_policy.h"
+#include "plan/step_plan.h"
+#include "parallel/mesh.h"
+#include "train/build.h"
+#include "train/checkpoint_state.h"
 #include "train/trainer.h"
 #include "training_program.h"
 #include "util/device.h"
@@ -41,7 +44,7 @@ using zb::strf;
 volatile std::sig_atomic_t stop_requested = 0;
 void request_stop(int) { stop_requested = 1; }
 
-// A step that was not applied (train/run_policy.h decides): a warning and on, or an error that
+// A step that was not applied (plan/run_policy.h decides): a warning and on, or an error that
 // stops every rank (all saw the same all-reduced values and decide the same).
 void on_nonfinite_step(const zb::StepStats& s, const zb::Config& cfg, zb::CheckpointWriter& checkpoints) {
   const zb::NonfiniteDecision d = zb::decide_nonfinite(s, cfg, checkpoints.last_good());
@@ -81,8 +84,7 @@ nlohmann::json plan_json(const zb::CommandLine& cl, zb::Parallelism parallelism,
   return plan;
 }
 
-int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
-        const zb::Trainer::GradientHook& gradient_hook) {
+int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes, const zb::AdjustParts& adjust_parts) {
   zb::Config cfg = cl.config;  // train_hsdp fills in the layout
   const zb::World world = zb::detect_world();
   if (over_nodes) zb::shard_by_node(cfg, world, cl.dry_run);
@@ -123,9 +125,8 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
                      world.size, world.launcher.c_str(), world.master_addr.c_str(), world.master_port,
                      world.rank, world.local_rank));
   zb::log_placement(comm, device);
-  // Hybrid sharding's groups first: on a GPU their NCCL communicators hold memory the budget
-  // must see.
-  zb::HybridGroups groups = zb::make_hybrid_groups(cfg, comm, parallelism);
+  // The mesh's groups first: on a GPU their NCCL communicators hold memory the budget must see.
+  zb::ParallelMesh mesh(cfg, comm, parallelism);
   std::optional<zb::MemoryVerdict> memory;
   if (parallelism == zb::Parallelism::FSDP)
     memory = zb::check_memory(cfg, world.size, device, zb::memory_budget(cfg, device, /*dry_run=*/false), cl.force,
@@ -133,20 +134,23 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
   // train.keep_unsharded as the verdict resolved it ("auto" on or off), for the trainer, the plan
   // and the run's record.
   if (memory) cfg.train.keep_unsharded = memory->keep_unsharded ? "true" : "false";
-  zb::Trainer trainer(cfg, comm, device, parallelism, std::move(groups),
-                      memory ? std::optional<bool>(memory->reduce_every_micro_batch) : std::nullopt);
-  trainer.set_gradient_hook(gradient_hook);
+  zb::TrainingParts parts =
+      zb::build_training(cfg, std::move(mesh), device,
+                         memory ? std::optional<bool>(memory->reduce_every_micro_batch) : std::nullopt);
+  if (adjust_parts) adjust_parts(parts);
+  zb::Trainer trainer(cfg, std::move(parts));
+  zb::TrainerCheckpointState run_state(trainer);  // what checkpoints save and restore
   for (const auto& line : zb::describe_trainer(trainer, cfg, device)) zb::log::info(line);
   zb::CheckpointWriter checkpoints(cfg, comm);  // first: fails at once if ckpt.path cannot be written
-  if (!cfg.ckpt.init_from.empty()) zb::init_from_hf(cfg.ckpt.init_from, trainer);
+  if (!cfg.ckpt.init_from.empty()) zb::init_from_hf(cfg.ckpt.init_from, run_state);
   if (!cfg.ckpt.resume.empty())
-    zb::load_checkpoint(zb::resolve_checkpoint(cfg, cfg.ckpt.resume), trainer, comm);
+    zb::load_checkpoint(zb::resolve_checkpoint(cfg, cfg.ckpt.resume), run_state, comm);
   std::signal(SIGTERM, request_stop);
   std::signal(SIGINT, request_stop);
 
   // --- the loop ----------------------------------------------------------------------------------
   const bool resumed = trainer.step() > 0;
-  zb::MetricsLogger metrics(cfg, args, comm, trainer.communication_groups(), device, resumed);
+  zb::MetricsLogger metrics(cfg, args, comm, trainer.mesh().named_groups(), device, resumed);
   metrics.set_constant("attention_kernel", trainer.attention_kernel());
   if (memory) metrics.set_constant("predicted_peak_memory_bytes", memory->estimate.peak);
   if (world.rank == 0) zb::record_run(cfg, trainer, metrics.path(), resumed);
@@ -204,7 +208,7 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
     const bool stopping = s.ranks_stopping > 0;
     std::optional<std::string> saved;
     try {
-      saved = checkpoints.save_if_due(trainer, stopping);  // written in the background
+      saved = checkpoints.save_if_due(run_state, stopping);  // written in the background
     } catch (const std::exception& e) {  // a dead rank, or this rank's own disk
       throw std::runtime_error(strf("rank %ld failed in step %ld, saving its checkpoint: %s", world.rank, step,
                                     error_text(e).c_str()));
@@ -233,7 +237,7 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
 namespace zb {
 
 int training_main(int argc, char** argv, Parallelism parallelism, const char* program, bool over_nodes,
-                  const Trainer::GradientHook& gradient_hook) {
+                  const AdjustParts& adjust_parts) {
   zb::log::init(0, "info");
   // Before any tensor exists: the measurement of live tensor bytes (util/device.h).
   if (const char* count = std::getenv("ZB_COUNT_TENSOR_MEMORY"); count && std::string(count) == "1")
@@ -254,7 +258,7 @@ int training_main(int argc, char** argv, Parallelism parallelism, const char* pr
       std::cout << plan_json(cl, parallelism, over_nodes).dump(1) << "\n";
       return 0;
     }
-    return run(cl, parallelism, over_nodes, gradient_hook);
+    return run(cl, parallelism, over_nodes, adjust_parts);
   } catch (const zb::ConfigError& e) {
     zb::log::error(std::string("config error: ") + e.what());
     return 2;

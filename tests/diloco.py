@@ -195,7 +195,7 @@ def muon_ns_fp32():
 
 
 def fragment_of(name, layers, fragments):
-    """Streaming DiLoCo's fragments, as documented in src/train/diloco.h: runs of consecutive blocks
+    """Streaming DiLoCo's fragments, as documented in src/diloco/diloco.h: runs of consecutive blocks
     (the first layers % fragments runs one longer), the embedding with the first, the rest the last."""
     if ".layers." in name:
         layer = int(name.split(".layers.")[1].split(".")[0])

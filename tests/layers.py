@@ -14,36 +14,49 @@ import subprocess
 import sys
 import tempfile
 
-# Each component and the components its sources may include (directly; reach is transitive).
+# Each component and the components its sources may include directly, as src/CMakeLists.txt links
+# them: a name in parentheses is linked PRIVATE (its sources reach it, the components above do
+# not); the others PUBLIC (reached by whatever reaches this component).
 LAYERS = {
     "util": [],
     "model": ["util"],
     "config": ["model"],
-    "data": ["config", "util"],
+    "data": ["config", "(util)"],
     "dist": ["util"],
-    "parallel": ["dist", "model"],
+    "parallel": ["config", "dist", "model"],
     "fsdp": ["parallel"],
     "ddp": ["parallel"],
-    "optim": ["config", "parallel", "util"],
-    "checkpoint": ["config", "optim", "data", "util"],
-    "train": ["checkpoint", "data", "optim", "util", "fsdp", "ddp"],
+    "optim": ["config", "parallel", "(util)"],
+    "checkpoint": ["config", "optim", "(data)", "(util)"],
+    "diloco": ["checkpoint", "config", "optim", "parallel", "(util)"],
+    "observe": ["config", "diloco", "dist", "(util)"],
+    "plan": ["diloco", "observe", "optim", "parallel", "(ddp)", "(util)"],
+    "train": ["checkpoint", "data", "diloco", "observe", "optim", "util", "(fsdp)", "(ddp)"],
+    "launch": ["plan", "train", "(util)"],
 }
 # One header of each component, to probe with.
 PROBE = {
     "util": "util/fs.h", "model": "model/llama.h", "config": "config/config.h",
     "data": "data/loader.h", "dist": "dist/comm.h", "parallel": "parallel/parallel_model.h",
     "fsdp": "fsdp/fsdp_engine.h", "ddp": "ddp/ddp_engine.h", "optim": "optim/optimizer.h",
-    "checkpoint": "checkpoint/checkpoint.h", "train": "train/trainer.h",
+    "checkpoint": "checkpoint/checkpoint.h", "diloco": "diloco/diloco.h", "observe": "observe/metrics.h",
+    "plan": "plan/step_plan.h", "train": "train/trainer.h", "launch": "launch/launch.h",
 }
 
 
+def deps(component, private=True):
+    """The components `component` links: all of them, or its PUBLIC ones only."""
+    return [d.strip("()") for d in LAYERS[component] if private or not d.startswith("(")]
+
+
 def reach(component):
-    seen, todo = {component}, list(LAYERS[component])
+    """What a source of `component` can include: itself, what it links, and what those pass on."""
+    seen, todo = {component}, deps(component)
     while todo:
         c = todo.pop()
         if c not in seen:
             seen.add(c)
-            todo.extend(LAYERS[c])
+            todo.extend(deps(c, private=False))
     return seen
 
 

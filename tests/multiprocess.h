@@ -1,7 +1,10 @@
 #pragma once
 // Runs a test body on `world_size` real processes (fork) that talk over loopback: each child gets
 // RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1 and a free MASTER_PORT, as torchrun would
-// set them, runs body(rank) and exits 0 only if it raised no test failure.
+// set them, runs body(rank) and exits 0 only if it raised no test failure. Only a test binary
+// labelled "processes" or "convergence" may start ranks (tests/CMakeLists.txt defines
+// ZB_TESTS_START_PROCESSES for those): elsewhere the test fails, so that a test that starts
+// processes cannot run under the "unit" label.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -31,6 +34,11 @@ inline int free_port() {
 }
 
 inline void run_ranks(int world_size, const std::function<void(int rank)>& body) {
+#ifndef ZB_TESTS_START_PROCESSES
+  ADD_FAILURE() << "this test starts " << world_size << " processes: its file belongs to a test binary labelled "
+                << "processes (tests/CMakeLists.txt), not to the unit tests";
+  return;
+#endif
   const std::string port = std::to_string(free_port());
   std::vector<pid_t> children;
   for (int rank = 0; rank < world_size; ++rank) {

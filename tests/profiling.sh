@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Profiling (train/profiler.h, util/phase.h) on 2 Gloo ranks of the debug model, 4 steps, a window
+# Profiling (observe/profiler.h, util/phase.h) on 2 Gloo ranks of the debug model, 4 steps, a window
 # of 1 step every 2 (steps 2 and 4). Checks that each rank wrote, for each window, a Chrome trace
 # that is valid JSON holding the named phases of one whole step, nested and ordered as the step
 # runs them, and a summary with phases and operator counts; and that the losses equal those of the

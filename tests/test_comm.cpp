@@ -1,4 +1,5 @@
-// Collectives over Gloo between real processes on loopback, and the launcher environment.
+// Collectives over Gloo between real processes on loopback (the launcher environment:
+// tests/test_world.cpp).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -18,48 +19,6 @@
 #include "multiprocess.h"
 
 using namespace zb;
-
-TEST(World, FromEachLauncher) {
-  World t = detect_world({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
-                          {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "1234"}});
-  EXPECT_EQ(t.launcher, "torchrun");
-  EXPECT_EQ(t.rank, 3);
-  EXPECT_EQ(t.size, 8);
-  EXPECT_EQ(t.local_rank, 1);
-  EXPECT_EQ(t.master_addr, "node0");
-  EXPECT_EQ(t.master_port, 1234);
-  World o = detect_world({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
-                          {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
-  EXPECT_EQ(o.launcher, "OpenMPI");
-  EXPECT_EQ(o.rank, 1);
-  EXPECT_EQ(o.master_addr, "127.0.0.1");
-  World p = detect_world({{"PMI_RANK", "2"}, {"PMI_SIZE", "4"}});
-  EXPECT_EQ(p.launcher, "MPICH/PMI");
-  EXPECT_EQ(p.rank, 2);
-  EXPECT_EQ(p.size, 4);
-  World s = detect_world({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "1"},
-                          {"SLURM_NTASKS_PER_NODE", "8"}});
-  EXPECT_EQ(s.launcher, "SLURM");
-  EXPECT_EQ(s.rank, 5);
-  EXPECT_EQ(s.local_size, 8);
-  World none = detect_world(std::map<std::string, std::string>{});
-  EXPECT_FALSE(none.distributed());
-}
-
-TEST(World, BadValuesAreNamed) {
-  auto msg = [](std::map<std::string, std::string> env) {
-    try {
-      detect_world(env);
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  EXPECT_EQ(msg({{"RANK", "2"}, {"WORLD_SIZE", "2"}}), "rank 2 is outside [0, 2) (from torchrun)");
-  EXPECT_EQ(msg({{"RANK", "0"}, {"WORLD_SIZE", "two"}}), "WORLD_SIZE='two' is not an integer");
-  EXPECT_EQ(msg({{"RANK", "0"}, {"WORLD_SIZE", "0"}}), "world size 0 must be >= 1 (from torchrun)");
-  EXPECT_EQ(msg({{"MASTER_PORT", "70000"}}), "MASTER_PORT=70000 is not a TCP port");
-}
 
 class Collectives : public ::testing::TestWithParam<int> {};
 

@@ -23,7 +23,7 @@
 #include "parallel/clip.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
-#include "train/memory_estimate.h"
+#include "plan/memory_estimate.h"
 #include "train/trainer.h"
 #include "util/device.h"
 
@@ -93,7 +93,7 @@ Communicator& communicator() {
 }
 
 RunResult train_sharded(const Config& c, int steps) {
-  Trainer trainer(c, communicator(), c10::Device(c10::kCPU));
+  Trainer trainer(c, ParallelMesh(c, communicator(), Parallelism::FSDP), c10::Device(c10::kCPU));
   RunResult run;
   for (int s = 1; s <= steps; ++s) run.losses.push_back(trainer.train_step().loss);
   for (auto& [name, t] : trainer.parallel().gather_full_parameters()) run.params[name] = t;
@@ -102,7 +102,7 @@ RunResult train_sharded(const Config& c, int steps) {
 }
 
 RunResult train_data_parallel(const Config& c, int steps) {
-  Trainer trainer(c, communicator(), c10::Device(c10::kCPU), Parallelism::DDP);
+  Trainer trainer(c, ParallelMesh(c, communicator(), Parallelism::DDP), c10::Device(c10::kCPU));
   RunResult run;
   for (int s = 1; s <= steps; ++s) run.losses.push_back(trainer.train_step().loss);
   for (auto& [name, t] : trainer.parallel().gather_full_parameters()) run.params[name] = t;
@@ -236,7 +236,7 @@ TEST(FSDP, ShardedInitialisationEqualsTheWholeModels) {
   // ranks: uneven shards, and a vocabulary that does not divide).
   Config c = small_config("muon", "[model]\nvocab_size = 1001\n");
   multiprocess::run_ranks(3, [&](int) {
-    Trainer trainer(c, communicator(), c10::Device(c10::kCPU));
+    Trainer trainer(c, ParallelMesh(c, communicator(), Parallelism::FSDP), c10::Device(c10::kCPU));
     std::map<std::string, at::Tensor> sharded;
     for (auto& [name, t] : trainer.parallel().gather_full_parameters()) sharded[name] = t;
     at::manual_seed(static_cast<uint64_t>(c.runtime.seed));
@@ -421,7 +421,7 @@ TEST(FSDP, ActivationCheckpointingChangesNothingButMemory) {
     for (int64_t every : {0, 1}) {
       Config c = longer;
       c.train.ac_ckpt = every;
-      Trainer trainer(c, communicator(), cpu);
+      Trainer trainer(c, ParallelMesh(c, communicator(), Parallelism::FSDP), cpu);
       reset_peak_memory(cpu);
       trainer.train_step();
       measured[every] = peak_memory_bytes(cpu);
@@ -466,7 +466,7 @@ TEST(FSDP, OneFiftyMPeakMemoryOnFourRanksStaysWithinTheShardingBound) {
     Communicator& comm = communicator();
     const double start = proc_status_kib("VmRSS") * 1024.0;
     std::ofstream("/proc/self/clear_refs") << "5";
-    Trainer trainer(c, comm, c10::Device(c10::kCPU));  // parameters created and sharded one by one
+    Trainer trainer(c, ParallelMesh(c, comm, Parallelism::FSDP), c10::Device(c10::kCPU));  // parameters created and sharded one by one
     // Set-up holds the shards (and room for AdamW's two moments) and one whole parameter at a
     // time (the largest is the 32000-row embedding or head), never the whole model (4N bytes).
     const double largest = static_cast<double>(a.vocab_size) * a.dim;

@@ -8,7 +8,7 @@
 #include "config/config.h"
 #include "model/model_args.h"
 #include "config/model_config.h"
-#include "train/memory_estimate.h"
+#include "plan/memory_estimate.h"
 
 using namespace zb;
 

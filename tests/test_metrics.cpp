@@ -2,8 +2,8 @@
 #include <gtest/gtest.h>
 
 #include "model/model_args.h"
-#include "train/metrics.h"
-#include "train/profiler.h"
+#include "observe/metrics.h"
+#include "observe/profiler.h"
 #include "util/device.h"
 
 #include <c10/core/Device.h>

@@ -1,4 +1,4 @@
-// The run's policy (train/run_policy.h) on its own: the memory verdict that resolves
+// The run's policy (plan/run_policy.h) on its own: the memory verdict that resolves
 // train.reduce_every_micro_batch and stops runs that will not fit, and what a step that was not
 // applied does to the run.
 #include <gtest/gtest.h>
@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "config/config.h"
-#include "train/run_policy.h"
+#include "plan/run_policy.h"
 
 using namespace zb;
 

@@ -1,4 +1,4 @@
-// The step plan (train/step_plan.h) against what real steps do: on 1 to 4 processes over Gloo,
+// The step plan (plan/step_plan.h) against what real steps do: on 1 to 4 processes over Gloo,
 // every layout (FSDP, each hybrid-sharding split, DDP, DiLoCo, tensor parallelism with each) and every combination of resharding after
 // forward, activation checkpointing and reducing on every micro-batch, the events a Trainer's
 // step records (the engine's gathers, frees and hand-offs, and every collective with its group
@@ -13,7 +13,7 @@
 #include "config/config.h"
 #include "dist/comm.h"
 #include "multiprocess.h"
-#include "train/step_plan.h"
+#include "plan/step_plan.h"
 #include "train/trainer.h"
 
 using namespace zb;
@@ -144,8 +144,8 @@ TEST_P(StepPlanMatchesTheTrace, EveryLayoutAndOption) {
                                      std::to_string(reshard) + ", ac_ckpt " + std::to_string(ac) +
                                      ", reduce every micro-batch " + std::to_string(reduce_every) + ", " + opt +
                                      ", rank " + std::to_string(rank);
-            Trainer trainer(c, comm, c10::Device(c10::kCPU), l.parallelism);
-            const StepPlan plan = plan_step(c, world, rank, l.parallelism, at::kFloat, at::kFloat, reduce_every);
+            Trainer trainer(c, ParallelMesh(c, comm, l.parallelism), c10::Device(c10::kCPU));
+            const StepPlan plan = plan_step(c, ParallelMesh(c, world, rank, l.parallelism), at::kFloat, at::kFloat, reduce_every);
             // The first step and one after it.
             expect_steps_as_planned(trainer, plan, l.diloco, 2, /*evaluate_after=*/0, what);
             ++checked;
@@ -178,13 +178,13 @@ TEST_P(StepPlanKeepingCasts, EqualTheTrace) {
         for (const int64_t ac : {0, 2}) {
           if (l.diloco && !(reshard && ac == 0)) continue;
           const Config c = config(l, world, reshard, ac, false, "muon", /*keep_unsharded=*/true);
-          const StepPlan plan = plan_step(c, world, rank, l.parallelism, at::kFloat, at::kFloat, false);
+          const StepPlan plan = plan_step(c, ParallelMesh(c, world, rank, l.parallelism), at::kFloat, at::kFloat, false);
           const bool replicas = world / l.tp > 1 && !l.diloco;  // HSDP's: the casts are not kept
           EXPECT_EQ(plan.keep_unsharded, !replicas) << l.name;
           if (!plan.keep_unsharded) continue;
           const std::string what = l.name + " on " + std::to_string(world) + ", reshard " + std::to_string(reshard) +
                                    ", ac_ckpt " + std::to_string(ac) + ", rank " + std::to_string(rank);
-          Trainer trainer(c, comm, c10::Device(c10::kCPU), l.parallelism);
+          Trainer trainer(c, ParallelMesh(c, comm, l.parallelism), c10::Device(c10::kCPU));
           EXPECT_TRUE(trainer.keeps_unsharded()) << what;
           expect_steps_as_planned(trainer, plan, l.diloco, 3, /*evaluate_after=*/2, what);
           ++checked;
@@ -208,7 +208,7 @@ TEST(StepPlan, KeptCastsTrainBitForBitAsWithout) {
       auto run = [&](bool keep) {
         Config c = config(fsdp, 1, reshard, ac, false, "muon", keep);
         c.data.eval_interval = 0;
-        Trainer trainer(c, comm, c10::Device(c10::kCPU), Parallelism::FSDP);
+        Trainer trainer(c, ParallelMesh(c, comm, Parallelism::FSDP), c10::Device(c10::kCPU));
         EXPECT_EQ(trainer.keeps_unsharded(), keep);
         std::vector<double> losses;
         for (int step = 1; step <= 3; ++step) {
@@ -235,7 +235,7 @@ TEST(StepPlan, KeptCastsTrainBitForBitAsWithout) {
 TEST(StepPlan, CountsOneGatherAndOneReductionPerUnitAndPass) {
   Config c = config({Parallelism::FSDP, 4, "FSDP"}, 4, true, 0, false, "adamw");
   c.optim.batch_size = 4;  // one micro-batch each
-  const StepPlan plan = plan_step(c, 4, 0, Parallelism::FSDP, at::kBFloat16, at::kFloat, false);
+  const StepPlan plan = plan_step(c, ParallelMesh(c, 4, 0, Parallelism::FSDP), at::kBFloat16, at::kFloat, false);
   int64_t gathers = 0, reductions = 0, gathered_bytes = 0;
   for (const StepEvent& e : plan.events) {
     if (e.op != StepEvent::Op::Collective) continue;

@@ -7,9 +7,9 @@ work folder. Python's standard library only: the lent GPU machines have no packa
 Reads from DIR, each when present:
   steps.tsv           one line per step: name, status, seconds, note (tab-separated)
   cuda_tests.xml      ctest's JUnit output for `ctest -L cuda`; suite.xml for the rest
-  preset_NAME.jsonl   train_fsdp's metrics file (src/train/metrics_logger.cpp) for preset NAME
+  preset_NAME.jsonl   train_fsdp's metrics file (src/observe/metrics_logger.cpp) for preset NAME
   reference_RUN.jsonl the quick start's metrics, RUN = cpu, gpu_fp32, gpu_bf16 (held-out losses)
-  profile_1B/iteration_8/rank0_summary.json   the 1B preset's profiled steps (src/train/profiler.h)
+  profile_1B/iteration_8/rank0_summary.json   the 1B preset's profiled steps (src/observe/profiler.h)
   bench/bench.json    scripts/perf/bench.sh's result (scripts/perf/bench_report.py)
 --set adds top-level fields (mode, result, message, gpu, build, commit, date, cpus, ...).
 Prints one line per step and the headline figures.
@@ -214,7 +214,7 @@ def main():
         for name in report["presets"] if name.startswith("1B_unfused_")}
     report["reference"], report["reference_gaps"] = read_reference(args.work)
     report["bench"] = read_json(os.path.join(args.work, "bench", "bench.json"))
-    # The 1B preset's profiled steps (train/profiler.h's summary): phases, operators and kernels.
+    # The 1B preset's profiled steps (observe/profiler.h's summary): phases, operators and kernels.
     report["profile_1B"] = read_json(os.path.join(args.work, "profile_1B", "iteration_8", "rank0_summary.json"))
     report["log"] = "gpu_check.log"
 

@@ -575,7 +575,7 @@ def build_optimizers(model, run, muon):
 
 
 def operator_counts(events):
-    """What train_fsdp's profiler summary counts (src/train/profiler.cpp): the ATen operators
+    """What train_fsdp's profiler summary counts (src/observe/profiler.cpp): the ATen operators
     dispatched on the CPU (nested ones too; autograd's nodes included, user scopes not) and the GPU
     kernels."""
     cpu = torch.autograd.DeviceType.CPU

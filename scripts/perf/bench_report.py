@@ -21,7 +21,7 @@ import statistics
 
 
 def peak_flops_of(name):
-    # train_fsdp's table (src/train/metrics.cpp): dense bf16 tensor-core peaks.
+    # train_fsdp's table (src/observe/metrics.cpp): dense bf16 tensor-core peaks.
     if "A100" in name:
         return 312e12
     if "H100" in name:

@@ -15,7 +15,7 @@ steps).
 OVERRIDES are the program's own: for a GPU run planned here, --runtime.device cuda and the GPU's
 memory (--runtime.device_memory_gb 80), so that dtypes and the memory verdict (the peak per GPU,
 whether the run fits, and so whether gradients are reduced on every micro-batch) are the GPU's. Nothing about a step is
-derived here: the program's step plan (`--print-plan`, src/train/step_plan.h) lists every
+derived here: the program's step plan (`--print-plan`, src/plan/step_plan.h) lists every
 collective of a step with its group, bytes as src/dist/comm_bytes.h counts them and what it can hide
 behind, and `--print-config` gives the FLOPs per token and the batch. The plan is the engine's
 own description of its step, tested equal to what the engine does (tests/test_step_plan.cpp),

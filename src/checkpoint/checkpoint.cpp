@@ -24,6 +24,7 @@
 #include "checkpoint/hf_export.h"
 #include "checkpoint/state.h"
 #include "data/documents.h"
+#include "parallel/mesh.h"
 #include "parallel/row_shard.h"
 #include "model/model_args_json.h"
 #include "util/fs.h"
@@ -285,7 +286,7 @@ std::string CheckpointWriter::save(TrainingState& run) {
     };
     if (config_.diloco.inner_steps > 0)
       meta["diloco"] = {{"inner_steps", config_.diloco.inner_steps},
-                        {"replicas", shard_layout(config_, comm_.size()).replicate}};
+                        {"replicas", mesh_shape(config_, comm_.size()).replicate}};
     if (const std::string t = config_.data.fake ? "" : tokenizer_of_dataset(config_.data.dataset_name_or_paths);
         !t.empty())
       meta["tokenizer_source"] = t;

@@ -36,7 +36,7 @@ struct TrainConfig {  // [train]
   double bucket_mb = 25;      // train_ddp: gradient all-reduce bucket size
   // Reduce-scatter (all-reduce under DDP) the gradients of every micro-batch and accumulate the
   // shards, instead of accumulating whole fp32 gradients until the last: "true", "false" or "auto"
-  // (on where the memory estimate says the run fits only that way; train/memory_estimate.h).
+  // (on where the memory estimate says the run fits only that way; plan/memory_estimate.h).
   std::string reduce_every_micro_batch = "auto";
   // One rank per shard group: keep the compute-dtype casts of the parameters across the step
   // ("true", "false"; "auto": on a GPU where the memory estimate says the run fits with them).
@@ -160,7 +160,7 @@ struct ProfilingConfig {  // [profiling], torchtitan's names
   bool nvtx = false;            // CUDA: every phase and operator as an NVTX range, the whole run
 };
 
-struct DilocoConfig {  // [diloco], prime's names: DiLoCo over the replicas (train/diloco.h)
+struct DilocoConfig {  // [diloco], prime's names: DiLoCo over the replicas (diloco/diloco.h)
   // Inner steps between outer synchronisations; 0: DiLoCo off (each step's gradients are
   // averaged over every rank, the default).
   int64_t inner_steps = 0;
@@ -226,19 +226,8 @@ int64_t grad_accum_steps(const Config& config, int64_t world_size);
 // anything else.
 std::vector<double> parse_ratio(const std::string& ratio, size_t expected_count);
 
-// The layout of `world_size` ranks (validate() checked it): rank r = (replica x shard + s) x tp + t
-// is member t of its TP group (tp consecutive ranks), member s of its shard group (the ranks of
-// its replica with the same t) and member `replica` of its replicate group (the ranks with its
-// s and t in every replica). Without TP (tp 1): member r % shard of shard group r / shard, and
-// member r / shard of replicate group r % shard.
-struct ShardLayout {
-  int64_t shard = 1, replicate = 1, tp = 1;
-  int64_t shard_group_of(int64_t rank) const { return rank / (shard * tp); }  // also its replica number
-  int64_t data_parallel_rank(int64_t rank) const { return rank / tp; }     // which rows of a batch it reads
-  std::vector<int64_t> tp_group_ranks(int64_t rank) const;         // consecutive
-  std::vector<int64_t> shard_group_ranks(int64_t rank) const;      // strided by `tp`
-  std::vector<int64_t> replicate_group_ranks(int64_t rank) const;  // strided by `shard x tp`
-};
-ShardLayout shard_layout(const Config& config, int64_t world_size);
+// parallel.dp_shard resolved on `world_size` ranks: -1 is the rest of the world once parallel.tp
+// and parallel.dp_replicate are taken (parallel/mesh.h arranges the ranks).
+int64_t resolved_dp_shard(const Config& config, int64_t world_size);
 
 }  // namespace zb

@@ -30,4 +30,10 @@ ModelArgs resolve_model_args(const Config& c) {
   return a;
 }
 
+at::ScalarType resolve_compute_dtype(const Config& config, const c10::Device& device) {
+  if (config.runtime.compute_dtype == "float32") return at::kFloat;
+  if (config.runtime.compute_dtype == "bfloat16") return at::kBFloat16;
+  return device.is_cuda() ? at::kBFloat16 : at::kFloat;  // "auto"
+}
+
 }  // namespace zb

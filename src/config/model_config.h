@@ -1,5 +1,8 @@
 #pragma once
-// From a run's configuration to the model's shapes.
+// From a run's configuration to the model's shapes and the dtype it computes in.
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
 #include "config/config.h"
 #include "model/model_args.h"
 
@@ -8,5 +11,8 @@ namespace zb {
 // The size table entry for (type_model, name_model), with [model] overrides, the vocabulary and
 // the sequence length. Throws ConfigError for unknown names.
 ModelArgs resolve_model_args(const Config& config);
+
+// runtime.compute_dtype on `device`: "auto" is bf16 on CUDA, fp32 on CPU.
+at::ScalarType resolve_compute_dtype(const Config& config, const c10::Device& device);
 
 }  // namespace zb

@@ -79,7 +79,7 @@ void validate(const Config& c, int64_t world_size) {
                                  " x train.micro_bs (" + show(c.train.micro_bs) + ")");
   positive("parallel.dp_replicate", c.parallel.dp_replicate);
   if (c.parallel.dp_shard != -1) positive("parallel.dp_shard", c.parallel.dp_shard);
-  if (const ShardLayout l = shard_layout(c, world_size); l.tp * l.shard * l.replicate != world_size) {
+  if (tp * resolved_dp_shard(c, world_size) * c.parallel.dp_replicate != world_size) {
     const bool rest = c.parallel.dp_shard == -1;
     fail(rest ? "parallel.dp_replicate" : "parallel.dp_shard",
          (tp > 1 ? "parallel.tp (" + show(tp) + ") x " : std::string()) + "parallel.dp_shard (" +
@@ -187,30 +187,8 @@ void validate(const Config& c, int64_t world_size) {
   }
 }
 
-ShardLayout shard_layout(const Config& c, int64_t world_size) {
-  ShardLayout l;
-  l.replicate = c.parallel.dp_replicate;
-  l.tp = c.parallel.tp;
-  l.shard = c.parallel.dp_shard == -1 ? world_size / (l.tp * l.replicate) : c.parallel.dp_shard;
-  return l;
-}
-
-std::vector<int64_t> ShardLayout::tp_group_ranks(int64_t rank) const {
-  std::vector<int64_t> out;
-  for (int64_t t = 0; t < tp; ++t) out.push_back(rank / tp * tp + t);
-  return out;
-}
-
-std::vector<int64_t> ShardLayout::shard_group_ranks(int64_t rank) const {
-  std::vector<int64_t> out;
-  for (int64_t s = 0; s < shard; ++s) out.push_back(shard_group_of(rank) * shard * tp + s * tp + rank % tp);
-  return out;
-}
-
-std::vector<int64_t> ShardLayout::replicate_group_ranks(int64_t rank) const {
-  std::vector<int64_t> out;
-  for (int64_t i = 0; i < replicate; ++i) out.push_back(i * shard * tp + rank % (shard * tp));
-  return out;
+int64_t resolved_dp_shard(const Config& c, int64_t world_size) {
+  return c.parallel.dp_shard == -1 ? world_size / (c.parallel.tp * c.parallel.dp_replicate) : c.parallel.dp_shard;
 }
 
 int64_t data_parallel_size(const Config& c, int64_t world_size) { return world_size / c.parallel.tp; }

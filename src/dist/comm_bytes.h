@@ -31,7 +31,7 @@ const char* comm_kind_name(CommKind kind);
 //                   them (its own split, kept locally, is not counted), times the element size.
 // The count above for one call of a ring collective (all_gather, reduce_scatter, all_reduce) over
 // `ranks` ranks, `payload` bytes as the convention names them: the one formula, which the
-// Communicator counts with and the step plan (train/step_plan.h) predicts with.
+// Communicator counts with and the step plan (plan/step_plan.h) predicts with.
 int64_t ring_counted_bytes(CommKind kind, int64_t ranks, int64_t payload);
 // broadcast of `payload` bytes from `root`, as counted by `rank`.
 int64_t broadcast_counted_bytes(int64_t ranks, int64_t rank, int64_t root, int64_t payload);

@@ -1,6 +1,6 @@
 #pragma once
 // Pseudo-gradients crossing slow links in fewer bits: DiLoCo's outer exchange between replicas
-// (train/diloco.h, diloco.compression).
+// (diloco/diloco.h, diloco.compression).
 //
 //   bf16   each value rounded to bfloat16 (8 significant bits), 2 bytes a value.
 //   uint8  the values cut into chunks; in each chunk, 256 equal buckets span mean ± 4 standard

@@ -37,7 +37,7 @@ struct TransformerBlockParams {
 };
 
 // What the forward keeps for backward, in bytes, as the memory estimate counts it
-// (train/memory_estimate.cpp): each figure is defined beside the forward it describes
+// (plan/memory_estimate.cpp): each figure is defined beside the forward it describes
 // (llama.cpp), so a change to a layer and to its memory are made together. Per token of a
 // micro-batch of N tokens, in two parts: `own` for each position the rank holds of the residual
 // stream (N / tp of them under tensor parallelism, all N without) and `all` for every token

@@ -15,7 +15,7 @@
 
 #include <vector>
 
-// In zb: the profiler counts kernels named zb:: as ours (train/profiler.h, kernel_kind).
+// In zb: the profiler counts kernels named zb:: as ours (observe/profiler.h, kernel_kind).
 namespace zb {
 namespace {
 

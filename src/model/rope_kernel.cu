@@ -8,7 +8,7 @@
 
 #include <cuda_bf16.h>
 
-// In zb: the profiler counts kernels named zb:: as ours (train/profiler.h, kernel_kind).
+// In zb: the profiler counts kernels named zb:: as ours (observe/profiler.h, kernel_kind).
 namespace zb {
 namespace {
 

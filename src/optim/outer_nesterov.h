@@ -1,5 +1,5 @@
 #pragma once
-// DiLoCo's outer optimizer (train/diloco.h holds one per fragment of the model). Each
+// DiLoCo's outer optimizer (diloco/diloco.h holds one per fragment of the model). Each
 // replica takes inner steps alone; then the pseudo-gradient Δ = θ_outer − θ_inner, averaged over
 // the replicas, drives SGD with Nesterov momentum (torch.optim.SGD with nesterov=True, no
 // dampening or weight decay) on fp32 outer copies of this rank's tensors, and the result becomes

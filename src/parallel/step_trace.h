@@ -1,7 +1,7 @@
 #pragma once
 // What one training step does, event by event: the engines' gathers, frees, block computations
 // and gradient hand-offs, and every collective of the step with its group and bytes. The same
-// type serves twice: the step plan (train/step_plan.h) lists the events a step will make, and a
+// type serves twice: the step plan (plan/step_plan.h) lists the events a step will make, and a
 // StepTrace attached to a run records the events it made (cheaply: one small struct per event,
 // nothing when no trace is attached). Tests check that the two agree.
 #include <cstdint>

@@ -1,6 +1,6 @@
 #pragma once
 // A named phase of a training step ("zb.forward", "zb.fsdp.unshard layers.3", ...): a user scope
-// that LibTorch's profiler records around the operators it contains (train/profiler.h: the
+// that LibTorch's profiler records around the operators it contains (observe/profiler.h: the
 // traces and their summary) and that becomes an NVTX range under profiling.nvtx on CUDA (Nsight
 // Systems shows it without the profiler). While nothing records, a phase costs one check of a
 // thread-local flag: the name is only put together when it is recorded.

@@ -14,8 +14,8 @@
 #include "config/config.h"
 #include "dist/comm.h"
 #include "model/model_args.h"
-#include "train/metrics.h"
-#include "train/trainer.h"
+#include "observe/metrics.h"
+#include "observe/step_stats.h"
 
 namespace zb {
 

@@ -1,4 +1,4 @@
-#include "train/step_plan.h"
+#include "plan/step_plan.h"
 
 #include <c10/core/ScalarType.h>
 
@@ -13,7 +13,7 @@
 #include "optim/muon.h"
 #include "optim/tensor_parallel_muon.h"
 #include "optim/param_groups.h"
-#include "train/diloco.h"
+#include "diloco/diloco.h"
 
 namespace zb {
 
@@ -209,16 +209,17 @@ void plan_ddp_micro_batches(PlanWriter& w, const StepPlan& p, const std::vector<
 
 }  // namespace
 
-StepPlan plan_step(const Config& c, int64_t world_size, int64_t rank, Parallelism parallelism,
-                   at::ScalarType compute_dtype, at::ScalarType ns_dtype, bool reduce_every_micro_batch, bool cuda) {
+StepPlan plan_step(const Config& c, const ParallelMesh& mesh, at::ScalarType compute_dtype, at::ScalarType ns_dtype,
+                   bool reduce_every_micro_batch, bool cuda) {
   StepPlan p;
+  const Parallelism parallelism = mesh.parallelism();
+  const int64_t world_size = mesh.world_size(), rank = mesh.rank();
   p.parallelism = parallelism;
   p.world = world_size;
   p.rank = rank;
-  const ShardLayout layout = parallelism == Parallelism::FSDP ? shard_layout(c, world_size) : ShardLayout{};
-  p.shard = parallelism == Parallelism::FSDP ? layout.shard : 1;
-  p.replicate = parallelism == Parallelism::FSDP ? layout.replicate : world_size;
-  p.tp = parallelism == Parallelism::FSDP ? layout.tp : 1;
+  p.shard = mesh.shape().shard;
+  p.replicate = mesh.shape().replicate;
+  p.tp = mesh.shape().tp;
   p.micro_batches = grad_accum_steps(c, world_size);
   p.reduce_every_micro_batch = reduce_every_micro_batch && p.micro_batches > 1;
   // Kept casts: one rank per shard group whose gradients no replicas sum (HSDP's do; DiLoCo's
@@ -230,7 +231,7 @@ StepPlan plan_step(const Config& c, int64_t world_size, int64_t rank, Parallelis
   const int64_t L = a.n_layers, S = p.shard, R = p.replicate, tp = p.tp;
   const std::vector<ParamSpec> specs = param_specs(a, tp);  // this rank's slices under TP
   const int64_t ns = at::elementSize(ns_dtype);
-  const int64_t shard_rank = (rank / tp) % S;  // its place in its shard group
+  const int64_t shard_rank = mesh.shard_rank();  // its place in its shard group
   // Muon's matrices, in the order the optimizer holds them (model order), with their whole shapes
   // and how TP splits them.
   std::vector<ParamSpec> muon;
@@ -242,7 +243,7 @@ StepPlan plan_step(const Config& c, int64_t world_size, int64_t rank, Parallelis
   const bool fsdp = parallelism == Parallelism::FSDP;
   const bool diloco = fsdp && c.diloco.inner_steps > 0;
   // The engine's communicator: the world unless groups were made.
-  const std::string shard_group = (R > 1 || tp > 1) && fsdp ? "shard" : "world";
+  const std::string shard_group = mesh.shard_group_name();
   if (fsdp) {
     std::vector<int64_t> block(L + 1, 0);
     for (const ParamSpec& s : specs) block[s.layer >= 0 ? s.layer : L] += RowShard::of(s.shape, S).block_numel();
@@ -332,7 +333,7 @@ StepPlan plan_step(const Config& c, int64_t world_size, int64_t rank, Parallelis
     if (!held.empty()) w.ring(CommKind::AllReduce, group, ranks, ns * total_elements(held), "Muon: results", "exposed");
   };
   const bool split = c.parallel.muon_split_over_replicas && !diloco;  // DiLoCo's momenta differ
-  const int64_t replica = fsdp ? layout.shard_group_of(rank) : rank;
+  const int64_t replica = mesh.shape().replica_of(rank);  // under DDP every rank is a replica
   if (!muon.empty() && fsdp && S > 1) {
     // Every matrix's padded rows to its owner in the shard group, and its rows of the result back.
     std::vector<std::vector<int64_t>> slices;
@@ -354,7 +355,7 @@ StepPlan plan_step(const Config& c, int64_t world_size, int64_t rank, Parallelis
     tensor_parallel_stage(muon);
   }
 
-  if (diloco) {  // train/diloco.cpp: each fragment's Δ, this rank's rows, flat
+  if (diloco) {  // diloco/diloco.cpp: each fragment's Δ, this rank's rows, flat
     StepPlan::Diloco d;
     d.inner_steps = c.diloco.inner_steps;
     d.fragments = c.diloco.fragments;

@@ -14,9 +14,9 @@
 
 #include "config/config.h"
 #include "dist/world.h"
-#include "train/memory_estimate.h"
-#include "train/step_plan.h"
-#include "train/trainer.h"
+#include "plan/memory_estimate.h"
+#include "plan/step_plan.h"
+#include "observe/step_stats.h"
 
 namespace zb {
 
@@ -57,18 +57,6 @@ nlohmann::json resolved_run(const Config& config);
 // still free once the CUDA context and every communicator exist; else from the config or the
 // GPU's name. A dry run may plan for a GPU on a machine without one: then only the config says.
 MemoryBudget memory_budget(const Config& config, const c10::Device& device, bool dry_run);
-
-// train_hsdp's layout: one shard group per node (LOCAL_WORLD_SIZE ranks), replicated across
-// nodes, unless the config's [parallel] keys say. One node has nothing to replicate across
-// (train_fsdp is the program for it); a dry run has no launcher to say what a node is. Both are
-// config errors.
-void shard_by_node(Config& config, const World& world, bool dry_run);
-
-// Tensor parallelism meant to stay within a node: a warning (empty when none) where the launcher's
-// nodes (LOCAL_WORLD_SIZE ranks each, consecutive) split a TP group, so that every block's
-// sequence gathers and reduce-scatters would cross the network. Not an error: some machines join
-// nodes by NVLink.
-std::string tp_across_nodes_warning(const Config& config, const World& world);
 
 // The device a run of this config trains on, whether or not this machine has it (dry runs and
 // plans for a GPU made on a CPU): runtime.device, "auto" being CUDA where CUDA is usable here.

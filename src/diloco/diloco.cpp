@@ -1,4 +1,4 @@
-#include "train/diloco.h"
+#include "diloco/diloco.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
@@ -75,9 +75,9 @@ struct DiLoCo::Fragment {
 };
 
 DiLoCo::DiLoCo(const DilocoConfig& config, std::vector<ShardedParameter> params, int64_t n_layers,
-               Communicator& shard, Communicator* replicas, Communicator* tp)
-    : config_(config), compression_(parse_compression(config.compression)), shard_(shard),
-      replicas_(replicas && replicas->size() > 1 ? replicas : nullptr), tp_(tp && tp->size() > 1 ? tp : nullptr) {
+               const ParallelMesh& mesh)
+    : config_(config), compression_(parse_compression(config.compression)), shard_(mesh.shard_group()),
+      replicas_(mesh.replicate_group()), tp_(mesh.tp_group()) {
   for (int64_t f = 0; f < config.fragments; ++f)
     fragments_.push_back(std::make_unique<Fragment>(f, config.outer_lr, config.outer_momentum));
   for (ShardedParameter& p : params) {

@@ -33,6 +33,7 @@
 #include "dist/comm.h"
 #include "dist/compression.h"
 #include "optim/outer_nesterov.h"
+#include "parallel/mesh.h"
 #include "parallel/parallel_model.h"
 
 namespace zb {
@@ -56,11 +57,11 @@ int64_t fragment_of(const std::string& name, int64_t n_layers, int64_t fragments
 
 class DiLoCo {
  public:
-  // `params`: this rank's shards (the engine's parameters); `shard`: the replica's own group;
-  // `replicas`: this rank's replicate group (null for a single replica); `tp`: its tensor-parallel
-  // group (null without TP), whose ranks hold the other slices.
-  DiLoCo(const DilocoConfig& config, std::vector<ShardedParameter> params, int64_t n_layers, Communicator& shard,
-         Communicator* replicas, Communicator* tp = nullptr);
+  // `params`: this rank's shards (the engine's parameters). From `mesh` (a live one, which must
+  // outlive this): the replica's own group (the shard group), the replicate group across the
+  // replicas (none for a single replica) and the TP group whose ranks hold the other slices.
+  DiLoCo(const DilocoConfig& config, std::vector<ShardedParameter> params, int64_t n_layers,
+         const ParallelMesh& mesh);
   ~DiLoCo();
 
   // The outer copies take the inner values: the start of a run (or of new initial weights).

@@ -1,4 +1,4 @@
-#include "train/launch.h"
+#include "launch/launch.h"
 
 #include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
@@ -9,8 +9,8 @@
 #include <fstream>
 
 #include "model/layers.h"
-#include "train/metrics_follower.h"
-#include "train/metrics_logger.h"
+#include "observe/metrics_follower.h"
+#include "observe/metrics_logger.h"
 #include "util/device.h"
 #include "util/log.h"
 
@@ -49,11 +49,11 @@ std::vector<std::string> describe_run(const Config& c, const ModelArgs& a, int64
            c.optim.batch_size, c.data.seq_length, with_commas(c.optim.batch_size * c.data.seq_length).c_str(),
            c.train.micro_bs, grad_accum_steps(c, world_size), world_size),
   };
-  const ShardLayout layout = shard_layout(c, world_size);
+  const MeshShape layout = mesh_shape(c, world_size);
   if (layout.tp > 1)
     lines.push_back(strf("tensor parallelism: groups of %ld consecutive ranks split every matrix (heads, FFN "
                          "columns, vocabulary) and every sequence between them; %ld group(s) read different rows",
-                         layout.tp, data_parallel_size(c, world_size)));
+                         layout.tp, layout.data_parallel_size()));
   if (layout.tp > 1 && c.optim.optim.type == "muon")
     lines.push_back(strf("Muon under tensor parallelism (parallel.muon_tp = %s): %s", c.parallel.muon_tp.c_str(),
                          c.parallel.muon_tp == "gram"

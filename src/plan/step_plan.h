@@ -23,7 +23,7 @@
 #include "config/config.h"
 #include "dist/compression.h"
 #include "parallel/step_trace.h"
-#include "train/trainer.h"
+#include "parallel/mesh.h"
 
 namespace zb {
 
@@ -46,7 +46,7 @@ struct StepPlan {
   std::map<std::string, std::map<std::string, int64_t>> counted_bytes() const;
 
   // DiLoCo (diloco.inner_steps > 0): the steps above are inner steps (no gradient crosses between
-  // replicas). Each fragment's outer step adds, after the step it falls in (train/diloco.h), its
+  // replicas). Each fragment's outer step adds, after the step it falls in (diloco/diloco.h), its
   // exchange over the replicate group (none with one replica) and, in the step its Δ̄ is applied,
   // the norm's sum over the shard group.
   struct Diloco {
@@ -61,13 +61,12 @@ struct StepPlan {
   std::optional<Diloco> diloco;
 };
 
-// The plan of rank `rank` of `world_size` (config validated for it). `reduce_every_micro_batch`
+// The plan of the mesh's rank (config validated for its world). `reduce_every_micro_batch`
 // as the trainer resolved it (the memory estimate decides "auto"; train.keep_unsharded is read
 // from the config, "auto" counting as off: the memory verdict resolves it there); `cuda`: the loss's chunks are
 // sized for a GPU (model/chunked_loss.h), which tensor parallelism's per-chunk gathers follow.
-StepPlan plan_step(const Config& config, int64_t world_size, int64_t rank, Parallelism parallelism,
-                   at::ScalarType compute_dtype, at::ScalarType ns_dtype, bool reduce_every_micro_batch,
-                   bool cuda = false);
+StepPlan plan_step(const Config& config, const ParallelMesh& mesh, at::ScalarType compute_dtype,
+                   at::ScalarType ns_dtype, bool reduce_every_micro_batch, bool cuda = false);
 
 // The plan as JSON: layout, events (each with its notes) and counted bytes.
 nlohmann::json plan_to_json(const StepPlan& plan);

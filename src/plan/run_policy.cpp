@@ -1,4 +1,4 @@
-#include "train/run_policy.h"
+#include "plan/run_policy.h"
 
 #include <cmath>
 
@@ -11,7 +11,7 @@
 namespace zb {
 
 MemoryVerdict judge_memory(const Config& c, int64_t world_size, const c10::Device& device, const MemoryBudget& budget) {
-  const at::ScalarType compute = Trainer::resolve_compute_dtype(c, device);
+  const at::ScalarType compute = resolve_compute_dtype(c, device);
   const std::string& setting = c.train.reduce_every_micro_batch;
   MemoryVerdict v;
   v.budget = budget;
@@ -75,7 +75,7 @@ nlohmann::json resolved_run(const Config& c) {
   model["ffn_hidden"] = a.ffn_hidden();
   const auto& o = c.optim;
   const c10::Device device = planned_device(c);
-  const at::ScalarType compute = Trainer::resolve_compute_dtype(c, device);
+  const at::ScalarType compute = resolve_compute_dtype(c, device);
   const at::ScalarType ns = resolve_ns_dtype(c, device);
   return {
       {"name_model", c.name_model},
@@ -133,36 +133,6 @@ MemoryBudget memory_budget(const Config& cfg, const c10::Device& device, bool dr
   return planned_budget(cfg, gpu_here ? device_name(device) : "");
 }
 
-// train_hsdp: one shard group per node, replicated across nodes (the config's [parallel] keys,
-// where set, win). One node has nothing to replicate across: train_fsdp is the program for it.
-// A dry run has no launcher to say what a node is: it needs the keys.
-void shard_by_node(Config& cfg, const World& world, bool dry_run) {
-  const bool layout_given = cfg.parallel.dp_shard != -1 || cfg.parallel.dp_replicate != 1;
-  if (!layout_given && dry_run)
-    throw ConfigError("train_hsdp --dry-run: give the layout, --parallel.dp_shard GPUS_PER_NODE "
-                          "--parallel.dp_replicate NODES (no launcher says what a node is)");
-  if (!layout_given && world.local_size >= world.size)
-    throw ConfigError(strf("train_hsdp shards within a node and replicates across nodes, but all %ld rank(s) "
-                               "are on one node (LOCAL_WORLD_SIZE = WORLD_SIZE = %ld): use train_fsdp",
-                               world.size, world.size));
-  if (!layout_given) {
-    if (world.local_size % cfg.parallel.tp != 0)
-      throw ConfigError(strf("train_hsdp: parallel.tp (%ld) must divide the %ld rank(s) of a node: a TP group "
-                             "stays within one", cfg.parallel.tp, world.local_size));
-    cfg.parallel.dp_shard = world.local_size / cfg.parallel.tp;
-    cfg.parallel.dp_replicate = world.size / world.local_size;
-  }
-}
-
-std::string tp_across_nodes_warning(const Config& c, const World& world) {
-  const int64_t tp = c.parallel.tp;
-  if (tp <= 1 || world.local_size >= world.size || world.local_size % tp == 0) return "";
-  return strf("parallel.tp = %ld spans nodes of %ld rank(s) (LOCAL_WORLD_SIZE): every block's sequence gathers "
-              "and reduce-scatters cross the network between them; a tp that divides the ranks of a node "
-              "keeps each TP group within one",
-              tp, world.local_size);
-}
-
 StepPlan plan_run(const Config& c, int64_t world_size, int64_t rank, Parallelism parallelism,
                   MemoryVerdict* memory) {
   const c10::Device device = planned_device(c);
@@ -175,7 +145,7 @@ StepPlan plan_run(const Config& c, int64_t world_size, int64_t rank, Parallelism
     resolved.train.keep_unsharded = v.keep_unsharded ? "true" : "false";
     if (memory) *memory = std::move(v);
   }
-  return plan_step(resolved, world_size, rank, parallelism, Trainer::resolve_compute_dtype(c, device),
+  return plan_step(resolved, ParallelMesh(c, world_size, rank, parallelism), resolve_compute_dtype(c, device),
                    resolve_ns_dtype(c, device), reduce_every, device.is_cuda());
 }
 

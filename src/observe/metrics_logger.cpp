@@ -1,4 +1,4 @@
-#include "train/metrics_logger.h"
+#include "observe/metrics_logger.h"
 
 #include <nlohmann/json.hpp>
 

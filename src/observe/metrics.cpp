@@ -1,4 +1,4 @@
-#include "train/metrics.h"
+#include "observe/metrics.h"
 
 #include <cstdio>
 

@@ -11,7 +11,7 @@
 #include "dist/comm.h"
 #include "dist/world.h"
 #include "model/model_args.h"
-#include "train/run_policy.h"
+#include "plan/run_policy.h"
 #include "train/trainer.h"
 
 namespace zb {

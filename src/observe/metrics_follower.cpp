@@ -1,4 +1,4 @@
-#include "train/metrics_follower.h"
+#include "observe/metrics_follower.h"
 
 #include <spawn.h>
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-#include "train/profiler.h"
+#include "observe/profiler.h"
 
 #include <ATen/record_function.h>
 #include <nlohmann/json.hpp>

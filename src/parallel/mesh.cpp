@@ -1,0 +1,109 @@
+#include "parallel/mesh.h"
+
+#include <c10/util/Exception.h>
+
+#include "util/log.h"
+
+namespace zb {
+
+std::vector<int64_t> MeshShape::tp_group_ranks(int64_t rank) const {
+  std::vector<int64_t> out;
+  for (int64_t t = 0; t < tp; ++t) out.push_back(rank / tp * tp + t);
+  return out;
+}
+
+std::vector<int64_t> MeshShape::shard_group_ranks(int64_t rank) const {
+  std::vector<int64_t> out;
+  for (int64_t s = 0; s < shard; ++s) out.push_back(replica_of(rank) * shard * tp + s * tp + rank % tp);
+  return out;
+}
+
+std::vector<int64_t> MeshShape::replicate_group_ranks(int64_t rank) const {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < replicate; ++i) out.push_back(i * shard * tp + rank % (shard * tp));
+  return out;
+}
+
+MeshShape mesh_shape(const Config& c, int64_t world_size, Parallelism parallelism) {
+  MeshShape s;
+  if (parallelism == Parallelism::DDP) {
+    s.replicate = world_size;
+    return s;
+  }
+  s.replicate = c.parallel.dp_replicate;
+  s.tp = c.parallel.tp;
+  s.shard = resolved_dp_shard(c, world_size);
+  return s;
+}
+
+ParallelMesh::ParallelMesh(const Config& config, int64_t world_size, int64_t rank, Parallelism parallelism)
+    : parallelism_(parallelism), shape_(mesh_shape(config, world_size, parallelism)), rank_(rank) {}
+
+ParallelMesh::ParallelMesh(const Config& config, Communicator& world, Parallelism parallelism)
+    : ParallelMesh(config, world.size(), world.rank(), parallelism) {
+  world_ = &world;
+  const MeshShape& m = shape_;
+  if (!sharded() || (m.replicate == 1 && m.tp == 1)) return;
+  const int64_t r = rank_;
+  // Names unique over the world: every member of a group calls subgroup() with the same one.
+  const std::string tp_part = m.tp > 1 ? "." + std::to_string(tp_rank()) : "";
+  shard_ = world.subgroup("shard" + std::to_string(replica()) + tp_part, m.shard_group_ranks(r));
+  if (m.replicate > 1)
+    replicate_ = world.subgroup("replicate" + std::to_string(r % (m.shard * m.tp)), m.replicate_group_ranks(r));
+  if (m.tp > 1) tp_ = world.subgroup("tp" + std::to_string(r / m.tp), m.tp_group_ranks(r));
+}
+
+Communicator& ParallelMesh::world() const {
+  TORCH_CHECK(world_, "a planned mesh has no process groups");
+  return *world_;
+}
+
+Communicator& ParallelMesh::shard_group() const { return shard_ ? *shard_ : world(); }
+
+bool ParallelMesh::groups_made() const { return sharded() && (shape_.replicate > 1 || shape_.tp > 1); }
+
+const char* ParallelMesh::shard_group_name() const { return groups_made() ? "shard" : "world"; }
+
+std::vector<std::pair<std::string, Communicator*>> ParallelMesh::named_groups() const {
+  std::vector<std::pair<std::string, Communicator*>> out;
+  if (shard_) out.emplace_back("shard_group", shard_.get());
+  if (replicate_) out.emplace_back("replicate_group", replicate_.get());
+  if (tp_) out.emplace_back("tp_group", tp_.get());
+  return out;
+}
+
+void ParallelMesh::observe(CollectiveObserver* trace) const {
+  world().observe(trace, "world");
+  if (shard_) shard_->observe(trace, "shard");
+  if (replicate_) replicate_->observe(trace, "replicate");
+  if (tp_) tp_->observe(trace, "tp");
+}
+
+void shard_by_node(Config& cfg, const World& world, bool dry_run) {
+  const bool layout_given = cfg.parallel.dp_shard != -1 || cfg.parallel.dp_replicate != 1;
+  if (!layout_given && dry_run)
+    throw ConfigError("train_hsdp --dry-run: give the layout, --parallel.dp_shard GPUS_PER_NODE "
+                      "--parallel.dp_replicate NODES (no launcher says what a node is)");
+  if (!layout_given && world.local_size >= world.size)
+    throw ConfigError(strf("train_hsdp shards within a node and replicates across nodes, but all %ld rank(s) "
+                           "are on one node (LOCAL_WORLD_SIZE = WORLD_SIZE = %ld): use train_fsdp",
+                           world.size, world.size));
+  if (!layout_given) {
+    if (world.local_size % cfg.parallel.tp != 0)
+      throw ConfigError(strf("train_hsdp: parallel.tp (%ld) must divide the %ld rank(s) of a node: a TP group "
+                             "stays within one", cfg.parallel.tp, world.local_size));
+    cfg.parallel.dp_shard = world.local_size / cfg.parallel.tp;
+    cfg.parallel.dp_replicate = world.size / world.local_size;
+  }
+}
+
+std::string tp_across_nodes_warning(const Config& c, const World& world) {
+  const int64_t tp = c.parallel.tp;
+  if (tp <= 1 || world.local_size >= world.size || world.local_size % tp == 0) return "";
+  return strf("parallel.tp = %ld spans nodes of %ld rank(s) (LOCAL_WORLD_SIZE): every block's sequence gathers "
+              "and reduce-scatters cross the network between them; a tp that divides the ranks of a node "
+              "keeps each TP group within one",
+              tp, world.local_size);
+}
+
+}  // namespace zb

@@ -1,0 +1,107 @@
+#pragma once
+// The parallel mesh: how a run's ranks are arranged, each rank's coordinates in that arrangement
+// and the process groups along its dimensions. The trainer, the step plan, the memory estimate,
+// DiLoCo, Muon and checkpoints all read it here rather than each rebuilding a part of it.
+//
+// Three dimensions, outermost first: dp_replicate x dp_shard x tp. Rank
+//   r = (replica x shard + s) x tp + t
+// is member t of its TP group (tp consecutive ranks), member s of its shard group (the ranks of its
+// replica with the same t) and member `replica` of its replicate group (the ranks with its s and t
+// in every replica). Without TP: member r % shard of shard group r / shard, and member r / shard of
+// replicate group r % shard. A TP group reads the same rows of a batch; the shard x replicate
+// data-parallel ranks read different ones.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "config/config.h"
+#include "dist/comm.h"
+#include "dist/world.h"
+
+namespace zb {
+
+// The engine that holds the parameters: sharded (FSDP, and HSDP with replicas) or replicated (DDP).
+enum class Parallelism { FSDP, DDP };
+
+// The mesh's sizes and the arithmetic of coordinates; no process groups.
+struct MeshShape {
+  int64_t shard = 1, replicate = 1, tp = 1;
+
+  int64_t world() const { return replicate * shard * tp; }
+  int64_t data_parallel_size() const { return replicate * shard; }
+  int64_t replica_of(int64_t rank) const { return rank / (shard * tp); }  // also its shard group's number
+  int64_t shard_rank_of(int64_t rank) const { return (rank / tp) % shard; }
+  int64_t tp_rank_of(int64_t rank) const { return rank % tp; }
+  int64_t data_parallel_rank_of(int64_t rank) const { return rank / tp; }  // which rows of a batch it reads
+  std::vector<int64_t> tp_group_ranks(int64_t rank) const;         // consecutive
+  std::vector<int64_t> shard_group_ranks(int64_t rank) const;      // strided by `tp`
+  std::vector<int64_t> replicate_group_ranks(int64_t rank) const;  // strided by `shard x tp`
+};
+
+// The shape the config asks for on `world_size` ranks (validate() checked that it multiplies out).
+// The replicating engine (DDP) has one dimension: every rank a replica.
+MeshShape mesh_shape(const Config& config, int64_t world_size, Parallelism parallelism = Parallelism::FSDP);
+
+class ParallelMesh {
+ public:
+  // A planned run's mesh (the step plan, the memory estimate): coordinates, no process groups.
+  ParallelMesh(const Config& config, int64_t world_size, int64_t rank, Parallelism parallelism);
+  // A live run's mesh: the groups along the dimensions are made from `world`, which must outlive
+  // the mesh. Every rank calls it at the same point (on NCCL each group is split from the world's
+  // communicator). Groups exist only where they differ from the world and hold more than one
+  // rank's worth of work: a shard group when there are replicas or TP, a replicate group with
+  // more than one replica, a TP group with tp > 1. DDP makes none.
+  ParallelMesh(const Config& config, Communicator& world, Parallelism parallelism);
+  ParallelMesh(ParallelMesh&&) = default;
+
+  Parallelism parallelism() const { return parallelism_; }
+  bool sharded() const { return parallelism_ == Parallelism::FSDP; }
+  const MeshShape& shape() const { return shape_; }
+  int64_t rank() const { return rank_; }
+  int64_t world_size() const { return shape_.world(); }
+  // This rank's coordinates. replica(): its shard group's number under the sharding engine, 0
+  // under DDP (whose ranks are replicas of one state).
+  int64_t replica() const { return sharded() ? shape_.replica_of(rank_) : 0; }
+  int64_t shard_rank() const { return shape_.shard_rank_of(rank_); }
+  int64_t tp_rank() const { return shape_.tp_rank_of(rank_); }
+  int64_t data_parallel_rank() const { return shape_.data_parallel_rank_of(rank_); }
+  int64_t data_parallel_size() const { return shape_.data_parallel_size(); }
+
+  // A live mesh's groups. shard_group(): the sharding engine's (the world where none was made).
+  Communicator& world() const;
+  Communicator& shard_group() const;
+  Communicator* replicate_group() const { return replicate_.get(); }
+  Communicator* tp_group() const { return tp_.get(); }
+  // The name the step plan and the step trace give the sharding engine's group: "shard" when a
+  // group was made, else "world".
+  const char* shard_group_name() const;
+  // The groups made, by the names the metrics give their bytes ("shard_group", "replicate_group",
+  // "tp_group"); empty when there are none.
+  std::vector<std::pair<std::string, Communicator*>> named_groups() const;
+  // Reports every communicator's collectives to `trace` (null stops it).
+  void observe(CollectiveObserver* trace) const;
+
+ private:
+  bool groups_made() const;
+
+  Parallelism parallelism_;
+  MeshShape shape_;
+  int64_t rank_ = 0;
+  Communicator* world_ = nullptr;  // a live mesh's
+  std::unique_ptr<Communicator> shard_, replicate_, tp_;
+};
+
+// train_hsdp's mesh: one shard group per node (LOCAL_WORLD_SIZE ranks), replicated across nodes,
+// unless the config's [parallel] keys say. One node has nothing to replicate across (train_fsdp
+// is the program for it); a dry run has no launcher to say what a node is. Both are config errors.
+void shard_by_node(Config& config, const World& world, bool dry_run);
+
+// Tensor parallelism meant to stay within a node: a warning (empty when none) where the launcher's
+// nodes (LOCAL_WORLD_SIZE ranks each, consecutive) split a TP group, so that every block's
+// sequence gathers and reduce-scatters would cross the network. Not an error: some machines join
+// nodes by NVLink.
+std::string tp_across_nodes_warning(const Config& config, const World& world);
+
+}  // namespace zb

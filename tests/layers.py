@@ -19,7 +19,8 @@ import tempfile
 # not); the others PUBLIC (reached by whatever reaches this component).
 LAYERS = {
     "util": [],
-    "model": ["util"],
+    "kernels": ["util"],
+    "model": ["kernels", "util"],
     "config": ["model"],
     "data": ["config", "(util)"],
     "dist": ["util"],
@@ -36,7 +37,7 @@ LAYERS = {
 }
 # One header of each component, to probe with.
 PROBE = {
-    "util": "util/fs.h", "model": "model/llama.h", "config": "config/config.h",
+    "util": "util/fs.h", "kernels": "kernels/kernel_choices.h", "model": "model/llama.h", "config": "config/config.h",
     "data": "data/loader.h", "dist": "dist/comm.h", "parallel": "parallel/parallel_model.h",
     "fsdp": "fsdp/fsdp_engine.h", "ddp": "ddp/ddp_engine.h", "optim": "optim/optimizer.h",
     "checkpoint": "checkpoint/checkpoint.h", "diloco": "diloco/diloco.h", "observe": "observe/metrics.h",

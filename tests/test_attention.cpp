@@ -190,12 +190,10 @@ TEST(Attention, KernelIsReportedAndCanBeChosen) {
   EXPECT_THROW(use_sdpa_backend("fast"), std::invalid_argument);
   // runtime.varlen_kernel: the documents' kernel reported as cuDNN's when chosen; the CPU's mask
   // path is not affected.
-  use_varlen_kernel("cudnn");
-  EXPECT_EQ(attention_kernel(cpu, at::kFloat, 64, 4, 2, 16, true, /*flash_documents=*/true), "cudnn_varlen");
-  EXPECT_NE(attention_kernel(cpu, at::kFloat, 64, 4, 2, 16, true, false), "cudnn_varlen");
-  use_varlen_kernel("flash");
-  EXPECT_EQ(attention_kernel(cpu, at::kFloat, 64, 4, 2, 16, true, true), "flash_varlen");
-  EXPECT_THROW(use_varlen_kernel("fa3"), std::invalid_argument);
+  EXPECT_EQ(attention_kernel(cpu, at::kFloat, 64, 4, 2, 16, true, /*flash_documents=*/true, /*cudnn_varlen=*/true),
+            "cudnn_varlen");
+  EXPECT_NE(attention_kernel(cpu, at::kFloat, 64, 4, 2, 16, true, false, /*cudnn_varlen=*/true), "cudnn_varlen");
+  EXPECT_EQ(attention_kernel(cpu, at::kFloat, 64, 4, 2, 16, true, true, /*cudnn_varlen=*/false), "flash_varlen");
 }
 
 TEST(Attention, CudnnVarlenLengthsComeInPowersOfTwo) {
@@ -206,11 +204,9 @@ TEST(Attention, CudnnVarlenLengthsComeInPowersOfTwo) {
   const at::Tensor cu = at::tensor(std::vector<int32_t>{0, 5, 16, 20, 32}, at::kInt);  // 4 pieces, 2 rows of 16
   const at::Tensor odd = at::tensor(std::vector<int32_t>{0, 5, 16, 32}, at::kInt);     // 3 pieces
   const c10::Device cpu(c10::kCPU);
-  use_varlen_kernel("cudnn");
-  const Documents four = make_documents(cu, 12, 16, cpu, at::kFloat, /*flash=*/true);
-  const Documents three = make_documents(odd, 16, 16, cpu, at::kFloat, true);
-  use_varlen_kernel("flash");
-  const Documents flash = make_documents(odd, 16, 16, cpu, at::kFloat, true);
+  const Documents four = make_documents(cu, 12, 16, cpu, at::kFloat, /*flash=*/true, /*cudnn_varlen=*/true);
+  const Documents three = make_documents(odd, 16, 16, cpu, at::kFloat, true, true);
+  const Documents flash = make_documents(odd, 16, 16, cpu, at::kFloat, true, /*cudnn_varlen=*/false);
   EXPECT_TRUE(at::equal(four.cudnn_cu_seqlens, cu));
   EXPECT_TRUE(at::equal(four.cu_seqlens, cu));
   EXPECT_EQ(four.max_len, 12);

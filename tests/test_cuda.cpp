@@ -24,8 +24,8 @@
 #include "data/loader.h"
 #include "model/attention.h"
 #include "model/chunked_loss.h"
-#include "model/fp32_updates.h"
-#include "model/gemm_add.h"
+#include "kernels/fp32_updates.h"
+#include "kernels/gemm_add.h"
 #include "model/layers.h"
 #include "model/llama.h"
 #include "model/model_args.h"
@@ -39,7 +39,7 @@
 
 #include "dist/comm.h"
 #include "dist/world.h"
-#include "model/cuda_ops.h"
+#include "kernels/cuda_ops.h"
 #endif
 
 using namespace zb;
@@ -259,8 +259,8 @@ TEST(CudaLoss, Fp32ProductsOfBf16MatchFloat64) {
 TEST(CudaLoss, FusedLogitGradientEqualsAtensOperators) {
   SKIP_WITHOUT_GPU();
   // The chunked loss on the GPU in bf16 with our kernels for each row's log-sum-exp and for
-  // softmax(z) - onehot (model/loss_grad_kernel.cu) against the same loss with ATen's operators
-  // alone (use_fused_kernels false): the same fp32 arithmetic but for the order of the log-sum-exp's
+  // softmax(z) - onehot (kernels/loss_grad_kernel.cu) against the same loss with ATen's operators
+  // alone (KernelChoices with none fused): the same fp32 arithmetic but for the order of the log-sum-exp's
   // sums, rounded once to bf16, so the loss equal to fp32 rounding, and dx and dw each element
   // within one bf16 step, nearly all bit-identical. Then the kernel itself on an odd width
   // (its single-value path), z off alignment, and a vocabulary split at 1,000 (targets outside
@@ -271,11 +271,10 @@ TEST(CudaLoss, FusedLogitGradientEqualsAtensOperators) {
   const at::Tensor x0 = at::randn({N, D}, bf16), w0 = at::randn({V, D}, bf16) * 0.05;
   const at::Tensor targets = at::randint(V, {N}, at::TensorOptions().device(kGpu).dtype(at::kLong));
   auto run = [&](bool fused) {
-    use_fused_kernels(fused);
+    const KernelChoices kernels = KernelChoices::from(fused, "", "flash");
     at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
-    at::Tensor loss = chunked_cross_entropy(x, w, targets, /*chunk_tokens=*/300);
+    at::Tensor loss = chunked_cross_entropy(x, w, targets, /*chunk_tokens=*/300, nullptr, 0, kernels);
     loss.backward();
-    use_fused_kernels(true);
     return std::vector<at::Tensor>{loss.detach(), x.grad(), w.grad()};
   };
 #ifdef ZB_WITH_CUDA
@@ -337,7 +336,7 @@ TEST(CudaLoss, FusedLogitGradientEqualsAtensOperators) {
 
 TEST(CudaLoss, RowLogSumExpEqualsAtensWithinFp32Rounding) {
   SKIP_WITHOUT_GPU();
-  // Our one-pass log-sum-exp of each row (the chunked loss's, model/loss_grad_kernel.cu) against
+  // Our one-pass log-sum-exp of each row (the chunked loss's, kernels/loss_grad_kernel.cu) against
   // ATen's in float64 on the same fp32 values: the 1B and 8B presets' vocabularies (32,000 and
   // 128,256), an odd width, z off 16-byte alignment, values spread over 60, a row of -inf, one
   // with a NaN in its last column and one with a +inf.
@@ -366,7 +365,7 @@ TEST(CudaRmsNorm, ResidualNodesKernelMatchesFloat64) {
   SKIP_WITHOUT_GPU();
   // A norm whose input goes on in the residual stream, as a block uses it (h2 = h' + o, y =
   // rms_norm(h)), on the GPU in bf16: the node's backward is our kernel, one launch, adding the
-  // residual's gradient in the same pass (model/rms_norm_kernel.cu). Against its formula in float64
+  // residual's gradient in the same pass (kernels/rms_norm_kernel.cu). Against its formula in float64
   // on the same bf16 values: dh within one bf16 step of its size (rounded once), the weight's
   // gradient (fp32 partial sums, then bf16 as ATen's) within 2^-8 of its size plus 1e-4 of the
   // largest; y bit-identical to rms_norm's (the same ATen kernel). Shapes: a 1B micro-batch's
@@ -438,15 +437,13 @@ TEST(CudaLinears, SharedInputsGradientSummedInsideTheGemms) {
     dw_want.push_back(at::mm(g.t(), x64));
   }
   for (const bool fused : {true, false}) {
-    use_fused_kernels(fused);
     at::Tensor x = x0.clone().requires_grad_(true);
     std::vector<at::Tensor> w;
     for (const at::Tensor& wi : w0) w.push_back(wi.clone().requires_grad_(true));
-    const std::vector<at::Tensor> y = shared_input_linears(x, w);
+    const std::vector<at::Tensor> y = shared_input_linears(x, w, KernelChoices::from(fused, "", "flash"));
     at::Tensor loss = at::zeros({}, at::TensorOptions().device(kGpu));
     for (size_t i = 0; i < 3; ++i) loss = loss + (y[i] * c[i]).sum();
     loss.backward();
-    use_fused_kernels(true);
     const std::string what = fused ? "the node" : "autograd's linears";
     EXPECT_EQ((y[0].grad_fn() == y[1].grad_fn()), fused) << what << ": one node for the three, or three";
     const at::Tensor dx = x.grad().to(at::kDouble).reshape({-1, 1024});
@@ -506,7 +503,7 @@ TEST(CudaRope, FusedKernelEqualsTheUnfusedPathWithinOneBf16Rounding) {
 
 TEST(CudaMlp, FusedGateEqualsAtensSiluThenMul) {
   SKIP_WITHOUT_GPU();
-  // SwiGLU's gate on bf16 (silu_mul: model/silu_mul_kernel.cu) against ATen's silu then mul on the
+  // SwiGLU's gate on bf16 (silu_mul: kernels/silu_mul_kernel.cu) against ATen's silu then mul on the
   // same GPU, differentiated by autograd: the same fp32 arithmetic rounded to bf16 at the same
   // places, so each element within one bf16 step (2^-7 of its magnitude) where fused multiply-adds
   // or exp round differently, and nearly all bit-identical. Shapes: the 1B preset's hidden layer
@@ -552,7 +549,6 @@ namespace {
 // inputs: outputs and the gradients of q, k, v for a fixed output gradient. Rows: many
 // documents, one, and GQA heads.
 void varlen_kernel_equals_the_cpu_mask(const std::string& kernel) {
-  use_varlen_kernel(kernel);
   const int64_t B = 3, T = 256, H = 8, Dh = 64;
   for (int64_t Hkv : {H, int64_t{2}}) {
     at::manual_seed(5);
@@ -565,7 +561,8 @@ void varlen_kernel_equals_the_cpu_mask(const std::string& kernel) {
       append_document_bounds(tokens[b].contiguous().data_ptr<int64_t>(), T, {1, false}, cu, max_len);
     const at::Tensor cu_seqlens = at::tensor(cu, at::kInt);
     ASSERT_TRUE(varlen_flash_supported(kGpu, at::kBFloat16, Dh));
-    const Documents on_gpu = make_documents(cu_seqlens, max_len, T, kGpu, at::kBFloat16, true);
+    const Documents on_gpu =
+        make_documents(cu_seqlens, max_len, T, kGpu, at::kBFloat16, true, /*cudnn_varlen=*/kernel == "cudnn");
     const Documents on_cpu = make_documents(cu_seqlens, max_len, T, at::kCPU, at::kFloat, false);
     ASSERT_TRUE(on_gpu.cu_seqlens.defined() && !on_gpu.mask.defined());
     auto make = [](at::IntArrayRef shape) { return at::randn(shape, at::kFloat).to(at::kBFloat16); };
@@ -585,7 +582,6 @@ void varlen_kernel_equals_the_cpu_mask(const std::string& kernel) {
     for (int i = 0; i < 4; ++i)
       EXPECT_LT(relative_error(gpu[i], cpu[i]), 2e-2) << kernel << ": " << names[i] << " Hkv " << Hkv;
   }
-  use_varlen_kernel("flash");
 }
 }  // namespace
 
@@ -680,7 +676,7 @@ TEST(CudaData, PinnedBatchesReachTheGpuUnchanged) {
 
 TEST(CudaFp32Updates, KernelsEqualAtensOperators) {
   SKIP_WITHOUT_GPU();
-  // The gradient sums, Muon's momentum and update (model/fp32_updates.h) through our kernels and,
+  // The gradient sums, Muon's momentum and update (kernels/fp32_updates.h) through our kernels and,
   // with "update" and "momentum" left unfused, through ATen's operators, on the same values: the
   // sums and their start equal (one rounding each way); the update within one fp32 rounding of the
   // result and of alpha * src (the kernel's fused multiply-add against ATen's add, which may round
@@ -694,24 +690,23 @@ TEST(CudaFp32Updates, KernelsEqualAtensOperators) {
     const at::Tensor d0 = at::randn({n}, f32), b0 = at::randn({n}, f32);
     std::vector<at::Tensor> got, want;
     for (const bool fused : {true, false}) {
-      leave_unfused(fused ? std::vector<std::string>{} : std::vector<std::string>{"update", "momentum"});
+      const KernelChoices k = KernelChoices::from(true, fused ? "" : "update, momentum", "flash");
       std::vector<at::Tensor>& out = fused ? got : want;
       at::Tensor sum = d0.clone(), off = d0.clone(), upd = d0.clone();
-      scale_add_(sum, 1.0, g16.narrow(0, 0, n), 1.0);
-      scale_add_(off, 1.0, g16.narrow(0, 1, n), 1.0);  // 2 bytes off: single values
-      scale_add_(upd, 1.0 - 0.02 * 0.01, g16.narrow(0, 0, n), -0.02 * 0.7);
+      scale_add_(sum, 1.0, g16.narrow(0, 0, n), 1.0, k);
+      scale_add_(off, 1.0, g16.narrow(0, 1, n), 1.0, k);  // 2 bytes off: single values
+      scale_add_(upd, 1.0 - 0.02 * 0.01, g16.narrow(0, 0, n), -0.02 * 0.7, k);
       out.push_back(sum);
       out.push_back(off);
-      out.push_back(fp32_copy(g16.narrow(0, 0, n)));
+      out.push_back(fp32_copy(g16.narrow(0, 0, n), k));
       out.push_back(upd);
       for (const bool nesterov : {true, false}) {
         const std::vector<at::Tensor> bufs{b0.clone()};
-        const std::vector<at::Tensor> in = momentum_(bufs, {g32}, 0.95, nesterov);
+        const std::vector<at::Tensor> in = momentum_(bufs, {g32}, 0.95, nesterov, k);
         out.push_back(bufs[0]);
         out.push_back(in[0]);
       }
     }
-    leave_unfused({});
     const std::string what = std::to_string(n) + " values";
     EXPECT_TRUE(at::equal(got[0], want[0])) << what << ": the sum";
     EXPECT_TRUE(at::equal(got[1], want[1])) << what << ": the sum, off alignment";
@@ -750,12 +745,10 @@ TEST(CudaResidualLinear, OneGemmWithinTheLinearsRounding) {
         << what << ", worst " << (got.to(at::kDouble) - exact).abs().max().item<double>();
   };
   for (const bool fused : {true, false}) {
-    leave_unfused(fused ? std::vector<std::string>{} : std::vector<std::string>{"residual"});
     at::Tensor h = h0.clone().requires_grad_(true), x = x0.clone().requires_grad_(true),
                w = w0.clone().requires_grad_(true);
-    const at::Tensor y = residual_linear(h, x, w);
+    const at::Tensor y = residual_linear(h, x, w, KernelChoices::from(true, fused ? "" : "residual", "flash"));
     y.backward(g);
-    leave_unfused({});
     const std::string what = fused ? "one GEMM" : "linear, then add";
     const std::string node = y.grad_fn()->name();
     EXPECT_NE(node.find(fused ? "ResidualLinear" : "AddBackward0"), std::string::npos) << what << ": " << node;
@@ -769,7 +762,7 @@ TEST(CudaResidualLinear, OneGemmWithinTheLinearsRounding) {
 
 TEST(CudaGemmAdd, CublasLtReadsTheAddedTermWithinAtensRounding) {
   SKIP_WITHOUT_GPU();
-  // beta c + alpha a b by cuBLASLt with c read in the epilogue (model/gemm_add.h), in the layouts
+  // beta c + alpha a b by cuBLASLt with c read in the epilogue (kernels/gemm_add.h), in the layouts
   // its callers use: the residual GEMM (2-D, b a transposed view), and Newton-Schulz's batched
   // b A + c A A, a X + B X (wide) and a X + X B^T (tall). Against float64 on the same bf16 values,
   // with the bound of the test above, as ATen's baddbmm/addmm (which copy c first) within the same;

@@ -92,8 +92,14 @@ Communicator& communicator() {
   return comm;
 }
 
-RunResult train_sharded(const Config& c, int steps) {
-  Trainer trainer(c, ParallelMesh(c, communicator(), Parallelism::FSDP), c10::Device(c10::kCPU));
+// `nodes_anywhere`: the model takes the GPU's fused autograd nodes on the CPU too
+// (KernelChoices::nodes_on_any_device).
+RunResult train_sharded(const Config& c, int steps, bool nodes_anywhere = false) {
+  TrainingParts parts = build_training(c, ParallelMesh(c, communicator(), Parallelism::FSDP), c10::Device(c10::kCPU));
+  KernelChoices kernels = parts.kernels;
+  kernels.nodes_on_any_device = nodes_anywhere;
+  parts.model->set_kernels(kernels);
+  Trainer trainer(c, std::move(parts));
   RunResult run;
   for (int s = 1; s <= steps; ++s) run.losses.push_back(trainer.train_step().loss);
   for (auto& [name, t] : trainer.parallel().gather_full_parameters()) run.params[name] = t;
@@ -381,9 +387,7 @@ TEST(FSDP, TheGpusAutogradNodesTrainAsAutogradsGraph) {
   for (const int ranks : {1, 2})
     multiprocess::run_ranks(ranks, [&](int) {
       const RunResult want = train_sharded(plain, 4);
-      use_fused_nodes_on_any_device(true);
-      const RunResult got = train_sharded(plain, 4);
-      use_fused_nodes_on_any_device(false);
+      const RunResult got = train_sharded(plain, 4, /*nodes_anywhere=*/true);
       expect_same_run(got, want, 1e-5);
       EXPECT_EQ(got.blocks_recomputed, 4 * (12 / ranks) * 3);
     });

@@ -1,4 +1,4 @@
-// Our CUDA kernels' code run on the CPU, every thread of a grid in turn (model/cuda_kernels.h):
+// Our CUDA kernels' code run on the CPU, every thread of a grid in turn (kernels/cuda_kernels.h):
 // what a machine without a GPU can check of them, their indexing (16-byte vectors, the single
 // values after them, pointers off alignment, grids smaller than the work) and their arithmetic,
 // against ATen's fp32 operators rounded to bf16 where ATen's CUDA kernels round. The GPU's own run
@@ -12,7 +12,7 @@
 #include "model/layers.h"
 
 #ifdef ZB_WITH_CUDA
-#include "model/cuda_kernels.h"
+#include "kernels/cuda_kernels.h"
 #endif
 
 namespace {
@@ -159,7 +159,7 @@ TEST(KernelsOnHost, RowLogSumExpEqualsAtensWithinFp32Rounding) {
   // columns, rows whose values span 60 (the running maximum rescales), a row growing all along
   // (every value a new maximum), one with -inf entries (a vocabulary's masked words), one all
   // -inf (log(0)), one with a NaN (NaN, never dropped) and one with a +inf (+inf). The threads'
-  // shares are combined in the GPU's shuffle order (model/block_reduce_host.h). Within 4 fp32 steps of the float64 result's magnitude: expf and logf are
+  // shares are combined in the GPU's shuffle order (kernels/block_reduce_host.h). Within 4 fp32 steps of the float64 result's magnitude: expf and logf are
   // within 2 ulps each, the sums add a few more roundings relative to values of size log(V).
   at::manual_seed(9);
   int cases = 0;
@@ -203,7 +203,7 @@ TEST(KernelsOnHost, RmsNormBackwardAddsTheResidualsGradientInOnePass) {
 #ifndef ZB_WITH_CUDA
   GTEST_SKIP() << "built against a LibTorch without CUDA: no kernels";
 #else
-  // RMSNorm's backward with the residual stream's gradient (model/rms_norm_kernel.cu) against its
+  // RMSNorm's backward with the residual stream's gradient (kernels/rms_norm_kernel.cu) against its
   // formula in float64 on the same bf16 values: dh = rstd * (w * dy - x_hat * mean(w * dy * x_hat))
   // + residual, rounded to bf16 once (so within one bf16 step, 2^-7 relative: ATen's own fused
   // backward rounds the norm's part and the add separately); dw = the sum over rows of
@@ -248,7 +248,7 @@ TEST(KernelsOnHost, Fp32UpdatesEqualAtensOperators) {
 #ifndef ZB_WITH_CUDA
   GTEST_SKIP() << "built against a LibTorch without CUDA: no kernels";
 #else
-  // The fp32 updates (model/fp32_update_kernel.cu) over sizes with and without a partial vector,
+  // The fp32 updates (kernels/fp32_update_kernel.cu) over sizes with and without a partial vector,
   // pointers off alignment (single values), grids smaller than the work, bf16 and fp32 sources:
   //   a gradient sum (keep 1, alpha 1) and its start (dst unread) equal ATen's add_ and copy (one
   //   rounding, the same); Muon's update (keep = the decay, alpha = -lr * scale) within one fp32

@@ -153,11 +153,11 @@ TEST(Layers, ResidualLinearIsOneGemmWithAutogradsGradients) {
   at::manual_seed(16);
   const at::Tensor h0 = randn64({2, 5, 8}), x0 = randn64({2, 5, 12}), w0 = randn64({8, 12});
   auto run = [&](bool one_gemm) {
-    use_fused_nodes_on_any_device(one_gemm);
+    KernelChoices kernels;
+    kernels.nodes_on_any_device = one_gemm;
     at::Tensor h = h0.clone().requires_grad_(true), x = x0.clone().requires_grad_(true),
                w = w0.clone().requires_grad_(true);
-    const at::Tensor y = residual_linear(h, x, w);
-    use_fused_nodes_on_any_device(false);
+    const at::Tensor y = residual_linear(h, x, w, kernels);
     EXPECT_EQ(y.sizes(), h0.sizes());
     const std::string node = y.grad_fn()->name();
     EXPECT_NE(node.find(one_gemm ? "ResidualLinear" : "AddBackward0"), std::string::npos) << node;
@@ -210,19 +210,21 @@ TEST(Layers, EachFusedOperatorCanBeLeftToAten) {
             (std::vector<std::string>{"rope", "gate", "loss", "norm", "linears", "update", "momentum", "residual",
                                       "newton_schulz"}));
   const at::Tensor a = at::randn({4}, at::kFloat).requires_grad_(true), b = at::randn({4}, at::kFloat);
-  leave_unfused({"gate", "norm"});
-  EXPECT_FALSE(fused_on(Fused::Gate));
-  EXPECT_FALSE(fused_on(Fused::Norm));
-  EXPECT_TRUE(fused_on(Fused::Rope) && fused_on(Fused::Loss) && fused_on(Fused::Linears));
-  EXPECT_EQ(silu_mul(a, b).grad_fn()->name(), "MulBackward0");
-  leave_unfused({});
-  EXPECT_NE(silu_mul(a, b).grad_fn()->name(), "MulBackward0");  // our node again
-  EXPECT_THROW(leave_unfused({"norms"}), std::invalid_argument);
-  use_fused_kernels(false);
-  EXPECT_FALSE(fused_on(Fused::Rope) || fused_on(Fused::Gate) || fused_on(Fused::Loss) || fused_on(Fused::Norm) ||
-               fused_on(Fused::Linears));
-  use_fused_kernels(true);
-  EXPECT_TRUE(fused_on(Fused::Gate));
+  const KernelChoices some = KernelChoices::from(true, "gate, norm", "flash");
+  EXPECT_FALSE(some.on(Fused::Gate));
+  EXPECT_FALSE(some.on(Fused::Norm));
+  EXPECT_TRUE(some.on(Fused::Rope) && some.on(Fused::Loss) && some.on(Fused::Linears));
+  EXPECT_FALSE(some.cudnn_varlen);
+  EXPECT_EQ(silu_mul(a, b, some).grad_fn()->name(), "MulBackward0");
+  const KernelChoices all = KernelChoices::from(true, "", "cudnn");
+  EXPECT_NE(silu_mul(a, b, all).grad_fn()->name(), "MulBackward0");  // our node
+  EXPECT_TRUE(all.cudnn_varlen);
+  EXPECT_THROW(KernelChoices::from(true, "norms", "flash"), std::invalid_argument);
+  EXPECT_THROW(KernelChoices::from(true, "", "fa3"), std::invalid_argument);
+  const KernelChoices none = KernelChoices::from(false, "gate", "flash");  // the names then ignored
+  EXPECT_FALSE(none.on(Fused::Rope) || none.on(Fused::Gate) || none.on(Fused::Loss) || none.on(Fused::Norm) ||
+               none.on(Fused::Linears));
+  EXPECT_TRUE(KernelChoices{}.on(Fused::Gate));  // all by default
 }
 
 TEST(Layers, TheGpusNodesRunWithoutGradients) {
@@ -292,9 +294,9 @@ TEST(Layers, SiluMulIsAtenSiluThenMulBitForBitInOneNode) {
   }
   EXPECT_THROW(silu_mul(a, at::randn({3, 5})), c10::Error);
   // runtime.fused_kernels = false: ATen's two nodes, as before the gate was one.
-  use_fused_kernels(false);
-  const at::Tensor plain = silu_mul(a, b);
-  use_fused_kernels(true);
+  KernelChoices none;
+  none.fused = 0;
+  const at::Tensor plain = silu_mul(a, b, none);
   EXPECT_EQ(plain.grad_fn()->name().find("SiluMul"), std::string::npos) << plain.grad_fn()->name();
   EXPECT_TRUE(at::equal(plain, silu_mul(a, b)));
 }

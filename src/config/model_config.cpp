@@ -36,4 +36,8 @@ at::ScalarType resolve_compute_dtype(const Config& config, const c10::Device& de
   return device.is_cuda() ? at::kBFloat16 : at::kFloat;  // "auto"
 }
 
+KernelChoices resolve_kernel_choices(const Config& config) {
+  return KernelChoices::from(config.runtime.fused_kernels, config.runtime.unfused, config.runtime.varlen_kernel);
+}
+
 }  // namespace zb

@@ -6,7 +6,7 @@
 
 #include "config/fields.h"
 #include "config/model_config.h"
-#include "model/layers.h"
+#include "kernels/kernel_choices.h"
 #include "model/llama.h"
 
 namespace zb {

@@ -17,7 +17,8 @@ namespace zb {
 // flat tensor.
 class DDPEngine::Bucket : public GradientGroup {
  public:
-  Bucket(const bool& sync, Communicator& comm) : sync_(sync), comm_(comm) {}
+  Bucket(const bool& sync, Communicator& comm, const KernelChoices& kernels)
+      : sync_(sync), comm_(comm), accumulator_(kernels) {}
 
   void add(at::Tensor* replica) { members_.push_back(replica); }
 
@@ -114,7 +115,7 @@ DDPEngine::DDPEngine(Llama& model, Communicator& comm, double bucket_mb) : model
     layers.push_back(np.layer);
   }
   for (const DDPBucket& b : ddp_buckets(numels, layers, model.args().n_layers, bucket_mb)) {
-    buckets_.push_back(std::make_unique<Bucket>(sync_, comm_));
+    buckets_.push_back(std::make_unique<Bucket>(sync_, comm_, model.kernels()));
     for (size_t k : b.members) {
       buckets_.back()->add(&replicas_[k]);
       buckets_.back()->slot_of.push_back(k);

@@ -44,10 +44,11 @@ FSDPEngine::FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& opti
   for (int64_t i = 0; i < L; ++i) {
     const bool reshard = options.reshard_after_forward && i != L - 1;
     blocks_.push_back(std::make_unique<FSDPUnit>(i, "layers." + std::to_string(i), std::move(block_params[i]),
-                                                 comm, reshard, context_, replicas, options.keep_cast));
+                                                 comm, reshard, context_, replicas, options.keep_cast,
+                                                 model.kernels()));
   }
   root_ = std::make_unique<FSDPUnit>(L, "root", std::move(root_params), comm, false, context_, replicas,
-                                     options.keep_cast);
+                                     options.keep_cast, model.kernels());
 }
 
 namespace {

@@ -25,10 +25,11 @@ const char* state_name(FSDPUnit::TrainingState s) {
 }  // namespace
 
 FSDPUnit::FSDPUnit(int64_t index, std::string name, std::vector<FSDPParam*> params, Communicator& comm,
-                   bool reshard_after_forward, FSDPCommContext& context, Communicator* replicas, bool keep_cast)
+                   bool reshard_after_forward, FSDPCommContext& context, Communicator* replicas, bool keep_cast,
+                   const KernelChoices& kernels)
     : index_(index), name_(std::move(name)), params_(std::move(params)), comm_(comm), replicas_(replicas),
       reshard_after_forward_(reshard_after_forward), keep_cast_(keep_cast && comm.size() == 1 && !replicas),
-      context_(context) {
+      context_(context), accumulator_(kernels) {
   for (FSDPParam* p : params_) {
     offsets_.push_back(block_numel_);
     block_numel_ += p->shard.block_numel();

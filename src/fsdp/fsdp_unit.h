@@ -57,9 +57,10 @@ class FSDPUnit : public GradientGroup {
   // `index`: the block's, or n_layers for the root. `comm`: the ranks the parameters are sharded
   // over; `replicas`: the group that holds the same shards under hybrid sharding (null for FSDP).
   // `keep_cast`: with one rank in `comm` and no replicas, keep the cast (above); ignored else.
+  // `kernels`: the model's, for the gradient sums.
   FSDPUnit(int64_t index, std::string name, std::vector<FSDPParam*> params, Communicator& comm,
            bool reshard_after_forward, FSDPCommContext& context, Communicator* replicas = nullptr,
-           bool keep_cast = false);
+           bool keep_cast = false, const KernelChoices& kernels = {});
 
   const std::string& name() const { return name_; }
   State state() const { return state_; }

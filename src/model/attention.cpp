@@ -13,7 +13,6 @@
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include <atomic>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -21,17 +20,13 @@
 
 namespace zb {
 
-namespace {
-std::atomic<bool> cudnn_varlen{false};  // runtime.varlen_kernel = "cudnn"
-}  // namespace
-
 bool varlen_flash_supported(const c10::Device& device, at::ScalarType dtype, int64_t head_dim) {
   return device.is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf) && head_dim % 8 == 0 &&
          head_dim <= 256;
 }
 
 Documents make_documents(const at::Tensor& cu_seqlens, int64_t max_len, int64_t T, const c10::Device& device,
-                         at::ScalarType dtype, bool flash) {
+                         at::ScalarType dtype, bool flash, bool cudnn_varlen) {
   Documents d;
   if (!cu_seqlens.defined()) return d;
   // The kernel trusts these (a wrong total or longest piece reads out of bounds): checked here,
@@ -44,7 +39,7 @@ Documents make_documents(const at::Tensor& cu_seqlens, int64_t max_len, int64_t 
   TORCH_CHECK(c[0] == 0 && N > 0 && N % T == 0 && max_len >= 1 && max_len <= T,
               "make_documents: malformed cumulative lengths (first 0, last a multiple of T = ", T,
               ", longest piece in [1, T]; got last ", N, ", longest ", max_len, ")");
-  if (flash && cudnn_varlen.load(std::memory_order_relaxed)) {
+  if (flash && cudnn_varlen) {
     // cuDNN builds (and caches) a graph for each count of sequences and longest one: the count
     // rounded up to a power of two with empty sequences at the end, and the longest taken as T,
     // so that a run meets a few graphs rather than one per micro-batch.
@@ -79,12 +74,6 @@ Documents make_documents(const at::Tensor& cu_seqlens, int64_t max_len, int64_t 
   return d;
 }
 
-void use_varlen_kernel(const std::string& choice) {
-  if (choice != "flash" && choice != "cudnn")
-    throw std::invalid_argument("runtime.varlen_kernel: unknown kernel \"" + choice + "\" (flash or cudnn)");
-  cudnn_varlen.store(choice == "cudnn", std::memory_order_relaxed);
-}
-
 void use_sdpa_backend(const std::string& choice) {
   const bool all = choice == "auto";  // PyTorch's defaults: every kernel a candidate
   const bool flash = choice == "flash", cudnn = choice == "cudnn", efficient = choice == "efficient";
@@ -98,9 +87,10 @@ void use_sdpa_backend(const std::string& choice) {
 }
 
 std::string attention_kernel(const c10::Device& device, at::ScalarType dtype, int64_t T, int64_t heads,
-                             int64_t kv_heads, int64_t head_dim, bool document_mask, bool flash_documents) {
+                             int64_t kv_heads, int64_t head_dim, bool document_mask, bool flash_documents,
+                             bool cudnn_varlen) {
   if (document_mask && flash_documents)
-    return cudnn_varlen.load(std::memory_order_relaxed) ? "cudnn_varlen" : "flash_varlen";
+    return cudnn_varlen ? "cudnn_varlen" : "flash_varlen";
   // One row of the real shapes, in the layout attention() hands over ([B, T, H, Dh] transposed),
   // requiring gradients as in training: the dispatcher's choice depends on all of that.
   const auto opts = at::TensorOptions().device(device).dtype(dtype);

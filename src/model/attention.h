@@ -39,16 +39,14 @@ bool varlen_flash_supported(const c10::Device& device, at::ScalarType dtype, int
 
 // From the loader's cumulative lengths (CPU int32, rows of T tokens) to what attention reads on
 // `device`: the lengths themselves when `flash`, else the mask in `dtype` (the compute dtype).
+// `cudnn_varlen` (KernelChoices, runtime.varlen_kernel = "cudnn"): document attention by cuDNN's
+// forward over the same cumulative lengths (q, k, v ragged as [N, H, Dh]) with flash's backward,
+// rather than LibTorch's variable-length flash kernels both ways. torch 2.11's cuDNN varlen
+// backward takes head_dim for the longest sequence (pytorch/pytorch#186142) and returned wrong
+// gradients on an H100; the forward is right but a third of flash's speed there: a choice to
+// measure again on a later torch.
 Documents make_documents(const at::Tensor& cu_seqlens, int64_t max_len, int64_t T, const c10::Device& device,
-                         at::ScalarType dtype, bool flash);
-
-// Document attention's kernel on a GPU (runtime.varlen_kernel): "flash", LibTorch's
-// variable-length flash kernels (the default), or "cudnn", cuDNN's forward over the same
-// cumulative lengths (q, k, v ragged as [N, H, Dh]) with flash's backward: torch 2.11's cuDNN
-// varlen backward takes head_dim for the longest sequence (pytorch/pytorch#186142) and returned
-// wrong gradients on an H100. Right, but a third of flash's speed there (2026-11-26): a switch to
-// measure again on a later torch. Process-wide; std::invalid_argument for another name.
-void use_varlen_kernel(const std::string& choice);
+                         at::ScalarType dtype, bool flash, bool cudnn_varlen = false);
 
 // Which kernel scaled_dot_product_attention may run (runtime.sdpa_backend): "auto" leaves the
 // choice to PyTorch with every kernel a candidate (on an H100 torch 2.11 is said to prefer cuDNN's
@@ -63,7 +61,8 @@ void use_sdpa_backend(const std::string& choice);
 // PyTorch's choice for scaled_dot_product_attention on these shapes ("flash_attention",
 // "cudnn_attention", "efficient_attention", "math"), asked of the dispatcher itself.
 std::string attention_kernel(const c10::Device& device, at::ScalarType dtype, int64_t T, int64_t heads,
-                             int64_t kv_heads, int64_t head_dim, bool document_mask, bool flash_documents);
+                             int64_t kv_heads, int64_t head_dim, bool document_mask, bool flash_documents,
+                             bool cudnn_varlen = false);
 
 // Grouped-query attention: q [B, T, H, Dh], k and v [B, T, Hkv, Dh] with Hkv dividing H; returns
 // [B, T, H*Dh], softmax scale 1/sqrt(Dh). Causal, within `documents` where given.

@@ -2,7 +2,7 @@
 #include "model/layers.h"
 #include "util/phase.h"
 #ifdef ZB_WITH_CUDA
-#include "model/cuda_ops.h"
+#include "kernels/cuda_ops.h"
 #endif
 
 #include <ATen/TensorOperators.h>
@@ -35,7 +35,8 @@ struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                                                 const at::Tensor& w, const at::Tensor& targets,
                                                 int64_t chunk_tokens, bool want_x_grad, bool want_w_grad,
-                                                TensorParallelGroup* vocab_group, int64_t vocab_start) {
+                                                TensorParallelGroup* vocab_group, int64_t vocab_start,
+                                                bool fused_loss) {
     const int64_t N = x.size(0);
     const auto logits_dtype = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     // On CUDA the products of bf16/fp16 inputs are written and summed in fp32 by the GEMM itself
@@ -58,7 +59,7 @@ struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
       at::Tensor z = fp32_gemm ? at::mm(xc, wt, logits_dtype) : at::mm(xc, wt).to(logits_dtype);  // [n, V]
       at::Tensor lse;  // [n, 1]: on a GPU our kernel in one pass over z, else ATen's four
 #ifdef ZB_WITH_CUDA
-      if (fused_on(Fused::Loss) && row_logsumexp_cuda_applies(z)) lse = row_logsumexp_cuda(z);
+      if (fused_loss && row_logsumexp_cuda_applies(z)) lse = row_logsumexp_cuda(z);
 #endif
       if (!lse.defined()) lse = at::logsumexp(z, {1}, /*keepdim=*/true);
       at::Tensor target_logit, here;  // here: the target is one of this rank's words (vocab_group)
@@ -84,7 +85,7 @@ struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
       // casts it back: on a GPU in bf16 our kernel in one pass, else in z's memory.
       at::Tensor g;
 #ifdef ZB_WITH_CUDA
-      if (x.scalar_type() == at::kBFloat16 && fused_on(Fused::Loss) && softmax_grad_cuda_bf16_applies(z, lse, chunk_targets))
+      if (x.scalar_type() == at::kBFloat16 && fused_loss && softmax_grad_cuda_bf16_applies(z, lse, chunk_targets))
         g = softmax_grad_cuda_bf16(z, lse, chunk_targets, vocab_group ? vocab_start : 0);
 #endif
       if (!g.defined()) {
@@ -117,21 +118,23 @@ struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
     // Scaled in place (nothing else reads them): no second [V, D] buffer.
     at::Tensor dx = saved[0].defined() ? saved[0].mul_(scale) : at::Tensor();
     at::Tensor dw = saved[1].defined() ? saved[1].mul_(scale).to(w_dtype) : at::Tensor();
-    return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor chunked_cross_entropy(const at::Tensor& x, const at::Tensor& w, const at::Tensor& targets,
-                                 int64_t chunk_tokens, TensorParallelGroup* vocab_group, int64_t vocab_start) {
+                                 int64_t chunk_tokens, TensorParallelGroup* vocab_group, int64_t vocab_start,
+                                 const KernelChoices& kernels) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1) && targets.numel() == x.size(0),
               "chunked_cross_entropy: x [N, D], w [V, D], targets [N]");
   TORCH_CHECK(chunk_tokens > 0, "chunked_cross_entropy: chunk_tokens must be positive");
   const bool grad = at::GradMode::is_enabled();
   if (vocab_group && vocab_group->size() == 1) vocab_group = nullptr;
   return ChunkedCrossEntropy::apply(x, w, targets.reshape({-1}), chunk_tokens, grad && x.requires_grad(),
-                                    grad && w.requires_grad(), vocab_group, vocab_start)[0];
+                                    grad && w.requires_grad(), vocab_group, vocab_start,
+                                    kernels.on(Fused::Loss))[0];
 }
 
 }  // namespace zb

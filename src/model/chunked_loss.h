@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "kernels/kernel_choices.h"
 #include "model/tensor_parallel.h"
 
 namespace zb {
@@ -28,7 +29,7 @@ namespace zb {
 // loss, the gradient of x is this rank's words' part (to be summed over the group), w's its rows'.
 at::Tensor chunked_cross_entropy(const at::Tensor& x, const at::Tensor& w, const at::Tensor& targets,
                                  int64_t chunk_tokens, TensorParallelGroup* vocab_group = nullptr,
-                                 int64_t vocab_start = 0);
+                                 int64_t vocab_start = 0, const KernelChoices& kernels = {});
 
 // Tokens per chunk for a vocabulary of `vocab`: one chunk's fp32 logits take at most 256 MiB on
 // the CPU (523 tokens at 128k words, 2,048 at 32k; a whole CPU test micro-batch at 1k) and 1 GiB

@@ -1,7 +1,7 @@
 #include "model/layers.h"
-#include "model/gemm_add.h"
+#include "kernels/gemm_add.h"
 #ifdef ZB_WITH_CUDA
-#include "model/cuda_ops.h"
+#include "kernels/cuda_ops.h"
 #endif
 
 #include <ATen/TensorOperators.h>
@@ -23,50 +23,9 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
-#include <atomic>
 #include <stdexcept>
 
 namespace zb {
-
-namespace {
-// Bit i: Fused(i) on. All on by default.
-constexpr unsigned kAllFused = (1u << 9) - 1;
-std::atomic<unsigned> fused_ops{kAllFused};
-std::atomic<bool> nodes_on_any_device{false};
-const char* const kFusedNames[] = {"rope", "gate", "loss", "norm", "linears", "update", "momentum",
-                                    "residual", "newton_schulz"};  // Fused's order
-}  // namespace
-
-std::vector<std::string> fused_operator_names() { return {std::begin(kFusedNames), std::end(kFusedNames)}; }
-
-std::vector<std::string> split_operator_names(const std::string& list) {
-  std::vector<std::string> out;
-  std::string name;
-  for (const char c : list + ",") {
-    if (c == ',') {
-      if (!name.empty()) out.push_back(name);
-      name.clear();
-    } else if (c != ' ') {
-      name += c;
-    }
-  }
-  return out;
-}
-
-void leave_unfused(const std::vector<std::string>& names) {
-  unsigned on = kAllFused;
-  for (const std::string& name : names) {
-    const auto* it = std::find(std::begin(kFusedNames), std::end(kFusedNames), name);
-    if (it == std::end(kFusedNames))
-      throw std::invalid_argument("unknown fused operator '" + name + "'");
-    on &= ~(1u << (it - std::begin(kFusedNames)));
-  }
-  fused_ops.store(on, std::memory_order_relaxed);
-}
-
-bool fused_on(Fused op) {
-  return (fused_ops.load(std::memory_order_relaxed) >> static_cast<unsigned>(op)) & 1u;
-}
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   // at::rms_norm accumulates reduced-precision inputs in fp32 and uses a fused kernel on CUDA.
@@ -119,16 +78,9 @@ std::pair<at::Tensor, at::Tensor> rms_norm_residual_node(const at::Tensor& h, co
   return {out[0], out[1]};
 }
 
-namespace {
-// Whether the node `op` takes x: where our kernels run (bf16 on a GPU), or anywhere under test.
-bool node_takes(Fused op, const at::Tensor& x) {
-  return fused_on(op) && (nodes_on_any_device.load(std::memory_order_relaxed) ||
-                          (x.scalar_type() == at::kBFloat16 && fused_kernels_run_on(x.device())));
-}
-}  // namespace
-
-std::pair<at::Tensor, at::Tensor> rms_norm_residual(const at::Tensor& h, const at::Tensor& weight, double eps) {
-  if (node_takes(Fused::Norm, h)) return rms_norm_residual_node(h, weight, eps);
+std::pair<at::Tensor, at::Tensor> rms_norm_residual(const at::Tensor& h, const at::Tensor& weight, double eps,
+                                                     const KernelChoices& kernels) {
+  if (kernels.node_takes(Fused::Norm, h)) return rms_norm_residual_node(h, weight, eps);
   return {h, rms_norm(h, weight, eps)};
 }
 
@@ -182,8 +134,9 @@ std::vector<at::Tensor> shared_input_linears_node(const at::Tensor& x, const std
   return SharedInputLinears::apply(x, at::TensorList(weights));
 }
 
-std::vector<at::Tensor> shared_input_linears(const at::Tensor& x, const std::vector<at::Tensor>& weights) {
-  if (node_takes(Fused::Linears, x)) return shared_input_linears_node(x, weights);
+std::vector<at::Tensor> shared_input_linears(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                                             const KernelChoices& kernels) {
+  if (kernels.node_takes(Fused::Linears, x)) return shared_input_linears_node(x, weights);
   std::vector<at::Tensor> out;
   for (const at::Tensor& w : weights) out.push_back(at::linear(x, w));
   return out;
@@ -201,23 +154,12 @@ RopeTables rope_tables(int64_t head_dim, int64_t max_positions, double theta,
   return {at::view_as_complex(at::stack({at::cos(angles), at::sin(angles)}, -1))};
 }
 
-void use_fused_nodes_on_any_device(bool on) { nodes_on_any_device.store(on, std::memory_order_relaxed); }
-
-void use_fused_kernels(bool on) { fused_ops.store(on ? kAllFused : 0u, std::memory_order_relaxed); }
-
-bool fused_kernels_run_on(const c10::Device& device) {
-#ifdef ZB_WITH_CUDA
-  return device.is_cuda() && cuda_kernels_run_on(device);
-#else
-  (void)device;
-  return false;
-#endif
-}
-
-at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope) {
+at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope, const KernelChoices& kernels) {
 #ifdef ZB_WITH_CUDA
   // The unfused path moves about five times the bytes of q and k through memory (fp32 copies).
-  if (fused_on(Fused::Rope) && rope_cuda_bf16_applies(x, rope.cis)) return apply_rope_cuda_bf16(x, rope.cis);
+  if (kernels.on(Fused::Rope) && rope_cuda_bf16_applies(x, rope.cis)) return apply_rope_cuda_bf16(x, rope.cis);
+#else
+  (void)kernels;
 #endif
   return apply_rope_unfused(x, rope);
 }
@@ -236,7 +178,7 @@ namespace {
 
 // silu(a) * b as one autograd node that keeps a and b, not silu(a) as well: autograd's two nodes
 // keep all three, and each is as large as the MLP's hidden layer. Its numbers are those of ATen's
-// silu then mul, forward and backward: bf16 on a GPU in one kernel each way (model/cuda_ops.h),
+// silu then mul, forward and backward: bf16 on a GPU in one kernel each way (kernels/cuda_ops.h),
 // the rest through the same ATen operators autograd would call.
 struct SiluMul : torch::autograd::Function<SiluMul> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b) {
@@ -271,18 +213,19 @@ struct SiluMul : torch::autograd::Function<SiluMul> {
 
 }  // namespace
 
-at::Tensor silu_mul(const at::Tensor& a, const at::Tensor& b) {
-  return fused_on(Fused::Gate) ? SiluMul::apply(a, b) : at::silu(a) * b;
+at::Tensor silu_mul(const at::Tensor& a, const at::Tensor& b, const KernelChoices& kernels) {
+  return kernels.on(Fused::Gate) ? SiluMul::apply(a, b) : at::silu(a) * b;
 }
 
-at::Tensor swiglu_hidden(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w3) {
-  const std::vector<at::Tensor> gate_up = shared_input_linears(x, {w1, w3});
-  return silu_mul(gate_up[0], gate_up[1]);
+at::Tensor swiglu_hidden(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w3,
+                         const KernelChoices& kernels) {
+  const std::vector<at::Tensor> gate_up = shared_input_linears(x, {w1, w3}, kernels);
+  return silu_mul(gate_up[0], gate_up[1], kernels);
 }
 
-at::Tensor swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
-                  const at::Tensor& w3) {
-  return at::linear(swiglu_hidden(x, w1, w3), w2);
+at::Tensor swiglu(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
+                  const KernelChoices& kernels) {
+  return at::linear(swiglu_hidden(x, w1, w3, kernels), w2);
 }
 
 namespace {
@@ -312,8 +255,9 @@ struct ResidualLinear : torch::autograd::Function<ResidualLinear> {
 
 }  // namespace
 
-at::Tensor residual_linear(const at::Tensor& h, const at::Tensor& x, const at::Tensor& w) {
-  if (!node_takes(Fused::Residual, h)) return h + at::linear(x, w);
+at::Tensor residual_linear(const at::Tensor& h, const at::Tensor& x, const at::Tensor& w,
+                           const KernelChoices& kernels) {
+  if (!kernels.node_takes(Fused::Residual, h)) return h + at::linear(x, w);
   return ResidualLinear::apply(h, x, w)[0];
 }
 

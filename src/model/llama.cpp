@@ -138,24 +138,26 @@ at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h, const Docume
 
   // Each norm's input also goes on in the residual stream: rms_norm_residual hands it back, so that
   // on a GPU both of its gradients meet in the norm's backward (layers.h).
-  auto [h_on, x_here] = rms_norm_residual(h, shared(b.attention_norm), eps);
+  auto [h_on, x_here] = rms_norm_residual(h, shared(b.attention_norm), eps, kernels_);
   at::Tensor x = whole_sequence(x_here);
   const int64_t B = x.size(0), T = x.size(1);
-  const std::vector<at::Tensor> qkv = shared_input_linears(x, {b.wq.to(dt), wk.to(dt), wv.to(dt)});
+  const std::vector<at::Tensor> qkv = shared_input_linears(x, {b.wq.to(dt), wk.to(dt), wv.to(dt)}, kernels_);
   at::Tensor q = qkv[0].view({B, T, heads_, hd});
   at::Tensor k = qkv[1].view({B, T, kv_heads_, hd});
   at::Tensor v = qkv[2].view({B, T, kv_heads_, hd});
-  at::Tensor attn = attention(apply_rope(q, rope_), apply_rope(k, rope_), v, documents);
+  at::Tensor attn =
+      attention(apply_rope(q, rope_, kernels_), apply_rope(k, rope_, kernels_), v, documents);
   // (Separate statements: the order of operations, and so of TP's collectives in backward, is the
   // step plan's; a call's arguments have none.)
   // Without TP each output linear and its residual add are one operation (residual_linear); under
   // TP the reduce-scatter comes between them.
   const at::Tensor after_attention =
-      tp_ ? h_on + own_positions(at::linear(attn, b.wo.to(dt))) : residual_linear(h_on, attn, b.wo.to(dt));
-  auto [h2, y_here] = rms_norm_residual(after_attention, shared(b.ffn_norm), eps);
+      tp_ ? h_on + own_positions(at::linear(attn, b.wo.to(dt))) : residual_linear(h_on, attn, b.wo.to(dt), kernels_);
+  auto [h2, y_here] = rms_norm_residual(after_attention, shared(b.ffn_norm), eps, kernels_);
   at::Tensor y = whole_sequence(y_here);
-  const at::Tensor hidden = swiglu_hidden(y, b.w1.to(dt), b.w3.to(dt));
-  return tp_ ? h2 + own_positions(at::linear(hidden, b.w2.to(dt))) : residual_linear(h2, hidden, b.w2.to(dt));
+  const at::Tensor hidden = swiglu_hidden(y, b.w1.to(dt), b.w3.to(dt), kernels_);
+  return tp_ ? h2 + own_positions(at::linear(hidden, b.w2.to(dt)))
+             : residual_linear(h2, hidden, b.w2.to(dt), kernels_);
 }
 
 ForwardSaves forward_saves(const ModelArgs& a, at::ScalarType compute_dtype, bool cuda, int64_t tp,
@@ -206,11 +208,11 @@ at::Tensor Llama::head(const at::Tensor& h) const {
 at::Tensor Llama::head_loss(const at::Tensor& h, const at::Tensor& targets) const {
   Phase phase("zb.loss");
   // The final norm through the same node (no residual after it): on a GPU its backward is our kernel.
-  at::Tensor x = rms_norm_residual(h, tp_ ? replicated_weight(norm_, *tp_) : norm_, args_.norm_eps).second;
+  at::Tensor x = rms_norm_residual(h, tp_ ? replicated_weight(norm_, *tp_) : norm_, args_.norm_eps, kernels_).second;
   if (tp_) x = gather_sequence(x, *tp_);  // every rank scores every token on its words
   const int64_t V = output_.size(0);
   return chunked_cross_entropy(x.reshape({-1, args_.dim}), output_.to(compute_dtype_), targets,
-                               loss_chunk_tokens(V, output_.is_cuda()), tp_, tp_rank() * V);
+                               loss_chunk_tokens(V, output_.is_cuda()), tp_, tp_rank() * V, kernels_);
 }
 
 at::Tensor Llama::loss(const at::Tensor& tokens, const at::Tensor& targets, const Documents& documents,

@@ -108,6 +108,10 @@ class Llama {
                   const StageHook& before_stage = {}) const;
 
   void set_compute_dtype(at::ScalarType dtype) { compute_dtype_ = dtype; }
+  // Which of our fused operators and kernels the forward and backward use (all by default); the
+  // engines' gradient sums follow the same choices.
+  void set_kernels(const KernelChoices& kernels) { kernels_ = kernels; }
+  const KernelChoices& kernels() const { return kernels_; }
   at::ScalarType compute_dtype() const { return compute_dtype_; }
 
   const ModelArgs& args() const { return args_; }
@@ -136,6 +140,7 @@ class Llama {
   int64_t heads_ = 0, kv_heads_ = 0, kv_start_ = 0;
   bool kv_replicated_ = false;
   at::ScalarType compute_dtype_ = at::kFloat;
+  KernelChoices kernels_;
   at::Tensor tok_embeddings_, norm_, output_;
   std::vector<TransformerBlockParams> layers_;
   RopeTables rope_;

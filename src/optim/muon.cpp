@@ -1,8 +1,7 @@
 #include "optim/muon.h"
 
-#include "model/fp32_updates.h"
-#include "model/gemm_add.h"
-#include "model/layers.h"
+#include "kernels/fp32_updates.h"
+#include "kernels/gemm_add.h"
 #include "util/phase.h"
 
 #include <ATen/TensorOperators.h>
@@ -20,7 +19,8 @@
 
 namespace zb {
 
-at::Tensor newton_schulz(const at::Tensor& G, int64_t steps, at::ScalarType dtype, double eps) {
+at::Tensor newton_schulz(const at::Tensor& G, int64_t steps, at::ScalarType dtype, double eps,
+                         bool through_cublaslt) {
   TORCH_CHECK(G.dim() == 2 || G.dim() == 3, "newton_schulz: expected [m, n] or [k, m, n], got ",
               G.sizes());
   const bool batched = G.dim() == 3;
@@ -32,8 +32,8 @@ at::Tensor newton_schulz(const at::Tensor& G, int64_t steps, at::ScalarType dtyp
   // transposed X made each step's sum copy it, and its update reach the parameter strided:
   // 7 ms of the 1B step on an H100): A = X^T X and X <- a X + X B^T.
   const bool tall = X.size(1) > X.size(2);
-  // The added terms read by the GEMMs themselves on a GPU (model/gemm_add.h), not copied first.
-  const bool lt = fused_on(Fused::NewtonSchulz);
+  // The added terms read by the GEMMs themselves on a GPU (kernels/gemm_add.h), not copied first.
+  const bool lt = through_cublaslt;
   for (int64_t i = 0; i < steps; ++i) {
     at::Tensor A = tall ? at::bmm(X.mT(), X) : at::bmm(X, X.mT());
     at::Tensor B = gemm_add(A, A, A, /*beta=*/kNsB, /*alpha=*/kNsC, lt);  // b*A + c*A*A
@@ -82,7 +82,8 @@ std::vector<at::Tensor> Muon::orthogonalize_local(const std::vector<at::Tensor>&
     stacked_shape.insert(stacked_shape.end(), shape.begin(), shape.end());
     at::Tensor G = at::empty(stacked_shape, inputs[idx.front()].options().dtype(hyper_.ns_dtype));
     for (size_t j = 0; j < idx.size(); ++j) G[static_cast<int64_t>(j)].copy_(inputs[idx[j]]);
-    at::Tensor O = newton_schulz(G, hyper_.ns_steps, hyper_.ns_dtype, hyper_.eps);
+    at::Tensor O = newton_schulz(G, hyper_.ns_steps, hyper_.ns_dtype, hyper_.eps,
+                                 hyper_.kernels.on(Fused::NewtonSchulz));
     for (size_t j = 0; j < idx.size(); ++j) out[idx[j]] = O[static_cast<int64_t>(j)];
     matrices_orthogonalized_ += static_cast<int64_t>(idx.size());
   }
@@ -104,7 +105,7 @@ void Muon::step(double lr_multiplier) {
   const double mu = hyper_.momentum;
   // EMA momentum, on whatever rows this rank holds: buf = lerp(buf, g, 1 - mu); Nesterov's input
   // lerp(g, buf, mu).
-  std::vector<at::Tensor> inputs = momentum_(bufs, grads, mu, hyper_.nesterov);
+  std::vector<at::Tensor> inputs = momentum_(bufs, grads, mu, hyper_.nesterov, hyper_.kernels);
   std::vector<at::Tensor> updates =
       orthogonalize_ ? orthogonalize_(inputs, active) : orthogonalize_held(inputs, active);
 
@@ -112,7 +113,8 @@ void Muon::step(double lr_multiplier) {
   for (size_t i = 0; i < active.size(); ++i) {
     const auto& shape = active[i]->global_shape;
     const double scale = muon_update_scale(hyper_.update_scale, shape[0], shape[1]);
-    scale_add_(params[i], 1.0 - lr * hyper_.weight_decay, updates[i], -lr * scale);  // decay, then the update
+    scale_add_(params[i], 1.0 - lr * hyper_.weight_decay, updates[i], -lr * scale,
+               hyper_.kernels);  // decay, then the update
   }
 }
 

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/kernel_choices.h"
+
 namespace zb {
 
 // Quintic Newton-Schulz coefficients (Keller Jordan's), 5 steps by default.
@@ -24,8 +26,10 @@ constexpr double kNsA = 3.4445, kNsB = -4.7750, kNsC = 2.0315;
 // Orthogonalises G ([m, n], or a batch [k, m, n] of same-shape matrices) in `dtype`:
 // X = G / max(||G||_F, eps), transposed so the Gram matrix is on the short side, then `steps`
 // times X = a*X + (b*A + c*A*A)*X with A = X*X^T. Returns a tensor of `dtype` shaped like G.
-at::Tensor newton_schulz(const at::Tensor& G, int64_t steps, at::ScalarType dtype,
-                         double eps = 1e-7);
+// `through_cublaslt`: each GEMM reads its added term in its epilogue where cuBLASLt can
+// (kernels/gemm_add.h; Fused::NewtonSchulz), else ATen's addmm and baddbmm.
+at::Tensor newton_schulz(const at::Tensor& G, int64_t steps, at::ScalarType dtype, double eps = 1e-7,
+                         bool through_cublaslt = true);
 
 // lr multiplier from the global shape: "original" sqrt(max(1, rows/cols)) (Keller, ZeroBand) or
 // "match_rms_adamw" 0.2*sqrt(max(rows, cols)) (Moonlight). Throws for another mode.
@@ -40,6 +44,7 @@ struct MuonHyper {
   std::string update_scale = "original";
   at::ScalarType ns_dtype = at::kBFloat16;  // kFloat for exact tests
   double eps = 1e-7;
+  KernelChoices kernels;  // our momentum, update and Newton-Schulz GEMMs where they apply
 };
 
 class Muon {

@@ -15,7 +15,7 @@ at::ScalarType resolve_ns_dtype(const Config& c, const c10::Device& device, std:
   return device.is_cuda() ? at::kBFloat16 : at::kFloat;
 }
 
-Optimizer::Optimizer(const Config& c, const std::vector<ShardedParameter>& params) {
+Optimizer::Optimizer(const Config& c, const std::vector<ShardedParameter>& params, const KernelChoices& kernels) {
   const auto& a = c.optim.adam;
   auto adam = [&](double lr, double wd) {
     AdamWHyper h;
@@ -44,6 +44,7 @@ Optimizer::Optimizer(const Config& c, const std::vector<ShardedParameter>& param
       h.nesterov = c.optim.optim.nesterov;
       h.ns_steps = c.optim.optim.ns_steps;
       h.update_scale = c.optim.optim.update_scale;
+      h.kernels = kernels;
       std::string why;
       h.ns_dtype = resolve_ns_dtype(c, group.params.front().tensor->device(), &why);
       muon_.emplace(h);

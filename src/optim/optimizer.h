@@ -33,8 +33,9 @@ at::ScalarType resolve_ns_dtype(const Config& config, const c10::Device& device,
 class Optimizer {
  public:
   // `params` are this rank's tensors of the parameters (shards or whole), with their global
-  // shapes (Muon's update scale and orthogonalisation need the whole matrix's).
-  Optimizer(const Config& config, const std::vector<ShardedParameter>& params);
+  // shapes (Muon's update scale and orthogonalisation need the whole matrix's). `kernels`: Muon's
+  // (the run's KernelChoices).
+  Optimizer(const Config& config, const std::vector<ShardedParameter>& params, const KernelChoices& kernels = {});
 
   void step(double lr_multiplier);
 

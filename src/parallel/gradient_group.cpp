@@ -1,6 +1,6 @@
 #include "parallel/gradient_group.h"
 
-#include "model/fp32_updates.h"
+#include "kernels/fp32_updates.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/zeros.h>
@@ -40,12 +40,12 @@ GradientTotals GradientAccumulator::add(const std::vector<at::Tensor>& grads,
     // missing): the same values as zeros plus the gradient, in one pass instead of two.
     for (size_t i = 0; i < shapes.size(); ++i) {
       const at::Tensor g = i < grads.size() ? grads[i] : at::Tensor();
-      sums_.push_back(g.defined() ? fp32_copy(g.to(device))
+      sums_.push_back(g.defined() ? fp32_copy(g.to(device), kernels_)
                                   : at::zeros(shapes[i], at::TensorOptions().device(device)));
     }
   } else {
     for (size_t i = 0; i < sums_.size() && i < grads.size(); ++i)
-      if (grads[i].defined()) scale_add_(sums_[i], 1.0, grads[i], 1.0);  // sums_[i] += grads[i]
+      if (grads[i].defined()) scale_add_(sums_[i], 1.0, grads[i], 1.0, kernels_);  // sums_[i] += grads[i]
   }
   if (!sync) return {};
   GradientTotals totals{{}, true};

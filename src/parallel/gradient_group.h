@@ -11,6 +11,8 @@
 
 #include <vector>
 
+#include "kernels/kernel_choices.h"
+
 namespace zb {
 
 class GradientGroup {
@@ -39,6 +41,9 @@ struct GradientTotals {
 // communicated; on the last (`sync`) the step's totals are handed to the collective.
 class GradientAccumulator {
  public:
+  // `kernels`: whether the sums go through our fp32 update kernel (Fused::Update).
+  explicit GradientAccumulator(const KernelChoices& kernels = {}) : kernels_(kernels) {}
+
   // Adds this micro-batch's gradients (`shapes` and `device` size the sums; a missing gradient
   // counts as zero). Returns the step's totals when `sync`, none before. With a single
   // micro-batch the gradients are returned as they are.
@@ -46,6 +51,7 @@ class GradientAccumulator {
                      c10::Device device, bool sync);
 
  private:
+  KernelChoices kernels_;
   std::vector<at::Tensor> sums_;
 };
 

@@ -193,10 +193,7 @@ MemoryReplay::MemoryReplay(const Config& c, const StepPlan& plan, at::ScalarType
   }
 
   // What the forward keeps for backward (defined beside it: model/llama.h's forward_saves).
-  const std::vector<std::string> unfused = split_operator_names(c.runtime.unfused);
-  const bool fused_gate =
-      c.runtime.fused_kernels && std::find(unfused.begin(), unfused.end(), "gate") == unfused.end();
-  saves_ = forward_saves(a_, compute_dtype, cuda, tp_, fused_gate);
+  saves_ = forward_saves(a_, compute_dtype, cuda, tp_, resolve_kernel_choices(c).on(Fused::Gate));
   block_keeps_ = saves_.block.bytes(N_, tp_);
   reduce_scatter_copies_ = cuda ? 0 : 1;
   whole_gradients_ = W_ == 1 && plan.replicate == 1;

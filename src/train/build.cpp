@@ -6,7 +6,6 @@
 #include "ddp/ddp_engine.h"
 #include "fsdp/fsdp_engine.h"
 #include "model/attention.h"
-#include "model/layers.h"
 #include "optim/replicated_muon.h"
 #include "optim/sharded_muon.h"
 #include "optim/tensor_parallel_muon.h"
@@ -22,6 +21,7 @@ std::unique_ptr<Llama> build_model(const Config& config, const TrainingParts& pa
                                        /*allocate_parameters=*/!parts.mesh.sharded(), parts.tp_group.get());
   model->init_weights();  // the parameters it holds: none under FSDP
   model->set_compute_dtype(parts.compute_dtype);
+  model->set_kernels(parts.kernels);  // the engine's gradient sums read them from the model
   return model;
 }
 
@@ -62,7 +62,8 @@ RunData build_data(const Config& config, const TrainingParts& parts) {
   const ModelArgs& shape = parts.model->args();
   const TpShare heads = tp_share(shape, parts.mesh.shape().tp);
   d.attention_kernel = attention_kernel(parts.device, parts.compute_dtype, config.data.seq_length, heads.heads,
-                                        heads.kv_heads, shape.head_dim(), d.documents.has_value(), d.flash_documents);
+                                        heads.kv_heads, shape.head_dim(), d.documents.has_value(), d.flash_documents,
+                                        parts.kernels.cudnn_varlen);
   const ParallelMesh& mesh = parts.mesh;
   d.train = std::make_unique<DataLoader>(sources.train, static_cast<uint64_t>(config.runtime.seed),
                                          config.data.shuffle && !config.data.fake, config.optim.batch_size,
@@ -77,19 +78,16 @@ TrainingParts build_training(const Config& config, ParallelMesh mesh, c10::Devic
                              std::optional<bool> reduce_every_micro_batch) {
   TORCH_CHECK(config.diloco.inner_steps == 0 || mesh.sharded(),
               "DiLoCo (diloco.inner_steps) runs over the shard groups of train_fsdp or train_hsdp");
-  TrainingParts p(std::move(mesh), device, resolve_compute_dtype(config, device));
+  TrainingParts p(std::move(mesh), device, resolve_compute_dtype(config, device), resolve_kernel_choices(config));
+  // Which kernel scaled_dot_product_attention may run: PyTorch's own process-wide setting.
+  use_sdpa_backend(config.runtime.sdpa_backend);
   if (Communicator* tp = p.mesh.tp_group()) p.tp_group = std::make_unique<CommTensorParallelGroup>(*tp);
   p.model = build_model(config, p);
   p.engine = build_engine(config, p);
-  p.optimizer = std::make_unique<Optimizer>(config, p.engine->parameters());
+  p.optimizer = std::make_unique<Optimizer>(config, p.engine->parameters(), p.kernels);
   if (Muon* muon = p.optimizer->muon()) place_muon(*muon, config, p.mesh);
   if (config.diloco.inner_steps > 0)
     p.diloco = std::make_unique<DiLoCo>(config.diloco, p.engine->parameters(), p.model->args().n_layers, p.mesh);
-  // Which kernels the model runs (process-wide switches, read by the model's layers).
-  use_sdpa_backend(config.runtime.sdpa_backend);
-  use_varlen_kernel(config.runtime.varlen_kernel);
-  use_fused_kernels(config.runtime.fused_kernels);
-  if (config.runtime.fused_kernels) leave_unfused(split_operator_names(config.runtime.unfused));
   p.data = build_data(config, p);
   p.accum = grad_accum_steps(config, p.mesh.world_size());
   p.reduce_every_micro_batch =

@@ -14,6 +14,7 @@
 #include "config/config.h"
 #include "data/loader.h"
 #include "data/sources.h"
+#include "kernels/kernel_choices.h"
 #include "model/llama.h"
 #include "optim/optimizer.h"
 #include "parallel/mesh.h"
@@ -34,12 +35,13 @@ struct RunData {
 
 // In the order they are destroyed last to first: what a part uses is declared before it.
 struct TrainingParts {
-  TrainingParts(ParallelMesh mesh, c10::Device device, at::ScalarType compute_dtype)
-      : mesh(std::move(mesh)), device(device), compute_dtype(compute_dtype) {}
+  TrainingParts(ParallelMesh mesh, c10::Device device, at::ScalarType compute_dtype, const KernelChoices& kernels)
+      : mesh(std::move(mesh)), device(device), compute_dtype(compute_dtype), kernels(kernels) {}
 
   ParallelMesh mesh;
   c10::Device device;
   at::ScalarType compute_dtype;
+  KernelChoices kernels;  // resolved once from the config: the model, Muon, the gradient sums
   std::unique_ptr<TensorParallelGroup> tp_group;  // the model's view of the mesh's TP group
   std::unique_ptr<Llama> model;
   std::unique_ptr<ParallelModel> engine;          // FSDPEngine or DDPEngine

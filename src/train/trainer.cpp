@@ -38,7 +38,7 @@ void Trainer::set_step_trace(StepTrace* trace) {
 
 Documents Trainer::documents_of(const Batch& batch) const {
   return make_documents(batch.cu_seqlens, batch.max_document, batch.inputs.size(1), parts_.device,
-                        parts_.compute_dtype, parts_.data.flash_documents);
+                        parts_.compute_dtype, parts_.data.flash_documents, parts_.kernels.cudnn_varlen);
 }
 
 StepStats Trainer::train_step(const StepFlagSource& flags) {

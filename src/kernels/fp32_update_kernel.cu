@@ -10,29 +10,21 @@
 //     (a + w (b - a) for |w| < 0.5, else b - (b - a)(1 - w)); Muon's weights are 1 - mu and mu,
 //     each rounded to fp32 from the double (as ATen's scalar; 1.0f - float(mu) would differ).
 // Plain CUDA: no LibTorch headers here.
-#include "model/cuda_kernels.h"
-
-#include <cuda_bf16.h>
+#include "kernels/cuda_kernels.h"
+#include "kernels/device_helpers.cuh"
 
 #include <cmath>
 
 // In zb: the profiler counts kernels named zb:: as ours (observe/profiler.h, kernel_kind).
 namespace zb {
 namespace {
+using namespace device;
 
-#define ZB_HD __host__ __device__ __forceinline__
-
-constexpr int kVector = 4;  // fp32 values per 16-byte access (and bf16 per 8-byte one)
+constexpr int kVector = 4;  // fp32 values per 16-byte access (and bf16 per 8-byte one: Bf16x4)
 
 struct alignas(16) F32x4 {
   float v[kVector];
 };
-struct alignas(8) Bf16x4 {
-  __nv_bfloat16 v[kVector];
-};
-
-ZB_HD float f(float x) { return x; }
-ZB_HD float f(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 template <typename Src>
 struct VectorOf;
@@ -109,15 +101,6 @@ __global__ void momentum_fp32(float* __restrict__ buf, const float* __restrict__
                   static_cast<int64_t>(gridDim.x) * blockDim.x);
 }
 
-bool aligned(const void* p, int bytes) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
-// 256 threads a block; enough blocks for every vector (or value) once, at most 2^16 of them.
-dim3 grid_for(int64_t n, bool vectors) {
-  const int64_t work = vectors ? (n + kVector - 1) / kVector : n;
-  const int64_t blocks = (work + 255) / 256;
-  return dim3(static_cast<unsigned>(blocks < (1 << 16) ? blocks : (1 << 16)));
-}
-
 template <typename Src>
 bool scale_add_vectors(const void* dst, const void* src) {
   return aligned(dst, 16) && aligned(src, static_cast<int>(kVector * sizeof(Src)));
@@ -126,7 +109,7 @@ bool scale_add_vectors(const void* dst, const void* src) {
 template <typename Src>
 void scale_add_on_host(void* dst, const void* src, float keep, float alpha, bool read, int64_t n, int64_t threads) {
   const bool vectors = scale_add_vectors<Src>(dst, src);
-  if (threads == 0) threads = static_cast<int64_t>(grid_for(n, vectors).x) * 256;
+  if (threads == 0) threads = static_cast<int64_t>(grid_for(n, kVector, vectors).x) * 256;
   for (int64_t t = 0; t < threads; ++t)
     scale_add_thread(static_cast<float*>(dst), static_cast<const Src*>(src), keep, alpha, read, n, vectors, t,
                      threads);
@@ -139,11 +122,11 @@ cudaError_t launch_scale_add_fp32(void* dst, const void* src, bool src_bf16, flo
   if (n == 0) return cudaSuccess;
   if (src_bf16) {
     const bool vectors = scale_add_vectors<__nv_bfloat16>(dst, src);
-    scale_add_fp32<<<grid_for(n, vectors), 256, 0, stream>>>(
+    scale_add_fp32<<<grid_for(n, kVector, vectors), 256, 0, stream>>>(
         static_cast<float*>(dst), static_cast<const __nv_bfloat16*>(src), keep, alpha, read, n, vectors);
   } else {
     const bool vectors = scale_add_vectors<float>(dst, src);
-    scale_add_fp32<<<grid_for(n, vectors), 256, 0, stream>>>(static_cast<float*>(dst), static_cast<const float*>(src),
+    scale_add_fp32<<<grid_for(n, kVector, vectors), 256, 0, stream>>>(static_cast<float*>(dst), static_cast<const float*>(src),
                                                              keep, alpha, read, n, vectors);
   }
   return cudaGetLastError();
@@ -153,7 +136,7 @@ cudaError_t launch_momentum_fp32(void* buf, const void* g, void* out, float w_bu
                                  cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const bool vectors = aligned(buf, 16) && aligned(g, 16) && aligned(out, 16);
-  momentum_fp32<<<grid_for(n, vectors), 256, 0, stream>>>(static_cast<float*>(buf), static_cast<const float*>(g),
+  momentum_fp32<<<grid_for(n, kVector, vectors), 256, 0, stream>>>(static_cast<float*>(buf), static_cast<const float*>(g),
                                                           static_cast<float*>(out), w_buf, w_out, n, vectors);
   return cudaGetLastError();
 }
@@ -169,7 +152,7 @@ void scale_add_fp32_on_host(void* dst, const void* src, bool src_bf16, float kee
 void momentum_fp32_on_host(void* buf, const void* g, void* out, float w_buf, float w_out, int64_t n,
                            int64_t threads) {
   const bool vectors = aligned(buf, 16) && aligned(g, 16) && aligned(out, 16);
-  if (threads == 0) threads = static_cast<int64_t>(grid_for(n, vectors).x) * 256;
+  if (threads == 0) threads = static_cast<int64_t>(grid_for(n, kVector, vectors).x) * 256;
   for (int64_t t = 0; t < threads; ++t)
     momentum_thread(static_cast<float*>(buf), static_cast<const float*>(g), static_cast<float*>(out), w_buf, w_out,
                     n, vectors, t, threads);

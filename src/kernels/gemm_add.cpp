@@ -1,7 +1,7 @@
-#include "model/gemm_add.h"
+#include "kernels/gemm_add.h"
 
 #ifdef ZB_WITH_CUDA
-#include "model/cuda_ops.h"
+#include "kernels/cuda_ops.h"
 #endif
 
 #include <ATen/ops/addmm.h>

@@ -11,7 +11,7 @@ namespace zb {
 
 // a [M, K], b [K, N], c [M, N], or each with a leading batch dimension (one size for all three);
 // a and b may be transposed views. Returns beta * c + alpha * a b, contiguous, in c's dtype. With
-// through_cublaslt, by cuBLASLt where gemm_add_cuda_applies (model/cuda_ops.h) and it has a kernel
+// through_cublaslt, by cuBLASLt where gemm_add_cuda_applies (kernels/cuda_ops.h) and it has a kernel
 // for the shapes; else ATen's addmm / baddbmm. No autograd.
 at::Tensor gemm_add(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double beta, double alpha,
                     bool through_cublaslt);

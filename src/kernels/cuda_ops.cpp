@@ -1,5 +1,5 @@
-#include "model/cuda_ops.h"
-#include "model/cuda_kernels.h"
+#include "kernels/cuda_ops.h"
+#include "kernels/cuda_kernels.h"
 
 #include <ATen/cuda/CUDAContextLight.h>
 #include <ATen/ops/empty.h>

@@ -1,5 +1,5 @@
 #pragma once
-// The project's own CUDA kernels (model/cuda_kernels.h) as LibTorch operators, each the same
+// The project's own CUDA kernels (kernels/cuda_kernels.h) as LibTorch operators, each the same
 // numbers as the ATen operators it replaces (but for the rounding of fused multiply-adds), in
 // fewer passes over memory. Compiled only where LibTorch has CUDA (ZB_WITH_CUDA); model/layers.cpp
 // chooses them.
@@ -25,7 +25,7 @@ at::Tensor silu_mul_cuda_bf16(const at::Tensor& a, const at::Tensor& b);
 std::pair<at::Tensor, at::Tensor> silu_mul_backward_cuda_bf16(const at::Tensor& g, const at::Tensor& a,
                                                               const at::Tensor& b);
 
-// RMSNorm's backward for bf16 with the residual stream's gradient added (model/rms_norm_kernel.cu):
+// RMSNorm's backward for bf16 with the residual stream's gradient added (kernels/rms_norm_kernel.cu):
 // whether the kernel takes dy, h [.., D] (bf16, contiguous, on one GPU with a kernel image), w [D]
 // and rstd (fp32, a value per row); and (dh, dweight): dh = the norm's gradient + residual (bf16
 // like dy, or undefined for none), dweight [D] rounded to bf16 as ATen's.
@@ -48,7 +48,7 @@ bool softmax_grad_cuda_bf16_applies(const at::Tensor& z, const at::Tensor& lse, 
 at::Tensor softmax_grad_cuda_bf16(const at::Tensor& z, const at::Tensor& lse, const at::Tensor& targets,
                                   int64_t vocab_start);
 
-// fp32 updates in one pass (model/fp32_update_kernel.cu). Whether the kernel takes dst (fp32,
+// fp32 updates in one pass (kernels/fp32_update_kernel.cu). Whether the kernel takes dst (fp32,
 // contiguous, on a GPU with a kernel image) and src (bf16 or fp32, contiguous, dst's shape, on
 // its device); dst = dst * keep + alpha * src in place (with `read` false: alpha * src,
 // dst's values unread).
@@ -60,7 +60,7 @@ void scale_add_cuda_(const at::Tensor& dst, float keep, const at::Tensor& src, f
 bool momentum_cuda_applies(const at::Tensor& buf, const at::Tensor& g);
 void momentum_cuda_(const at::Tensor& buf, const at::Tensor& g, const at::Tensor& out, float w_buf, float w_out);
 
-// cuBLASLt's GEMM with its added term read in the epilogue (model/gemm_add.h): whether it takes
+// cuBLASLt's GEMM with its added term read in the epilogue (kernels/gemm_add.h): whether it takes
 // c, a, b (bf16 on one GPU; 2-D, or 3-D with one batch size; a and b row-major or transposed views,
 // c row-major, shapes [M, K], [K, N], [M, N]); and beta * c + alpha * a b as a new tensor, or an
 // undefined one where cuBLASLt offers no algorithm for these shapes and alignments.

@@ -1,8 +1,7 @@
-#include "model/fp32_updates.h"
+#include "kernels/fp32_updates.h"
 
-#include "model/layers.h"
 #ifdef ZB_WITH_CUDA
-#include "model/cuda_ops.h"
+#include "kernels/cuda_ops.h"
 #endif
 
 #include <ATen/ops/_foreach_lerp.h>
@@ -10,13 +9,10 @@
 
 namespace zb {
 
-namespace {
-bool kernel_takes(Fused op, const at::Tensor& dst) { return fused_on(op) && fused_kernels_run_on(dst.device()); }
-}  // namespace
-
-void scale_add_(const at::Tensor& dst, double keep, const at::Tensor& src, double alpha) {
+void scale_add_(const at::Tensor& dst, double keep, const at::Tensor& src, double alpha,
+                const KernelChoices& kernels) {
 #ifdef ZB_WITH_CUDA
-  if (kernel_takes(Fused::Update, dst) && scale_add_cuda_applies(dst, src)) {
+  if (kernels.kernel_takes(Fused::Update, dst.device()) && scale_add_cuda_applies(dst, src)) {
     // The floats ATen's scalars become (its opmath for fp32).
     scale_add_cuda_(dst, static_cast<float>(keep), src, static_cast<float>(alpha), /*read=*/true);
     return;
@@ -27,9 +23,9 @@ void scale_add_(const at::Tensor& dst, double keep, const at::Tensor& src, doubl
   d.add_(src, alpha);
 }
 
-at::Tensor fp32_copy(const at::Tensor& src) {
+at::Tensor fp32_copy(const at::Tensor& src, const KernelChoices& kernels) {
 #ifdef ZB_WITH_CUDA
-  if (kernel_takes(Fused::Update, src) && src.is_contiguous()) {
+  if (kernels.kernel_takes(Fused::Update, src.device()) && src.is_contiguous()) {
     at::Tensor out = at::empty(src.sizes(), src.options().dtype(at::kFloat));
     if (scale_add_cuda_applies(out, src)) {
       scale_add_cuda_(out, 0.0f, src, 1.0f, /*read=*/false);
@@ -41,12 +37,12 @@ at::Tensor fp32_copy(const at::Tensor& src) {
 }
 
 std::vector<at::Tensor> momentum_(const std::vector<at::Tensor>& bufs, const std::vector<at::Tensor>& grads,
-                                  double mu, bool nesterov) {
+                                  double mu, bool nesterov, const KernelChoices& kernels) {
   std::vector<at::Tensor> out(bufs.size());
   std::vector<size_t> rest;  // those the kernel does not take, for ATen's lists
 #ifdef ZB_WITH_CUDA
   for (size_t i = 0; i < bufs.size(); ++i) {
-    if (!(kernel_takes(Fused::Momentum, bufs[i]) && momentum_cuda_applies(bufs[i], grads[i]))) {
+    if (!(kernels.kernel_takes(Fused::Momentum, bufs[i].device()) && momentum_cuda_applies(bufs[i], grads[i]))) {
       rest.push_back(i);
       continue;
     }

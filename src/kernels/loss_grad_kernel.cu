@@ -8,8 +8,9 @@
 //   theirs: expf(z - lse) in fp32, then -1 added at the target, then rounded to the nearest bf16,
 //   even on ties.
 // Plain CUDA: no LibTorch headers here.
-#include "model/block_reduce_host.h"
-#include "model/cuda_kernels.h"
+#include "kernels/block_reduce_host.h"
+#include "kernels/cuda_kernels.h"
+#include "kernels/device_helpers.cuh"
 
 #include <cuda_bf16.h>
 
@@ -18,11 +19,7 @@
 // In zb: the profiler counts kernels named zb:: as ours (observe/profiler.h, kernel_kind).
 namespace zb {
 namespace {
-
-// Four bf16 values stored as one 8-byte access.
-struct alignas(8) Bf16x4 {
-  __nv_bfloat162 lo, hi;
-};
+using namespace device;
 
 // One row of z per block at a time: the row's log-sum-exp and target are read once. The column of
 // the target here is target - vocab_start (under a vocabulary split over ranks, a word of another
@@ -30,7 +27,7 @@ struct alignas(8) Bf16x4 {
 // 8-byte write) where V is a multiple of 4 and the pointers aligned, else one at a time. One
 // thread's loops (`block` of `blocks`, `thread` of `threads` in it), host and device: the tests
 // also run them on the CPU (softmax_grad_bf16_on_host).
-__host__ __device__ __forceinline__ void softmax_grad_thread(const float* __restrict__ z, const float* __restrict__ lse,
+ZB_HD void softmax_grad_thread(const float* __restrict__ z, const float* __restrict__ lse,
                                                              const int64_t* __restrict__ targets, int64_t vocab_start,
                                                              __nv_bfloat16* __restrict__ g, int64_t rows, int64_t V,
                                                              bool vectors, int64_t block, int64_t blocks, int thread,
@@ -49,12 +46,12 @@ __host__ __device__ __forceinline__ void softmax_grad_thread(const float* __rest
       else if (target == c + 1) e1 += -1.0f;
       else if (target == c + 2) e2 += -1.0f;
       else if (target == c + 3) e3 += -1.0f;
-      reinterpret_cast<Bf16x4*>(gr + c)[0] = {__floats2bfloat162_rn(e0, e1), __floats2bfloat162_rn(e2, e3)};
+      reinterpret_cast<Bf16x4*>(gr + c)[0] = {{bf16(e0), bf16(e1), bf16(e2), bf16(e3)}};  // one 8-byte store
     }
     for (int64_t c = n_vectors * 4 + thread; c < V; c += threads) {
       float e = expf(zr[c] - m);
       if (c == target) e += -1.0f;
-      gr[c] = __float2bfloat16_rn(e);
+      gr[c] = bf16(e);
     }
   }
 }
@@ -74,9 +71,9 @@ struct RunningLse {
   float m, s;
 };
 
-__host__ __device__ __forceinline__ bool is_nan(float x) { return x != x; }
+ZB_HD bool is_nan(float x) { return x != x; }
 
-__host__ __device__ __forceinline__ RunningLse lse_combine(RunningLse a, RunningLse b) {
+ZB_HD RunningLse lse_combine(RunningLse a, RunningLse b) {
   if (is_nan(a.m) || is_nan(b.m)) return {NAN, NAN};
   const float m = fmaxf(a.m, b.m);
   if (m == -INFINITY || m == INFINITY) return {m, 1.0f};  // the result is m itself
@@ -85,7 +82,7 @@ __host__ __device__ __forceinline__ RunningLse lse_combine(RunningLse a, Running
 
 // A new largest value (one value, or the largest of four: NaN if any is): the sum is rescaled only
 // when a larger maximum arrives (rarely, after a row's first values), so one exp per value.
-__host__ __device__ __forceinline__ void lse_add(RunningLse& acc, float largest) {
+ZB_HD void lse_add(RunningLse& acc, float largest) {
   if (is_nan(largest) || is_nan(acc.m)) {
     acc = {NAN, NAN};
   } else if (largest > acc.m) {
@@ -95,7 +92,7 @@ __host__ __device__ __forceinline__ void lse_add(RunningLse& acc, float largest)
 }
 
 // One thread's share of row r: columns thread, thread + threads, ... (four at a time where vectors).
-__host__ __device__ __forceinline__ RunningLse lse_thread(const float* __restrict__ zr, int64_t V, bool vectors,
+ZB_HD RunningLse lse_thread(const float* __restrict__ zr, int64_t V, bool vectors,
                                                           int thread, int threads) {
   RunningLse acc{-INFINITY, 0.0f};
   const int64_t n_vectors = vectors ? V / 4 : 0;
@@ -113,7 +110,7 @@ __host__ __device__ __forceinline__ RunningLse lse_thread(const float* __restric
   return acc;
 }
 
-__host__ __device__ __forceinline__ float lse_value(RunningLse a) {
+ZB_HD float lse_value(RunningLse a) {
   if (is_nan(a.m) || a.m == -INFINITY || a.m == INFINITY) return a.m;
   return a.m + logf(a.s);
 }
@@ -141,7 +138,7 @@ __global__ void row_logsumexp_fp32(const float* __restrict__ z, float* __restric
 }
 
 bool vectors_apply(const void* z, const void* g, int64_t V) {
-  return V % 4 == 0 && reinterpret_cast<uintptr_t>(z) % 16 == 0 && reinterpret_cast<uintptr_t>(g) % 8 == 0;
+  return V % 4 == 0 && aligned(z, 16) && aligned(g, 8);
 }
 
 // A block per row up to 2^20 blocks (the loop covers the rest), 256 threads: a 32,000-word row is

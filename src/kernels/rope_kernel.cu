@@ -4,13 +4,15 @@
 // unfused path's: each adjacent pair (x0, x1) as x0 + j x1 in fp32, times the fp32 table entry
 // c + j s, rounded to bf16 to nearest even. Backward is the same rotation by the conjugate
 // (c - j s), as autograd takes the unfused product's. Plain CUDA: no LibTorch headers here.
-#include "model/cuda_kernels.h"
+#include "kernels/cuda_kernels.h"
+#include "kernels/device_helpers.cuh"
 
 #include <cuda_bf16.h>
 
 // In zb: the profiler counts kernels named zb:: as ours (observe/profiler.h, kernel_kind).
 namespace zb {
 namespace {
+using namespace device;
 
 // A block per position (b, t) at a time: its heads x half pairs are contiguous in x [B, T, H, 2 half]
 // and all read the table's row t, so the division by T happens once per row and the pair's index
@@ -26,13 +28,13 @@ struct alignas(16) Table2 {
 };
 
 // (a + jb)(c + js) = (ac - bs) + j(as + bc), in the order c10::complex writes it.
-__host__ __device__ __forceinline__ __nv_bfloat162 rotate_pair(__nv_bfloat162 x, float2 e, float sign) {
+ZB_HD __nv_bfloat162 rotate_pair(__nv_bfloat162 x, float2 e, float sign) {
   const float c = e.x, s = sign * e.y;
   const float2 v = __bfloat1622float2(x);
   return __floats2bfloat162_rn(v.x * c - v.y * s, v.x * s + v.y * c);
 }
 
-__host__ __device__ __forceinline__ void rope_thread(const __nv_bfloat162* __restrict__ x,
+ZB_HD void rope_thread(const __nv_bfloat162* __restrict__ x,
                                                      __nv_bfloat162* __restrict__ out, const float2* __restrict__ cis,
                                                      int64_t rows, int64_t T, int pairs_per_row, int half, float sign,
                                                      bool vectors, int64_t block, int64_t blocks, int thread,
@@ -66,8 +68,6 @@ __global__ void rope_bf16(const __nv_bfloat162* __restrict__ x, __nv_bfloat162* 
   rope_thread(x, out, cis, rows, T, pairs_per_row, half, sign, vectors, blockIdx.x, gridDim.x, threadIdx.x,
               blockDim.x);
 }
-
-bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 bool rope_vectors(const void* x, const void* out, const void* cis, int half) {
   return half % 4 == 0 && aligned(x) && aligned(out) && aligned(cis);

@@ -1,6 +1,6 @@
 #pragma once
-// The launchers of the project's own CUDA kernels (model/*_kernel.cu): plain CUDA, shared by the
-// kernels' translation units and their LibTorch wrappers (model/cuda_ops.cpp). Each returns the
+// The launchers of the project's own CUDA kernels (kernels/*_kernel.cu): plain CUDA, shared by the
+// kernels' translation units and their LibTorch wrappers (kernels/cuda_ops.cpp). Each returns the
 // launch's error, if any.
 #include <cuda_runtime_api.h>
 
@@ -8,28 +8,28 @@
 
 namespace zb {
 
-// RoPE (model/rope_kernel.cu): rotates x [rows = B * T, heads * half pairs of bf16] into out on
+// RoPE (kernels/rope_kernel.cu): rotates x [rows = B * T, heads * half pairs of bf16] into out on
 // `stream` by the table cis [T, half] of fp32 (c, s) pairs, or by its conjugate.
 cudaError_t launch_rope_bf16(const void* x, void* out, const void* cis, int64_t rows, int64_t T, int heads, int half,
                              bool conjugate, cudaStream_t stream);
 
-// SwiGLU's gate (model/silu_mul_kernel.cu), over n contiguous bf16 values: out = silu(a) * b, and
+// SwiGLU's gate (kernels/silu_mul_kernel.cu), over n contiguous bf16 values: out = silu(a) * b, and
 // its backward from the output's gradient g: ga and gb, the gradients of a and b.
 cudaError_t launch_silu_mul_bf16(const void* a, const void* b, void* out, int64_t n, cudaStream_t stream);
 cudaError_t launch_silu_mul_backward_bf16(const void* g, const void* a, const void* b, void* ga, void* gb, int64_t n,
                                           cudaStream_t stream);
 
-// The chunked loss's gradient of its logits (model/loss_grad_kernel.cu): from z [rows, V] fp32 and
+// The chunked loss's gradient of its logits (kernels/loss_grad_kernel.cu): from z [rows, V] fp32 and
 // lse [rows] fp32 (each row's log-sum-exp), g [rows, V] bf16 = exp(z - lse) - onehot, the one-hot at
 // column targets[r] - vocab_start where that falls in [0, V). targets: int64 [rows].
 cudaError_t launch_softmax_grad_bf16(const void* z, const void* lse, const void* targets, int64_t vocab_start, void* g,
                                      int64_t rows, int64_t V, cudaStream_t stream);
 
-// Each row's log-sum-exp (model/loss_grad_kernel.cu): lse [rows] fp32 = log(sum(exp(z[r, :]))) of
+// Each row's log-sum-exp (kernels/loss_grad_kernel.cu): lse [rows] fp32 = log(sum(exp(z[r, :]))) of
 // z [rows, V] fp32, computed relative to the row's maximum (as ATen's logsumexp).
 cudaError_t launch_row_logsumexp_fp32(const void* z, void* lse, int64_t rows, int64_t V, cudaStream_t stream);
 
-// RMSNorm's backward with the residual stream's gradient added (model/rms_norm_kernel.cu): from dy,
+// RMSNorm's backward with the residual stream's gradient added (kernels/rms_norm_kernel.cu): from dy,
 // h [rows, D] bf16, the weight w [D] bf16, rstd [rows] fp32 (the forward's) and residual (bf16 like
 // dy, or null), dh = the norm's gradient of h + residual, bf16, and per block of the grid the
 // weight's gradient summed over its rows, partial [blocks, D] fp32 (blocks:
@@ -41,7 +41,7 @@ cudaError_t launch_rms_norm_backward_bf16(const void* dy, const void* h, const v
                                           const void* residual, void* dh, void* partial, int64_t rows, int64_t D,
                                           cudaStream_t stream);
 
-// fp32 updates in one pass (model/fp32_update_kernel.cu), over n contiguous values: dst (fp32) =
+// fp32 updates in one pass (kernels/fp32_update_kernel.cu), over n contiguous values: dst (fp32) =
 // fma(alpha, src, dst * keep), src bf16 (src_bf16) or fp32; with `read` false dst = alpha * src,
 // dst unread. And Muon's momentum: buf = lerp(buf, g, w_buf), and where out is not null
 // out = lerp(g, buf, w_out) (buf's new values), all fp32.

@@ -9,8 +9,9 @@
 //   dh = rstd * (wg - x_hat * mean(wg * x_hat)) + residual's gradient, rounded to bf16 once,
 //   dweight = sum over rows of dy * x_hat.
 // Plain CUDA: no LibTorch headers here.
-#include "model/block_reduce_host.h"
-#include "model/cuda_kernels.h"
+#include "kernels/block_reduce_host.h"
+#include "kernels/cuda_kernels.h"
+#include "kernels/device_helpers.cuh"
 
 #include <cuda_bf16.h>
 
@@ -20,18 +21,11 @@
 // In zb: the profiler counts kernels named zb:: as ours (observe/profiler.h, kernel_kind).
 namespace zb {
 namespace {
+using namespace device;
 
-#define ZB_HD __host__ __device__ __forceinline__
-
-constexpr int kVector = 8;      // bf16 values per 16-byte access
+constexpr int kVector = 8;      // bf16 values per 16-byte access (Bf16x8)
 constexpr int kThreads = 256;   // a row's threads: a multiple of 32 (the warps' shuffles)
 constexpr int kMaxVectors = 4;  // a thread's share of a row: widths up to 4 * 8 * 256 = 8,192
-
-struct alignas(16) Bf16x8 {
-  __nv_bfloat16 v[kVector];
-};
-
-ZB_HD float f(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 // What one thread keeps across the rows of its block: the weight's values of its columns and its
 // columns' share of dweight, in fp32.

@@ -1,6 +1,6 @@
 #pragma once
 // The kernels' block reductions as a GPU runs them, for their host emulations (the *_on_host
-// functions of model/*_kernel.cu): each warp's 32 lanes combined by xor-shuffles (lane i with lane
+// functions of kernels/*_kernel.cu): each warp's 32 lanes combined by xor-shuffles (lane i with lane
 // i ^ 16, then ^ 8, ... ^ 1), then lane 0 of every warp likewise, as warp 0 does from shared
 // memory. Lanes past the block's threads, and warps past its last, hold `none`. The same pairs in
 // the same order, so the host sees the rounding and the special values (NaN, infinities) a GPU

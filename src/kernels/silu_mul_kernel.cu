@@ -4,27 +4,15 @@
 // forward and 5 backward. The numbers are ATen's: each operator's result rounded to bf16 where
 // ATen rounds it (SiLU's output before the product, g * b before SiLU's backward), the arithmetic
 // in fp32 in ATen's order. Plain CUDA: no LibTorch headers here.
-#include "model/cuda_kernels.h"
-
-#include <cuda_bf16.h>
+#include "kernels/cuda_kernels.h"
+#include "kernels/device_helpers.cuh"
 
 // In zb: the profiler counts kernels named zb:: as ours (observe/profiler.h, kernel_kind).
 namespace zb {
 namespace {
+using namespace device;
 
-constexpr int kVector = 8;  // bf16 values per 16-byte access
-
-// Eight values loaded or stored as one 16-byte access (from pointers checked to be aligned).
-struct alignas(16) Bf16x8 {
-  __nv_bfloat16 v[kVector];
-};
-
-// Host and device: the same code also runs on the CPU, thread by thread of an emulated grid, for
-// the tests of a machine without a GPU (silu_mul_bf16_on_host below).
-#define ZB_HD __host__ __device__ __forceinline__
-
-ZB_HD float f(__nv_bfloat16 x) { return __bfloat162float(x); }
-ZB_HD __nv_bfloat16 bf16(float x) { return __float2bfloat16_rn(x); }
+constexpr int kVector = 8;  // bf16 values per 16-byte access (Bf16x8)
 
 // ATen's SiLU forward: x / (1 + e^-x).
 ZB_HD float silu(float x) { return x / (1.0f + expf(-x)); }
@@ -86,23 +74,13 @@ __global__ void silu_mul_backward_bf16(const __nv_bfloat16* __restrict__ g, cons
                            static_cast<int64_t>(gridDim.x) * blockDim.x);
 }
 
-bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// 256 threads a block; enough blocks for every vector (or value) once, at most 2^16 of them (the
-// loops cover the rest: 2^24 threads in flight keep any current GPU's memory busy).
-dim3 grid_for(int64_t n, bool vectors) {
-  const int64_t work = vectors ? (n + kVector - 1) / kVector : n;
-  const int64_t blocks = (work + 255) / 256;
-  return dim3(static_cast<unsigned>(blocks < (1 << 16) ? blocks : (1 << 16)));
-}
-
 }  // namespace
 
 
 cudaError_t launch_silu_mul_bf16(const void* a, const void* b, void* out, int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const bool vectors = aligned(a) && aligned(b) && aligned(out);
-  silu_mul_bf16<<<grid_for(n, vectors), 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(a),
+  silu_mul_bf16<<<grid_for(n, kVector, vectors), 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(a),
                                                           static_cast<const __nv_bfloat16*>(b),
                                                           static_cast<__nv_bfloat16*>(out), n, vectors);
   return cudaGetLastError();
@@ -112,7 +90,7 @@ cudaError_t launch_silu_mul_backward_bf16(const void* g, const void* a, const vo
                                           cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const bool vectors = aligned(g) && aligned(a) && aligned(b) && aligned(ga) && aligned(gb);
-  silu_mul_backward_bf16<<<grid_for(n, vectors), 256, 0, stream>>>(
+  silu_mul_backward_bf16<<<grid_for(n, kVector, vectors), 256, 0, stream>>>(
       static_cast<const __nv_bfloat16*>(g), static_cast<const __nv_bfloat16*>(a), static_cast<const __nv_bfloat16*>(b),
       static_cast<__nv_bfloat16*>(ga), static_cast<__nv_bfloat16*>(gb), n, vectors);
   return cudaGetLastError();
@@ -122,7 +100,7 @@ cudaError_t launch_silu_mul_backward_bf16(const void* g, const void* a, const vo
 // launch would use).
 void silu_mul_bf16_on_host(const void* a, const void* b, void* out, int64_t n, int64_t threads) {
   const bool vectors = aligned(a) && aligned(b) && aligned(out);
-  if (threads == 0) threads = static_cast<int64_t>(grid_for(n, vectors).x) * 256;
+  if (threads == 0) threads = static_cast<int64_t>(grid_for(n, kVector, vectors).x) * 256;
   for (int64_t t = 0; t < threads; ++t)
     silu_mul_thread(static_cast<const __nv_bfloat16*>(a), static_cast<const __nv_bfloat16*>(b),
                     static_cast<__nv_bfloat16*>(out), n, vectors, t, threads);
@@ -131,7 +109,7 @@ void silu_mul_bf16_on_host(const void* a, const void* b, void* out, int64_t n, i
 void silu_mul_backward_bf16_on_host(const void* g, const void* a, const void* b, void* ga, void* gb, int64_t n,
                                     int64_t threads) {
   const bool vectors = aligned(g) && aligned(a) && aligned(b) && aligned(ga) && aligned(gb);
-  if (threads == 0) threads = static_cast<int64_t>(grid_for(n, vectors).x) * 256;
+  if (threads == 0) threads = static_cast<int64_t>(grid_for(n, kVector, vectors).x) * 256;
   for (int64_t t = 0; t < threads; ++t)
     silu_mul_backward_thread(static_cast<const __nv_bfloat16*>(g), static_cast<const __nv_bfloat16*>(a),
                              static_cast<const __nv_bfloat16*>(b), static_cast<__nv_bfloat16*>(ga),

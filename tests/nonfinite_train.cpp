@@ -1,4 +1,4 @@
-// train_fsdp (or train_ddp, with ZB_TEST_PARALLELISM=ddp) with a fault, for tests/failures.sh:
+// train_fsdp (or train_ddp, with ZB_TEST_PARALLELISM=ddp) with a fault, for tests/e2e/test_failures.py:
 // at the steps ZB_TEST_NONFINITE_GRAD_STEPS lists ("3,4", counted from the process's start) the
 // last rank finds a NaN in its reduced gradients, so that only the gradient norm's all-reduce
 // tells the others. The fault is

@@ -10,7 +10,7 @@
 #
 #   scripts/gpu/gpu_check.sh OUTDIR              # on a machine with a GPU
 #   scripts/gpu/gpu_check.sh --cpu-only OUTDIR   # argument handling, build detection and the report
-#                                            # only: nothing built or run (tests/gpu_check_cpu.sh)
+#                                            # only: nothing built or run (tests/e2e/test_gpu_check.py)
 #
 # Building: ZB_SKIP_BUILD=1 uses build/ as it is; else .gpukit/debs (`scripts/gpu/gpu_kit.sh fetch`
 # on a machine with a registry, then .gpukit in the device tool's `carry`) builds with

@@ -19,7 +19,7 @@ derived here: the program's step plan (`--print-plan`, src/plan/step_plan.h) lis
 collective of a step with its group, bytes as src/dist/comm_bytes.h counts them and what it can hide
 behind, and `--print-config` gives the FLOPs per token and the batch. The plan is the engine's
 own description of its step, tested equal to what the engine does (tests/test_step_plan.cpp),
-and the bytes equal to the metrics of real runs (tests/scale_model.sh). Time is a model with
+and the bytes equal to the metrics of real runs (tests/e2e/test_scale_model.py). Time is a model with
 stated assumptions:
 
 - a collective takes hops x latency + (its counted bytes / 2) / bandwidth (each rank sends and

@@ -1,4 +1,4 @@
-"""Reads back what the tools for watching runs wrote (tests/watch.sh), with the readers of the
+"""Reads back what the tools for watching runs wrote (tests/e2e/test_watch.py), with the readers of the
 packages that own the formats:
 
   watch_check.py tensorboard METRICS TB_DIR   every number of every record, exact, as float64 events

@@ -1,9 +1,7 @@
 """DiLoCo runs of train_fsdp against an independent PyTorch reference (issue 29).
 
-    python diloco.py BUILD_DIR CASE
-
-CASE (each a real run over loopback Gloo; ranks started with torchrun's variables, by torchrun itself
-where a rank is killed or a run must fail):
+The tests (each a real run over loopback Gloo; ranks started with torchrun's variables, by torchrun
+itself where a rank is killed or a run must fail):
   adamw_2x2    2 replicas of 2 ranks, AdamW inner steps
   muon_4x1     4 replicas of 1 rank, Muon inner steps (MuLoCo)
   one_replica  1 process, outer lr 1 and momentum 0: plain training (a run without DiLoCo)
@@ -24,159 +22,136 @@ copies of (outer - inner) is the gradient of torch.optim.SGD(nesterov=True) on a
 every copy then takes. Per step, each replica's loss must equal ours within 1e-5, and the final
 parameters (our checkpoint's outer copy, exported) within 1e-5.
 """
+import glob
 import itertools
 import json
 import os
 import re
-import socket
 import subprocess
-import sys
-import tempfile
 import time
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
-BUILD, CASE = sys.argv[1], sys.argv[2]
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = os.path.join(BUILD, "apps", "train_fsdp")
-EXPORT = os.path.join(BUILD, "apps", "export_hf")
+from conftest import DEBUG_CONFIG, EXPORT_HF, PYTHON, TRAIN_FSDP, Ranks, free_port, metrics, start, start_ranks
+
+TRAIN = str(TRAIN_FSDP)
 STEPS, INNER, SEQ, BATCH, VOCAB = 6, 2, 32, 8, 128
-tmp = tempfile.mkdtemp(prefix="zb_diloco_")
-
-COMMON = [
-    "--config", os.path.join(ROOT, "configs/debug/normal.toml"), "--runtime.device", "cpu",
-    "--runtime.num_threads", "1", "--model.dim", "64", "--model.n_heads", "4", "--model.n_kv_heads", "2",
-    "--model.vocab_size", str(VOCAB), "--model.multiple_of", "32", "--model.attention", "causal",
-    "--data.fake", "false", "--data.shuffle", "false", "--data.dataset_name_or_paths", f"{tmp}/data",
-    "--data.seq_length", str(SEQ), "--optim.batch_size", str(BATCH), "--train.micro_bs", "2",
-    "--optim.total_steps", str(STEPS), "--optim.sched_type", "wsd-sqrt", "--optim.warmup_steps", "0",
-    "--optim.stable_steps", str(STEPS), "--optim.optim.ns_dtype", "float32", "--ckpt.init_from", f"{tmp}/init",
-    # AdamW's update g/(sqrt(v) + eps) turns fp32 summation differences in a gradient near eps into
-    # visible ones (ZeroBand's eps 1e-10 with the embedding's lr 0.6 moves an element by up to 1e-4
-    # in one step over them); a larger eps and a gentler embedding keep the comparison meaningful.
-    "--optim.adam.eps", "1e-5", "--optim.adam.lr_embedding", "0.01",
-]
 
 
-def fail(msg):
-    print("FAIL:", msg)
-    sys.exit(1)
+def common_args(tmp):
+    """Every run's arguments: a tiny model on the data and initial weights under tmp."""
+    return [
+        "--config", str(DEBUG_CONFIG), "--runtime.device", "cpu",
+        "--runtime.num_threads", "1", "--model.dim", "64", "--model.n_heads", "4", "--model.n_kv_heads", "2",
+        "--model.vocab_size", str(VOCAB), "--model.multiple_of", "32", "--model.attention", "causal",
+        "--data.fake", "false", "--data.shuffle", "false", "--data.dataset_name_or_paths", f"{tmp}/data",
+        "--data.seq_length", str(SEQ), "--optim.batch_size", str(BATCH), "--train.micro_bs", "2",
+        "--optim.total_steps", str(STEPS), "--optim.sched_type", "wsd-sqrt", "--optim.warmup_steps", "0",
+        "--optim.stable_steps", str(STEPS), "--optim.optim.ns_dtype", "float32", "--ckpt.init_from", f"{tmp}/init",
+        # AdamW's update g/(sqrt(v) + eps) turns fp32 summation differences in a gradient near eps into
+        # visible ones (ZeroBand's eps 1e-10 with the embedding's lr 0.6 moves an element by up to 1e-4
+        # in one step over them); a larger eps and a gentler embedding keep the comparison meaningful.
+        "--optim.adam.eps", "1e-5", "--optim.adam.lr_embedding", "0.01",
+    ]
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+class Runs:
+    """The runs of one test, in a scratch folder holding their data, initial weights, metrics, logs
+    and checkpoints."""
+
+    def __init__(self, tmp):
+        self.tmp, self.common = str(tmp), common_args(tmp)
+
+    def launch(self, name, ranks, *extra, ckpt=None, env=None, torchrun=False):
+        """Starts one training run writing {name}.jsonl and {name}.log: one process, several ranks
+        started directly (rank r logging to {name}.log.r), or (torchrun=True: the runs a test kills
+        or expects to fail) torchrun, which stops every rank when one dies."""
+        tmp = self.tmp
+        args = self.common + ["--logging.metrics_file", f"{tmp}/{name}.jsonl", "--ckpt.path",
+                              ckpt or f"{tmp}/{name}_ckpt", *extra]
+        if ranks == 1:
+            return start([TRAIN, *args], f"{tmp}/{name}.log", env=env)
+        if torchrun:
+            return start([PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", ranks, "--master_addr", "127.0.0.1",
+                          "--master_port", free_port(), "--no-python", TRAIN, *args], f"{tmp}/{name}.log", env=env)
+        return start_ranks(ranks, f"{tmp}/{name}.log", *args, env={**(env or {}), "LOCAL_WORLD_SIZE": ranks})
+
+    def log(self, name):
+        """A run's output: its log, or its ranks' logs one after the other."""
+        paths = [f"{self.tmp}/{name}.log"] if os.path.exists(f"{self.tmp}/{name}.log") else \
+            sorted(glob.glob(f"{self.tmp}/{name}.log.*"))
+        return "".join(open(p).read() for p in paths)
+
+    def records(self, name):
+        return metrics(f"{self.tmp}/{name}.jsonl")
+
+    def run(self, name, ranks, *extra, ckpt=None, final_step=STEPS):
+        """One training run to the end; returns (its metrics records, its final parameters, its log)."""
+        proc = self.launch(name, ranks, *extra, ckpt=ckpt)
+        rc = proc.wait_or_stop() if isinstance(proc, Ranks) else proc.wait()
+        log = self.log(name)
+        if rc != 0:
+            print(log[-4000:])
+            pytest.fail(f"{name}: exit code {rc}")
+        return self.records(name), exported(f"{ckpt or self.tmp + '/' + name + '_ckpt'}/step_{final_step:08d}"), log
+
+    def resolved(self, *extra):
+        """The run's settings as train_fsdp resolves them (the reference reads its numbers from here)."""
+        out = subprocess.run([TRAIN, *self.common, *extra, "--print-config"], capture_output=True, text=True, check=True)
+        return json.loads(out.stdout)
+
+    def make_model(self, cfg):
+        """The initial weights, as a Hugging Face directory."""
+        from transformers import LlamaConfig, LlamaForCausalLM
+        m = cfg["model"]
+        hf_config = LlamaConfig(vocab_size=m["vocab_size"], hidden_size=m["dim"], intermediate_size=m["ffn_hidden"],
+                                num_hidden_layers=m["n_layers"], num_attention_heads=m["n_heads"],
+                                num_key_value_heads=m["n_kv_heads"], head_dim=m["head_dim"],
+                                rms_norm_eps=m["norm_eps"], rope_theta=m["rope_theta"],
+                                max_position_embeddings=2 * m["max_seq_len"], tie_word_embeddings=False,
+                                attention_bias=False, mlp_bias=False)
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(hf_config).float()
+        model.save_pretrained(f"{self.tmp}/init", safe_serialization=True)
+        # Our reader computes the FFN width from ZeroBand's rounding, as our exports record it.
+        path = f"{self.tmp}/init/config.json"
+        c = json.load(open(path))
+        c.update(zeroband_multiple_of=m["multiple_of"], zeroband_ffn_dim_multiplier=m["ffn_dim_multiplier"])
+        json.dump(c, open(path, "w"))
+        return hf_config, model.state_dict()
+
+    def make_data(self):
+        """A token shard of random tokens, enough for every step without repeating."""
+        os.makedirs(f"{self.tmp}/data")
+        tokens = torch.randint(0, VOCAB, (STEPS * BATCH * SEQ + 1,), generator=torch.Generator().manual_seed(1))
+        header = np.zeros(256, dtype=np.int32)
+        header[0], header[1], header[2] = 20240520, 1, tokens.numel()  # llm.c's format, uint16 tokens
+        with open(f"{self.tmp}/data/train_000000.bin", "wb") as f:
+            f.write(header.tobytes())
+            f.write(tokens.numpy().astype(np.uint16).tobytes())
+        return tokens
 
 
-class Ranks:
-    """Several ranks started directly with torchrun's variables (torchrun itself costs a Python
-    start-up per run); as under torchrun, the first rank to fail stops the others."""
-
-    def __init__(self, procs):
-        self.procs = procs
-
-    def wait(self):
-        while True:
-            codes = [p.poll() for p in self.procs]
-            failed = [c for c in codes if c not in (None, 0)]
-            if failed:
-                self.kill()
-                for p in self.procs:
-                    p.wait()
-                return failed[0]
-            if all(c == 0 for c in codes):
-                return 0
-            time.sleep(0.05)
-
-    def kill(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-
-
-def launch(name, ranks, *extra, ckpt=None, env=None, torchrun=False):
-    """Starts one training run writing {name}.jsonl and {name}.log: one process, several ranks
-    started directly, or (torchrun=True: the runs a test kills or expects to fail) torchrun, which
-    stops every rank when one dies."""
-    args = COMMON + ["--logging.metrics_file", f"{tmp}/{name}.jsonl", "--ckpt.path", ckpt or f"{tmp}/{name}_ckpt",
-                     *extra]
-    log = open(f"{tmp}/{name}.log", "w")
-    env = {**os.environ, **(env or {})}
-    if ranks == 1:
-        return subprocess.Popen([TRAIN, *args], stdout=log, stderr=subprocess.STDOUT, env=env)
-    if torchrun:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_addr",
-               "127.0.0.1", "--master_port", str(free_port()), "--no-python", TRAIN, *args]
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    port = str(free_port())
-    return Ranks([subprocess.Popen([TRAIN, *args], stdout=log, stderr=subprocess.STDOUT,
-                                   env={**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": str(r),
-                                        "LOCAL_RANK": str(r), "WORLD_SIZE": str(ranks),
-                                        "LOCAL_WORLD_SIZE": str(ranks)})
-                  for r in range(ranks)])
-
-
-def records(name):
-    return [json.loads(line) for line in open(f"{tmp}/{name}.jsonl")]
+@pytest.fixture
+def d(work):
+    """The runs, their data and initial weights made: (Runs, tokens, resolved config, HF config,
+    initial state dict)."""
+    runs = Runs(work)
+    tokens = runs.make_data()
+    cfg = runs.resolved()
+    hf_config, init = runs.make_model(cfg)
+    return runs, tokens, cfg, hf_config, init
 
 
 def exported(ckpt_step_dir):
     """A checkpoint's model (under DiLoCo its outer copy) as export_hf writes it, by HF names."""
     from safetensors.torch import load_file
     out = ckpt_step_dir + "_hf"
-    subprocess.run([EXPORT, ckpt_step_dir, out], check=True, capture_output=True)
+    subprocess.run([EXPORT_HF, ckpt_step_dir, out], check=True, capture_output=True)
     return load_file(f"{out}/model.safetensors")
-
-
-def run(name, ranks, *extra, ckpt=None, final_step=STEPS):
-    """One training run to the end; returns (its metrics records, its final parameters, its log)."""
-    rc = launch(name, ranks, *extra, ckpt=ckpt).wait()
-    log = open(f"{tmp}/{name}.log").read()
-    if rc != 0:
-        print(log[-4000:])
-        fail(f"{name}: exit code {rc}")
-    return records(name), exported(f"{ckpt or tmp + '/' + name + '_ckpt'}/step_{final_step:08d}"), log
-
-
-def resolved(*extra):
-    """The run's settings as train_fsdp resolves them (the reference reads its numbers from here)."""
-    out = subprocess.run([TRAIN, *COMMON, *extra, "--print-config"], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)
-
-
-def make_model(cfg):
-    """The initial weights, as a Hugging Face directory."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-    m = cfg["model"]
-    hf_config = LlamaConfig(vocab_size=m["vocab_size"], hidden_size=m["dim"], intermediate_size=m["ffn_hidden"],
-                            num_hidden_layers=m["n_layers"], num_attention_heads=m["n_heads"],
-                            num_key_value_heads=m["n_kv_heads"], head_dim=m["head_dim"], rms_norm_eps=m["norm_eps"],
-                            rope_theta=m["rope_theta"], max_position_embeddings=2 * m["max_seq_len"],
-                            tie_word_embeddings=False, attention_bias=False, mlp_bias=False)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(hf_config).float()
-    model.save_pretrained(f"{tmp}/init", safe_serialization=True)
-    # Our reader computes the FFN width from ZeroBand's rounding, as our exports record it.
-    path = f"{tmp}/init/config.json"
-    c = json.load(open(path))
-    c.update(zeroband_multiple_of=m["multiple_of"], zeroband_ffn_dim_multiplier=m["ffn_dim_multiplier"])
-    json.dump(c, open(path, "w"))
-    return hf_config, model.state_dict()
-
-
-def make_data():
-    """A token shard of random tokens, enough for every step without repeating."""
-    os.makedirs(f"{tmp}/data")
-    tokens = torch.randint(0, VOCAB, (STEPS * BATCH * SEQ + 1,), generator=torch.Generator().manual_seed(1))
-    header = np.zeros(256, dtype=np.int32)
-    header[0], header[1], header[2] = 20240520, 1, tokens.numel()  # llm.c's format, uint16 tokens
-    with open(f"{tmp}/data/train_000000.bin", "wb") as f:
-        f.write(header.tobytes())
-        f.write(tokens.numpy().astype(np.uint16).tobytes())
-    return tokens
 
 
 def muon_ns_fp32():
@@ -304,7 +279,7 @@ def rank0_values(tensors):
 def compare(name, records, params, ref_losses, ref_applied, ref_params, replicas):
     steps = [r["step"] for r in records]
     if steps != list(range(1, STEPS + 1)):
-        fail(f"{name}: steps {steps}")
+        pytest.fail(f"{name}: steps {steps}")
     worst_loss = 0.0
     for r, want in zip(records, ref_losses):
         got = r["replica_losses"] if replicas > 1 else [r["loss"]]
@@ -314,19 +289,21 @@ def compare(name, records, params, ref_losses, ref_applied, ref_params, replicas
     print(f"{name}: losses {[round(r['loss'], 5) for r in records]}; largest difference from the reference: "
           f"loss {worst_loss:.2e}, parameter {worst_param:.2e}; fragments' outer steps by step {applied}")
     if applied != ref_applied:
-        fail(f"{name}: outer steps {applied}, the reference's {ref_applied}")
+        pytest.fail(f"{name}: outer steps {applied}, the reference's {ref_applied}")
     counts = [r["outer_step"]["outer_steps"] for r in records if r.get("outer_step", {}).get("fragments")]
     if counts != list(itertools.accumulate(len(a) for a in applied if a)):
-        fail(f"{name}: outer step counts {counts}")
+        pytest.fail(f"{name}: outer step counts {counts}")
     # Losses within 1e-5 each step; parameters within 1e-4 (a hundredth of a step at these learning
     # rates: the few elements whose gradient is near AdamW's eps carry fp32 summation differences).
     if worst_loss > 1e-5 or worst_param > 1e-4:
-        fail(f"{name}: differs from the reference (loss by more than 1e-5 or a parameter by more than 1e-4)")
+        pytest.fail(f"{name}: differs from the reference (loss by more than 1e-5 or a parameter by more than 1e-4)")
 
 
-def resume_cases():
+def test_resume(d):
     """2 replicas of 2 ranks, checkpoints every 3 steps (step 3 is inside an outer period): a rank
     killed inside the second outer step, a kill inside a save; each resume continues exactly."""
+    runs = d[0]
+    tmp, launch, run, records = runs.tmp, runs.launch, runs.run, runs.records
     layout = ["--diloco.inner_steps", str(INNER), "--parallel.dp_replicate", "2", "--ckpt.interval", "3"]
     straight, straight_params, _ = run("straight", 4, *layout)
 
@@ -345,7 +322,7 @@ def resume_cases():
         time.sleep(0.05)
     if pid is None:
         proc.kill()
-        fail("the rank never stopped in outer step 2 with the checkpoint of step 3 published")
+        pytest.fail("the rank never stopped in outer step 2 with the checkpoint of step 3 published")
     os.kill(pid, 9)
     rc = proc.wait()
     log = open(f"{tmp}/killed.log").read()
@@ -353,19 +330,19 @@ def resume_cases():
     print(f"killed in outer step 2: exit code {rc}, latest checkpoint {latest}")
     if rc == 0 or latest != "step_00000003":
         print(log[-3000:])
-        fail("a rank killed in the outer step: the run did not stop as it should")
+        pytest.fail("a rank killed in the outer step: the run did not stop as it should")
     _, resumed_params, _ = run("resumed", 4, *layout, "--ckpt.resume", "latest", ckpt=ckpt)
     resumed = records("resumed")
     want = {r["step"]: r for r in straight}
     print("resumed from step 3:", [(r["step"], r["loss"], r.get("replica_losses")) for r in resumed])
     if [r["step"] for r in resumed] != [4, 5, 6]:
-        fail(f"resumed steps {[r['step'] for r in resumed]}")
+        pytest.fail(f"resumed steps {[r['step'] for r in resumed]}")
     for r in resumed:
         if r["replica_losses"] != want[r["step"]]["replica_losses"] or r.get("outer_step", {}).get("outer_steps") != \
                 want[r["step"]].get("outer_step", {}).get("outer_steps"):
-            fail(f"step {r['step']} after the resume differs from the run without one")
+            pytest.fail(f"step {r['step']} after the resume differs from the run without one")
     if any(not torch.equal(resumed_params[k], straight_params[k]) for k in straight_params):
-        fail("final parameters after the resume differ from the run without one")
+        pytest.fail("final parameters after the resume differ from the run without one")
 
     # The same checkpoint on another layout: 2 replicas of 1 rank (the same rows per replica).
     _, _, _ = run("resharded", 2, *layout, "--ckpt.resume", f"{ckpt}/step_00000003", ckpt=f"{tmp}/resharded_ckpt")
@@ -373,7 +350,7 @@ def resume_cases():
                                                                          want[r["step"]]["replica_losses"]))
     print(f"resumed on 2 replicas of 1 rank: largest loss difference {diff:.2e}")
     if diff > 1e-5:
-        fail("the resume on another shard size strays")
+        pytest.fail("the resume on another shard size strays")
 
     # More replicas than were saved: refused, naming why.
     rc = launch("more_replicas", 4, "--diloco.inner_steps", str(INNER), "--parallel.dp_replicate", "4",
@@ -381,7 +358,7 @@ def resume_cases():
     log = open(f"{tmp}/more_replicas.log").read()
     if rc == 0 or "it holds no replica_2/model/" not in log or "fewer replicas" not in log:
         print(log[-3000:])
-        fail("a checkpoint of 2 replicas resumed on 4 without a clear error")
+        pytest.fail("a checkpoint of 2 replicas resumed on 4 without a clear error")
 
     # Streaming with an exchange in flight at the checkpoint (fragment 1 starts after step 3 and is
     # applied after step 4): the resume from step 3 continues exactly.
@@ -391,7 +368,7 @@ def resume_cases():
     want_stream = {r["step"]: r for r in records("stream")}
     if any(r["replica_losses"] != want_stream[r["step"]]["replica_losses"] for r in records("stream_resumed")) or \
             any(not torch.equal(stream_resumed[k], stream_params[k]) for k in stream_params):
-        fail("streaming: the resume with an exchange in flight differs from the run without one")
+        pytest.fail("streaming: the resume with an exchange in flight differs from the run without one")
     print("streaming: resumed with an exchange in flight, steps 4-6 and the final parameters identical")
 
     # SIGTERM to every rank mid-run (as a scheduler's preemption): they finish the step (or the next), save and exit
@@ -411,10 +388,10 @@ def resume_cases():
     print(f"SIGTERM: exit code {rc}; {stopped[:1]}")
     if rc != 0 or len(stopped) != 4 or "checkpoint saved" not in stopped[0]:
         print(log[-3000:])
-        fail("SIGTERM did not stop every rank with a checkpoint")
+        pytest.fail("SIGTERM did not stop every rank with a checkpoint")
     _, term_params, _ = run("term_resumed", 4, *layout, *longer, "--ckpt.resume", "latest", ckpt=ckpt, final_step=20)
     if any(not torch.equal(term_params[k], long_params[k]) for k in long_params):
-        fail("the resume after SIGTERM differs from the run without one")
+        pytest.fail("the resume after SIGTERM differs from the run without one")
 
     # Killed inside the save of step 6 (every writer paused after its data file): the checkpoint of
     # step 3 stays the latest, whole, and resumes to the same end.
@@ -426,105 +403,108 @@ def resume_cases():
         time.sleep(0.1)
     else:
         proc.kill()
-        fail("the writers never paused in the save of step 6")
+        pytest.fail("the writers never paused in the save of step 6")
     subprocess.run(["pkill", "-KILL", "-f", f"{ckpt}"])
     proc.wait()
     latest = open(f"{ckpt}/latest").read().strip()
     print(f"killed inside the save of step 6: latest checkpoint {latest}")
     if latest != "step_00000003":
-        fail("a save killed midway replaced the last good checkpoint")
+        pytest.fail("a save killed midway replaced the last good checkpoint")
     _, again, _ = run("save_resumed", 4, *layout, "--ckpt.resume", "latest", ckpt=ckpt)
     if any(not torch.equal(again[k], straight_params[k]) for k in straight_params):
-        fail("the resume after a killed save differs from the run without one")
+        pytest.fail("the resume after a killed save differs from the run without one")
 
 
-def main():
-    tokens = make_data()
-    cfg = resolved()
-    hf_config, init = make_model(cfg)
-    diloco = ["--diloco.inner_steps", str(INNER)]
-    if CASE in ("adamw_2x2", "muon_4x1"):
-        replicas, shard = (2, 2) if CASE == "adamw_2x2" else (4, 1)
-        inner = ["--optim.optim.type", "adamw", "--optim.optim.lr", "0.01"] if CASE == "adamw_2x2" else []
-        records, params, log = run(CASE, replicas * shard, *diloco, "--parallel.dp_replicate", str(replicas), *inner)
-        if f"DiLoCo: {replicas} replica(s) of {shard} rank(s) train apart" not in log or "hybrid sharding:" in log:
-            fail("the run does not describe DiLoCo (or describes a per-step all-reduce over the replicas)")
-        cfg = resolved(*inner)
-        ref = reference(cfg, hf_config, init, tokens, replicas, cfg["hidden"]["type"], 0.7, 0.9)
-        compare(CASE, records, params, *ref, replicas)
-    elif CASE == "streaming_2x2":
-        # Two fragments (a block each; the embedding with the first, the head with the second), an
-        # exchange every step, each applied one step after it starts; Muon inner steps.
-        stream = ["--diloco.fragments", "2", "--diloco.fragment_delay", "1"]
-        records, params, log = run(CASE, 4, *diloco, *stream, "--parallel.dp_replicate", "2")
-        if "DiLoCo streaming: 2 fragments of blocks, one exchange every 1 steps, each applied 1 step(s)" not in log:
-            fail("the run does not describe streaming")
-        ref = reference(cfg, hf_config, init, tokens, 2, "muon", 0.7, 0.9, fragments=2, delay=1)
-        compare(CASE, records, params, *ref, 2)
-        # Each exchange moves one fragment: the steps' bytes across replicas are a fragment's, not
-        # the model's (the unfragmented run above moves both fragments at once).
-        names = list(init)
-        values = [rank0_values({n: v for n, v in init.items()
-                                if fragment_of(n, hf_config.num_hidden_layers, 2) == f}) for f in range(2)]
-        got = [r["outer_step"]["bytes_across_replicas"] for r in records]
-        # Fragment f starts after the steps t with (t + f) % 2 == 0, both after the last; each start
-        # an fp32 all-reduce of its values over 2 replicas (src/dist/comm_bytes.h: 4(W-1)/W bytes).
-        want = [sum(8 * values[f] for f in range(2) if t == STEPS or (t + f) % 2 == 0) for t in range(1, STEPS + 1)]
-        print(f"bytes across replicas by step: {got} (predicted {want}; the whole model's exchange: "
-              f"{8 * sum(values)})")
-        if got != want:
-            fail("streaming: bytes across replicas not as predicted")
-    elif CASE == "one_replica":
-        plain, plain_params, _ = run("plain", 1)
-        one, one_params, _ = run("one", 1, *diloco, "--diloco.outer_lr", "1", "--diloco.outer_momentum", "0")
-        loss_diff = max(abs(a["loss"] - b["loss"]) for a, b in zip(plain, one))
-        # Relative to each tensor's largest value: AdamW moves the embedding to values of several units.
-        param_diff = max(((plain_params[k] - one_params[k]).abs().max() / plain_params[k].abs().max()).item()
-                         for k in plain_params)
-        print(f"one replica, outer lr 1, momentum 0 vs plain training: losses {[r['loss'] for r in one]}, "
-              f"largest difference: loss {loss_diff:.2e}, parameter {param_diff:.2e} (relative to the tensor's largest value)")
-        # θ_outer - (θ_outer - θ_inner) in fp32 is θ_inner up to a rounding at θ_outer's scale where
-        # θ_inner moved by more than half its value (Sterbenz): a few units in the last place, which
-        # Muon's orthogonalisation spreads over the whole matrix by the next outer step.
-        if loss_diff > 1e-6 or param_diff > 1e-5:
-            fail("one replica with outer lr 1 and momentum 0 is not plain training")
-        if any("outer_step" not in r for r in one if r["step"] % INNER == 0):
-            fail("no outer step records")
-    elif CASE == "bytes":
-        results = {}
-        for compression in ("none", "bf16", "uint8"):
-            results[compression] = run(compression, 4, *diloco, "--parallel.dp_replicate", "2",
-                                       "--diloco.compression", compression)[0]
-        # This rank's rows: half the model (2 ranks a replica); rank 0 writes the metrics.
-        n = sum(int(np.prod(v.shape)) for v in init.values())
-        shard_rows = rank0_values(init)
-        chunk, buckets = 65536, 256
-        predicted = {  # the convention of src/dist/comm_bytes.h, 2 replicas
-            "none": 4 * (2 - 1) * (4 * shard_rows) // 2,                   # all-reduce of fp32
-            "bf16": 2 * (2 - 1) * 2 * shard_rows,                          # all-gather of bf16
-            "uint8": 2 * (2 - 1) * (shard_rows + (shard_rows + chunk - 1) // chunk * buckets * 4),  # codes, tables
-        }
-        for compression, records in results.items():
-            outer = [r["outer_step"] for r in records if "outer_step" in r]
-            got = {o["bytes_across_replicas"] for o in outer}
-            per_step = sum(r["comm_bytes_replicate_group"]["all_gather"] + r["comm_bytes_replicate_group"]["all_reduce"]
-                           for r in records)
-            print(f"{compression}: {len(outer)} outer steps, {sorted(got)} bytes each across replicas (predicted "
-                  f"{predicted[compression]}; {n} parameters, {shard_rows} on rank 0), {per_step} in the steps' "
-                  f"records; final loss {records[-1]['loss']:.6f}")
-            if got != {predicted[compression]} or per_step != len(outer) * predicted[compression]:
-                fail(f"{compression}: bytes across replicas not as predicted")
-        for compression in ("bf16", "uint8"):
-            diff = max(abs(a["loss"] - b["loss"]) for a, b in zip(results["none"], results[compression]))
-            print(f"{compression} vs fp32: largest loss difference {diff:.2e}")
-            if diff > 2e-2:
-                fail(f"{compression} strays from fp32 pseudo-gradients")
-    elif CASE == "resume":
-        resume_cases()
-    else:
-        fail(f"unknown case {CASE}")
-    print("PASS")
+DILOCO = ["--diloco.inner_steps", str(INNER)]
 
 
-if __name__ == "__main__":
-    main()
+def against_reference(d, case, replicas, shard, inner):
+    runs, tokens, cfg, hf_config, init = d
+    records, params, log = runs.run(case, replicas * shard, *DILOCO, "--parallel.dp_replicate", str(replicas), *inner)
+    if f"DiLoCo: {replicas} replica(s) of {shard} rank(s) train apart" not in log or "hybrid sharding:" in log:
+        pytest.fail("the run does not describe DiLoCo (or describes a per-step all-reduce over the replicas)")
+    cfg = runs.resolved(*inner)
+    ref = reference(cfg, hf_config, init, tokens, replicas, cfg["hidden"]["type"], 0.7, 0.9)
+    compare(case, records, params, *ref, replicas)
+
+
+def test_adamw_2x2(d):
+    against_reference(d, "adamw_2x2", 2, 2, ["--optim.optim.type", "adamw", "--optim.optim.lr", "0.01"])
+
+
+def test_muon_4x1(d):
+    against_reference(d, "muon_4x1", 4, 1, [])
+
+
+def test_streaming_2x2(d):
+    """Two fragments (a block each; the embedding with the first, the head with the second), an
+    exchange every step, each applied one step after it starts; Muon inner steps."""
+    runs, tokens, cfg, hf_config, init = d
+    stream = ["--diloco.fragments", "2", "--diloco.fragment_delay", "1"]
+    records, params, log = runs.run("streaming_2x2", 4, *DILOCO, *stream, "--parallel.dp_replicate", "2")
+    if "DiLoCo streaming: 2 fragments of blocks, one exchange every 1 steps, each applied 1 step(s)" not in log:
+        pytest.fail("the run does not describe streaming")
+    ref = reference(cfg, hf_config, init, tokens, 2, "muon", 0.7, 0.9, fragments=2, delay=1)
+    compare("streaming_2x2", records, params, *ref, 2)
+    # Each exchange moves one fragment: the steps' bytes across replicas are a fragment's, not the
+    # model's (the unfragmented run above moves both fragments at once).
+    values = [rank0_values({n: v for n, v in init.items()
+                            if fragment_of(n, hf_config.num_hidden_layers, 2) == f}) for f in range(2)]
+    got = [r["outer_step"]["bytes_across_replicas"] for r in records]
+    # Fragment f starts after the steps t with (t + f) % 2 == 0, both after the last; each start an
+    # fp32 all-reduce of its values over 2 replicas (src/dist/comm_bytes.h: 4(W-1)/W bytes).
+    want = [sum(8 * values[f] for f in range(2) if t == STEPS or (t + f) % 2 == 0) for t in range(1, STEPS + 1)]
+    print(f"bytes across replicas by step: {got} (predicted {want}; the whole model's exchange: {8 * sum(values)})")
+    if got != want:
+        pytest.fail("streaming: bytes across replicas not as predicted")
+
+
+def test_one_replica(d):
+    runs = d[0]
+    plain, plain_params, _ = runs.run("plain", 1)
+    one, one_params, _ = runs.run("one", 1, *DILOCO, "--diloco.outer_lr", "1", "--diloco.outer_momentum", "0")
+    loss_diff = max(abs(a["loss"] - b["loss"]) for a, b in zip(plain, one))
+    # Relative to each tensor's largest value: AdamW moves the embedding to values of several units.
+    param_diff = max(((plain_params[k] - one_params[k]).abs().max() / plain_params[k].abs().max()).item()
+                     for k in plain_params)
+    print(f"one replica, outer lr 1, momentum 0 vs plain training: losses {[r['loss'] for r in one]}, "
+          f"largest difference: loss {loss_diff:.2e}, parameter {param_diff:.2e} (relative to the tensor's largest value)")
+    # θ_outer - (θ_outer - θ_inner) in fp32 is θ_inner up to a rounding at θ_outer's scale where
+    # θ_inner moved by more than half its value (Sterbenz): a few units in the last place, which
+    # Muon's orthogonalisation spreads over the whole matrix by the next outer step.
+    if loss_diff > 1e-6 or param_diff > 1e-5:
+        pytest.fail("one replica with outer lr 1 and momentum 0 is not plain training")
+    if any("outer_step" not in r for r in one if r["step"] % INNER == 0):
+        pytest.fail("no outer step records")
+
+
+def test_bytes(d):
+    runs, init = d[0], d[4]
+    results = {}
+    for compression in ("none", "bf16", "uint8"):
+        results[compression] = runs.run(compression, 4, *DILOCO, "--parallel.dp_replicate", "2",
+                                        "--diloco.compression", compression)[0]
+    # This rank's rows: half the model (2 ranks a replica); rank 0 writes the metrics.
+    n = sum(int(np.prod(v.shape)) for v in init.values())
+    shard_rows = rank0_values(init)
+    chunk, buckets = 65536, 256
+    predicted = {  # the convention of src/dist/comm_bytes.h, 2 replicas
+        "none": 4 * (2 - 1) * (4 * shard_rows) // 2,                   # all-reduce of fp32
+        "bf16": 2 * (2 - 1) * 2 * shard_rows,                          # all-gather of bf16
+        "uint8": 2 * (2 - 1) * (shard_rows + (shard_rows + chunk - 1) // chunk * buckets * 4),  # codes, tables
+    }
+    for compression, records in results.items():
+        outer = [r["outer_step"] for r in records if "outer_step" in r]
+        got = {o["bytes_across_replicas"] for o in outer}
+        per_step = sum(r["comm_bytes_replicate_group"]["all_gather"] + r["comm_bytes_replicate_group"]["all_reduce"]
+                       for r in records)
+        print(f"{compression}: {len(outer)} outer steps, {sorted(got)} bytes each across replicas (predicted "
+              f"{predicted[compression]}; {n} parameters, {shard_rows} on rank 0), {per_step} in the steps' "
+              f"records; final loss {records[-1]['loss']:.6f}")
+        if got != {predicted[compression]} or per_step != len(outer) * predicted[compression]:
+            pytest.fail(f"{compression}: bytes across replicas not as predicted")
+    for compression in ("bf16", "uint8"):
+        diff = max(abs(a["loss"] - b["loss"]) for a, b in zip(results["none"], results[compression]))
+        print(f"{compression} vs fp32: largest loss difference {diff:.2e}")
+        if diff > 2e-2:
+            pytest.fail(f"{compression} strays from fp32 pseudo-gradients")

@@ -3,7 +3,7 @@
 For every component, the compile command of one of its own sources (from compile_commands.json)
 is asked, through the preprocessor's __has_include, which components' headers it can reach. It
 must reach exactly the components below it in LAYERS (and itself): an upward include then fails
-to compile. Prints PASS last.
+to compile; and the components' links must form no cycle. Prints PASS last.
 
     python tests/layers.py BUILD_DIR
 """
@@ -77,6 +77,30 @@ def flags_of(entry):
     return args[0], out, entry["directory"]
 
 
+def cycle():
+    """A cycle among the components' links, as a list of names, or None: layers have none."""
+    state = {}  # component -> "open" while its links are being walked, "done" after
+
+    def walk(c, path):
+        if state.get(c) == "open":
+            return path[path.index(c):] + [c]
+        if state.get(c) == "done":
+            return None
+        state[c] = "open"
+        for d in deps(c):
+            found = walk(d, path + [c])
+            if found:
+                return found
+        state[c] = "done"
+        return None
+
+    for c in LAYERS:
+        found = walk(c, [])
+        if found:
+            return found
+    return None
+
+
 def main():
     build = sys.argv[1]
     src = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "src"))
@@ -84,6 +108,8 @@ def main():
     probe_text = "".join(
         f'#if __has_include("{h}")\nreach {c}\n#endif\n' for c, h in PROBE.items())
     failures = []
+    if loop := cycle():
+        failures.append("the layers link in a cycle: " + " -> ".join(loop))
     with tempfile.TemporaryDirectory() as tmp:
         probe = os.path.join(tmp, "probe.cpp")
         open(probe, "w").write(probe_text)

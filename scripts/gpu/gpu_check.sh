@@ -109,7 +109,7 @@ debian_packages() {  # the Debian packages scripts/setup.sh installs, all presen
   local want=(libtomlplusplus-dev libspdlog-dev libfmt-dev libcxxopts-dev nlohmann-json3-dev libgtest-dev libgmock-dev libgloo-dev)
   [ "$(dpkg-query -W -f='${Status}\n' "${want[@]}" 2>/dev/null | grep -c 'install ok installed')" = ${#want[@]} ]
 }
-unfused_ops=(rope gate loss norm linears update momentum residual newton_schulz)  # model/layers.h's names of our fused operators
+unfused_ops=(rope gate loss norm linears update momentum residual newton_schulz)  # kernels/kernel_choices.h's names
 # Every step, in the order they run (those of "attention" and "suite" only when asked for).
 gpu_steps=(build cuda_tests preset_150M preset_1B profile_1B preset_1B_causal preset_1B_causal_auto preset_1B_cudnn_varlen
            preset_1B_aten preset_1B_casts_freed
@@ -133,7 +133,8 @@ say "build: $build_how"
 # test discovery included.
 if [ "$build_how" = kit ] || { [ "$build_how" = prebuilt ] && [ -d "$ROOT/.gpukit/root" ]; }; then
   export LD_LIBRARY_PATH=$ROOT/.gpukit/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  # The kit's Python packages (muon-fsdp2, unpacked by gpu_kit.sh build) for the benchmark's peer.
+  # The kit's Python packages (unpacked by gpu_kit.sh build): muon-fsdp2 for the benchmark's peer,
+  # pytest for the end-to-end tests.
   export PYTHONPATH=$ROOT/.gpukit/pylib${PYTHONPATH:+:$PYTHONPATH}
 fi
 

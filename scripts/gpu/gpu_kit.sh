@@ -3,7 +3,8 @@
 # CMake, ninja, a compiler and a python with torch 2.11.0, but not our Debian libraries. Two halves:
 #
 #   scripts/gpu/gpu_kit.sh fetch    # here (Debian 12, network): the .deb files into .gpukit/debs,
-#                               # the benchmark peer's muon-fsdp2 wheel into .gpukit/wheels
+#                               # the benchmark peer's muon-fsdp2 wheel and pytest's (the
+#                               # end-to-end tests') into .gpukit/wheels
 #   scripts/gpu/gpu_kit.sh build    # there: unpack them into .gpukit/root (the wheel into
 #                               # .gpukit/pylib, for PYTHONPATH) and build into build/
 #                               # (the tests' reference python: the one `python` finds)
@@ -50,10 +51,16 @@ python)
 fetch)
   rm -rf "$KIT/debs" && mkdir -p "$KIT/debs"
   (cd "$KIT/debs" && apt-get download "${PACKAGES[@]}")
-  # The one Python package the GPU machine's python3 lacks (pure Python), pinned as requirements.txt.
+  # The Python packages the GPU machine's python3 lacks (pure Python): muon-fsdp2, pinned as
+  # requirements.txt, and pytest with what it imports (tests/e2e, the CUDA checkpoint test among
+  # them; tomli and exceptiongroup for a python older than 3.11).
   rm -rf "$KIT/wheels" && mkdir -p "$KIT/wheels"
   "${PYTHON:-$ROOT/.venv/bin/python}" -m pip download -q --no-deps -d "$KIT/wheels" \
     "$(grep -E '^muon-fsdp2==' "$ROOT/requirements.txt")"
+  "${PYTHON:-$ROOT/.venv/bin/python}" -m pip download -q --only-binary=:all: -d "$KIT/wheels" \
+    "$(grep -E '^pytest' "$ROOT/requirements.txt")"
+  "${PYTHON:-$ROOT/.venv/bin/python}" -m pip download -q --no-deps --only-binary=:all: --platform any \
+    --python-version 3.10 --implementation py --abi none -d "$KIT/wheels" tomli exceptiongroup
   du -sh "$KIT/debs" "$KIT/wheels"
   ;;
 build)

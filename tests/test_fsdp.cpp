@@ -63,7 +63,7 @@ RunResult train_single_process(const Config& c, int steps) {
   at::manual_seed(static_cast<uint64_t>(c.runtime.seed));
   Llama model(resolve_model_args(c), at::TensorOptions());
   model.init_weights();
-  Optimizer opt(c, whole_parameters(model.parameters()));
+  Optimizer opt(c, whole_parameters(model.parameters()), model.kernels());
   DataLoader data(std::make_shared<FakeDataset>(static_cast<uint64_t>(c.runtime.seed),
                                                 c.data.seq_length, model.args().vocab_size),
                   0, false, c.optim.batch_size, c.optim.batch_size, 0, 1);
@@ -196,7 +196,7 @@ TEST(FSDP, GradientAccumulatorOwnsTheSumsItReturns) {
   // accumulator's own (`owned`: the one-rank engine keeps them as the gradients, no copy), and no
   // input's storage: the first micro-batch's gradients are copied, not adopted (autograd may
   // still hold them). One micro-batch: the gradients handed over, not owned.
-  GradientAccumulator acc;
+  GradientAccumulator acc(KernelChoices{});
   const std::vector<std::vector<int64_t>> shapes{{3, 2}, {4}};
   const std::vector<at::Tensor> first{at::randn({3, 2}).to(at::kBFloat16), at::Tensor()};
   const std::vector<at::Tensor> second{at::randn({3, 2}), at::randn({4})};

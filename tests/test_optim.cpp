@@ -140,7 +140,7 @@ TEST(Optimizer, MuonForHiddenMatricesAdamWForTheRest) {
   ModelArgs a = resolve_model_args(c);
   a.max_seq_len = 8;
   Llama model(a, at::TensorOptions());
-  Optimizer opt(c, whole_parameters(model.parameters()));
+  Optimizer opt(c, whole_parameters(model.parameters()), model.kernels());
   ASSERT_NE(opt.muon(), nullptr);
   EXPECT_EQ(opt.muon()->params().size(), 14u);  // 7 matrices x 2 blocks
   EXPECT_EQ(opt.muon()->params()[0].name, "layers.0.attention.wq.weight");
@@ -169,7 +169,7 @@ TEST(Optimizer, AdamWEverywhereWhenAsked) {
   ModelArgs a = resolve_model_args(c);
   a.max_seq_len = 8;
   Llama model(a, at::TensorOptions());
-  Optimizer opt(c, whole_parameters(model.parameters()));
+  Optimizer opt(c, whole_parameters(model.parameters()), model.kernels());
   EXPECT_EQ(opt.muon(), nullptr);
   EXPECT_EQ(opt.learning_rates(1.0)[0], (std::pair<std::string, double>{"hidden", 0.003}));
   EXPECT_EQ(opt.adamw().groups()[0].params.size(), 14u);

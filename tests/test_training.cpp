@@ -44,7 +44,7 @@ double train_debug_model(const std::string& optimizer_type, double hidden_lr, in
   at::manual_seed(0);
   Llama model(a, at::TensorOptions());
   model.init_weights();
-  Optimizer opt(c, whole_parameters(model.parameters()));
+  Optimizer opt(c, whole_parameters(model.parameters()), model.kernels());
   at::Tensor data = text_batches(steps);
   double tail = 0;
   for (int s = 0; s < steps; ++s) {

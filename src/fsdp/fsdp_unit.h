@@ -59,8 +59,8 @@ class FSDPUnit : public GradientGroup {
   // `keep_cast`: with one rank in `comm` and no replicas, keep the cast (above); ignored else.
   // `kernels`: the model's, for the gradient sums.
   FSDPUnit(int64_t index, std::string name, std::vector<FSDPParam*> params, Communicator& comm,
-           bool reshard_after_forward, FSDPCommContext& context, Communicator* replicas = nullptr,
-           bool keep_cast = false, const KernelChoices& kernels = {});
+           bool reshard_after_forward, FSDPCommContext& context, Communicator* replicas, bool keep_cast,
+           const KernelChoices& kernels);
 
   const std::string& name() const { return name_; }
   State state() const { return state_; }

@@ -2,7 +2,9 @@
 // Which of our fused operators and kernels a run uses: one value, resolved once from the config
 // (config/model_config.h's resolve_kernel_choices) and handed to what uses them: the model's
 // layers and attention, the engines' gradient sums (through the model), Muon, the memory estimate.
-// Nothing here is process-wide.
+// Nothing here is process-wide. The model's layer functions take it last with all fused as the
+// default, for tests and tools; the model passes its own (Llama::kernels) to each, and the parts
+// a run builds (engines, optimizer) take it without a default.
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 

@@ -35,7 +35,7 @@ class Optimizer {
   // `params` are this rank's tensors of the parameters (shards or whole), with their global
   // shapes (Muon's update scale and orthogonalisation need the whole matrix's). `kernels`: Muon's
   // (the run's KernelChoices).
-  Optimizer(const Config& config, const std::vector<ShardedParameter>& params, const KernelChoices& kernels = {});
+  Optimizer(const Config& config, const std::vector<ShardedParameter>& params, const KernelChoices& kernels);
 
   void step(double lr_multiplier);
 

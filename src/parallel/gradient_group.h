@@ -41,8 +41,9 @@ struct GradientTotals {
 // communicated; on the last (`sync`) the step's totals are handed to the collective.
 class GradientAccumulator {
  public:
-  // `kernels`: whether the sums go through our fp32 update kernel (Fused::Update).
-  explicit GradientAccumulator(const KernelChoices& kernels = {}) : kernels_(kernels) {}
+  // `kernels`: the run's (the model's), whether the sums go through our fp32 update kernel
+  // (Fused::Update).
+  explicit GradientAccumulator(const KernelChoices& kernels) : kernels_(kernels) {}
 
   // Adds this micro-batch's gradients (`shapes` and `device` size the sums; a missing gradient
   // counts as zero). Returns the step's totals when `sync`, none before. With a single

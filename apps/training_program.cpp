@@ -58,32 +58,6 @@ std::string error_text(const std::exception& e) {
   return e.what();
 }
 
-// --print-plan: one step of the run as the step plan lists it, for a rank of --world-size ranks
-// (else the launcher's world).
-nlohmann::json plan_json(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes) {
-  zb::Config cfg = cl.config;
-  const zb::World world = zb::detect_world();
-  if (over_nodes) zb::shard_by_node(cfg, world, /*dry_run=*/cl.world_size > 0);
-  const int64_t world_size = cl.world_size > 0 ? cl.world_size : world.size;
-  zb::validate(cfg, world_size);
-  if (cl.print_plan_rank >= world_size)
-    throw zb::ConfigError(strf("--print-plan %ld: there are only %ld rank(s) (--world-size)", cl.print_plan_rank,
-                               world_size));
-  std::optional<zb::MemoryVerdict> memory;
-  if (parallelism == zb::Parallelism::FSDP) memory.emplace();
-  nlohmann::json plan = zb::plan_to_json(
-      zb::plan_run(cfg, world_size, cl.print_plan_rank, parallelism, memory ? &*memory : nullptr));
-  // The memory estimate's verdict on the run (rank 0's peak; usable 0 where no budget is known).
-  if (memory) {
-    plan["memory"] = {{"peak_bytes", memory->estimate.peak},
-                      {"peak_at", memory->estimate.peak_at},
-                      {"usable_bytes", memory->budget.usable},
-                      {"fits", memory->fits}};
-  } else
-    plan["memory"] = nullptr;
-  return plan;
-}
-
 int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes, const zb::AdjustParts& adjust_parts) {
   zb::Config cfg = cl.config;  // train_hsdp fills in the layout
   const zb::World world = zb::detect_world();
@@ -255,7 +229,7 @@ int training_main(int argc, char** argv, Parallelism parallelism, const char* pr
       return 0;
     }
     if (cl.print_plan_rank >= 0) {
-      std::cout << plan_json(cl, parallelism, over_nodes).dump(1) << "\n";
+      std::cout << zb::plan_report(cl, parallelism, over_nodes).dump(1) << "\n";
       return 0;
     }
     return run(cl, parallelism, over_nodes, adjust_parts);

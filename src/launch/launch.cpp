@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 
 #include "model/layers.h"
 #include "observe/metrics_follower.h"
@@ -153,6 +154,30 @@ void record_run(const Config& config, const Trainer& trainer, const std::string&
     std::ofstream(path) << run.dump(2) << "\n";
   }
   start_metrics_follower(config, metrics_path, resumed);
+}
+
+nlohmann::json plan_report(const CommandLine& cl, Parallelism parallelism, bool over_nodes) {
+  Config cfg = cl.config;
+  const World world = detect_world();
+  if (over_nodes) shard_by_node(cfg, world, /*dry_run=*/cl.world_size > 0);
+  const int64_t world_size = cl.world_size > 0 ? cl.world_size : world.size;
+  validate(cfg, world_size);
+  if (cl.print_plan_rank >= world_size)
+    throw ConfigError(strf("--print-plan %ld: there are only %ld rank(s) (--world-size)", cl.print_plan_rank,
+                           world_size));
+  std::optional<MemoryVerdict> memory;
+  if (parallelism == Parallelism::FSDP) memory.emplace();
+  nlohmann::json plan =
+      plan_to_json(plan_run(cfg, world_size, cl.print_plan_rank, parallelism, memory ? &*memory : nullptr));
+  if (memory) {
+    plan["memory"] = {{"peak_bytes", memory->estimate.peak},
+                      {"peak_at", memory->estimate.peak_at},
+                      {"usable_bytes", memory->budget.usable},
+                      {"fits", memory->fits}};
+  } else {
+    plan["memory"] = nullptr;
+  }
+  return plan;
 }
 
 }  // namespace zb

@@ -7,6 +7,9 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "config/cli.h"
 #include "config/config.h"
 #include "dist/comm.h"
 #include "dist/world.h"
@@ -35,6 +38,12 @@ void log_placement(const Communicator& comm, const c10::Device& device);
 // fit throws ConfigError with the estimate's table, unless `force` or a dry run.
 MemoryVerdict check_memory(const Config& config, int64_t world_size, const c10::Device& device,
                            const MemoryBudget& budget, bool force, bool dry_run);
+
+// --print-plan: one step of rank --print-plan of --world-size ranks (else the launcher's world) as
+// the step plan lists it, with the memory verdict a launch would reach ("memory": rank 0's peak and
+// the usable bytes, 0 where no budget is known; null under DDP, which is not estimated).
+// `over_nodes`: train_hsdp's layout (shard_by_node).
+nlohmann::json plan_report(const CommandLine& cl, Parallelism parallelism, bool over_nodes);
 
 // Rank 0: the resolved run beside the metrics file (<stem>.config.json, the W&B run's config), and
 // the metrics follower started when W&B or TensorBoard is on.

@@ -24,7 +24,6 @@
 #include "observe/metrics_logger.h"
 #include "observe/profiler.h"
 #include "plan/run_policy.h"
-#include "plan/step_plan.h"
 #include "parallel/mesh.h"
 #include "train/build.h"
 #include "train/checkpoint_state.h"

@@ -42,8 +42,8 @@ ParallelMesh::ParallelMesh(const Config& config, int64_t world_size, int64_t ran
 ParallelMesh::ParallelMesh(const Config& config, Communicator& world, Parallelism parallelism)
     : ParallelMesh(config, world.size(), world.rank(), parallelism) {
   world_ = &world;
+  if (!groups_made()) return;
   const MeshShape& m = shape_;
-  if (!sharded() || (m.replicate == 1 && m.tp == 1)) return;
   const int64_t r = rank_;
   // Names unique over the world: every member of a group calls subgroup() with the same one.
   const std::string tp_part = m.tp > 1 ? "." + std::to_string(tp_rank()) : "";

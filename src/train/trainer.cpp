@@ -17,7 +17,6 @@ namespace zb {
 
 Trainer::Trainer(const Config& config, TrainingParts parts)
     : config_(config), parts_(std::move(parts)), clock_(parts_.device) {
-  if (parts_.diloco) replicas_ = parts_.mesh.shape().replicate;
   schedule_ = {config.optim.sched_type, config.optim.warmup_steps, config.optim.stable_steps,
                config.optim.total_steps};
 }
@@ -135,26 +134,28 @@ StepStats Trainer::agree_on_step(const at::Tensor& loss_sum, const at::Tensor& g
   // mean has its own slot; the loss is their mean, and every replica skips a step that is not
   // finite on any, so that steps stay aligned.
   Communicator& world = parts_.mesh.world();
+  // DiLoCo's replicas (shard groups) train apart: each has its own slot for its mean loss.
+  const int64_t replicas = parts_.diloco ? parts_.mesh.shape().replicate : 1;
   const at::Tensor norm = grad_norm.reshape({1}).to(at::kFloat);
   const int64_t slot = parts_.diloco ? parts_.mesh.replica() : 0;
-  at::Tensor reduced = at::zeros({replicas_ + 3}, loss_sum.options());
-  reduced.narrow(0, slot, 1).copy_(loss_sum / static_cast<double>(world.size() / replicas_));
-  reduced.narrow(0, replicas_, 1).copy_(at::isfinite(norm).logical_not().to(at::kFloat));
+  at::Tensor reduced = at::zeros({replicas + 3}, loss_sum.options());
+  reduced.narrow(0, slot, 1).copy_(loss_sum / static_cast<double>(world.size() / replicas));
+  reduced.narrow(0, replicas, 1).copy_(at::isfinite(norm).logical_not().to(at::kFloat));
   const StepFlags flags = flag_source ? flag_source() : StepFlags{};  // as late as the all-reduce allows
-  if (flags.stop_requested) reduced.narrow(0, replicas_ + 1, 1).fill_(1.0);
-  if (flags.save_failed) reduced.narrow(0, replicas_ + 2, 1).fill_(1.0);
+  if (flags.stop_requested) reduced.narrow(0, replicas + 1, 1).fill_(1.0);
+  if (flags.save_failed) reduced.narrow(0, replicas + 2, 1).fill_(1.0);
   world.all_reduce_sum(reduced).wait();
   // The host reads the result before the optimizer: whether to apply the step depends on it.
   const at::Tensor host = at::cat({reduced, norm}).cpu();
   StepStats stats;
   stats.step = step_;
-  for (int64_t r = 0; r < replicas_; ++r) stats.loss += host[r].item<double>() / static_cast<double>(replicas_);
-  if (replicas_ > 1)
-    for (int64_t r = 0; r < replicas_; ++r) stats.replica_losses.push_back(host[r].item<double>());
-  stats.ranks_stopping = std::lround(host[replicas_ + 1].item<double>());
-  stats.ranks_failed_save = std::lround(host[replicas_ + 2].item<double>());
-  stats.grad_norm = host[replicas_ + 3].item<double>();
-  if (host[replicas_].item<double>() > 0 && std::isfinite(stats.grad_norm))  // not finite on another rank
+  for (int64_t r = 0; r < replicas; ++r) stats.loss += host[r].item<double>() / static_cast<double>(replicas);
+  if (replicas > 1)
+    for (int64_t r = 0; r < replicas; ++r) stats.replica_losses.push_back(host[r].item<double>());
+  stats.ranks_stopping = std::lround(host[replicas + 1].item<double>());
+  stats.ranks_failed_save = std::lround(host[replicas + 2].item<double>());
+  stats.grad_norm = host[replicas + 3].item<double>();
+  if (host[replicas].item<double>() > 0 && std::isfinite(stats.grad_norm))  // not finite on another rank
     stats.grad_norm = std::numeric_limits<double>::quiet_NaN();
   return stats;
 }

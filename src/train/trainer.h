@@ -100,10 +100,7 @@ class Trainer {
 
   Config config_;
   TrainingParts parts_;
-  // DiLoCo: the replicas (shard groups) train alone between outer steps; replicas_ of them (1
-  // unless DiLoCo) have their own slot in the step's all-reduce. The outer copies start from the
-  // first step's parameters unless a checkpoint set them.
-  int64_t replicas_ = 1;
+  // DiLoCo: the outer copies start from the first step's parameters unless a checkpoint set them.
   bool outer_restored_ = false;
   LrSchedule schedule_;
   int64_t step_ = 0;

@@ -17,6 +17,7 @@
 #include "config/config.h"
 #include "config/model_config.h"
 #include "dist/comm.h"
+#include "dist/placement.h"
 #include "dist/world.h"
 #include "model/llama.h"
 #include "launch/launch.h"
@@ -93,16 +94,24 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
 
   // --- process, rendezvous, trainer --------------------------------------------------------------
   const c10::Device device = zb::prepare_process(cfg, world);
-  zb::Communicator comm(world, device, std::chrono::seconds(cfg.runtime.timeout_s));
-  zb::log::info(strf("world: %ld process(es) via %s, rendezvous %s:%ld; this is rank %ld (local %ld)",
+  const auto rendezvous = zb::connect_rendezvous(world, std::chrono::seconds(cfg.runtime.timeout_s));
+  // Which ranks share a GPU decides how the collectives travel (runtime.backend).
+  const zb::Placement placement = zb::exchange_placement(*rendezvous, device);
+  const zb::BackendChoice backend = zb::choose_backend(cfg.runtime.backend, device, placement);
+  zb::Communicator comm(rendezvous, device, backend.transport);
+  zb::log::info(strf("world: %ld process(es) via %s, rendezvous %s:%ld, collectives over %s; this is rank %ld "
+                     "(local %ld)",
                      world.size, world.launcher.c_str(), world.master_addr.c_str(), world.master_port,
-                     world.rank, world.local_rank));
+                     world.distributed() ? zb::transport_name(comm.transport()) : "none (one process)", world.rank,
+                     world.local_rank));
+  if (!backend.why.empty() && world.rank == 0 && world.distributed()) zb::log::info("collectives: " + backend.why);
   zb::log_placement(comm, device);
   // The mesh's groups first: on a GPU their NCCL communicators hold memory the budget must see.
   zb::ParallelMesh mesh(cfg, comm, parallelism);
   std::optional<zb::MemoryVerdict> memory;
   if (parallelism == zb::Parallelism::FSDP)
-    memory = zb::check_memory(cfg, world.size, device, zb::memory_budget(cfg, device, /*dry_run=*/false), cl.force,
+    memory = zb::check_memory(cfg, world.size, device, zb::memory_budget(cfg, device, /*dry_run=*/false, placement.sharing_mine()),
+                              cl.force,
                               /*dry_run=*/false);
   // train.keep_unsharded as the verdict resolved it ("auto" on or off), for the trainer, the plan
   // and the run's record.

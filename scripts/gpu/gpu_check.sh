@@ -33,7 +33,10 @@
 # Environment: GPU_CHECK_SKIP (step names not to run, e.g. "preset_150M profile_1B"),
 # GPU_CHECK_PRESET_STEPS (the presets' steps, default 20; tokens/s is over the last 10),
 # ZB_BUILD_TARGETS (the kit builds only these; default what the steps need, all with "suite"),
-# GPU_CHECK_STEPS (default "cuda_tests presets kernels unfused bench reference nvtx": "kernels" is the 1B
+# GPU_CHECK_STEPS (default "cuda_tests presets ranks deterministic kernels unfused bench reference nvtx":
+# "ranks" is every layout with 2-4 ranks sharing the GPU against one process
+# (scripts/gpu/ranks_check.py), "deterministic" the 1B preset under runtime.deterministic and three
+# 150M runs that must be bit-identical; "kernels" is the 1B
 # preset again with ATen's operators alone, --runtime.fused_kernels false, what our kernels
 # and nodes (RoPE, SwiGLU's gate, the loss's log-sum-exp and logit gradient, RMSNorm's backward
 # with the residual's gradient, q/k/v's input gradient summed in the GEMMs, the fp32 updates,
@@ -78,7 +81,7 @@ trap 'rm -rf "$work"' EXIT
 : >"$work/steps.tsv"
 
 budget=${GPU_CHECK_BUDGET_S:-540}
-selected=" ${GPU_CHECK_STEPS:-cuda_tests presets kernels unfused bench reference nvtx} "  # and "attention", "suite"
+selected=" ${GPU_CHECK_STEPS:-cuda_tests presets ranks deterministic kernels unfused bench reference nvtx} "  # and "attention", "suite"
 read -r -a bench_args <<<"${GPU_CHECK_BENCH:-configs/1B/H100.toml 1 15 --train.micro_bs 8 --optim.batch_size 64}"
 now() { date +%s.%N; }
 started=$(now)
@@ -111,7 +114,8 @@ debian_packages() {  # the Debian packages scripts/setup.sh installs, all presen
 }
 unfused_ops=(rope gate loss norm linears update momentum residual newton_schulz)  # kernels/kernel_choices.h's names
 # Every step, in the order they run (those of "attention" and "suite" only when asked for).
-gpu_steps=(build cuda_tests preset_150M preset_1B profile_1B preset_1B_causal preset_1B_causal_auto preset_1B_cudnn_varlen
+gpu_steps=(build cuda_tests preset_150M preset_1B profile_1B ranks preset_1B_deterministic preset_150M_det_a
+           preset_150M_det_b preset_150M_det_resumed deterministic_check preset_1B_causal preset_1B_causal_auto preset_1B_cudnn_varlen
            preset_1B_aten preset_1B_casts_freed
            "${unfused_ops[@]/#/preset_1B_unfused_}" reference_cpu reference_gpu_fp32 reference_gpu_bf16
            reference_check nvtx bench)
@@ -232,6 +236,26 @@ if wanted presets; then
     fi
   fi
 else not_run "not in GPU_CHECK_STEPS" preset_150M preset_1B profile_1B; fi
+if wanted ranks; then
+  # Every layout with 2-4 ranks sharing the GPU against the single process, checkpoints across
+  # rank counts and devices, runtime.deterministic's bit-identical first steps, and the DDP-vs-FSDP
+  # reproduction (scripts/gpu/ranks_check.py; it needs data/python-docs carried along).
+  step ranks 300 "$python" "$ROOT/scripts/gpu/ranks_check.py" "$work/ranks" --build build --python "$python"
+else not_run "not in GPU_CHECK_STEPS" ranks; fi
+if wanted deterministic; then
+  # runtime.deterministic: what it costs the 1B preset (against preset_1B), and two straight 150M
+  # runs and one resumed at step 5 of the first, bit-identical at every step (the check).
+  step preset_1B_deterministic 150 "${train[@]}" "${one_b[@]}" --runtime.deterministic true \
+    --logging.metrics_file "$work/preset_1B_deterministic.jsonl"
+  det=("${train[@]}" --config configs/150M/H100.toml --optim.batch_size 64 --optim.total_steps 10 --runtime.deterministic true)
+  step preset_150M_det_a 90 "${det[@]}" --ckpt.path "$work/det_ckpt" --ckpt.interval 5 \
+    --logging.metrics_file "$work/preset_150M_det_a.jsonl"
+  step preset_150M_det_b 90 "${det[@]}" --logging.metrics_file "$work/preset_150M_det_b.jsonl"
+  step preset_150M_det_resumed 90 "${det[@]}" --ckpt.resume "$work/det_ckpt/step_00000005" \
+    --logging.metrics_file "$work/preset_150M_det_resumed.jsonl"
+  step deterministic_check 30 python3 "$ROOT/scripts/gpu/gpu_check_report.py" --work "$work" --check-deterministic
+else not_run "not in GPU_CHECK_STEPS" preset_1B_deterministic preset_150M_det_a preset_150M_det_b \
+  preset_150M_det_resumed deterministic_check; fi
 if wanted attention; then
   # The same without the document mask, on the dense flash kernel (the family the document path
   # runs): what masking costs (the report gives the ratio). Then with PyTorch's own choice of

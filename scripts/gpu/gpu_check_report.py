@@ -149,6 +149,46 @@ def check_reference(work):
     return 0
 
 
+def losses_by_step(path):
+    """{step: loss} of a metrics file; {} where there is none."""
+    if not os.path.exists(path):
+        return {}
+    out = {}
+    for line in open(path):
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if "loss" in r:
+            out[r["step"]] = r["loss"]
+    return out
+
+
+def read_deterministic(work):
+    """The three 150M runs under runtime.deterministic (gpu_check's "deterministic" step): whether
+    the second equals the first and the resumed one the first's last steps, bit for bit."""
+    runs = {k: losses_by_step(os.path.join(work, f"preset_150M_det_{k}.jsonl")) for k in ("a", "b", "resumed")}
+    if not runs["a"]:
+        return None
+    a = runs["a"]
+    rerun = bool(runs["b"]) and runs["b"] == a
+    resumed = bool(runs["resumed"]) and all(runs["resumed"][s] == a.get(s) for s in runs["resumed"])
+    return {"losses": runs, "rerun_bit_identical": rerun, "resumed_bit_identical": resumed,
+            "largest_rerun_difference": max((abs(runs["b"][s] - a[s]) for s in runs["b"] if s in a), default=None)}
+
+
+def check_deterministic(work):
+    """Exit status for gpu_check's deterministic_check step."""
+    d = read_deterministic(work)
+    if d is None or not d["losses"]["b"] or not d["losses"]["resumed"]:
+        print("deterministic_check: a run left no losses")
+        return 1
+    print(f"deterministic_check: 150M twice: {'bit-identical' if d['rerun_bit_identical'] else 'DIFFERENT'} "
+          f"(largest difference {d['largest_rerun_difference']}); resumed at step 5: "
+          f"{'bit-identical' if d['resumed_bit_identical'] else 'DIFFERENT'}; losses {d['losses']}")
+    return 0 if d["rerun_bit_identical"] and d["resumed_bit_identical"] else 1
+
+
 def read_json(path):
     """A step's JSON output: None when the step left none, an error entry when it is damaged."""
     if not os.path.exists(path):
@@ -166,9 +206,13 @@ def main():
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
     ap.add_argument("--check-reference", action="store_true",
                     help="only check the reference runs' held-out losses (exit 1 when off)")
+    ap.add_argument("--check-deterministic", action="store_true",
+                    help="only check that the deterministic 150M runs are bit-identical (exit 1 when not)")
     args = ap.parse_args()
     if args.check_reference:
         raise SystemExit(check_reference(args.work))
+    if args.check_deterministic:
+        raise SystemExit(check_deterministic(args.work))
     if not args.out:
         ap.error("--out is required")
 
@@ -212,6 +256,11 @@ def main():
     report["fused_operator_speed_ratios"] = {
         name[len("1B_unfused_"):]: speed_ratio("1B", name)
         for name in report["presets"] if name.startswith("1B_unfused_")}
+    # runtime.deterministic's cost on the 1B preset (above 1: it is slower), and its bit-identical runs.
+    report["deterministic_over_default_speed_ratio"] = speed_ratio("1B_deterministic", "1B")
+    report["deterministic"] = read_deterministic(args.work)
+    # Every layout with ranks sharing the GPU (scripts/gpu/ranks_check.py).
+    report["ranks"] = read_json(os.path.join(args.work, "ranks", "ranks_check.json"))
     report["reference"], report["reference_gaps"] = read_reference(args.work)
     report["bench"] = read_json(os.path.join(args.work, "bench", "bench.json"))
     # The 1B preset's profiled steps (observe/profiler.h's summary): phases, operators and kernels.
@@ -265,6 +314,20 @@ def main():
                   ", ".join(f"{k['name']} {k['seconds_per_step']:.3f}" for k in p["kernel_kinds"]))
         for k in p.get("top_kernels", [])[:8]:  # where the GPU's time goes, kernel by kernel
             print(f"    {k['seconds_per_step']:.4f} s/step x{k['count_per_step']:.0f}  {k['name'][:110]}")
+    if report["deterministic_over_default_speed_ratio"] is not None:
+        print(f"  1B deterministic / default: tokens/s x {report['deterministic_over_default_speed_ratio']:.3f}")
+    if report["deterministic"]:
+        d = report["deterministic"]
+        print(f"  150M deterministic: rerun bit-identical {d['rerun_bit_identical']}, resumed bit-identical "
+              f"{d['resumed_bit_identical']}")
+    if report["ranks"] and "checks" in report["ranks"]:
+        for name, c in report["ranks"]["checks"].items():
+            if "largest_relative_difference" in c:
+                print(f"  ranks {name}: {'ok' if c['passed'] else 'FAIL'} on {c['ranks']}, largest relative "
+                      f"difference {c['largest_relative_difference']:.2e} (tolerance {c['tolerance']:.0e})")
+            else:
+                print(f"  ranks {name}: {'ok' if c['passed'] else 'FAIL'} "
+                      f"{c.get('summary') or c.get('error') or ''}".rstrip())
     if report["reference"]:
         finals = ", ".join(f"{k} {v['final_val_loss']:.4f}" for k, v in report["reference"].items())
         gaps = ", ".join(f"{k} {v:+.4f}" for k, v in report["reference_gaps"].items())

@@ -8,6 +8,9 @@
 #   scripts/perf/convergence.sh                                    # CPU: configs/debug/convergence.toml, 2 ranks
 #   scripts/perf/convergence.sh configs/150M/H100.toml 8 --data.dataset_name_or_paths DATA   # 8 GPUs
 #
+# Environment: ZB_SKIP_BUILD=1 takes BUILD_DIR (default build) as it is; PYTHON is the python with
+# torch that starts the ranks (default .venv/bin/python; a lent GPU machine's own).
+#
 # Long runs survive preemption: with CKPT_INTERVAL=N both programs checkpoint every N steps under
 # OUT/ckpt-<program>, and running the script again with the same OUT resumes each from its latest
 # checkpoint (the metrics files are appended to).
@@ -16,8 +19,10 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 config=${1:-$ROOT/configs/debug/convergence.toml}
 nproc=${2:-2}
 shift $(( $# > 2 ? 2 : $# ))
-"$ROOT/scripts/build.sh" >/dev/null
+[ "${ZB_SKIP_BUILD:-0}" = 1 ] || "$ROOT/scripts/build.sh" >/dev/null
 cd "$ROOT"
+build=${BUILD_DIR:-build}
+python=${PYTHON:-.venv/bin/python}
 out=${OUT:-outputs/convergence-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
 threads=()
@@ -29,9 +34,10 @@ for app in train_fsdp train_ddp; do
     ckpt=(--ckpt.path "$out/ckpt-$app" --ckpt.interval "$CKPT_INTERVAL")
     [ -f "$out/ckpt-$app/latest" ] && ckpt+=(--ckpt.resume latest)
   fi
-  .venv/bin/torchrun --standalone --nproc_per_node="$nproc" --no-python "build/apps/$app" \
+  "$python" -m torch.distributed.run --standalone --nproc_per_node="$nproc" --no-python "$build/apps/$app" \
     --config "$config" --logging.metrics_file "$out/$app.jsonl" "${threads[@]}" "${ckpt[@]}" "$@" 2>&1 \
     | grep -E "step [0-9]+/[0-9]+ \| (loss|val)|done|error|resumed" | awk 'NR % 5 == 1 || /val|done|error|resumed/'
 done
-.venv/bin/python scripts/watch/compare_runs.py "$out/train_fsdp.jsonl" "$out/train_ddp.jsonl" "$out"
-.venv/bin/python scripts/watch/plot_runs.py "$out/train_fsdp.jsonl" "$out/train_ddp.jsonl" --names FSDP DDP -o "$out/losses.png"
+"$python" scripts/watch/compare_runs.py "$out/train_fsdp.jsonl" "$out/train_ddp.jsonl" "$out"
+"$python" scripts/watch/plot_runs.py "$out/train_fsdp.jsonl" "$out/train_ddp.jsonl" --names FSDP DDP -o "$out/losses.png" ||
+  echo "(no plot: $python cannot draw it)"

@@ -134,6 +134,8 @@ struct RuntimeConfig {  // [runtime]
   std::string varlen_kernel = "flash";  // document attention's kernel on a GPU (model/attention.h)
   bool fused_kernels = true;  // our fused operators and CUDA kernels (model/layers.h); false: none
   std::string unfused;        // those of them to leave to ATen, comma-separated (model/layers.h's names)
+  std::string backend = "auto";  // collectives: "auto" | "nccl" | "gloo" (dist/placement.h)
+  bool deterministic = false;    // bit-identical reruns on a GPU (util/device.h's use_deterministic_algorithms)
 };
 
 struct CheckpointConfig {  // [ckpt]

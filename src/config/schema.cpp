@@ -215,6 +215,15 @@ const std::vector<Field>& schema() {
                "of those, the ones to leave to ATen, comma-separated: rope, gate, loss, norm, linears, update, "
                "momentum, residual "
                "(to measure what each gives)"),
+      ZB_CHOICE("runtime.backend", runtime.backend,
+                "the collectives' backend: nccl between GPUs, one rank each; gloo over TCP (a GPU's tensors "
+                "staged through host memory); auto: nccl where every rank has its own GPU, else gloo (ranks "
+                "sharing a GPU, said at start-up)",
+                "auto", "nccl", "gloo"),
+      ZB_FIELD("runtime.deterministic", Bool, bool, runtime.deterministic,
+               "bit-identical reruns: ATen's deterministic algorithms (flash attention's deterministic backward "
+               "included), cuDNN's deterministic choices and a fixed cuBLAS workspace (costs speed; see "
+               "docs/BENCHMARKS.md)"),
       ZB_FIELD("ckpt.path", String, std::string, ckpt.path,
                "directory of checkpoints (\"\" = none)"),
       ZB_FIELD("ckpt.interval", Int, int64_t, ckpt.interval,

@@ -150,6 +150,8 @@ void validate(const Config& c, int64_t world_size) {
   non_negative("runtime.peak_flops", c.runtime.peak_flops);
   non_negative("runtime.device_memory_gb", c.runtime.device_memory_gb);
   positive("runtime.timeout_s", c.runtime.timeout_s);
+  if (c.runtime.backend == "nccl" && c.runtime.device == "cpu")
+    fail("runtime.backend", "runtime.backend = \"nccl\" carries GPU tensors, but runtime.device = \"cpu\"");
   non_negative("ckpt.interval", c.ckpt.interval);
   non_negative("ckpt.keep", c.ckpt.keep);
   if (c.ckpt.resume == "latest" && c.ckpt.path.empty())

@@ -15,8 +15,22 @@
 
 namespace zb {
 
-PendingCollective::PendingCollective(c10::intrusive_ptr<c10d::Work> work, Communicator* comm)
-    : work_(std::move(work)), comm_(comm) {}
+Transport native_transport(const c10::Device& device) {
+  return device.is_cuda() ? Transport::Nccl : Transport::Gloo;
+}
+
+const char* transport_name(Transport t) {
+  switch (t) {
+    case Transport::Nccl: return "nccl";
+    case Transport::Gloo: return "gloo";
+    case Transport::GlooThroughHost: return "gloo through host memory";
+  }
+  return "?";
+}
+
+PendingCollective::PendingCollective(c10::intrusive_ptr<c10d::Work> work, Communicator* comm, at::Tensor result,
+                                     at::Tensor destination)
+    : work_(std::move(work)), comm_(comm), result_(std::move(result)), destination_(std::move(destination)) {}
 PendingCollective::PendingCollective() = default;
 PendingCollective::~PendingCollective() = default;
 PendingCollective::PendingCollective(PendingCollective&&) noexcept = default;
@@ -38,6 +52,13 @@ void PendingCollective::wait() {
     comm_->waited(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   work_.reset();
+  if (destination_.defined()) {
+    // Through host memory: queued on the current stream from pinned memory (the host allocator
+    // keeps the buffer until the copy has run).
+    destination_.copy_(result_, /*non_blocking=*/true);
+    result_.reset();
+    destination_.reset();
+  }
 }
 
 void Communicator::waited(double seconds) {
@@ -90,14 +111,15 @@ size_t Communicator::backends_to_abort() const {
 
 Communicator::Communicator(Communicator* parent, const World& group, const std::string& name,
                            const std::vector<int64_t>& ranks)
-    : rendezvous_(parent->rendezvous_), world_(group), name_(name), device_(parent->device_), parent_(parent),
-      abort_list_(parent->abort_list_) {
+    : rendezvous_(parent->rendezvous_), world_(group), name_(name), device_(parent->device_),
+      transport_(parent->transport_), parent_(parent), abort_list_(parent->abort_list_) {
   if (!group.distributed()) return;
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("zb/pg/" + name, rendezvous_->store());
   const auto timeout = rendezvous_->backend_timeout();
-  backend_ = device_.is_cuda() ? split_nccl_backend(parent->backend_, prefixed, ranks, timeout)
-                               : make_gloo_backend(prefixed, group, timeout);
-  if (device_.is_cuda()) wait_clock_ = std::make_unique<StepClock>(device_);
+  const bool nccl = transport_ == Transport::Nccl;
+  backend_ = nccl ? split_nccl_backend(parent->backend_, prefixed, ranks, timeout)
+                  : make_gloo_backend(prefixed, group, timeout);
+  if (nccl) wait_clock_ = std::make_unique<StepClock>(device_);
   abort_list_->add(backend_);
 }
 
@@ -116,7 +138,12 @@ std::unique_ptr<Communicator> Communicator::subgroup(const std::string& name, co
 }
 
 Communicator::Communicator(const World& world, c10::Device device, std::chrono::milliseconds timeout)
-    : Communicator(std::make_shared<const Rendezvous>(world, timeout), device) {}
+    : Communicator(world, device, timeout, native_transport(device)) {}
+Communicator::Communicator(const World& world, c10::Device device, std::chrono::milliseconds timeout,
+                           Transport transport)
+    : Communicator(std::make_shared<const Rendezvous>(world, timeout), device, transport) {}
+Communicator::Communicator(std::shared_ptr<const Rendezvous> rendezvous, c10::Device device)
+    : Communicator(std::move(rendezvous), device, native_transport(device)) {}
 
 namespace {
 // Gloo sends with writev, which raises SIGPIPE when the peer has died, and SIGPIPE's default is
@@ -129,15 +156,21 @@ void ignore_broken_pipes() {
 }
 }  // namespace
 
-Communicator::Communicator(std::shared_ptr<const Rendezvous> rendezvous, c10::Device device)
-    : rendezvous_(std::move(rendezvous)), world_(rendezvous_->world()), device_(device) {
+Communicator::Communicator(std::shared_ptr<const Rendezvous> rendezvous, c10::Device device, Transport transport)
+    : rendezvous_(std::move(rendezvous)),
+      world_(rendezvous_->world()),
+      device_(device),
+      // Gloo cannot take a GPU's tensors as they are.
+      transport_(transport == Transport::Gloo && device.is_cuda() ? Transport::GlooThroughHost : transport) {
+  TORCH_CHECK(transport_ != Transport::Nccl || device.is_cuda(), "NCCL carries GPU tensors; this rank's device is ",
+              device.str());
   if (!world_.distributed()) return;
   ignore_broken_pipes();
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("zb/pg", rendezvous_->store());
   const auto timeout = rendezvous_->backend_timeout();
-  backend_ = device.is_cuda() ? make_nccl_backend(prefixed, world_, device, timeout)
-                              : make_gloo_backend(prefixed, world_, timeout);
-  if (device.is_cuda()) wait_clock_ = std::make_unique<StepClock>(device);
+  const bool nccl = transport_ == Transport::Nccl;
+  backend_ = nccl ? make_nccl_backend(prefixed, world_, device, timeout) : make_gloo_backend(prefixed, world_, timeout);
+  if (nccl) wait_clock_ = std::make_unique<StepClock>(device);
   abort_list_ = std::make_shared<AbortList>();
   abort_list_->add(backend_);
   watchdog_ = std::make_unique<Watchdog>(rendezvous_->timeout(), world_.rank, [list = abort_list_] { list->abort_all(); });
@@ -172,6 +205,10 @@ PendingCollective Communicator::all_gather(const at::Tensor& out, const at::Tens
     return {};
   }
   // c10d takes non-const handles; flat, as Gloo checks the output is size() inputs along dim 0.
+  if (through_host()) {
+    at::Tensor output = host_buffer(out).view(-1), input = host_copy(in).view(-1);
+    return {backend_->_allgather_base(output, input), this, output, out.view(-1)};
+  }
   at::Tensor output = out.view(-1), input = in.view(-1);
   return {backend_->_allgather_base(output, input), this};
 }
@@ -186,6 +223,10 @@ PendingCollective Communicator::reduce_scatter_sum(const at::Tensor& out, const 
   }
   c10d::ReduceScatterOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;  // Gloo has no AVG: callers pre-divide
+  if (through_host()) {
+    at::Tensor output = host_buffer(out).view(-1), input = host_copy(in).view(-1);
+    return {backend_->_reduce_scatter_base(output, input, opts), this, output, out.view(-1)};
+  }
   at::Tensor output = out.view(-1), input = in.view(-1);
   return {backend_->_reduce_scatter_base(output, input, opts), this};
 }
@@ -194,9 +235,10 @@ PendingCollective Communicator::all_reduce_sum(const at::Tensor& t) {
   const int64_t bytes = t.numel() * t.element_size();
   account(CommKind::AllReduce, bytes, ring_counted_bytes(CommKind::AllReduce, size(), bytes));
   if (!backend_) return {};
-  std::vector<at::Tensor> tensors{t};
+  std::vector<at::Tensor> tensors{through_host() ? host_copy(t) : t};
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;
+  if (through_host()) return {backend_->allreduce(tensors, opts), this, tensors[0], t};
   return {backend_->allreduce(tensors, opts), this};
 }
 
@@ -205,9 +247,10 @@ PendingCollective Communicator::broadcast(const at::Tensor& t, int64_t root) {
   const int64_t bytes = t.numel() * t.element_size();
   account(CommKind::Broadcast, bytes, broadcast_counted_bytes(size(), rank(), root, bytes));
   if (!backend_) return {};
-  std::vector<at::Tensor> tensors{t};
+  std::vector<at::Tensor> tensors{through_host() ? host_copy(t) : t};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
+  if (through_host()) return {backend_->broadcast(tensors, opts), this, tensors[0], t};
   return {backend_->broadcast(tensors, opts), this};
 }
 
@@ -220,8 +263,22 @@ PendingCollective Communicator::all_to_all(const at::Tensor& out, const at::Tens
     out.copy_(in);
     return {};
   }
+  if (through_host()) {
+    at::Tensor output = host_buffer(out), input = host_copy(in);
+    return {backend_->alltoall_base(output, input, out_splits, in_splits), this, output, out};
+  }
   at::Tensor output = out, input = in;
   return {backend_->alltoall_base(output, input, out_splits, in_splits), this};
+}
+
+at::Tensor Communicator::host_buffer(const at::Tensor& t) const {
+  return at::empty(t.sizes(), t.options().device(c10::kCPU).pinned_memory(device_.is_cuda()));
+}
+
+at::Tensor Communicator::host_copy(const at::Tensor& t) const {
+  at::Tensor host = host_buffer(t);
+  host.copy_(t);  // from a GPU: waits for the stream's work that made `t`
+  return host;
 }
 
 void Communicator::barrier() {

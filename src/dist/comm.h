@@ -1,8 +1,9 @@
 #pragma once
 // A process group for the training engine, on PyTorch's c10d: one backend over a rendezvous
-// (dist/rendezvous.h), Gloo for CPU tensors, NCCL for CUDA tensors. Every call counts the bytes it
-// moves by kind, and waiting on results is timed, for the per-step metrics. With a world of one
-// process nothing is created and every collective is a local copy.
+// (dist/rendezvous.h): NCCL between GPUs, Gloo over TCP for host tensors, or Gloo for a GPU's
+// tensors staged through host memory (ranks that share a GPU, which NCCL refuses). Every call
+// counts the bytes it moves by kind, and waiting on results is timed, for the per-step metrics.
+// With a world of one process nothing is created and every collective is a local copy.
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/util/intrusive_ptr.h>
@@ -47,13 +48,29 @@ struct CommStats {
 
 class Communicator;
 
+// How a group's collectives travel (runtime.backend; dist/placement.h chooses).
+enum class Transport {
+  Nccl,  // GPU to GPU, one rank per GPU
+  Gloo,  // host tensors over TCP; a GPU's tensors go as GlooThroughHost
+  // Gloo on host copies: each input copied to (pinned) host memory before the call, each result
+  // copied back to the device when the call is waited for. What a GPU's tensors take under Gloo
+  // (c10d's Gloo has no CUDA path for several of our collectives); on the CPU, for tests, the
+  // same through separate host buffers. The engines see no difference.
+  GlooThroughHost,
+};
+// The device's own: NCCL for a GPU, Gloo for the CPU.
+Transport native_transport(const c10::Device& device);
+const char* transport_name(Transport t);  // "nccl", "gloo", "gloo through host memory"
+
 // An issued collective. wait() blocks until its result can be used (on CUDA: until the current
 // stream is ordered after it: the host goes on at once) and times the wait (CommStats). Waiting
 // twice is harmless.
 class PendingCollective {
  public:
   PendingCollective();
-  PendingCollective(c10::intrusive_ptr<c10d::Work> work, Communicator* comm);
+  // `result`, where given, is a host copy that wait() copies into `destination` (GlooThroughHost).
+  PendingCollective(c10::intrusive_ptr<c10d::Work> work, Communicator* comm, at::Tensor result = {},
+                    at::Tensor destination = {});
   ~PendingCollective();
   PendingCollective(PendingCollective&&) noexcept;
   PendingCollective& operator=(PendingCollective&&) noexcept;
@@ -63,15 +80,19 @@ class PendingCollective {
  private:
   c10::intrusive_ptr<c10d::Work> work_;
   Communicator* comm_ = nullptr;
+  at::Tensor result_, destination_;
 };
 
 class Communicator {
  public:
-  // The world's group over `rendezvous`, with a backend for `device`. The rendezvous' timeout also
-  // bounds every wait on the other ranks while a phase is set (set_phase).
+  // The world's group over `rendezvous`, for `device`'s tensors, by `transport` (the device's own
+  // unless given; Gloo for a GPU means GlooThroughHost). The rendezvous' timeout also bounds
+  // every wait on the other ranks while a phase is set (set_phase).
+  Communicator(std::shared_ptr<const Rendezvous> rendezvous, c10::Device device, Transport transport);
   Communicator(std::shared_ptr<const Rendezvous> rendezvous, c10::Device device);
   // The same over a rendezvous of its own (Rendezvous's constructor: throws naming the problem).
   Communicator(const World& world, c10::Device device, std::chrono::milliseconds timeout);
+  Communicator(const World& world, c10::Device device, std::chrono::milliseconds timeout, Transport transport);
   ~Communicator();
 
   // A communicator over some of this one's ranks (`ranks`, in their new order; this rank among
@@ -87,6 +108,7 @@ class Communicator {
   int64_t size() const { return world_.size; }
   const World& world() const { return world_; }
   const Rendezvous& rendezvous() const { return *rendezvous_; }
+  Transport transport() const { return transport_; }
 
   // out (flat, size() * in.numel()) = concatenation of every rank's `in`, in rank order.
   PendingCollective all_gather(const at::Tensor& out, const at::Tensor& in);
@@ -138,11 +160,17 @@ class Communicator {
     if (observer_) observer_->collective(kind, observed_as_, size(), payload, counted);
   }
   void waited(double seconds);
+  // GlooThroughHost: a host copy of `t` (pinned for a GPU's, so that the copy back can be queued
+  // on the stream), and an uninitialised one of its shape for a result.
+  at::Tensor host_copy(const at::Tensor& t) const;
+  at::Tensor host_buffer(const at::Tensor& t) const;
+  bool through_host() const { return transport_ == Transport::GlooThroughHost; }
 
   std::shared_ptr<const Rendezvous> rendezvous_;
   World world_;       // the rendezvous' world, or a subgroup's numbering of it
   std::string name_;  // "" for the world; a subgroup's unique name
   c10::Device device_;
+  Transport transport_;
   c10::intrusive_ptr<c10d::Backend> backend_;
   CommStats stats_;
   CollectiveObserver* observer_ = nullptr;

@@ -71,6 +71,10 @@ std::chrono::milliseconds Rendezvous::backend_timeout() const {
   return timeout_ + std::max<std::chrono::milliseconds>(std::chrono::seconds(10), timeout_ / 10);
 }
 
+std::shared_ptr<const Rendezvous> connect_rendezvous(const World& world, std::chrono::milliseconds timeout) {
+  return std::make_shared<const Rendezvous>(world, timeout);
+}
+
 std::vector<std::string> Rendezvous::exchange(const std::string& key, const std::string& mine) const {
   if (!store_) return {mine};
   store_->set("zb/" + key + "/" + std::to_string(world_.rank), bytes_of(mine));

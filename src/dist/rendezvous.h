@@ -7,6 +7,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -44,5 +45,9 @@ class Rendezvous {
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Store> store_;
 };
+
+// A shared one (the communicators and start-up exchanges hold it), made where the store's type is
+// known.
+std::shared_ptr<const Rendezvous> connect_rendezvous(const World& world, std::chrono::milliseconds timeout);
 
 }  // namespace zb

@@ -21,7 +21,9 @@ c10::Device prepare_process(const Config& config, const World& world) {
   // A file-size limit (ulimit -f, some quotas) would kill the process in the middle of a write;
   // ignored, the write fails with EFBIG and the error names the file.
   std::signal(SIGXFSZ, SIG_IGN);
+  if (config.runtime.deterministic) use_deterministic_algorithms();  // before any GPU work
   const c10::Device device = select_device(config.runtime.device, world.local_rank);
+  use_device(device);
   configure_allocator(device);
   if (config.runtime.num_threads > 0) {
     at::set_num_threads(static_cast<int>(config.runtime.num_threads));
@@ -142,8 +144,12 @@ MemoryVerdict check_memory(const Config& config, int64_t world_size, const c10::
   }
   std::string table;
   for (const auto& line : v.table) table += "\n" + line;
-  throw ConfigError("the run is predicted not to fit in one device's memory (smaller train.micro_bs, train.ac_ckpt, "
-                    "more ranks; --force to try anyway):" + table);
+  const std::string where =
+      v.budget.shared_by > 1
+          ? strf("in its share of the GPU (%ld ranks share it: fewer ranks on it, ", static_cast<long>(v.budget.shared_by))
+          : std::string("in one device's memory (");
+  throw ConfigError("the run is predicted not to fit " + where +
+                    "smaller train.micro_bs, train.ac_ckpt, more ranks; --force to try anyway):" + table);
 }
 
 void record_run(const Config& config, const Trainer& trainer, const std::string& metrics_path, bool resumed) {

@@ -49,8 +49,9 @@ int64_t usable_memory_bytes(int64_t device_bytes);
 // The memory a run may plan to use, and how that was decided (for the table).
 struct MemoryBudget {
   int64_t device_bytes = 0;  // the device's whole memory; 0 when unknown (nothing is checked)
-  int64_t usable = 0;
+  int64_t usable = 0;  // for this rank: its share where ranks share the device
   std::string how;
+  int64_t shared_by = 1;  // ranks on the device
 };
 // Before launch (dry runs, or runtime.device_memory_gb set): 90% of device_memory_bytes.
 MemoryBudget planned_budget(const Config& c, const std::string& device_name);

@@ -77,6 +77,11 @@ nlohmann::json resolved_run(const Config& c) {
   const c10::Device device = planned_device(c);
   const at::ScalarType compute = resolve_compute_dtype(c, device);
   const at::ScalarType ns = resolve_ns_dtype(c, device);
+  nlohmann::json deterministic = nullptr;  // what runtime.deterministic sets, or null
+  if (c.runtime.deterministic) {
+    deterministic = nlohmann::json::object();
+    for (const auto& [setting, value] : deterministic_settings()) deterministic[setting] = value;
+  }
   return {
       {"name_model", c.name_model},
       {"type_model", c.type_model},
@@ -113,24 +118,34 @@ nlohmann::json resolved_run(const Config& c) {
                 {"eps", o.adam.eps}, {"wd", o.adam.wd}}},
       {"runtime", {{"device", c.runtime.device}, {"compute_dtype", c.runtime.compute_dtype},
                    {"seed", c.runtime.seed}, {"num_threads", c.runtime.num_threads},
-                   {"peak_flops", c.runtime.peak_flops}}},
+                   {"peak_flops", c.runtime.peak_flops}, {"backend", c.runtime.backend},
+                   {"deterministic", c.runtime.deterministic}}},
       // What "auto" resolves to on this machine, as the trainer will run it.
       {"resolved_device", device.is_cuda() ? "cuda" : "cpu"},
       {"resolved_compute_dtype", compute == at::kBFloat16 ? "bfloat16" : "float32"},
       {"resolved_ns_dtype", ns == at::kBFloat16 ? "bfloat16" : "float32"},
+      {"resolved_deterministic", deterministic},
   };
 }
 
 // What this rank's device offers: on a GPU (unless runtime.device_memory_gb says) the memory
 // still free once the CUDA context and every communicator exist; else from the config or the
 // GPU's name. A dry run may plan for a GPU on a machine without one: then only the config says.
-MemoryBudget memory_budget(const Config& cfg, const c10::Device& device, bool dry_run) {
+MemoryBudget memory_budget(const Config& cfg, const c10::Device& device, bool dry_run, int64_t sharing) {
   const bool gpu_here = device.is_cuda() && cuda_available();
   if (gpu_here && !dry_run && cfg.runtime.device_memory_gb <= 0) {
     const DeviceMemory m = device_memory(device);
-    return measured_budget(m.available, m.total);
+    return share_budget(measured_budget(m.available, m.total), sharing);
   }
-  return planned_budget(cfg, gpu_here ? device_name(device) : "");
+  return share_budget(planned_budget(cfg, gpu_here ? device_name(device) : ""), sharing);
+}
+
+MemoryBudget share_budget(MemoryBudget budget, int64_t sharing) {
+  if (sharing <= 1 || budget.device_bytes == 0) return budget;
+  budget.usable /= sharing;
+  budget.how += strf("; divided between the %ld ranks that share this GPU", static_cast<long>(sharing));
+  budget.shared_by = sharing;
+  return budget;
 }
 
 StepPlan plan_run(const Config& c, int64_t world_size, int64_t rank, Parallelism parallelism,

@@ -56,7 +56,10 @@ nlohmann::json resolved_run(const Config& config);
 // What this rank's device offers: on a GPU (unless runtime.device_memory_gb says) the memory
 // still free once the CUDA context and every communicator exist; else from the config or the
 // GPU's name. A dry run may plan for a GPU on a machine without one: then only the config says.
-MemoryBudget memory_budget(const Config& config, const c10::Device& device, bool dry_run);
+// `sharing` ranks on one GPU (dist/placement.h) each get that share of it (share_budget).
+MemoryBudget memory_budget(const Config& config, const c10::Device& device, bool dry_run, int64_t sharing = 1);
+// `budget` divided between `sharing` ranks on its device; as it is for one, or for an unknown device.
+MemoryBudget share_budget(MemoryBudget budget, int64_t sharing);
 
 // The device a run of this config trains on, whether or not this machine has it (dry runs and
 // plans for a GPU made on a CPU): runtime.device, "auto" being CUDA where CUDA is usable here.

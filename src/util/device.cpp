@@ -4,6 +4,7 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <malloc.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -32,6 +33,28 @@ DeviceMemory cuda_device_memory(int index);
 void cuda_event_destroy(void* event);
 #endif
 
+namespace {
+const char* const kCublasWorkspace = ":4096:8";  // cuBLAS's documented setting for reproducible results
+}
+
+void use_deterministic_algorithms() {
+  ::setenv("CUBLAS_WORKSPACE_CONFIG", kCublasWorkspace, /*overwrite=*/0);
+  auto& ctx = at::globalContext();
+  ctx.setDeterministicAlgorithms(true, /*warn_only=*/false);  // warn-only would leave flash's backward as it is
+  ctx.setDeterministicFillUninitializedMemory(false);
+  ctx.setDeterministicCuDNN(true);
+  ctx.setBenchmarkCuDNN(false);
+}
+
+std::vector<std::pair<std::string, std::string>> deterministic_settings() {
+  const char* workspace = std::getenv("CUBLAS_WORKSPACE_CONFIG");
+  return {{"aten_deterministic_algorithms", "true"},
+          {"flash_attention_backward", "deterministic"},
+          {"cudnn", "deterministic, no benchmarking"},
+          {"cublas_workspace_config", workspace ? workspace : kCublasWorkspace},
+          {"fill_uninitialized_memory", "false"}};
+}
+
 bool cuda_available() { return at::hasCUDA() && at::detail::getCUDAHooks().deviceCount() > 0; }
 
 // Why GPUs look present to a process that cannot use CUDA ("" when nothing says so): a launcher
@@ -42,6 +65,8 @@ std::string visible_gpus_hint() {
   if (::access("/dev/nvidia0", F_OK) == 0) return "/dev/nvidia0 exists";
   return "";
 }
+
+int64_t gpu_for_local_rank(int64_t local_rank, int64_t device_count) { return local_rank % device_count; }
 
 c10::Device select_device(const std::string& requested, int64_t local_rank) {
   if (requested == "cpu") return c10::Device(c10::kCPU);
@@ -57,9 +82,13 @@ c10::Device select_device(const std::string& requested, int64_t local_rank) {
                              "); set runtime.device = \"cpu\" to train on the CPU");
   if (requested == "cuda" || (requested == "auto" && cuda_available())) {
     const int64_t n = at::detail::getCUDAHooks().deviceCount();
-    return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % n));
+    return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(gpu_for_local_rank(local_rank, n)));
   }
   return c10::Device(c10::kCPU);
+}
+
+void use_device(const c10::Device& device) {
+  if (device.is_cuda()) c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(device);
 }
 
 void configure_allocator(const c10::Device& device) {

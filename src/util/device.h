@@ -6,14 +6,30 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace zb {
 
 // True when this LibTorch was built with CUDA and a GPU is visible.
 bool cuda_available();
-// "auto" -> cuda:<local_rank> when available, else cpu. "cuda" without a GPU throws.
+// The GPU of local rank `local_rank` among `device_count`: in turn, so that ranks beyond the
+// count share them (dist/placement.h then picks the backend).
+int64_t gpu_for_local_rank(int64_t local_rank, int64_t device_count);
+// "auto" -> cuda:gpu_for_local_rank when available, else cpu. "cuda" without a GPU throws.
 c10::Device select_device(const std::string& requested, int64_t local_rank);
+// runtime.deterministic: what makes two runs of one config bit-identical on a GPU. ATen's
+// deterministic algorithms (an operator without one fails, naming itself; flash attention's
+// backward takes its deterministic path), cuDNN's deterministic choices without benchmarking, and a
+// fixed cuBLAS workspace (CUBLAS_WORKSPACE_CONFIG=:4096:8 unless the environment sets it), before
+// any GPU work. Our kernels need nothing: none uses atomics, and each reduction's order is fixed
+// by its launch. Uninitialised memory is not filled (nothing of ours reads it).
+void use_deterministic_algorithms();
+// What it sets, as the run's record shows it (resolved_run).
+std::vector<std::pair<std::string, std::string>> deterministic_settings();
+// Makes `device` this process's current GPU, where its streams, events and workspaces live
+// (nothing on the CPU).
+void use_device(const c10::Device& device);
 // Sets the allocator up for training before anything is allocated: on CUDA expandable segments in
 // the caching allocator, on CPU glibc's malloc keeping large buffers (see device.cpp). Settings
 // the user made in the environment are kept.

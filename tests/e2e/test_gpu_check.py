@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import DEBUG_CONFIG, SOURCE, TRAIN_FSDP, run
+from conftest import BUILD, DEBUG_CONFIG, SOURCE, TRAIN_FSDP, run
 
 REPORT_PY = SOURCE / "scripts/gpu/gpu_check_report.py"
 
@@ -81,7 +81,9 @@ def test_cpu_only(tree):
     r, s = tree.report()
     assert r["mode"] == "cpu-only" and r["build"] == "kit" and r["gpu_parts_ran"] is False, r
     assert r["result"] == "gpu parts not run" and all(x["status"] == "not run" for x in r["steps"]), r
-    assert list(s) == ["build", "cuda_tests", "preset_150M", "preset_1B", "profile_1B", "preset_1B_causal",
+    assert list(s) == ["build", "cuda_tests", "preset_150M", "preset_1B", "profile_1B", "ranks",
+                       "preset_1B_deterministic", "preset_150M_det_a", "preset_150M_det_b", "preset_150M_det_resumed",
+                       "deterministic_check", "preset_1B_causal",
                        "preset_1B_causal_auto", "preset_1B_cudnn_varlen", "preset_1B_aten", "preset_1B_casts_freed",
                        "preset_1B_unfused_rope", "preset_1B_unfused_gate", "preset_1B_unfused_loss",
                        "preset_1B_unfused_norm", "preset_1B_unfused_linears", "preset_1B_unfused_update",
@@ -279,3 +281,45 @@ def test_kit_tools(tree):
     assert f"{tree.bin}/nvcc is CUDA 12.4 but torch was built for CUDA 13.0" in err, f"mismatch: {err}"
     assert not (tree.root / ".gpukit/root").exists(), "unpacked the kit before refusing"
     print("kit: python found, CUDA 12 toolkit for a CUDA 13 torch refused")
+
+
+def test_deterministic_check(tmp_path):
+    """gpu_check's deterministic_check: three 150M runs under runtime.deterministic pass only when
+    the rerun equals the first run at every step and the resumed run its last steps, bit for bit."""
+    losses = {1: 7.1, 2: 6.9, 3: 6.8, 4: 6.75}
+    def write(name, by_step):
+        (tmp_path / f"preset_150M_det_{name}.jsonl").write_text(
+            "".join(json.dumps({"step": s, "loss": v}) + "\n" for s, v in by_step.items()))
+    def check():
+        p = subprocess.run([sys.executable, REPORT_PY, "--work", tmp_path, "--check-deterministic"],
+                           stdout=subprocess.PIPE, text=True)
+        return p.returncode, p.stdout
+    write("a", losses)
+    write("b", losses)
+    write("resumed", {3: 6.8, 4: 6.75})
+    rc, out = check()
+    assert rc == 0 and "150M twice: bit-identical" in out and "resumed at step 5: bit-identical" in out, out
+    write("b", {**losses, 3: 6.8 + 1e-7})  # one step off by one part in 7e7
+    rc, out = check()
+    assert rc == 1 and "150M twice: DIFFERENT (largest difference 1.0" in out, out
+    write("b", losses)
+    write("resumed", {3: 6.8, 4: 6.7500001})
+    rc, out = check()
+    assert rc == 1 and "resumed at step 5: DIFFERENT" in out, out
+
+
+def test_ranks_check_on_cpu_ranks(tmp_path):
+    """gpu_check's `ranks` step (scripts/gpu/ranks_check.py) runs here over CPU ranks: FSDP on 2
+    ranks against the single process, and runtime.deterministic's bit-identical runs. What it
+    checks on a GPU (every layout sharing the one GPU) is the same code with --device cuda."""
+    p = subprocess.run([sys.executable, SOURCE / "scripts/gpu/ranks_check.py", tmp_path, "--device", "cpu",
+                        "--build", BUILD, "--only", "fsdp2", "deterministic", "--jobs", "2"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
+    print(p.stdout)
+    assert p.returncode == 0, p.stdout
+    r = json.loads((tmp_path / "ranks_check.json").read_text())
+    fsdp2 = r["checks"]["fsdp2"]
+    assert fsdp2["passed"] and fsdp2["ranks"] == "2 cpu" and fsdp2["largest_relative_difference"] <= 1e-5, fsdp2
+    assert fsdp2["note"] == "collectives over gloo", fsdp2  # the start-up line names the backend
+    det = r["checks"]["deterministic"]
+    assert det["passed"] and det["fsdp2"] == det["fsdp2_again"] and det["fsdp2"]["1"] == det["ddp2"]["1"], det

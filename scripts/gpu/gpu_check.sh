@@ -241,6 +241,9 @@ if wanted ranks; then
   # rank counts and devices, runtime.deterministic's bit-identical first steps, and the DDP-vs-FSDP
   # reproduction (scripts/gpu/ranks_check.py; it needs data/python-docs carried along).
   step ranks 300 "$python" "$ROOT/scripts/gpu/ranks_check.py" "$work/ranks" --build build --python "$python"
+  # Its verdicts and every run's log come back (the metrics and checkpoints stay behind).
+  cp "$work/ranks/ranks_check.json" "$out/" 2>/dev/null || true
+  [ -d "$work/ranks/logs" ] && { rm -rf "$out/ranks_logs"; cp -r "$work/ranks/logs" "$out/ranks_logs"; }
 else not_run "not in GPU_CHECK_STEPS" ranks; fi
 if wanted deterministic; then
   # runtime.deterministic: what it costs the 1B preset (against preset_1B), and two straight 150M

@@ -196,7 +196,8 @@ if ! "$python" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.pat
 fi
 case $build_how in
   # What the steps run, unless the whole suite is wanted (ZB_BUILD_TARGETS set, even empty, wins).
-  kit) targets="train_fsdp zb_cuda_tests zb_comm_bytes"; wanted suite && targets=""
+  kit) targets="train_fsdp zb_cuda_tests zb_comm_bytes"; wanted ranks && targets+=" train_ddp export_hf"
+       wanted suite && targets=""
        step build 360 env JOBS="${JOBS:-$(nproc)}" ZB_BUILD_TARGETS="${ZB_BUILD_TARGETS-$targets}" \
          "$ROOT/scripts/gpu/gpu_kit.sh" build ;;
   system) step build 360 env JOBS="${JOBS:-$(nproc)}" "$ROOT/scripts/build.sh" ;;
@@ -241,9 +242,9 @@ if wanted ranks; then
   # rank counts and devices, runtime.deterministic's bit-identical first steps, and the DDP-vs-FSDP
   # reproduction (scripts/gpu/ranks_check.py; it needs data/python-docs carried along).
   step ranks 300 "$python" "$ROOT/scripts/gpu/ranks_check.py" "$work/ranks" --build build --python "$python"
-  # Its verdicts and every run's log come back (the metrics and checkpoints stay behind).
+  # Its verdicts and the logs of what failed come back (the metrics and checkpoints stay behind).
   cp "$work/ranks/ranks_check.json" "$out/" 2>/dev/null || true
-  [ -d "$work/ranks/logs" ] && { rm -rf "$out/ranks_logs"; cp -r "$work/ranks/logs" "$out/ranks_logs"; }
+  [ -d "$work/ranks/failed_logs" ] && { rm -rf "$out/ranks_failed_logs"; cp -r "$work/ranks/failed_logs" "$out/ranks_failed_logs"; }
 else not_run "not in GPU_CHECK_STEPS" ranks; fi
 if wanted deterministic; then
   # runtime.deterministic: what it costs the 1B preset (against preset_1B), and two straight 150M

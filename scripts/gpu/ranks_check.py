@@ -13,10 +13,12 @@ each step's loss must equal the single process's up to the order of summation:
       ~1e-7, which ten small steps amplify; a lost or doubled micro-batch moves step 1 by ~1e-2);
   bf16 (the GPU's default):          relative 5e-3: a bf16 value carries 8 bits (2^-8 = 3.9e-3
       relative), and a different split of the batch rounds different partial sums;
-  DiLoCo, whose replicas train apart, against the same layout on CPU ranks: fp32 1e-5, and 1e-4
-      with uint8 pseudo-gradients (a 1e-7 difference can move a value across one of 256 levels).
+  DiLoCo, whose replicas train apart, against the same layout on CPU ranks from the same initial
+      weights (the single run's step 5, exported): fp32 1e-5, and 1e-4 with uint8 pseudo-gradients
+      (a 1e-7 difference can move a value across one of 256 levels).
 Checkpoints: written by 2 GPU ranks, resumed on 1 GPU rank and on 2 CPU ranks; written by 1 GPU
-rank and by 2 CPU ranks, resumed on 2 GPU ranks: steps 6-10 against the straight single run.
+rank and by 2 CPU ranks, resumed on 2 GPU ranks: steps 6-10 against the straight single run (the
+CPU-written one against the CPU run that wrote it: a GPU's random initial values are its own).
 runtime.deterministic: step 1 of FSDP 2 and DDP 2 bit-identical, and FSDP 2 run twice
 bit-identical at every step. Then the DDP-vs-FSDP reproduction (scripts/perf/convergence.sh, 2
 ranks, 200 steps on data/python-docs), its largest loss difference printed.
@@ -130,10 +132,14 @@ pool = concurrent.futures.ThreadPoolExecutor(max_workers=64)
 refs = {}
 
 
+refs_lock = threading.Lock()  # checks on several threads ask for the same reference run once
+
+
 def ref(name, nproc, *extra, **kw):
-    if name not in refs:
-        refs[name] = pool.submit(train, name, nproc, *extra, **kw)
-    return refs[name]
+    with refs_lock:
+        if name not in refs:
+            refs[name] = pool.submit(train, name, nproc, *extra, **kw)
+        return refs[name]
 
 
 def single_fp32():  # also writes the checkpoint at step 5 that 2 ranks resume from
@@ -165,11 +171,32 @@ def traces(name):
     return f"{len(found)} traces; {collective_line(name)}"
 
 
+def shared_init():
+    """Initial weights both devices start from (random initial values differ between a GPU and the
+    CPU): the single run's step-5 model, exported as a Hugging Face model."""
+    with refs_lock:
+        if "init" not in refs:
+            refs["init"] = pool.submit(export_init)
+        return refs["init"]
+
+
+def export_init():
+    single_fp32().result()
+    folder = out / "hf_init"
+    shutil.rmtree(folder, ignore_errors=True)
+    with running, open(out / "logs" / "export_hf.log", "w") as log:
+        subprocess.run([str(apps / "export_hf"), str(out / "ckpt_single" / "step_00000005"), str(folder)],
+                       stdout=log, stderr=subprocess.STDOUT, check=True, timeout=args.timeout)
+    return folder
+
+
 def diloco(name, extra, tolerance):
     def run():
-        gpu = pool.submit(train, name, 2, *FP32_ARGS, *extra)
-        cpu = train(name + "_cpu", 2, *FP32_ARGS, *extra, device="cpu")
-        record(name, f"2 {args.device}", compare(gpu.result(), cpu), tolerance, "against the same on 2 CPU ranks")
+        init = ["--ckpt.init_from", str(shared_init().result())]
+        gpu = pool.submit(train, name, 2, *FP32_ARGS, *init, *extra)
+        cpu = train(name + "_cpu", 2, *FP32_ARGS, *init, *extra, device="cpu")
+        record(name, f"2 {args.device}", compare(gpu.result(), cpu), tolerance,
+               "against the same on 2 CPU ranks, from the same initial weights")
     return name, run
 
 
@@ -192,11 +219,13 @@ def checkpoints():
     record("ckpt_1_resume_2", f"2 {args.device}",
            compare(train("ckpt_1_resume_2", 2, *FP32_ARGS, "--ckpt.resume", s5), straight, after), FP32)
     if on_gpu:
-        train("ckpt_cpu2_write", 2, *FP32_ARGS, "--ckpt.path", str(out / "ckpt_cpu"), "--ckpt.interval", "5",
-              "--ckpt.keep", "0", device="cpu")
+        # Against the CPU run's own steps 6-10: its random initial values were the CPU's.
+        cpu = train("ckpt_cpu2_write", 2, *FP32_ARGS, "--ckpt.path", str(out / "ckpt_cpu"), "--ckpt.interval", "5",
+                    "--ckpt.keep", "0", device="cpu")
         c5 = str(out / "ckpt_cpu" / "step_00000005")
         record("ckpt_cpu2_resume_2", f"2 {args.device}",
-               compare(train("ckpt_cpu2_resume_2", 2, *FP32_ARGS, "--ckpt.resume", c5), straight, after), FP32)
+               compare(train("ckpt_cpu2_resume_2", 2, *FP32_ARGS, "--ckpt.resume", c5), cpu, after), FP32,
+               "against the CPU run that wrote it")
 
 
 def deterministic():
@@ -225,6 +254,8 @@ def convergence():
     line = next((l for l in text.splitlines() if "largest difference" in l), "")
     ok = rc == 0 and bool(line)
     results["convergence"] = {"passed": ok, "summary": line, "seconds": round(time.time() - t0)}
+    if not ok:
+        results["convergence"]["error"] = "\n".join(text.splitlines()[-15:])
     print(f"{'ok  ' if ok else 'FAIL'} convergence (DDP vs FSDP, 2 ranks, 200 steps): {line or 'exit %d' % rc}",
           flush=True)
 
@@ -274,6 +305,16 @@ for f in concurrent.futures.as_completed(futures):
     except Exception as e:  # noqa: BLE001 - every failure is reported, the others go on
         failed(futures[f], e)
 pool.shutdown()
+# The logs of what failed, apart (gpu_check.sh brings them back).
+shutil.rmtree(out / "failed_logs", ignore_errors=True)
+for name, r in results.items():
+    if not r["passed"]:
+        (out / "failed_logs").mkdir(exist_ok=True)
+        for log in (out / "logs").glob(f"*{name}*.log"):
+            shutil.copy(log, out / "failed_logs")
+        for word in r.get("error", "").split(":")[:1]:  # a run that failed names itself first
+            if (out / "logs" / f"{word}.log").exists():
+                shutil.copy(out / "logs" / f"{word}.log", out / "failed_logs")
 summary = {"device": args.device, "seconds": round(time.time() - started), "checks": results,
            "passed": all(r["passed"] for r in results.values()) and len(results) >= len(checks)}
 (out / "ranks_check.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -63,6 +63,10 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
   const zb::World world = zb::detect_world();
   if (over_nodes) zb::shard_by_node(cfg, world, cl.dry_run);
   const int64_t planned_world = cl.dry_run && cl.world_size > 0 ? cl.world_size : world.size;
+  if (parallelism == zb::Parallelism::DDP && cfg.parallel.cp > 1)
+    throw zb::ConfigError(cfg.origin("parallel.cp") +
+                          ": context parallelism composes with the sharding engine (train_fsdp, train_hsdp), not "
+                          "train_ddp");
   if (parallelism == zb::Parallelism::DDP && cfg.parallel.tp > 1)
     throw zb::ConfigError(cfg.origin("parallel.tp") +
                           ": tensor parallelism composes with the sharding engine (train_fsdp, train_hsdp), not "

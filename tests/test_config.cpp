@@ -373,3 +373,31 @@ TEST(CommandLine, HelpListsEveryKey) {
   for (const auto& k : config_keys()) EXPECT_NE(help.find(k.key), std::string::npos) << k.key;
   EXPECT_TRUE(parse({"--help"}).help);
 }
+
+// parallel.cp: the product with the other dimensions, rows that divide into two chunks per rank,
+// and what it does not compose with yet, each naming the key.
+TEST(ConfigErrors, ContextParallelLayouts) {
+  Config c = load_config_string("name_model = \"debugmodel\"\ntype_model = \"llama2\"\n" + std::string(kMinimal), "x.toml");
+  c.optim.batch_size = 8;
+  c.data.seq_length = 64;
+  apply_override(c, "parallel.cp", "2");
+  EXPECT_NO_THROW(validate(c, 4));  // cp 2 x dp_shard 2
+  EXPECT_EQ(data_parallel_size(c, 4), 2);
+  EXPECT_EQ(resolved_dp_shard(c, 4), 2);
+  EXPECT_EQ(error_of([&] { validate(c, 3); }),
+            "command line (--parallel.cp): parallel.cp (2) x parallel.tp (1) must divide the world size (3)");
+  c.data.seq_length = 62;
+  EXPECT_EQ(error_of([&] { validate(c, 4); }),
+            "command line (--parallel.cp): parallel.cp (2): data.seq_length (62) must divide into 2 x cp chunks, two "
+            "for each rank of a CP group");
+  c.data.seq_length = 64;
+  apply_override(c, "parallel.tp", "2");
+  EXPECT_EQ(error_of([&] { validate(c, 4); }),
+            "command line (--parallel.cp): parallel.cp with parallel.tp is not built yet (context parallelism "
+            "composes with FSDP and HSDP so far)");
+  apply_override(c, "parallel.tp", "1");
+  apply_override(c, "diloco.inner_steps", "4");
+  apply_override(c, "parallel.dp_replicate", "2");
+  EXPECT_EQ(error_of([&] { validate(c, 4); }),
+            "command line (--parallel.cp): parallel.cp with DiLoCo (diloco.inner_steps) is not built yet");
+}

@@ -58,6 +58,10 @@ struct ParallelConfig {  // [parallel]
   // each hold a slice of every matrix and see the same batch; tp x dp_shard x dp_replicate =
   // the world size, and dp_shard = -1 is then world size / (tp x dp_replicate).
   int64_t tp = 1;
+  // Context parallelism (model/context_parallel.h): each row's tokens split over groups of cp
+  // ranks (inside the TP groups' stride), which read the same rows; FSDP shards over dp_shard x cp
+  // ranks. cp x tp x dp_shard x dp_replicate = the world size.
+  int64_t cp = 1;
   // Muon under hybrid sharding: each replica orthogonalises every R-th of its owned matrices and
   // an all-reduce over the replicas shares the results (less Newton-Schulz per rank, more traffic
   // across nodes; measured faster on CPU, docs/BENCHMARKS.md), else every replica does them all.
@@ -221,7 +225,7 @@ struct KeyHelp {
 std::vector<KeyHelp> config_keys();
 
 // Training arithmetic shared by the loop and the logs. The ranks that read different rows of a
-// batch: the world over parallel.tp (a TP group reads the same rows).
+// batch: the world over parallel.tp x parallel.cp (a TP or CP group reads the same rows).
 int64_t data_parallel_size(const Config& config, int64_t world_size);
 int64_t grad_accum_steps(const Config& config, int64_t world_size);
 // data.dataset_ratio "70:30" as weights, one per dataset; throws std::invalid_argument for

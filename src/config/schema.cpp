@@ -53,6 +53,10 @@ const std::vector<Field>& schema() {
       ZB_FIELD("parallel.tp", Int, int64_t, parallel.tp,
                "tensor parallelism: ranks per TP group, consecutive (within a node); tp x dp_shard x "
                "dp_replicate = world size"),
+      ZB_FIELD("parallel.cp", Int, int64_t, parallel.cp,
+               "context parallelism: ranks splitting each row's tokens (two chunks each, for balance under the "
+               "causal mask), keys and values gathered per layer; FSDP shards over dp_shard x cp; cp x tp x "
+               "dp_shard x dp_replicate = world size"),
       ZB_FIELD("parallel.muon_split_over_replicas", Bool, bool, parallel.muon_split_over_replicas,
                "hybrid sharding: replicas share Muon's Newton-Schulz work (an all-reduce across them) "
                "instead of each doing all of it"),

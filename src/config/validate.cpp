@@ -70,21 +70,38 @@ void validate(const Config& c, int64_t world_size) {
   positive("train.max_skipped_steps", c.train.max_skipped_steps);
   positive("optim.batch_size", c.optim.batch_size);
   positive("parallel.tp", c.parallel.tp);
+  positive("parallel.cp", c.parallel.cp);
   const int64_t tp = c.parallel.tp;
   if (world_size % tp != 0)
     fail("parallel.tp", "parallel.tp (" + show(tp) + ") must divide the world size (" + show(world_size) + ")");
+  if (world_size % (tp * c.parallel.cp) != 0)
+    fail("parallel.cp", "parallel.cp (" + show(c.parallel.cp) + ") x parallel.tp (" + show(tp) +
+                            ") must divide the world size (" + show(world_size) + ")");
   if (c.optim.batch_size % (data_parallel_size(c, world_size) * c.train.micro_bs) != 0)
     fail("optim.batch_size", "optim.batch_size (" + show(c.optim.batch_size) + ") must be divisible by world size (" +
                                  show(world_size) + ")" + (tp > 1 ? " / parallel.tp (" + show(tp) + ")" : "") +
+                                 (c.parallel.cp > 1 ? " / parallel.cp (" + show(c.parallel.cp) + ")" : "") +
                                  " x train.micro_bs (" + show(c.train.micro_bs) + ")");
   positive("parallel.dp_replicate", c.parallel.dp_replicate);
   if (c.parallel.dp_shard != -1) positive("parallel.dp_shard", c.parallel.dp_shard);
-  if (tp * resolved_dp_shard(c, world_size) * c.parallel.dp_replicate != world_size) {
+  const int64_t cp = c.parallel.cp;
+  if (tp * cp * resolved_dp_shard(c, world_size) * c.parallel.dp_replicate != world_size) {
     const bool rest = c.parallel.dp_shard == -1;
     fail(rest ? "parallel.dp_replicate" : "parallel.dp_shard",
-         (tp > 1 ? "parallel.tp (" + show(tp) + ") x " : std::string()) + "parallel.dp_shard (" +
+         (tp > 1 ? "parallel.tp (" + show(tp) + ") x " : std::string()) +
+             (cp > 1 ? "parallel.cp (" + show(cp) + ") x " : std::string()) + "parallel.dp_shard (" +
              (rest ? std::string("-1, the rest") : show(c.parallel.dp_shard)) + ") x parallel.dp_replicate (" +
              show(c.parallel.dp_replicate) + ") must equal the world size (" + show(world_size) + ")");
+  }
+  if (cp > 1) {
+    if (c.data.seq_length % (2 * cp) != 0)
+      fail("parallel.cp", "parallel.cp (" + show(cp) + "): data.seq_length (" + show(c.data.seq_length) +
+                              ") must divide into 2 x cp chunks, two for each rank of a CP group");
+    if (tp > 1)
+      fail("parallel.cp", "parallel.cp with parallel.tp is not built yet (context parallelism composes with FSDP "
+                          "and HSDP so far)");
+    if (c.diloco.inner_steps > 0)
+      fail("parallel.cp", "parallel.cp with DiLoCo (diloco.inner_steps) is not built yet");
   }
   if (tp > 1) {
     try {
@@ -190,10 +207,13 @@ void validate(const Config& c, int64_t world_size) {
 }
 
 int64_t resolved_dp_shard(const Config& c, int64_t world_size) {
-  return c.parallel.dp_shard == -1 ? world_size / (c.parallel.tp * c.parallel.dp_replicate) : c.parallel.dp_shard;
+  return c.parallel.dp_shard == -1 ? world_size / (c.parallel.tp * c.parallel.cp * c.parallel.dp_replicate)
+                                   : c.parallel.dp_shard;
 }
 
-int64_t data_parallel_size(const Config& c, int64_t world_size) { return world_size / c.parallel.tp; }
+int64_t data_parallel_size(const Config& c, int64_t world_size) {
+  return world_size / (c.parallel.tp * c.parallel.cp);
+}
 
 int64_t grad_accum_steps(const Config& c, int64_t world_size) {
   // validate() checked that the batch divides.

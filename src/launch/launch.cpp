@@ -57,6 +57,12 @@ std::vector<std::string> describe_run(const Config& c, const ModelArgs& a, int64
     lines.push_back(strf("tensor parallelism: groups of %ld consecutive ranks split every matrix (heads, FFN "
                          "columns, vocabulary) and every sequence between them; %ld group(s) read different rows",
                          layout.tp, layout.data_parallel_size()));
+  if (layout.cp > 1)
+    lines.push_back(strf("context parallelism: groups of %ld ranks split each row's %ld tokens (rank i of a group "
+                         "holds chunks i and %ld-i of %ld tokens), gathering keys and values in every block; the "
+                         "parameters are sharded over %ld ranks (dp_shard x cp)",
+                         layout.cp, c.data.seq_length, 2 * layout.cp - 1, c.data.seq_length / (2 * layout.cp),
+                         layout.shard));
   if (layout.tp > 1 && c.optim.optim.type == "muon")
     lines.push_back(strf("Muon under tensor parallelism (parallel.muon_tp = %s): %s", c.parallel.muon_tp.c_str(),
                          c.parallel.muon_tp == "gram"

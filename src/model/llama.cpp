@@ -13,6 +13,7 @@
 #include <string>
 
 #include "model/chunked_loss.h"
+#include "model/context_parallel.h"
 #include "util/phase.h"
 
 namespace zb {
@@ -145,8 +146,20 @@ at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h, const Docume
   at::Tensor q = qkv[0].view({B, T, heads_, hd});
   at::Tensor k = qkv[1].view({B, T, kv_heads_, hd});
   at::Tensor v = qkv[2].view({B, T, kv_heads_, hd});
-  at::Tensor attn =
-      attention(apply_rope(q, rope_, kernels_), apply_rope(k, rope_, kernels_), v, documents);
+  // Under CP this rank's tokens are its positions of the row: RoPE at those positions, and the
+  // keys and values of the whole row gathered from the group (in the group's order, which
+  // cp_documents' mask follows).
+  const RopeTables rope =
+      cp_ ? RopeTables{rope_.cis.index_select(0, cp_positions(cp_->rank(), cp_->size(), T * cp_->size(),
+                                                                 rope_.cis.device()))}
+          : rope_;
+  q = apply_rope(q, rope, kernels_);
+  k = apply_rope(k, rope, kernels_);
+  if (cp_) {
+    k = gather_sequence(k, *cp_);
+    v = gather_sequence(v, *cp_);
+  }
+  at::Tensor attn = attention(q, k, v, documents);
   // (Separate statements: the order of operations, and so of TP's collectives in backward, is the
   // step plan's; a call's arguments have none.)
   // Without TP each output linear and its residual add are one operation (residual_linear); under

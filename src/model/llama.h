@@ -113,6 +113,11 @@ class Llama {
   void set_kernels(const KernelChoices& kernels) { kernels_ = kernels; }
   const KernelChoices& kernels() const { return kernels_; }
   at::ScalarType compute_dtype() const { return compute_dtype_; }
+  // Context parallelism (model/context_parallel.h): with a `cp` group of more than one rank, the
+  // tokens given to loss() and the stages are this rank's positions of each row (cp_positions),
+  // the documents are cp_documents', and every block gathers the keys and values of the whole row
+  // from the group. Null: none.
+  void set_context_parallel(TensorParallelGroup* cp) { cp_ = cp && cp->size() > 1 ? cp : nullptr; }
 
   const ModelArgs& args() const { return args_; }
   // The tensor-parallel group's size (1 without) and this rank's place in it.
@@ -134,6 +139,7 @@ class Llama {
  private:
   ModelArgs args_;
   TensorParallelGroup* tp_ = nullptr;  // null, or a group of 2 ranks or more
+  TensorParallelGroup* cp_ = nullptr;  // the same for context parallelism
   // This rank's heads: query heads, and key/value heads with where they start in the whole
   // (under TP with fewer key/value heads than ranks, wk and wv stay whole on every rank and each
   // rank reads the one its query heads share).

@@ -12,6 +12,12 @@ std::vector<int64_t> MeshShape::tp_group_ranks(int64_t rank) const {
   return out;
 }
 
+std::vector<int64_t> MeshShape::cp_group_ranks(int64_t rank) const {
+  std::vector<int64_t> out;
+  for (int64_t c = 0; c < cp; ++c) out.push_back(rank / (cp * tp) * cp * tp + c * tp + rank % tp);
+  return out;
+}
+
 std::vector<int64_t> MeshShape::shard_group_ranks(int64_t rank) const {
   std::vector<int64_t> out;
   for (int64_t s = 0; s < shard; ++s) out.push_back(replica_of(rank) * shard * tp + s * tp + rank % tp);
@@ -32,7 +38,8 @@ MeshShape mesh_shape(const Config& c, int64_t world_size, Parallelism parallelis
   }
   s.replicate = c.parallel.dp_replicate;
   s.tp = c.parallel.tp;
-  s.shard = resolved_dp_shard(c, world_size);
+  s.cp = c.parallel.cp;
+  s.shard = resolved_dp_shard(c, world_size) * s.cp;
   return s;
 }
 
@@ -42,6 +49,9 @@ ParallelMesh::ParallelMesh(const Config& config, int64_t world_size, int64_t ran
 ParallelMesh::ParallelMesh(const Config& config, Communicator& world, Parallelism parallelism)
     : ParallelMesh(config, world.size(), world.rank(), parallelism) {
   world_ = &world;
+  if (sharded() && shape_.cp > 1)
+    cp_ = world.subgroup("cp" + std::to_string(rank_ / (shape_.cp * shape_.tp)) + "." + std::to_string(tp_rank()),
+                         shape_.cp_group_ranks(rank_));
   if (!groups_made()) return;
   const MeshShape& m = shape_;
   const int64_t r = rank_;
@@ -69,6 +79,7 @@ std::vector<std::pair<std::string, Communicator*>> ParallelMesh::named_groups() 
   if (shard_) out.emplace_back("shard_group", shard_.get());
   if (replicate_) out.emplace_back("replicate_group", replicate_.get());
   if (tp_) out.emplace_back("tp_group", tp_.get());
+  if (cp_) out.emplace_back("cp_group", cp_.get());
   return out;
 }
 
@@ -77,6 +88,7 @@ void ParallelMesh::observe(CollectiveObserver* trace) const {
   if (shard_) shard_->observe(trace, "shard");
   if (replicate_) replicate_->observe(trace, "replicate");
   if (tp_) tp_->observe(trace, "tp");
+  if (cp_) cp_->observe(trace, "cp");
 }
 
 void shard_by_node(Config& cfg, const World& world, bool dry_run) {
@@ -89,10 +101,11 @@ void shard_by_node(Config& cfg, const World& world, bool dry_run) {
                            "are on one node (LOCAL_WORLD_SIZE = WORLD_SIZE = %ld): use train_fsdp",
                            world.size, world.size));
   if (!layout_given) {
-    if (world.local_size % cfg.parallel.tp != 0)
-      throw ConfigError(strf("train_hsdp: parallel.tp (%ld) must divide the %ld rank(s) of a node: a TP group "
-                             "stays within one", cfg.parallel.tp, world.local_size));
-    cfg.parallel.dp_shard = world.local_size / cfg.parallel.tp;
+    const int64_t inner = cfg.parallel.tp * cfg.parallel.cp;
+    if (world.local_size % inner != 0)
+      throw ConfigError(strf("train_hsdp: parallel.tp x parallel.cp (%ld) must divide the %ld rank(s) of a node: "
+                             "TP and CP groups stay within one", inner, world.local_size));
+    cfg.parallel.dp_shard = world.local_size / inner;
     cfg.parallel.dp_replicate = world.size / world.local_size;
   }
 }

@@ -3,13 +3,14 @@
 // and the process groups along its dimensions. The trainer, the step plan, the memory estimate,
 // DiLoCo, Muon and checkpoints all read it here rather than each rebuilding a part of it.
 //
-// Three dimensions, outermost first: dp_replicate x dp_shard x tp. Rank
-//   r = (replica x shard + s) x tp + t
-// is member t of its TP group (tp consecutive ranks), member s of its shard group (the ranks of its
-// replica with the same t) and member `replica` of its replicate group (the ranks with its s and t
-// in every replica). Without TP: member r % shard of shard group r / shard, and member r / shard of
-// replicate group r % shard. A TP group reads the same rows of a batch; the shard x replicate
-// data-parallel ranks read different ones.
+// Four dimensions, outermost first: dp_replicate x dp_shard x cp x tp. Rank
+//   r = ((replica x dp_shard + d) x cp + c) x tp + t
+// is member t of its TP group (tp consecutive ranks), member c of its CP group (cp ranks strided
+// by tp), member d x cp + c of its shard group (the ranks of its replica with the same t: FSDP
+// shards over dp_shard x cp, torchtitan's dp_shard_cp) and member `replica` of its replicate group
+// (the ranks with its d, c and t in every replica). Without TP or CP: member r % shard of shard
+// group r / shard, and member r / shard of replicate group r % shard. A TP or CP group reads the
+// same rows of a batch; the dp_shard x replicate data-parallel ranks read different ones.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -27,15 +28,18 @@ enum class Parallelism { FSDP, DDP };
 
 // The mesh's sizes and the arithmetic of coordinates; no process groups.
 struct MeshShape {
-  int64_t shard = 1, replicate = 1, tp = 1;
+  // shard: the sharding engine's group, dp_shard x cp ranks (dp_shard alone without CP).
+  int64_t shard = 1, replicate = 1, tp = 1, cp = 1;
 
   int64_t world() const { return replicate * shard * tp; }
-  int64_t data_parallel_size() const { return replicate * shard; }
+  int64_t data_parallel_size() const { return replicate * shard / cp; }
   int64_t replica_of(int64_t rank) const { return rank / (shard * tp); }  // also its shard group's number
   int64_t shard_rank_of(int64_t rank) const { return (rank / tp) % shard; }
   int64_t tp_rank_of(int64_t rank) const { return rank % tp; }
-  int64_t data_parallel_rank_of(int64_t rank) const { return rank / tp; }  // which rows of a batch it reads
+  int64_t cp_rank_of(int64_t rank) const { return (rank / tp) % cp; }
+  int64_t data_parallel_rank_of(int64_t rank) const { return rank / (cp * tp); }  // which rows of a batch it reads
   std::vector<int64_t> tp_group_ranks(int64_t rank) const;         // consecutive
+  std::vector<int64_t> cp_group_ranks(int64_t rank) const;         // strided by `tp`
   std::vector<int64_t> shard_group_ranks(int64_t rank) const;      // strided by `tp`
   std::vector<int64_t> replicate_group_ranks(int64_t rank) const;  // strided by `shard x tp`
 };
@@ -52,7 +56,7 @@ class ParallelMesh {
   // the mesh. Every rank calls it at the same point (on NCCL each group is split from the world's
   // communicator). Groups exist only where they differ from the world and hold more than one
   // rank's worth of work: a shard group when there are replicas or TP, a replicate group with
-  // more than one replica, a TP group with tp > 1. DDP makes none.
+  // more than one replica, a TP group with tp > 1, a CP group with cp > 1. DDP makes none.
   ParallelMesh(const Config& config, Communicator& world, Parallelism parallelism);
   ParallelMesh(ParallelMesh&&) = default;
 
@@ -66,6 +70,7 @@ class ParallelMesh {
   int64_t replica() const { return sharded() ? shape_.replica_of(rank_) : 0; }
   int64_t shard_rank() const { return shape_.shard_rank_of(rank_); }
   int64_t tp_rank() const { return shape_.tp_rank_of(rank_); }
+  int64_t cp_rank() const { return shape_.cp_rank_of(rank_); }
   int64_t data_parallel_rank() const { return shape_.data_parallel_rank_of(rank_); }
   int64_t data_parallel_size() const { return shape_.data_parallel_size(); }
 
@@ -74,11 +79,12 @@ class ParallelMesh {
   Communicator& shard_group() const;
   Communicator* replicate_group() const { return replicate_.get(); }
   Communicator* tp_group() const { return tp_.get(); }
+  Communicator* cp_group() const { return cp_.get(); }
   // The name the step plan and the step trace give the sharding engine's group: "shard" when a
   // group was made, else "world".
   const char* shard_group_name() const;
   // The groups made, by the names the metrics give their bytes ("shard_group", "replicate_group",
-  // "tp_group"); empty when there are none.
+  // "tp_group", "cp_group"); empty when there are none.
   std::vector<std::pair<std::string, Communicator*>> named_groups() const;
   // Reports every communicator's collectives to `trace` (null stops it).
   void observe(CollectiveObserver* trace) const;
@@ -90,7 +96,7 @@ class ParallelMesh {
   MeshShape shape_;
   int64_t rank_ = 0;
   Communicator* world_ = nullptr;  // a live mesh's
-  std::unique_ptr<Communicator> shard_, replicate_, tp_;
+  std::unique_ptr<Communicator> shard_, replicate_, tp_, cp_;
 };
 
 // train_hsdp's mesh: one shard group per node (LOCAL_WORLD_SIZE ranks), replicated across nodes,

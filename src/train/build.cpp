@@ -22,6 +22,7 @@ std::unique_ptr<Llama> build_model(const Config& config, const TrainingParts& pa
   model->init_weights();  // the parameters it holds: none under FSDP
   model->set_compute_dtype(parts.compute_dtype);
   model->set_kernels(parts.kernels);  // the engine's gradient sums read them from the model
+  model->set_context_parallel(parts.cp_group.get());
   return model;
 }
 
@@ -82,6 +83,7 @@ TrainingParts build_training(const Config& config, ParallelMesh mesh, c10::Devic
   // Which kernel scaled_dot_product_attention may run: PyTorch's own process-wide setting.
   use_sdpa_backend(config.runtime.sdpa_backend);
   if (Communicator* tp = p.mesh.tp_group()) p.tp_group = std::make_unique<CommTensorParallelGroup>(*tp);
+  if (Communicator* cp = p.mesh.cp_group()) p.cp_group = std::make_unique<CommTensorParallelGroup>(*cp);
   p.model = build_model(config, p);
   p.engine = build_engine(config, p);
   p.optimizer = std::make_unique<Optimizer>(config, p.engine->parameters(), p.kernels);

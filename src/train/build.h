@@ -43,6 +43,7 @@ struct TrainingParts {
   at::ScalarType compute_dtype;
   KernelChoices kernels;  // resolved once from the config: the model, Muon, the gradient sums
   std::unique_ptr<TensorParallelGroup> tp_group;  // the model's view of the mesh's TP group
+  std::unique_ptr<TensorParallelGroup> cp_group;  // and of its CP group
   std::unique_ptr<Llama> model;
   std::unique_ptr<ParallelModel> engine;          // FSDPEngine or DDPEngine
   std::unique_ptr<Optimizer> optimizer;

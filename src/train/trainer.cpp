@@ -11,6 +11,7 @@
 #include <cmath>
 #include <limits>
 
+#include "model/context_parallel.h"
 #include "util/phase.h"
 
 namespace zb {
@@ -35,9 +36,21 @@ void Trainer::set_step_trace(StepTrace* trace) {
   parts_.mesh.observe(trace);
 }
 
-Documents Trainer::documents_of(const Batch& batch) const {
-  return make_documents(batch.cu_seqlens, batch.max_document, batch.inputs.size(1), parts_.device,
-                        parts_.compute_dtype, parts_.data.flash_documents, parts_.kernels.cudnn_varlen);
+Trainer::EngineInput Trainer::engine_input(const Batch& batch) const {
+  EngineInput in{batch.inputs.to(parts_.device, /*non_blocking=*/true),
+                 batch.targets.to(parts_.device, /*non_blocking=*/true), {}};
+  const int64_t B = batch.inputs.size(0), T = batch.inputs.size(1);
+  const int64_t cp = parts_.mesh.shape().cp;
+  if (cp == 1) {
+    in.documents = make_documents(batch.cu_seqlens, batch.max_document, T, parts_.device, parts_.compute_dtype,
+                                  parts_.data.flash_documents, parts_.kernels.cudnn_varlen);
+    return in;
+  }
+  const at::Tensor mine = cp_positions(parts_.mesh.cp_rank(), cp, T, parts_.device);
+  in.inputs = in.inputs.index_select(1, mine);
+  in.targets = in.targets.index_select(1, mine);
+  in.documents = cp_documents(batch.cu_seqlens, B, T, parts_.mesh.cp_rank(), cp, parts_.device, parts_.compute_dtype);
+  return in;
 }
 
 StepStats Trainer::train_step(const StepFlagSource& flags) {
@@ -103,15 +116,13 @@ at::Tensor Trainer::run_micro_batches(std::vector<std::array<int, 3>>& marks) {
       Phase phase("zb.data");
       batch = parts_.data.train->next();
     }
-    at::Tensor inputs = batch.inputs.to(parts_.device, /*non_blocking=*/true);
-    at::Tensor targets = batch.targets.to(parts_.device, /*non_blocking=*/true);
     engine.set_requires_gradient_sync(parts_.reduce_every_micro_batch || micro == accum - 1);
     const int start = clock_.mark();
-    const Documents documents = documents_of(batch);
+    const EngineInput in = engine_input(batch);
     at::Tensor loss;
     {
       Phase phase("zb.forward");
-      loss = engine.loss(inputs, targets, documents) / static_cast<double>(accum);
+      loss = engine.loss(in.inputs, in.targets, in.documents) / static_cast<double>(accum);
     }
     const int forward_done = clock_.mark();
     {
@@ -190,7 +201,8 @@ double Trainer::evaluate() {
   at::Tensor sum = at::zeros({1}, at::TensorOptions().device(parts_.device));
   for (int64_t i = 0; i < config_.data.eval_batches; ++i) {
     Batch b = loader.next();
-    sum += parts_.engine->loss(b.inputs.to(parts_.device), b.targets.to(parts_.device), documents_of(b));
+    const EngineInput in = engine_input(b);
+    sum += parts_.engine->loss(in.inputs, in.targets, in.documents);
     parts_.engine->reshard();  // frees what forward gathered
   }
   Communicator& world = mesh.world();

@@ -95,8 +95,14 @@ class Trainer {
   // (parameters and optimizer state untouched, the schedule does not advance). Returns the
   // multiplier.
   double apply_or_skip(StepStats& stats);
-  // The batch's documents as attention reads them on this device (none without documents).
-  Documents documents_of(const Batch& batch) const;
+  // What the engine takes of a batch on this device: its rows' tokens and targets with their
+  // documents as attention reads them (none without documents); under context parallelism this
+  // rank's positions of the rows (model/context_parallel.h) and the mask they attend through.
+  struct EngineInput {
+    at::Tensor inputs, targets;
+    Documents documents;
+  };
+  EngineInput engine_input(const Batch& batch) const;
 
   Config config_;
   TrainingParts parts_;

@@ -28,6 +28,7 @@ struct Layout {
   int64_t tp = 1;       // tensor parallelism (shard x replicate x tp = world)
   std::string muon_tp = "auto";
   int64_t kv_heads = 0;  // 0: the preset's
+  int64_t cp = 1;        // context parallelism (inside the shard groups: shard counts dp_shard x cp)
 };
 
 std::vector<Layout> layouts(int64_t world) {
@@ -50,6 +51,12 @@ std::vector<Layout> layouts(int64_t world) {
     out.push_back({Parallelism::FSDP, 1, "TP 2 x DiLoCo 1x2", true, 2});
     out.push_back({Parallelism::FSDP, 1, "TP 4, shared key/value heads", false, 4, "auto", 2});
   }
+  // Context parallelism: alone, under FSDP and under HSDP.
+  if (world == 2) out.push_back({Parallelism::FSDP, 1, "CP 2", false, 1, "auto", 0, 2});
+  if (world == 4) {
+    out.push_back({Parallelism::FSDP, 2, "CP 2 x FSDP 2", false, 1, "auto", 0, 2});
+    out.push_back({Parallelism::FSDP, 1, "CP 2 x HSDP 1x2", false, 1, "auto", 0, 2});
+  }
   return out;
 }
 
@@ -64,12 +71,12 @@ Config config(const Layout& l, int64_t world, bool reshard, int64_t ac, bool red
        << "[train]\nmicro_bs = 1\nac_ckpt = " << ac << "\nreshard_after_forward = " << (reshard ? "true" : "false")
        << "\nreduce_every_micro_batch = " << (reduce_every ? "true" : "false") << "\nbucket_mb = 0.05\n"
        << "keep_unsharded = " << (keep_unsharded ? "true" : "false") << "\n"
-       << "[optim]\nbatch_size = " << 2 * world / l.tp << "\ntotal_steps = 4\n"
+       << "[optim]\nbatch_size = " << 2 * world / (l.tp * l.cp) << "\ntotal_steps = 4\n"
        << "[optim.optim]\ntype = \"" << opt << "\"\nns_dtype = \"float32\"\n"
        << "[data]\nfake = true\nseq_length = 16\n[runtime]\ndevice = \"cpu\"\n";
   if (l.parallelism == Parallelism::FSDP)
-    toml << "[parallel]\ndp_shard = " << l.shard << "\ndp_replicate = " << world / (l.shard * l.tp) << "\ntp = " << l.tp
-         << "\nmuon_tp = \"" << l.muon_tp << "\"\n";
+    toml << "[parallel]\ndp_shard = " << l.shard << "\ndp_replicate = " << world / (l.shard * l.tp * l.cp)
+         << "\ntp = " << l.tp << "\ncp = " << l.cp << "\nmuon_tp = \"" << l.muon_tp << "\"\n";
   if (l.diloco) toml << "[diloco]\ninner_steps = 2\n";
   Config c = load_config_string(toml.str(), "test");
   validate(c, world);
@@ -133,8 +140,8 @@ TEST_P(StepPlanMatchesTheTrace, EveryLayoutAndOption) {
           for (const bool reduce_every : {false, true}) {
             if (l.parallelism == Parallelism::DDP && (!reshard || ac > 0)) continue;  // FSDP's options
             if (l.diloco && !(reshard && ac == 0 && reduce_every)) continue;  // the inner step and the outer
-            // Under TP: AdamW once, Muon with recompute, and Muon keeping blocks gathered.
-            if (l.tp > 1 && !l.diloco && !((reshard && ac == 0 && !reduce_every) || (reshard && ac > 0 && reduce_every) ||
+            // Under TP or CP: AdamW once, Muon with recompute, and Muon keeping blocks gathered.
+            if ((l.tp > 1 || l.cp > 1) && !l.diloco && !((reshard && ac == 0 && !reduce_every) || (reshard && ac > 0 && reduce_every) ||
                                           (!reshard && ac > 0 && !reduce_every)))
               continue;
             // AdamW once per layout (no optimizer collectives), Muon everywhere else.
@@ -151,9 +158,9 @@ TEST_P(StepPlanMatchesTheTrace, EveryLayoutAndOption) {
             ++checked;
           }
     // 8 per FSDP layout, 2 for DDP, 1 per DiLoCo layout (one per divisor of the world size), 3 per
-    // TP layout without DiLoCo.
+    // TP or CP layout without DiLoCo.
     int diloco_layouts = 0, tp_layouts = 0;
-    for (const Layout& l : layouts(world)) diloco_layouts += l.diloco, tp_layouts += l.tp > 1 && !l.diloco;
+    for (const Layout& l : layouts(world)) diloco_layouts += l.diloco, tp_layouts += (l.tp > 1 || l.cp > 1) && !l.diloco;
     EXPECT_EQ(checked, 8 * (static_cast<int>(layouts(world).size()) - 1 - diloco_layouts - tp_layouts) + 2 +
                            diloco_layouts + 3 * tp_layouts);
   });

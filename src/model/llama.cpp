@@ -174,7 +174,7 @@ at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h, const Docume
 }
 
 ForwardSaves forward_saves(const ModelArgs& a, at::ScalarType compute_dtype, bool cuda, int64_t tp,
-                           bool fused_kernels) {
+                           bool fused_kernels, int64_t cp) {
   const int64_t e = at::elementSize(compute_dtype), D = a.dim, hd = a.head_dim();
   const TpShare share = tp_share(a, tp);  // this rank's heads and FFN columns (all without TP)
   const int64_t H = share.heads, F = share.ffn, Q = H * hd, K = share.kv_heads * hd;
@@ -190,8 +190,10 @@ ForwardSaves forward_saves(const ModelArgs& a, at::ScalarType compute_dtype, boo
   // reads it as is) and fp32 log-sum-exp per head (H); w1's and w3's outputs (the gate's inputs,
   // silu_mul keeps no more; ATen's silu and mul nodes also SiLU's output) and the gate's output
   // (w2's input): 3 F, or 4.
+  // Under context parallelism (per token of this rank's share of the row) attention keeps the
+  // keys and values gathered whole: cp times this rank's.
   const int64_t mlp = (fused_kernels ? 3 : 4) * F;
-  s.block = {2 * s.norm + 2 * e * D, e * (2 * D + 2 * Q + 2 * K + mlp) + 4 * H};
+  s.block = {2 * s.norm + 2 * e * D, e * (2 * D + 2 * Q + 2 * cp * K + mlp) + 4 * H};
   s.checkpointed = {e * D, 0};  // its input is the block before's output
   // head_loss: the final norm at the rank's positions; the normed x [N, D] (gathered whole under
   // TP) and the gradient the chunked loss makes in the forward, dx [N, D]; the head's fp32 rows.

@@ -56,9 +56,11 @@ struct ForwardSaves {
 };
 // `cuda`: the device's kernels (fused RMSNorm keeps less than the CPU's composite one); `tp`:
 // the tensor-parallel degree (model/tensor_parallel.h; 1: none); `fused_kernels`: SwiGLU's gate as
-// one node (runtime.fused_kernels, model/layers.h: it keeps one hidden-sized tensor less).
+// one node (runtime.fused_kernels, model/layers.h: it keeps one hidden-sized tensor less); `cp`:
+// the context-parallel degree (model/context_parallel.h: the tokens are this rank's share of the
+// rows, and attention keeps the keys and values of the whole rows).
 ForwardSaves forward_saves(const ModelArgs& args, at::ScalarType compute_dtype, bool cuda, int64_t tp = 1,
-                           bool fused_kernels = true);
+                           bool fused_kernels = true, int64_t cp = 1);
 
 class Llama {
  public:

@@ -116,7 +116,7 @@ class MemoryReplay {
   const int64_t W_, tp_;  // parameters are sharded over the shard group of W_ ranks
   const TpShare share_;   // this rank's part of each dimension tensor parallelism splits
   const int64_t L_, D_, V_, H_, F_, Q_, K_;
-  const int64_t N_;    // tokens per micro-batch
+  const int64_t N_;    // tokens per micro-batch (this rank's share of them under context parallelism)
   const int64_t own_;  // of them, the positions this rank holds in the residual stream
   const int64_t A_;    // micro-batches per step
   const int64_t e_;    // bytes of a gathered weight / activation
@@ -162,7 +162,7 @@ MemoryReplay::MemoryReplay(const Config& c, const StepPlan& plan, at::ScalarType
       F_(share_.ffn),
       Q_(share_.heads * a_.head_dim()),
       K_(share_.kv_heads * a_.head_dim()),
-      N_(c.train.micro_bs * c.data.seq_length),
+      N_(c.train.micro_bs * c.data.seq_length / plan.cp),
       own_(N_ / tp_),
       A_(plan.micro_batches),
       e_(at::elementSize(compute_dtype)),
@@ -172,7 +172,8 @@ MemoryReplay::MemoryReplay(const Config& c, const StepPlan& plan, at::ScalarType
   // Document attention without the flash kernel reads an additive mask [B, 1, T, T] in the
   // compute dtype, made once per micro-batch and shared by every block (attention.h).
   const bool flash = varlen_flash_supported(device, compute_dtype, a_.head_dim());
-  mask_ = c.model.attention == "document" && !flash ? e_ * c.data.seq_length * N_ : 0;
+  // Under context parallelism the mask is always made, for this rank's queries [B, 1, T/cp, T].
+  mask_ = (c.model.attention == "document" && !flash) || plan.cp > 1 ? e_ * c.data.seq_length * N_ : 0;
 
   units_.resize(static_cast<size_t>(L_ + 1));
   specs_ = param_specs(a_, tp_);  // this rank's slices under TP
@@ -193,7 +194,7 @@ MemoryReplay::MemoryReplay(const Config& c, const StepPlan& plan, at::ScalarType
   }
 
   // What the forward keeps for backward (defined beside it: model/llama.h's forward_saves).
-  saves_ = forward_saves(a_, compute_dtype, cuda, tp_, resolve_kernel_choices(c).on(Fused::Gate));
+  saves_ = forward_saves(a_, compute_dtype, cuda, tp_, resolve_kernel_choices(c).on(Fused::Gate), plan.cp);
   block_keeps_ = saves_.block.bytes(N_, tp_);
   reduce_scatter_copies_ = cuda ? 0 : 1;
   whole_gradients_ = W_ == 1 && plan.replicate == 1;
@@ -333,7 +334,7 @@ void MemoryReplay::on_micro_batch(const StepEvent& ev) {
 }
 
 void MemoryReplay::on_collective(const StepEvent& ev) {
-  if (ev.group == "tp") return;  // inside the model (see above)
+  if (ev.group == "tp" || ev.group == "cp") return;  // inside the model (see above)
   const auto u = static_cast<size_t>(ev.unit);
   if (ev.kind == CommKind::AllGather) {
     // A gather's input and output buffers (the plan has no all-gather with one rank: the shards

@@ -45,14 +45,17 @@ class PlanWriter {
   std::vector<StepEvent>& out_;
 };
 
-// Tensor parallelism's collectives inside the model (model/llama.cpp, model/tensor_parallel.h),
-// over the "tp" group, in the order autograd runs them. `seq`: one rank's part of a micro-batch's
-// activations [micro_bs, T/tp, D] in the compute dtype (the payload of every sequence gather and
-// reduce-scatter); `norm`: a norm weight's gradient; `kv`: a shared key/value weight's gradient (0
-// when the heads are split); `chunks`: the loss's chunks, in tokens.
-struct TensorParallelEvents {
+// The collectives inside the model (model/llama.cpp), in the order autograd runs them.
+// Tensor parallelism's (model/tensor_parallel.h) over the "tp" group: `seq`: one rank's part of a
+// micro-batch's activations [micro_bs, T/tp, D] in the compute dtype (the payload of every sequence
+// gather and reduce-scatter); `norm`: a norm weight's gradient; `kv`: a shared key/value weight's
+// gradient (0 when the heads are split); `chunks`: the loss's chunks, in tokens. Context
+// parallelism's (model/context_parallel.h) over the "cp" group: `cp_kv`: one rank's keys (or
+// values) of a micro-batch [micro_bs, T/cp, Hkv * Dh] in the compute dtype.
+struct ModelEvents {
   int64_t tp = 1, seq = 0, norm = 0, kv = 0;
   std::vector<int64_t> chunks;
+  int64_t cp = 1, cp_kv = 0;
 
   void ring(PlanWriter& w, CommKind kind, int64_t payload, const std::string& what) const {
     w.ring(kind, "tp", tp, payload, what, "exposed");
@@ -67,6 +70,9 @@ struct TensorParallelEvents {
   // A block: the sequence gathered before attention's and the MLP's column-parallel products, the
   // row-parallel products' partial sums reduce-scattered back (a recompute does it again).
   void block_forward(PlanWriter& w) const {
+    if (cp > 1)
+      for (const char* what : {"CP: keys of the row", "CP: values of the row"})
+        w.ring(CommKind::AllGather, "cp", cp, cp_kv, what, "exposed");
     if (tp == 1) return;
     for (const char* part : {"attention", "MLP"}) {
       ring(w, CommKind::AllGather, seq, std::string("TP: sequence for the ") + part);
@@ -76,6 +82,11 @@ struct TensorParallelEvents {
   // Its backward, the MLP first: each gather's backward a reduce-scatter and the reverse, then the
   // norm weight's gradient summed over the group (and the shared key/value weights', wv's first).
   void block_backward(PlanWriter& w) const {
+    // Attention's backward gives the gathered keys' and values' gradients together; autograd runs
+    // the later gather's backward first.
+    if (cp > 1)
+      for (const char* what : {"CP: values' gradients to their owners", "CP: keys' gradients to their owners"})
+        w.ring(CommKind::ReduceScatter, "cp", cp, cp_kv, what, "exposed");
     if (tp == 1) return;
     for (const char* part : {"MLP", "attention"}) {
       ring(w, CommKind::AllGather, seq, std::string("TP: ") + part + " output gradient");
@@ -102,7 +113,7 @@ struct TensorParallelEvents {
 // `R`: the replicas the gradients are summed over (1 under DiLoCo, whose replicas train apart).
 void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, int64_t L, int64_t R,
                              const std::vector<int64_t>& block, int64_t compute_bytes, const std::string& group,
-                             const TensorParallelEvents& tp) {
+                             const ModelEvents& model) {
   const int64_t S = p.shard;
   const bool raf = c.train.reshard_after_forward;
   const int64_t ac = c.train.ac_ckpt;
@@ -137,16 +148,16 @@ void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, 
     gather(L, "exposed");
     if (cast) w.mark(StepEvent::Op::Unshard, L);
     if (L > 0) gather(0, "gather");
-    tp.embedding_forward(w);
+    model.embedding_forward(w);
     for (int64_t i = 0; i < L; ++i) {
       if (cast) w.mark(StepEvent::Op::Unshard, i);
       if (i + 1 < L) gather(i + 1, "gather");
       w.mark(StepEvent::Op::Forward, i);
-      tp.block_forward(w);
+      model.block_forward(w);
       if (resharded_after_forward(i)) w.mark(StepEvent::Op::Reshard, i);
     }
     w.mark(StepEvent::Op::Loss);
-    tp.loss(w);
+    model.loss(w);
     // Backward, last block first. A block freed after forward is gathered again from a hook on
     // its output's gradient, which also prefetches the block before; the block nearest the
     // head is gathered there, the others were prefetched.
@@ -158,15 +169,15 @@ void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, 
       }
       if (ac > 0 && i % ac == 0) {
         w.mark(StepEvent::Op::Recompute, i);
-        tp.block_forward(w);
+        model.block_forward(w);
       }
-      tp.block_backward(w);
+      model.block_backward(w);
       // Post-backward: the gathered copy freed, the gradients reduced (or summed for later).
       if (!keep) w.mark(StepEvent::Op::Reshard, i);
       reduce(i);
       w.mark(StepEvent::Op::Backward, i);
     }
-    tp.embedding_backward(w);
+    model.embedding_backward(w);
     if (!keep) w.mark(StepEvent::Op::Reshard, L);
     reduce(L);
     w.mark(StepEvent::Op::Backward, L);
@@ -220,6 +231,7 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, at::ScalarType com
   p.shard = mesh.shape().shard;
   p.replicate = mesh.shape().replicate;
   p.tp = mesh.shape().tp;
+  p.cp = mesh.shape().cp;
   p.micro_batches = grad_accum_steps(c, world_size);
   p.reduce_every_micro_batch = reduce_every_micro_batch && p.micro_batches > 1;
   // Kept casts: one rank per shard group whose gradients no replicas sum (HSDP's do; DiLoCo's
@@ -248,19 +260,23 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, at::ScalarType com
     std::vector<int64_t> block(L + 1, 0);
     for (const ParamSpec& s : specs) block[s.layer >= 0 ? s.layer : L] += RowShard::of(s.shape, S).block_numel();
     const int64_t compute_bytes = at::elementSize(compute_dtype);
-    TensorParallelEvents tp_events;
+    ModelEvents model_events;
+    if (p.cp > 1) {
+      model_events.cp = p.cp;
+      model_events.cp_kv = compute_bytes * c.train.micro_bs * (c.data.seq_length / p.cp) * a.n_kv_heads * a.head_dim();
+    }
     if (tp > 1) {
-      tp_events.tp = tp;
-      tp_events.seq = compute_bytes * c.train.micro_bs * (c.data.seq_length / tp) * a.dim;
-      tp_events.norm = compute_bytes * a.dim;
+      model_events.tp = tp;
+      model_events.seq = compute_bytes * c.train.micro_bs * (c.data.seq_length / tp) * a.dim;
+      model_events.norm = compute_bytes * a.dim;
       const TpShare share = tp_share(a, tp);
-      if (share.kv_shared) tp_events.kv = compute_bytes * a.n_kv_heads * a.head_dim() * a.dim;
+      if (share.kv_shared) model_events.kv = compute_bytes * a.n_kv_heads * a.head_dim() * a.dim;
       // The head's chunks over the whole sequence, sized by the rank's slice of the vocabulary.
       const int64_t n = c.train.micro_bs * c.data.seq_length;
       const int64_t chunk = loss_chunk_tokens(share.vocab, cuda);
-      for (int64_t start = 0; start < n; start += chunk) tp_events.chunks.push_back(std::min(chunk, n - start));
+      for (int64_t start = 0; start < n; start += chunk) model_events.chunks.push_back(std::min(chunk, n - start));
     }
-    plan_fsdp_micro_batches(w, c, p, L, diloco ? 1 : R, block, compute_bytes, shard_group, tp_events);
+    plan_fsdp_micro_batches(w, c, p, L, diloco ? 1 : R, block, compute_bytes, shard_group, model_events);
   } else {
     plan_ddp_micro_batches(w, p, specs, L, c.train.bucket_mb);
   }
@@ -447,6 +463,7 @@ nlohmann::json plan_to_json(const StepPlan& p) {
       {"shard", p.shard},
       {"replicate", p.replicate},
       {"tp", p.tp},
+      {"cp", p.cp},
       {"rank", p.rank},
       {"micro_batches", p.micro_batches},
       {"reduce_every_micro_batch", p.reduce_every_micro_batch},

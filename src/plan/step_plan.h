@@ -30,7 +30,7 @@ namespace zb {
 struct StepPlan {
   // What it was made for.
   Parallelism parallelism = Parallelism::FSDP;
-  int64_t world = 1, shard = 1, replicate = 1, tp = 1, rank = 0;
+  int64_t world = 1, shard = 1, replicate = 1, tp = 1, cp = 1, rank = 0;
   int64_t micro_batches = 1;
   bool reduce_every_micro_batch = false;
   // One rank per shard group keeping its casts (train.keep_unsharded "true"): each unit is cast

@@ -392,9 +392,15 @@ TEST(ConfigErrors, ContextParallelLayouts) {
             "for each rank of a CP group");
   c.data.seq_length = 64;
   apply_override(c, "parallel.tp", "2");
-  EXPECT_EQ(error_of([&] { validate(c, 4); }),
-            "command line (--parallel.cp): parallel.cp with parallel.tp is not built yet (context parallelism "
-            "composes with FSDP and HSDP so far)");
+  EXPECT_NO_THROW(validate(c, 4));  // cp 2 x tp 2: 32 tokens a rank, 16 in its residual stream
+  c.data.seq_length = 18;
+  apply_override(c, "parallel.cp", "3");
+  apply_override(c, "parallel.tp", "4");
+  EXPECT_EQ(error_of([&] { validate(c, 12); }),
+            "command line (--parallel.cp): parallel.cp (3) x parallel.tp (4): a rank's share of a row (6 tokens) must "
+            "divide over the TP group");
+  c.data.seq_length = 64;
+  apply_override(c, "parallel.cp", "2");
   apply_override(c, "parallel.tp", "1");
   apply_override(c, "diloco.inner_steps", "4");
   apply_override(c, "parallel.dp_replicate", "2");

@@ -51,11 +51,12 @@ std::vector<Layout> layouts(int64_t world) {
     out.push_back({Parallelism::FSDP, 1, "TP 2 x DiLoCo 1x2", true, 2});
     out.push_back({Parallelism::FSDP, 1, "TP 4, shared key/value heads", false, 4, "auto", 2});
   }
-  // Context parallelism: alone, under FSDP and under HSDP.
+  // Context parallelism: alone, under FSDP and HSDP, and with TP.
   if (world == 2) out.push_back({Parallelism::FSDP, 1, "CP 2", false, 1, "auto", 0, 2});
   if (world == 4) {
     out.push_back({Parallelism::FSDP, 2, "CP 2 x FSDP 2", false, 1, "auto", 0, 2});
     out.push_back({Parallelism::FSDP, 1, "CP 2 x HSDP 1x2", false, 1, "auto", 0, 2});
+    out.push_back({Parallelism::FSDP, 1, "CP 2 x TP 2", false, 2, "auto", 0, 2});
   }
   return out;
 }

@@ -70,29 +70,32 @@ struct ModelEvents {
   // A block: the sequence gathered before attention's and the MLP's column-parallel products, the
   // row-parallel products' partial sums reduce-scattered back (a recompute does it again).
   void block_forward(PlanWriter& w) const {
+    if (tp > 1) ring(w, CommKind::AllGather, seq, "TP: sequence for the attention");
     if (cp > 1)
       for (const char* what : {"CP: keys of the row", "CP: values of the row"})
         w.ring(CommKind::AllGather, "cp", cp, cp_kv, what, "exposed");
     if (tp == 1) return;
-    for (const char* part : {"attention", "MLP"}) {
-      ring(w, CommKind::AllGather, seq, std::string("TP: sequence for the ") + part);
-      ring(w, CommKind::ReduceScatter, seq, std::string("TP: ") + part + " partial sums");
-    }
+    ring(w, CommKind::ReduceScatter, seq, "TP: attention partial sums");
+    ring(w, CommKind::AllGather, seq, "TP: sequence for the MLP");
+    ring(w, CommKind::ReduceScatter, seq, "TP: MLP partial sums");
   }
   // Its backward, the MLP first: each gather's backward a reduce-scatter and the reverse, then the
   // norm weight's gradient summed over the group (and the shared key/value weights', wv's first).
+  // Attention's backward gives the gathered keys' and values' gradients together, which go back
+  // to their owners over the CP group (the later gather's backward first).
   void block_backward(PlanWriter& w) const {
-    // Attention's backward gives the gathered keys' and values' gradients together; autograd runs
-    // the later gather's backward first.
+    if (tp > 1) {
+      ring(w, CommKind::AllGather, seq, "TP: MLP output gradient");
+      ring(w, CommKind::ReduceScatter, seq, "TP: MLP input gradient");
+      ring(w, CommKind::AllReduce, norm, "TP: MLP norm weight gradient");
+      ring(w, CommKind::AllGather, seq, "TP: attention output gradient");
+    }
     if (cp > 1)
       for (const char* what : {"CP: values' gradients to their owners", "CP: keys' gradients to their owners"})
         w.ring(CommKind::ReduceScatter, "cp", cp, cp_kv, what, "exposed");
     if (tp == 1) return;
-    for (const char* part : {"MLP", "attention"}) {
-      ring(w, CommKind::AllGather, seq, std::string("TP: ") + part + " output gradient");
-      ring(w, CommKind::ReduceScatter, seq, std::string("TP: ") + part + " input gradient");
-      ring(w, CommKind::AllReduce, norm, std::string("TP: ") + part + " norm weight gradient");
-    }
+    ring(w, CommKind::ReduceScatter, seq, "TP: attention input gradient");
+    ring(w, CommKind::AllReduce, norm, "TP: attention norm weight gradient");
     if (kv > 0)
       for (const char* m : {"wv", "wk"}) ring(w, CommKind::AllReduce, kv, std::string("TP: shared ") + m + " gradient");
   }
@@ -261,18 +264,21 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, at::ScalarType com
     for (const ParamSpec& s : specs) block[s.layer >= 0 ? s.layer : L] += RowShard::of(s.shape, S).block_numel();
     const int64_t compute_bytes = at::elementSize(compute_dtype);
     ModelEvents model_events;
+    // Under context parallelism a rank's tokens are its share of each row (T / cp of them), and
+    // its keys and values are its TP share of the key/value heads.
+    const int64_t T = c.data.seq_length / p.cp;
     if (p.cp > 1) {
       model_events.cp = p.cp;
-      model_events.cp_kv = compute_bytes * c.train.micro_bs * (c.data.seq_length / p.cp) * a.n_kv_heads * a.head_dim();
+      model_events.cp_kv = compute_bytes * c.train.micro_bs * T * tp_share(a, tp).kv_heads * a.head_dim();
     }
     if (tp > 1) {
       model_events.tp = tp;
-      model_events.seq = compute_bytes * c.train.micro_bs * (c.data.seq_length / tp) * a.dim;
+      model_events.seq = compute_bytes * c.train.micro_bs * (T / tp) * a.dim;
       model_events.norm = compute_bytes * a.dim;
       const TpShare share = tp_share(a, tp);
       if (share.kv_shared) model_events.kv = compute_bytes * a.n_kv_heads * a.head_dim() * a.dim;
       // The head's chunks over the whole sequence, sized by the rank's slice of the vocabulary.
-      const int64_t n = c.train.micro_bs * c.data.seq_length;
+      const int64_t n = c.train.micro_bs * T;
       const int64_t chunk = loss_chunk_tokens(share.vocab, cuda);
       for (int64_t start = 0; start < n; start += chunk) model_events.chunks.push_back(std::min(chunk, n - start));
     }

@@ -7,8 +7,9 @@ crossing the chunks' boundaries. Every layout trains the same global batches as 
 step's loss and gradient norm must agree within 1e-5 relative (fp32: the order of summation alone;
 a token counted twice or a wrong mask moves step 1 by ~1e-2).
 
-layouts: cp 2 and cp 4 with the document mask, cp 2 with the causal mask, cp 2 x FSDP 2, and
-  HSDP (2 replicas) of cp 2; the CP group's traffic is counted apart.
+layouts: cp 2 and cp 4 with the document mask, cp 2 with the causal mask, cp 2 x FSDP 2, HSDP
+  (2 replicas) of cp 2, and cp 2 x TP 2 (Muon gathering TP-split matrices to owners); the CP
+  group's traffic is counted apart.
 resume: a cp 2 checkpoint resumes at cp 4 and follows the straight cp 2 run.
 """
 from conftest import SMALL, compare_losses, metrics, run_ranks
@@ -42,6 +43,8 @@ def test_layouts(work):
     same_run(work, "one", "cp2_fsdp2")
     train(work, "cp2_hsdp", 4, "--parallel.cp", "2", "--parallel.dp_shard", "1", "--parallel.dp_replicate", "2")
     same_run(work, "one", "cp2_hsdp")
+    train(work, "cp2_tp2", 4, "--parallel.cp", "2", "--parallel.tp", "2")
+    same_run(work, "one", "cp2_tp2")
     train(work, "one_causal", 1, "--model.attention", "causal")
     train(work, "cp2_causal", 2, "--parallel.cp", "2", "--model.attention", "causal")
     same_run(work, "one_causal", "cp2_causal")

@@ -48,9 +48,10 @@ TEST(ContextParallel, MeshPlacesCpInsideTheShardGroup) {
 }
 
 // q, k, v of whole rows; each rank attends with its positions' queries to the keys and values
-// gathered from the group, under cp_documents' mask; out and the gradients of q, k and v (through
-// the gather's backward, the reduce-scatter) must be the whole row's at this rank's positions.
-TEST(ContextParallel, AttentionOverGatheredKeysEqualsTheWholeRowInFloat64) {
+// gathered from the group, or passed around it (ring_attention), under cp_documents' mask; out
+// and the gradients of q, k and v (through the gather's backward, the reduce-scatter, or the
+// ring's own backward) must be the whole row's at this rank's positions.
+TEST(ContextParallel, AttentionOverTheGroupEqualsTheWholeRowInFloat64) {
   for (const int W : {2, 4}) {
     multiprocess::run_ranks(W, [W](int rank) {
       Communicator comm(detect_world(), c10::Device(c10::kCPU), std::chrono::seconds(60));
@@ -69,16 +70,20 @@ TEST(ContextParallel, AttentionOverGatheredKeysEqualsTheWholeRowInFloat64) {
       (out_whole * dout).sum().backward();
       // This rank's share.
       const at::Tensor mine = cp_positions(rank, W, T);
-      const at::Tensor ql = q.index_select(1, mine).requires_grad_(), kl = k.index_select(1, mine).requires_grad_(),
-                       vl = v.index_select(1, mine).requires_grad_();
       const Documents docs = cp_documents(cu, B, T, rank, W, c10::kCPU, at::kDouble);
-      const at::Tensor out = attention(ql, gather_sequence(kl, group), gather_sequence(vl, group), docs);
-      (out * dout.index_select(1, mine)).sum().backward();
       auto close = [](const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); };
-      EXPECT_LT(close(out, out_whole.index_select(1, mine)), 1e-12);
-      EXPECT_LT(close(ql.grad(), qw.grad().index_select(1, mine)), 1e-12);
-      EXPECT_LT(close(kl.grad(), kw.grad().index_select(1, mine)), 1e-12);
-      EXPECT_LT(close(vl.grad(), vw.grad().index_select(1, mine)), 1e-12);
+      for (const bool ring : {false, true}) {
+        SCOPED_TRACE(ring ? "ring" : "allgather");
+        const at::Tensor ql = q.index_select(1, mine).requires_grad_(), kl = k.index_select(1, mine).requires_grad_(),
+                         vl = v.index_select(1, mine).requires_grad_();
+        const at::Tensor out = ring ? ring_attention(ql, kl, vl, docs.mask, group)
+                                    : attention(ql, gather_sequence(kl, group), gather_sequence(vl, group), docs);
+        (out * dout.index_select(1, mine)).sum().backward();
+        EXPECT_LT(close(out, out_whole.index_select(1, mine)), 1e-12);
+        EXPECT_LT(close(ql.grad(), qw.grad().index_select(1, mine)), 1e-12);
+        EXPECT_LT(close(kl.grad(), kw.grad().index_select(1, mine)), 1e-12);
+        EXPECT_LT(close(vl.grad(), vw.grad().index_select(1, mine)), 1e-12);
+      }
     });
   }
 }

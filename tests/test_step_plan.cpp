@@ -29,6 +29,7 @@ struct Layout {
   std::string muon_tp = "auto";
   int64_t kv_heads = 0;  // 0: the preset's
   int64_t cp = 1;        // context parallelism (inside the shard groups: shard counts dp_shard x cp)
+  std::string cp_rotate = "allgather";
 };
 
 std::vector<Layout> layouts(int64_t world) {
@@ -52,11 +53,15 @@ std::vector<Layout> layouts(int64_t world) {
     out.push_back({Parallelism::FSDP, 1, "TP 4, shared key/value heads", false, 4, "auto", 2});
   }
   // Context parallelism: alone, under FSDP and HSDP, and with TP.
-  if (world == 2) out.push_back({Parallelism::FSDP, 1, "CP 2", false, 1, "auto", 0, 2});
+  if (world == 2) {
+    out.push_back({Parallelism::FSDP, 1, "CP 2", false, 1, "auto", 0, 2});
+    out.push_back({Parallelism::FSDP, 1, "CP 2, ring", false, 1, "auto", 0, 2, "ring"});
+  }
   if (world == 4) {
     out.push_back({Parallelism::FSDP, 2, "CP 2 x FSDP 2", false, 1, "auto", 0, 2});
     out.push_back({Parallelism::FSDP, 1, "CP 2 x HSDP 1x2", false, 1, "auto", 0, 2});
     out.push_back({Parallelism::FSDP, 1, "CP 2 x TP 2", false, 2, "auto", 0, 2});
+    out.push_back({Parallelism::FSDP, 1, "CP 4, ring", false, 1, "auto", 0, 4, "ring"});
   }
   return out;
 }
@@ -77,7 +82,8 @@ Config config(const Layout& l, int64_t world, bool reshard, int64_t ac, bool red
        << "[data]\nfake = true\nseq_length = 16\n[runtime]\ndevice = \"cpu\"\n";
   if (l.parallelism == Parallelism::FSDP)
     toml << "[parallel]\ndp_shard = " << l.shard << "\ndp_replicate = " << world / (l.shard * l.tp * l.cp)
-         << "\ntp = " << l.tp << "\ncp = " << l.cp << "\nmuon_tp = \"" << l.muon_tp << "\"\n";
+         << "\ntp = " << l.tp << "\ncp = " << l.cp << "\ncp_rotate = \"" << l.cp_rotate << "\"\nmuon_tp = \""
+         << l.muon_tp << "\"\n";
   if (l.diloco) toml << "[diloco]\ninner_steps = 2\n";
   Config c = load_config_string(toml.str(), "test");
   validate(c, world);

@@ -62,6 +62,9 @@ struct ParallelConfig {  // [parallel]
   // ranks (inside the TP groups' stride), which read the same rows; FSDP shards over dp_shard x cp
   // ranks. cp x tp x dp_shard x dp_replicate = the world size.
   int64_t cp = 1;
+  // How attention sees the row under CP: "allgather" the keys and values once per block, or pass
+  // them around the group while computing ("ring": less memory, more steps).
+  std::string cp_rotate = "allgather";
   // Muon under hybrid sharding: each replica orthogonalises every R-th of its owned matrices and
   // an all-reduce over the replicas shares the results (less Newton-Schulz per rank, more traffic
   // across nodes; measured faster on CPU, docs/BENCHMARKS.md), else every replica does them all.

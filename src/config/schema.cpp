@@ -57,6 +57,11 @@ const std::vector<Field>& schema() {
                "context parallelism: ranks splitting each row's tokens (two chunks each, for balance under the "
                "causal mask), keys and values gathered per layer; FSDP shards over dp_shard x cp; cp x tp x "
                "dp_shard x dp_replicate = world size"),
+      ZB_CHOICE("parallel.cp_rotate", parallel.cp_rotate,
+                "context parallelism's attention: allgather the row's keys and values in every block (one "
+                "collective each way), or ring: pass them around the group while computing (cp - 1 steps, no "
+                "whole row in memory)",
+                "allgather", "ring"),
       ZB_FIELD("parallel.muon_split_over_replicas", Bool, bool, parallel.muon_split_over_replicas,
                "hybrid sharding: replicas share Muon's Newton-Schulz work (an all-reduce across them) "
                "instead of each doing all of it"),

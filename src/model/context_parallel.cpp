@@ -3,10 +3,21 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/exp.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/log.h>
+#include <ATen/ops/logaddexp.h>
+#include <ATen/ops/matmul.h>
 #include <ATen/ops/ones.h>
+#include <ATen/ops/where.h>
 #include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/custom_function.h>
 
+#include <cmath>
 #include <limits>
+#include <vector>
 
 namespace zb {
 
@@ -42,6 +53,142 @@ Documents cp_documents(const at::Tensor& cu_seqlens, int64_t B, int64_t T, int64
                .masked_fill_(allowed.unsqueeze(1).logical_not(), -std::numeric_limits<double>::infinity());
   d.max_len = T;
   return d;
+}
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Heads [B, t, h, Dh] -> [B, h, t, Dh] in `work`, key/value heads repeated to `H`.
+at::Tensor heads_first(const at::Tensor& x, int64_t H, at::ScalarType work) {
+  at::Tensor y = x.transpose(1, 2).to(work);
+  return y.size(1) == H ? y : y.repeat_interleave(H / y.size(1), 1);
+}
+
+// [B, H, t, Dh] gradients of repeated heads -> [B, t, Hkv, Dh], each key/value head's summed.
+at::Tensor kv_heads_back(const at::Tensor& g, int64_t Hkv) {
+  const int64_t B = g.size(0), H = g.size(1), t = g.size(2), Dh = g.size(3);
+  return g.view({B, Hkv, H / Hkv, t, Dh}).sum(2).transpose(1, 2);
+}
+
+// The blocks this rank's queries see anything of, as the mask says (one host read).
+std::vector<bool> visible_blocks(const at::Tensor& mask, int64_t n) {
+  const int64_t B = mask.size(0), t = mask.size(2);
+  const at::Tensor any = mask.view({B, t, n, t}).eq(0).any(3).any(1).any(0).cpu();
+  std::vector<bool> out;
+  for (int64_t j = 0; j < n; ++j) out.push_back(any[j].item<bool>());
+  return out;
+}
+
+struct RingAttention : torch::autograd::Function<RingAttention> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& mask, TensorParallelGroup* group) {
+    const int64_t n = group->size(), me = group->rank();
+    const int64_t B = q.size(0), t = q.size(1), H = q.size(2), Dh = q.size(3);
+    const auto work = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
+    const std::vector<bool> visible = visible_blocks(mask, n);
+    const at::Tensor qh = heads_first(q, H, work);
+    at::Tensor out = at::zeros({B, H, t, Dh}, qh.options());
+    at::Tensor lse = at::full({B, H, t, 1}, -std::numeric_limits<double>::infinity(), qh.options());
+    // The block held travels as one buffer: keys then values, in their own dtype.
+    at::Tensor held = at::cat({k.contiguous().view(-1), v.contiguous().view(-1)});
+    for (int64_t s = 0; s < n; ++s) {
+      const int64_t owner = (me - s + n) % n;  // whose keys and values are held now
+      at::Tensor next = at::empty_like(held);
+      std::function<void()> arrived = s + 1 < n ? group->start_ring_shift(next, held) : std::function<void()>();
+      if (visible[owner]) {
+        const at::Tensor kb = heads_first(held.narrow(0, 0, k.numel()).view(k.sizes()), H, work);
+        const at::Tensor vb = heads_first(held.narrow(0, k.numel(), v.numel()).view(v.sizes()), H, work);
+        const at::Tensor m = mask.narrow(3, owner * t, t).to(work);
+        // One [B, H, t, t] buffer: the scaled, masked scores, then their exponentials in place.
+        at::Tensor p = at::matmul(qh, kb.transpose(2, 3));
+        p.mul_(scale).add_(m);
+        // Rows that see nothing of this block: their log-sum-exp is -inf and they add nothing.
+        at::Tensor row_max = std::get<0>(p.max(3, /*keepdim=*/true));
+        row_max = at::where(at::isfinite(row_max), row_max, at::zeros_like(row_max));
+        p.sub_(row_max).exp_();
+        const at::Tensor sum = p.sum(3, /*keepdim=*/true);
+        const at::Tensor block_lse = at::log(sum) + row_max;
+        // A row that sees something sums to at least 1 (its maximum's term); one that sees nothing
+        // to 0, over a numerator of 0.
+        const at::Tensor block_out = at::matmul(p, vb) / sum.clamp_min(1.0);
+        const at::Tensor total = at::logaddexp(lse, block_lse);
+        const at::Tensor finite = at::isfinite(total);
+        const at::Tensor zero = at::zeros_like(total);
+        out = out * at::where(finite, at::exp(lse - total), zero) + block_out * at::where(finite, at::exp(block_lse - total), zero);
+        lse = total;
+      }
+      if (arrived) {
+        arrived();
+        held = next;
+      }
+    }
+    ctx->save_for_backward({q, k, v, mask, out, lse});
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
+    return {out.transpose(1, 2).reshape({B, t, H * Dh}).to(q.scalar_type())};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto* group = reinterpret_cast<TensorParallelGroup*>(ctx->saved_data["group"].toInt());
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &mask = saved[3], &out = saved[4], &lse = saved[5];
+    const int64_t n = group->size(), me = group->rank();
+    const int64_t B = q.size(0), t = q.size(1), H = q.size(2), Dh = q.size(3), Hkv = k.size(2);
+    const auto work = out.scalar_type();
+    const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
+    const std::vector<bool> visible = visible_blocks(mask, n);
+    const at::Tensor qh = heads_first(q, H, work);
+    const at::Tensor dout = grads[0].view({B, t, H, Dh}).transpose(1, 2).to(work);
+    const at::Tensor delta = (dout * out).sum(3, /*keepdim=*/true);  // rowsum(dO o O)
+    at::Tensor dq = at::zeros_like(qh);
+    // The keys and values travel as in forward; the gradient of the block held travels with it
+    // (in the work dtype), and after the last block one more step takes it home.
+    at::Tensor held = at::cat({k.contiguous().view(-1), v.contiguous().view(-1)});
+    at::Tensor held_grad = at::zeros({k.numel() + v.numel()}, qh.options());
+    for (int64_t s = 0; s < n; ++s) {
+      const int64_t owner = (me - s + n) % n;
+      at::Tensor next = at::empty_like(held);
+      std::function<void()> arrived = s + 1 < n ? group->start_ring_shift(next, held) : std::function<void()>();
+      if (visible[owner]) {
+        const at::Tensor kb = heads_first(held.narrow(0, 0, k.numel()).view(k.sizes()), H, work);
+        const at::Tensor vb = heads_first(held.narrow(0, k.numel(), v.numel()).view(v.sizes()), H, work);
+        const at::Tensor m = mask.narrow(3, owner * t, t).to(work);
+        // Two [B, H, t, t] buffers: the probabilities (recomputed from the final log-sum-exp) and
+        // their gradient, turned into the scores' in place.
+        at::Tensor p = at::matmul(qh, kb.transpose(2, 3));
+        p.mul_(scale).add_(m).sub_(lse).exp_();
+        const at::Tensor dv = at::matmul(p.transpose(2, 3), dout);
+        at::Tensor ds = at::matmul(dout, vb.transpose(2, 3));
+        ds.sub_(delta).mul_(p);
+        dq += at::matmul(ds, kb) * scale;
+        const at::Tensor dk = at::matmul(ds.transpose(2, 3), qh) * scale;
+        held_grad += at::cat({kv_heads_back(dk, Hkv).contiguous().view(-1), kv_heads_back(dv, Hkv).contiguous().view(-1)});
+      }
+      at::Tensor next_grad = at::empty_like(held_grad);
+      std::function<void()> grad_arrived = group->start_ring_shift(next_grad, held_grad);
+      if (arrived) {
+        arrived();
+        held = next;
+      }
+      grad_arrived();
+      held_grad = next_grad;
+    }
+    // After n steps the gradient held is of this rank's own keys and values.
+    const at::Tensor dk = held_grad.narrow(0, 0, k.numel()).view(k.sizes()).to(k.scalar_type());
+    const at::Tensor dv = held_grad.narrow(0, k.numel(), v.numel()).view(v.sizes()).to(v.scalar_type());
+    return {dq.transpose(1, 2).to(q.scalar_type()), dk, dv, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                          TensorParallelGroup& group) {
+  TORCH_CHECK(mask.defined() && mask.dim() == 4 && mask.size(2) == q.size(1) && mask.size(3) == q.size(1) * group.size(),
+              "ring_attention: the mask must be cp_documents' [B, 1, T/cp, T]");
+  return RingAttention::apply(q, k, v, mask, &group)[0];
 }
 
 }  // namespace zb

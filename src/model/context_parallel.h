@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "model/attention.h"
+#include "model/tensor_parallel.h"
 
 namespace zb {
 
@@ -33,5 +34,16 @@ at::Tensor cp_gathered_positions(int64_t size, int64_t T, const c10::Device& dev
 // flattened rows, as make_documents takes them), within documents.
 Documents cp_documents(const at::Tensor& cu_seqlens, int64_t B, int64_t T, int64_t rank, int64_t size,
                        const c10::Device& device, at::ScalarType dtype);
+
+// Attention of this rank's queries over the whole row without gathering it (parallel.cp_rotate =
+// "ring"): the keys and values travel around the group, one rank's block per step, while the
+// current block is computed; the partial outputs combine through their log-sum-exps. `mask` is
+// cp_documents' (its columns in the group's order: block j is columns [j T/cp, (j+1) T/cp));
+// blocks with no visible pair are skipped. The backward sends the blocks around again, each with
+// the gradient of its keys and values accumulating as it goes, and a last step home. q [B, T/cp,
+// H, Dh], k and v [B, T/cp, Hkv, Dh] with Hkv dividing H; returns [B, T/cp, H*Dh], scale 1/sqrt(Dh);
+// computed in fp32 (float64 for float64 inputs).
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                          TensorParallelGroup& group);
 
 }  // namespace zb

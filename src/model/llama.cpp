@@ -155,11 +155,16 @@ at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h, const Docume
           : rope_;
   q = apply_rope(q, rope, kernels_);
   k = apply_rope(k, rope, kernels_);
-  if (cp_) {
-    k = gather_sequence(k, *cp_);
-    v = gather_sequence(v, *cp_);
+  at::Tensor attn;
+  if (cp_ && cp_ring_) {
+    attn = ring_attention(q, k, v, documents.mask, *cp_);
+  } else {
+    if (cp_) {
+      k = gather_sequence(k, *cp_);
+      v = gather_sequence(v, *cp_);
+    }
+    attn = attention(q, k, v, documents);
   }
-  at::Tensor attn = attention(q, k, v, documents);
   // (Separate statements: the order of operations, and so of TP's collectives in backward, is the
   // step plan's; a call's arguments have none.)
   // Without TP each output linear and its residual add are one operation (residual_linear); under
@@ -174,7 +179,7 @@ at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h, const Docume
 }
 
 ForwardSaves forward_saves(const ModelArgs& a, at::ScalarType compute_dtype, bool cuda, int64_t tp,
-                           bool fused_kernels, int64_t cp) {
+                           bool fused_kernels, int64_t cp, bool cp_ring) {
   const int64_t e = at::elementSize(compute_dtype), D = a.dim, hd = a.head_dim();
   const TpShare share = tp_share(a, tp);  // this rank's heads and FFN columns (all without TP)
   const int64_t H = share.heads, F = share.ffn, Q = H * hd, K = share.kv_heads * hd;
@@ -191,9 +196,11 @@ ForwardSaves forward_saves(const ModelArgs& a, at::ScalarType compute_dtype, boo
   // silu_mul keeps no more; ATen's silu and mul nodes also SiLU's output) and the gate's output
   // (w2's input): 3 F, or 4.
   // Under context parallelism (per token of this rank's share of the row) attention keeps the
-  // keys and values gathered whole: cp times this rank's.
+  // keys and values gathered whole, cp times this rank's; around a ring its own, and its output
+  // in fp32 beside the one wo reads.
   const int64_t mlp = (fused_kernels ? 3 : 4) * F;
-  s.block = {2 * s.norm + 2 * e * D, e * (2 * D + 2 * Q + 2 * cp * K + mlp) + 4 * H};
+  const int64_t kv_kept = cp > 1 && !cp_ring ? cp : 1;
+  s.block = {2 * s.norm + 2 * e * D, e * (2 * D + 2 * Q + 2 * kv_kept * K + mlp) + 4 * H + (cp_ring ? 4 * Q : 0)};
   s.checkpointed = {e * D, 0};  // its input is the block before's output
   // head_loss: the final norm at the rank's positions; the normed x [N, D] (gathered whole under
   // TP) and the gradient the chunked loss makes in the forward, dx [N, D]; the head's fp32 rows.

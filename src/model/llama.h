@@ -58,9 +58,10 @@ struct ForwardSaves {
 // the tensor-parallel degree (model/tensor_parallel.h; 1: none); `fused_kernels`: SwiGLU's gate as
 // one node (runtime.fused_kernels, model/layers.h: it keeps one hidden-sized tensor less); `cp`:
 // the context-parallel degree (model/context_parallel.h: the tokens are this rank's share of the
-// rows, and attention keeps the keys and values of the whole rows).
+// rows, and attention keeps the keys and values of the whole rows, or with `cp_ring` its own and
+// its output in fp32).
 ForwardSaves forward_saves(const ModelArgs& args, at::ScalarType compute_dtype, bool cuda, int64_t tp = 1,
-                           bool fused_kernels = true, int64_t cp = 1);
+                           bool fused_kernels = true, int64_t cp = 1, bool cp_ring = false);
 
 class Llama {
  public:
@@ -118,8 +119,11 @@ class Llama {
   // Context parallelism (model/context_parallel.h): with a `cp` group of more than one rank, the
   // tokens given to loss() and the stages are this rank's positions of each row (cp_positions),
   // the documents are cp_documents', and every block gathers the keys and values of the whole row
-  // from the group. Null: none.
-  void set_context_parallel(TensorParallelGroup* cp) { cp_ = cp && cp->size() > 1 ? cp : nullptr; }
+  // from the group, or with `ring` passes them around it (ring_attention). Null: none.
+  void set_context_parallel(TensorParallelGroup* cp, bool ring = false) {
+    cp_ = cp && cp->size() > 1 ? cp : nullptr;
+    cp_ring_ = ring;
+  }
 
   const ModelArgs& args() const { return args_; }
   // The tensor-parallel group's size (1 without) and this rank's place in it.
@@ -142,6 +146,7 @@ class Llama {
   ModelArgs args_;
   TensorParallelGroup* tp_ = nullptr;  // null, or a group of 2 ranks or more
   TensorParallelGroup* cp_ = nullptr;  // the same for context parallelism
+  bool cp_ring_ = false;               // its keys and values passed around the group
   // This rank's heads: query heads, and key/value heads with where they start in the whole
   // (under TP with fewer key/value heads than ranks, wk and wv stay whole on every rank and each
   // rank reads the one its query heads share).

@@ -16,6 +16,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 
 namespace zb {
 
@@ -30,6 +31,11 @@ class TensorParallelGroup {
   // out (flat, in.numel() / size()) = this rank's slice of the sum over ranks of `in`.
   virtual void reduce_scatter_sum(const at::Tensor& out, const at::Tensor& in) = 0;
   virtual void all_reduce_sum(const at::Tensor& t) = 0;
+  // One step around the ring (context parallelism's ring attention, model/context_parallel.h):
+  // starts sending `in` to the next rank (rank + 1 mod size) and receiving the previous rank's into
+  // `out` (flat, as many elements); the returned function waits for it, so that the caller
+  // computes while the step is under way.
+  virtual std::function<void()> start_ring_shift(const at::Tensor& out, const at::Tensor& in) = 0;
 };
 
 // [B, t, ...] on every rank -> [B, size*t, ...]: the whole sequence, rank r's positions at

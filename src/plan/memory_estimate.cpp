@@ -121,6 +121,9 @@ class MemoryReplay {
   const int64_t A_;    // micro-batches per step
   const int64_t e_;    // bytes of a gathered weight / activation
   const bool muon_, reduce_every_;
+  // parallel.cp_rotate = "ring": the working set of ring attention (model/context_parallel.cpp),
+  // in forward and in backward, bytes; 0 otherwise.
+  int64_t ring_forward_ = 0, ring_backward_ = 0;
   int64_t mask_ = 0;   // the attention mask's bytes, where there is one
   std::vector<ParamSpec> specs_;
   std::vector<UnitSizes> units_;  // blocks 0..L-1, then the root
@@ -194,7 +197,19 @@ MemoryReplay::MemoryReplay(const Config& c, const StepPlan& plan, at::ScalarType
   }
 
   // What the forward keeps for backward (defined beside it: model/llama.h's forward_saves).
-  saves_ = forward_saves(a_, compute_dtype, cuda, tp_, resolve_kernel_choices(c).on(Fused::Gate), plan.cp);
+  saves_ = forward_saves(a_, compute_dtype, cuda, tp_, resolve_kernel_choices(c).on(Fused::Gate), plan.cp,
+                         c.parallel.cp_rotate == "ring");
+  if (plan.cp > 1 && c.parallel.cp_rotate == "ring") {
+    // A block of the ring is this rank's t = T/cp queries against one rank's t keys, in fp32: the
+    // scores turned into probabilities in place ([B, H, t, t]), the block's keys and values at
+    // every query head and two partial outputs ([B, t, H, Dh] each), and the block held and the
+    // one arriving. Backward: the probabilities and their gradient; the keys and values and the
+    // queries' gradient; the blocks held and arriving, with their gradients in fp32.
+    const int64_t t = c.data.seq_length / plan.cp, scores = 4 * c.train.micro_bs * H_ * t * t;
+    const int64_t kv = 2 * K_ * N_;  // one rank's keys and values, elements
+    ring_forward_ = scores + 4 * 4 * Q_ * N_ + 2 * e_ * kv;
+    ring_backward_ = 2 * scores + 3 * 4 * Q_ * N_ + 2 * e_ * kv + 2 * 4 * kv;
+  }
   block_keeps_ = saves_.block.bytes(N_, tp_);
   reduce_scatter_copies_ = cuda ? 0 : 1;
   whole_gradients_ = W_ == 1 && plan.replicate == 1;
@@ -285,6 +300,8 @@ void MemoryReplay::unit_backward(int64_t u) {
   t_.free("activations", e * F * N);
   t_.alloc("activation gradients", 2 * e * F * N);
   t_.free("activation gradients", 3 * e * F * N);
+  t_.alloc("ring attention", ring_backward_);
+  t_.free("ring attention", ring_backward_);
   if (cuda_) {
     // Attention's backward on the GPU (the flash kernels; FA2's buffers): an fp32 accumulator for
     // dq of [N + 128 per sequence, H, Dh rounded up to 32 or 64] and fp32 row sums [sequences, H,
@@ -357,6 +374,8 @@ void MemoryReplay::on_forward(int64_t u) {
   if (u == 0) t_.alloc("activations", e_ * D_ * own_);  // the embedding's output, block 0's input
   t_.at("forward of " + block_name(u) + mb_);
   t_.alloc("activations", keeps_of(u));
+  t_.alloc("ring attention", ring_forward_);
+  t_.free("ring attention", ring_forward_);
   partial_sums();
 }
 

@@ -56,6 +56,39 @@ struct ModelEvents {
   int64_t tp = 1, seq = 0, norm = 0, kv = 0;
   std::vector<int64_t> chunks;
   int64_t cp = 1, cp_kv = 0;
+  bool cp_ring = false;   // parallel.cp_rotate = "ring": keys and values passed to the next rank
+  int64_t ring_grad = 0;  // around a ring, the fp32 gradients of one rank's keys and values
+
+  // One step around the ring: an all-to-all whose only parts go to the next rank and come from
+  // the previous one (the same bytes each way).
+  void ring_step(PlanWriter& w, int64_t payload, const std::string& what) const {
+    w.collective(CommKind::AllToAll, "cp", cp, payload, 2 * payload, what, "exposed");
+  }
+  // Attention's keys and values: gathered whole, or cp - 1 steps around the ring.
+  void cp_forward(PlanWriter& w) const {
+    if (cp == 1) return;
+    if (cp_ring) {
+      for (int64_t s = 0; s + 1 < cp; ++s) ring_step(w, 2 * cp_kv, "CP: keys and values to the next rank");
+      return;
+    }
+    for (const char* what : {"CP: keys of the row", "CP: values of the row"})
+      w.ring(CommKind::AllGather, "cp", cp, cp_kv, what, "exposed");
+  }
+  // Their gradients back to their owners: the later gather's backward first; around the ring each
+  // step passes the keys and values on and the gradient of the block held, and a last step takes
+  // each gradient home.
+  void cp_backward(PlanWriter& w) const {
+    if (cp == 1) return;
+    if (cp_ring) {
+      for (int64_t s = 0; s < cp; ++s) {
+        if (s + 1 < cp) ring_step(w, 2 * cp_kv, "CP: keys and values to the next rank");
+        ring_step(w, ring_grad, "CP: their gradient to the next rank");
+      }
+      return;
+    }
+    for (const char* what : {"CP: values' gradients to their owners", "CP: keys' gradients to their owners"})
+      w.ring(CommKind::ReduceScatter, "cp", cp, cp_kv, what, "exposed");
+  }
 
   void ring(PlanWriter& w, CommKind kind, int64_t payload, const std::string& what) const {
     w.ring(kind, "tp", tp, payload, what, "exposed");
@@ -71,9 +104,7 @@ struct ModelEvents {
   // row-parallel products' partial sums reduce-scattered back (a recompute does it again).
   void block_forward(PlanWriter& w) const {
     if (tp > 1) ring(w, CommKind::AllGather, seq, "TP: sequence for the attention");
-    if (cp > 1)
-      for (const char* what : {"CP: keys of the row", "CP: values of the row"})
-        w.ring(CommKind::AllGather, "cp", cp, cp_kv, what, "exposed");
+    cp_forward(w);
     if (tp == 1) return;
     ring(w, CommKind::ReduceScatter, seq, "TP: attention partial sums");
     ring(w, CommKind::AllGather, seq, "TP: sequence for the MLP");
@@ -81,8 +112,8 @@ struct ModelEvents {
   }
   // Its backward, the MLP first: each gather's backward a reduce-scatter and the reverse, then the
   // norm weight's gradient summed over the group (and the shared key/value weights', wv's first).
-  // Attention's backward gives the gathered keys' and values' gradients together, which go back
-  // to their owners over the CP group (the later gather's backward first).
+  // Attention's backward gives the keys' and values' gradients, which go back to their owners
+  // over the CP group.
   void block_backward(PlanWriter& w) const {
     if (tp > 1) {
       ring(w, CommKind::AllGather, seq, "TP: MLP output gradient");
@@ -90,9 +121,7 @@ struct ModelEvents {
       ring(w, CommKind::AllReduce, norm, "TP: MLP norm weight gradient");
       ring(w, CommKind::AllGather, seq, "TP: attention output gradient");
     }
-    if (cp > 1)
-      for (const char* what : {"CP: values' gradients to their owners", "CP: keys' gradients to their owners"})
-        w.ring(CommKind::ReduceScatter, "cp", cp, cp_kv, what, "exposed");
+    cp_backward(w);
     if (tp == 1) return;
     ring(w, CommKind::ReduceScatter, seq, "TP: attention input gradient");
     ring(w, CommKind::AllReduce, norm, "TP: attention norm weight gradient");
@@ -270,6 +299,8 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, at::ScalarType com
     if (p.cp > 1) {
       model_events.cp = p.cp;
       model_events.cp_kv = compute_bytes * c.train.micro_bs * T * tp_share(a, tp).kv_heads * a.head_dim();
+      model_events.cp_ring = c.parallel.cp_rotate == "ring";
+      model_events.ring_grad = 2 * 4 * c.train.micro_bs * T * tp_share(a, tp).kv_heads * a.head_dim();
     }
     if (tp > 1) {
       model_events.tp = tp;

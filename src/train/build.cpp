@@ -22,7 +22,7 @@ std::unique_ptr<Llama> build_model(const Config& config, const TrainingParts& pa
   model->init_weights();  // the parameters it holds: none under FSDP
   model->set_compute_dtype(parts.compute_dtype);
   model->set_kernels(parts.kernels);  // the engine's gradient sums read them from the model
-  model->set_context_parallel(parts.cp_group.get());
+  model->set_context_parallel(parts.cp_group.get(), config.parallel.cp_rotate == "ring");
   return model;
 }
 

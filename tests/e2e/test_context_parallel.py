@@ -10,6 +10,7 @@ a token counted twice or a wrong mask moves step 1 by ~1e-2).
 layouts: cp 2 and cp 4 with the document mask, cp 2 with the causal mask, cp 2 x FSDP 2, HSDP
   (2 replicas) of cp 2, and cp 2 x TP 2 (Muon gathering TP-split matrices to owners); the CP
   group's traffic is counted apart.
+ring: the keys and values passed around the group (parallel.cp_rotate = "ring") at cp 2 and 4.
 resume: a cp 2 checkpoint resumes at cp 4 and follows the straight cp 2 run.
 """
 from conftest import SMALL, compare_losses, metrics, run_ranks
@@ -60,3 +61,14 @@ def test_resume(work):
     train(work, "cp4", 4, "--parallel.cp", "4", "--ckpt.path", work / "ckpt4", "--ckpt.resume",
           work / "ckpt/step_00000004")
     compare_losses(work / "cp2.jsonl", work / "cp4.jsonl", 1e-5, "cp2_to_cp4", 5, 12)
+
+
+def test_ring(work):
+    train(work, "one", 1)
+    for cp in (2, 4):
+        train(work, f"ring{cp}", cp, "--parallel.cp", str(cp), "--parallel.cp_rotate", "ring")
+        same_run(work, "one", f"ring{cp}")
+    # Around the ring: all-to-alls with the next rank, no gathers of keys and values.
+    r = metrics(work / "ring4.jsonl")[0]["comm_bytes_cp_group"]
+    print("cp group bytes around the ring:", r)
+    assert r["all_to_all"] > 0 and r["all_gather"] == 0 and r["reduce_scatter"] == 0, r

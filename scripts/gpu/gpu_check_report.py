@@ -189,6 +189,36 @@ def check_deterministic(work):
     return 0 if d["rerun_bit_identical"] and d["resumed_bit_identical"] else 1
 
 
+# Context parallelism on rows of 8192 tokens against one rank, in bf16 on the GPU: the split
+# changes the attention kernel (the one rank's variable-length flash; under CP the mask through
+# SDPA, or the ring's fp32 blocks) and the order of summation, each a bf16 rounding of 2^-8
+# relative at most per value, mostly averaging out over the 4 x 8192 tokens of a step.
+CONTEXT_TOLERANCE = 5e-3
+
+
+def check_context(work):
+    """Exit status for gpu_check's context_check step: every CP run's losses within
+    CONTEXT_TOLERANCE (relative) of the one rank's at every step."""
+    one = losses_by_step(os.path.join(work, "preset_1B_8K_cp1.jsonl"))
+    if not one:
+        print("context_check: the one rank's run left no losses")
+        return 1
+    status = 0
+    for cp in (2, 4):
+        for rotate in ("allgather", "ring"):
+            got = losses_by_step(os.path.join(work, f"preset_1B_8K_cp{cp}_{rotate}.jsonl"))
+            if sorted(got) != sorted(one):
+                print(f"context_check: cp {cp} {rotate}: steps {sorted(got)}, the one rank's {sorted(one)}")
+                status = 1
+                continue
+            worst = max(abs(got[s] - one[s]) / abs(one[s]) for s in one)
+            ok = worst <= CONTEXT_TOLERANCE
+            status |= not ok
+            print(f"context_check: cp {cp} {rotate}: largest relative loss difference {worst:.2e} "
+                  f"(tolerance {CONTEXT_TOLERANCE:g}) {'PASS' if ok else 'FAIL'}")
+    return status
+
+
 def read_json(path):
     """A step's JSON output: None when the step left none, an error entry when it is damaged."""
     if not os.path.exists(path):
@@ -208,11 +238,15 @@ def main():
                     help="only check the reference runs' held-out losses (exit 1 when off)")
     ap.add_argument("--check-deterministic", action="store_true",
                     help="only check that the deterministic 150M runs are bit-identical (exit 1 when not)")
+    ap.add_argument("--check-context", action="store_true",
+                    help="only check the context-parallel 1B runs against the one rank's (exit 1 when off)")
     args = ap.parse_args()
     if args.check_reference:
         raise SystemExit(check_reference(args.work))
     if args.check_deterministic:
         raise SystemExit(check_deterministic(args.work))
+    if args.check_context:
+        raise SystemExit(check_context(args.work))
     if not args.out:
         ap.error("--out is required")
 

@@ -41,7 +41,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 10
 FP32, BF16, DILOCO, DILOCO_UINT8 = 1e-5, 5e-3, 1e-5, 1e-4
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -53,7 +52,9 @@ ap.add_argument("--only", nargs="*", help="these checks alone (and the runs they
 ap.add_argument("--jobs", type=int, default=4, help="runs at once (the GPU and the cores are shared)")
 ap.add_argument("--no-convergence", action="store_true")
 ap.add_argument("--timeout", type=int, default=180, help="seconds per run")
+ap.add_argument("--steps", type=int, default=10, help="steps of every run (the checkpoints need 6 or more)")
 args = ap.parse_args()
+STEPS = args.steps
 out = Path(args.out).resolve()
 for old in out.glob("ckpt_*"):
     shutil.rmtree(old)

@@ -83,7 +83,9 @@ def test_cpu_only(tree):
     assert r["result"] == "gpu parts not run" and all(x["status"] == "not run" for x in r["steps"]), r
     assert list(s) == ["build", "cuda_tests", "preset_150M", "preset_1B", "profile_1B", "ranks",
                        "preset_1B_deterministic", "preset_150M_det_a", "preset_150M_det_b", "preset_150M_det_resumed",
-                       "deterministic_check", "preset_1B_causal",
+                       "deterministic_check", "preset_1B_8K_cp1", "preset_1B_8K_cp2_allgather", "preset_1B_8K_cp2_ring",
+                       "preset_1B_8K_cp4_allgather", "preset_1B_8K_cp4_ring", "context_check", "preset_1B_16K_cp1",
+                       "preset_1B_32K_cp1", "preset_1B_causal",
                        "preset_1B_causal_auto", "preset_1B_cudnn_varlen", "preset_1B_aten", "preset_1B_casts_freed",
                        "preset_1B_unfused_rope", "preset_1B_unfused_gate", "preset_1B_unfused_loss",
                        "preset_1B_unfused_norm", "preset_1B_unfused_linears", "preset_1B_unfused_update",
@@ -308,13 +310,38 @@ def test_deterministic_check(tmp_path):
     assert rc == 1 and "resumed at step 5: DIFFERENT" in out, out
 
 
+def test_context_check(tmp_path):
+    """gpu_check's context_check: each CP run's losses within 5e-3 of the one rank's at every step;
+    a run off by more, or with steps missing, fails."""
+    losses = {1: 10.8, 2: 10.5, 3: 10.2}
+    def write(name, by_step):
+        (tmp_path / f"preset_1B_8K_{name}.jsonl").write_text(
+            "".join(json.dumps({"step": s, "loss": v}) + "\n" for s, v in by_step.items()))
+    def check():
+        p = subprocess.run([sys.executable, REPORT_PY, "--work", tmp_path, "--check-context"],
+                           stdout=subprocess.PIPE, text=True)
+        return p.returncode, p.stdout
+    write("cp1", losses)
+    for name in ("cp2_allgather", "cp2_ring", "cp4_allgather"):
+        write(name, {s: v * (1 + 1e-3) for s, v in losses.items()})
+    write("cp4_ring", {s: v * (1 - 4e-3) for s, v in losses.items()})
+    rc, out = check()
+    assert rc == 0 and out.count("PASS") == 4, out
+    write("cp4_ring", {s: v * (1 + 6e-3) for s, v in losses.items()})
+    rc, out = check()
+    assert rc == 1 and "cp 4 ring: largest relative loss difference 6.00e-03 (tolerance 0.005) FAIL" in out, out
+    write("cp4_ring", {1: 10.8, 2: 10.5})
+    rc, out = check()
+    assert rc == 1 and "cp 4 ring: steps [1, 2], the one rank's [1, 2, 3]" in out, out
+
+
 def test_ranks_check_on_cpu_ranks(tmp_path):
     """gpu_check's `ranks` step (scripts/gpu/ranks_check.py) runs here over CPU ranks: FSDP on 2
     ranks against the single process, the start-up line naming the backend. What it checks on a
     GPU (every layout sharing the one GPU, the deterministic runs) is the same code with --device
     cuda; every check ran on CPU ranks by hand (2026-11-27)."""
     p = subprocess.run([sys.executable, SOURCE / "scripts/gpu/ranks_check.py", tmp_path, "--device", "cpu",
-                        "--build", BUILD, "--only", "fsdp2", "--jobs", "2"],
+                        "--build", BUILD, "--only", "fsdp2", "--jobs", "2", "--steps", "3"],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
     print(p.stdout)
     assert p.returncode == 0, p.stdout

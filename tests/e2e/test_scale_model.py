@@ -1,8 +1,9 @@
 """The step plan's bytes (train_fsdp --print-plan, read by scripts/perf/scale_model.py) against what
 real runs measure, on 4 Gloo ranks over loopback: FSDP over 4, HSDP 2x2 and 1x4 (Muon split over
 the replicas) and train_ddp on 4 (rank 0's record, every kind of collective, by group under HSDP),
-DiLoCo 2x2 with an outer step every step (the inner step's bytes plus the outer step's) and TP 2 x
-FSDP 2 (Muon, by group: shard and TP). They must be equal, not close."""
+DiLoCo 2x2 with an outer step every step (the inner step's bytes plus the outer step's), TP 2 x
+FSDP 2 (Muon, by group: shard and TP) and CP 2 x FSDP 2, keys and values gathered or passed around
+the ring (by group: CP). They must be equal, not close."""
 import json
 import subprocess
 
@@ -18,6 +19,8 @@ LAYOUTS = {
     "diloco": (["--parallel.dp_shard", "2", "--parallel.dp_replicate", "2", "--diloco.inner_steps", "1"],
                ["--shard", "2"], ["shard", "replicate"]),
     "tp": (["--parallel.tp", "2"], ["--tp", "2"], ["shard", "tp"]),
+    "cp": (["--parallel.cp", "2"], ["--cp", "2"], ["cp"]),
+    "cp_ring": (["--parallel.cp", "2", "--parallel.cp_rotate", "ring"], ["--cp", "2"], ["cp"]),
 }
 
 
@@ -28,6 +31,7 @@ def test_bytes_match_measured(work):
                   program=TRAIN_DDP if name == "ddp" else TRAIN_FSDP)
         # SMALL without its --config: scale_model.py names the config itself.
         diloco = ["--diloco.inner_steps", "1"] if name == "diloco" else []
+        diloco += ["--parallel.cp_rotate", "ring"] if name == "cp_ring" else []
         out = subprocess.run([PYTHON, SOURCE / "scripts/perf/scale_model.py", "--train", TRAIN_FSDP, "--config",
                               DEBUG_CONFIG, "--bytes", "--world", "4", *model_args, "--", *SMALL[2:], *SHORT, *diloco],
                              stdout=subprocess.PIPE, text=True)

@@ -52,7 +52,7 @@ std::vector<Layout> layouts(int64_t world) {
     out.push_back({Parallelism::FSDP, 1, "TP 2 x DiLoCo 1x2", true, 2});
     out.push_back({Parallelism::FSDP, 1, "TP 4, shared key/value heads", false, 4, "auto", 2});
   }
-  // Context parallelism: alone, under FSDP and HSDP, and with TP.
+  // Context parallelism: alone, under FSDP, HSDP and DiLoCo, with TP, and around the ring.
   if (world == 2) {
     out.push_back({Parallelism::FSDP, 1, "CP 2", false, 1, "auto", 0, 2});
     out.push_back({Parallelism::FSDP, 1, "CP 2, ring", false, 1, "auto", 0, 2, "ring"});
@@ -62,6 +62,7 @@ std::vector<Layout> layouts(int64_t world) {
     out.push_back({Parallelism::FSDP, 1, "CP 2 x HSDP 1x2", false, 1, "auto", 0, 2});
     out.push_back({Parallelism::FSDP, 1, "CP 2 x TP 2", false, 2, "auto", 0, 2});
     out.push_back({Parallelism::FSDP, 1, "CP 4, ring", false, 1, "auto", 0, 4, "ring"});
+    out.push_back({Parallelism::FSDP, 1, "CP 2 x DiLoCo 1x2", true, 1, "auto", 0, 2});
   }
   return out;
 }

@@ -248,8 +248,6 @@ def main():
         run = run_of(args.train, config, overrides, args.gpus_per_node)
         layouts = [("FSDP", False, 0), ("HSDP", True, 0)] + [(f"DiLoCo H={h}", True, h) for h in args.diloco]
         for (name, hsdp, inner_steps), tp, cp in [(l, t, c) for c in args.cp for t in args.tp for l in layouts]:
-            if inner_steps and cp > 1:
-                continue  # context parallelism does not run under DiLoCo yet
             if tp > 1:
                 name = f"TP {tp} x {name}"
             if cp > 1:

@@ -100,8 +100,6 @@ void validate(const Config& c, int64_t world_size) {
     if (c.data.seq_length % (2 * cp) == 0 && (c.data.seq_length / cp) % tp != 0)
       fail("parallel.cp", "parallel.cp (" + show(cp) + ") x parallel.tp (" + show(tp) + "): a rank's share of a row (" +
                               show(c.data.seq_length / cp) + " tokens) must divide over the TP group");
-    if (c.diloco.inner_steps > 0)
-      fail("parallel.cp", "parallel.cp with DiLoCo (diloco.inner_steps) is not built yet");
   }
   if (tp > 1) {
     try {

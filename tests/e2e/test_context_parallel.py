@@ -11,6 +11,8 @@ layouts: cp 2 and cp 4 with the document mask, cp 2 with the causal mask, cp 2 x
   (2 replicas) of cp 2, and cp 2 x TP 2 (Muon gathering TP-split matrices to owners); the CP
   group's traffic is counted apart.
 ring: the keys and values passed around the group (parallel.cp_rotate = "ring") at cp 2 and 4.
+diloco: DiLoCo's 2 replicas each a CP group of 2 (streaming, 2 fragments), as DiLoCo's 2 replicas
+  of one rank.
 resume: a cp 2 checkpoint resumes at cp 4 and follows the straight cp 2 run.
 """
 from conftest import SMALL, compare_losses, metrics, run_ranks
@@ -72,3 +74,11 @@ def test_ring(work):
     r = metrics(work / "ring4.jsonl")[0]["comm_bytes_cp_group"]
     print("cp group bytes around the ring:", r)
     assert r["all_to_all"] > 0 and r["all_gather"] == 0 and r["reduce_scatter"] == 0, r
+
+
+def test_diloco(work):
+    diloco = ["--diloco.inner_steps", "4", "--diloco.fragments", "2", "--diloco.fragment_delay", "1",
+              "--parallel.dp_replicate", "2"]
+    train(work, "diloco", 2, *diloco)
+    train(work, "diloco_cp2", 4, *diloco, "--parallel.cp", "2")
+    same_run(work, "diloco", "diloco_cp2")

@@ -58,13 +58,19 @@ RunData build_data(const Config& config, const TrainingParts& parts) {
   DataSources sources = make_data_sources(config, parts.model->args().vocab_size);
   d.validation = sources.validation;
   d.documents = sources.documents;
-  d.flash_documents = varlen_flash_supported(parts.device, parts.compute_dtype, parts.model->args().head_dim());
+  // Under context parallelism attention always reads a mask (model/context_parallel.h).
+  const int64_t cp = parts.mesh.shape().cp;
+  d.flash_documents =
+      cp == 1 && varlen_flash_supported(parts.device, parts.compute_dtype, parts.model->args().head_dim());
   // Asked for this rank's heads: under TP each rank attends with its share of them.
   const ModelArgs& shape = parts.model->args();
   const TpShare heads = tp_share(shape, parts.mesh.shape().tp);
-  d.attention_kernel = attention_kernel(parts.device, parts.compute_dtype, config.data.seq_length, heads.heads,
-                                        heads.kv_heads, shape.head_dim(), d.documents.has_value(), d.flash_documents,
-                                        parts.kernels.cudnn_varlen);
+  d.attention_kernel =
+      cp > 1 && config.parallel.cp_rotate == "ring"
+          ? "ring_fp32_blocks"
+          : attention_kernel(parts.device, parts.compute_dtype, config.data.seq_length / cp, heads.heads,
+                             heads.kv_heads, shape.head_dim(), d.documents.has_value() || cp > 1, d.flash_documents,
+                             parts.kernels.cudnn_varlen);
   const ParallelMesh& mesh = parts.mesh;
   d.train = std::make_unique<DataLoader>(sources.train, static_cast<uint64_t>(config.runtime.seed),
                                          config.data.shuffle && !config.data.fake, config.optim.batch_size,

@@ -116,9 +116,9 @@ at::Tensor Trainer::run_micro_batches(std::vector<std::array<int, 3>>& marks) {
       Phase phase("zb.data");
       batch = parts_.data.train->next();
     }
+    const EngineInput in = engine_input(batch);
     engine.set_requires_gradient_sync(parts_.reduce_every_micro_batch || micro == accum - 1);
     const int start = clock_.mark();
-    const EngineInput in = engine_input(batch);
     at::Tensor loss;
     {
       Phase phase("zb.forward");

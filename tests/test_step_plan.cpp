@@ -194,8 +194,9 @@ TEST_P(StepPlanKeepingCasts, EqualTheTrace) {
           if (l.diloco && !(reshard && ac == 0)) continue;
           const Config c = config(l, world, reshard, ac, false, "muon", /*keep_unsharded=*/true);
           const StepPlan plan = plan_step(c, ParallelMesh(c, world, rank, l.parallelism), at::kFloat, at::kFloat, false);
-          const bool replicas = world / l.tp > 1 && !l.diloco;  // HSDP's: the casts are not kept
-          EXPECT_EQ(plan.keep_unsharded, !replicas) << l.name;
+          const bool replicas = world / (l.tp * l.cp) > 1 && !l.diloco;  // HSDP's: the casts are not kept
+          // Nor under CP, whose shard group holds the CP group's ranks (dp_shard x cp).
+          EXPECT_EQ(plan.keep_unsharded, !replicas && l.cp == 1) << l.name;
           if (!plan.keep_unsharded) continue;
           const std::string what = l.name + " on " + std::to_string(world) + ", reshard " + std::to_string(reshard) +
                                    ", ac_ckpt " + std::to_string(ac) + ", rank " + std::to_string(rank);

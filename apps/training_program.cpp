@@ -114,8 +114,8 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
   zb::ParallelMesh mesh(cfg, comm, parallelism);
   std::optional<zb::MemoryVerdict> memory;
   if (parallelism == zb::Parallelism::FSDP)
-    memory = zb::check_memory(cfg, world.size, device, zb::memory_budget(cfg, device, /*dry_run=*/false, placement.sharing_mine()),
-                              cl.force,
+    memory = zb::check_memory(cfg, world.size, device,
+                              zb::memory_budget(cfg, device, /*dry_run=*/false, placement.sharing_mine()), cl.force,
                               /*dry_run=*/false);
   // train.keep_unsharded as the verdict resolved it ("auto" on or off), for the trainer, the plan
   // and the run's record.

@@ -141,9 +141,7 @@ Communicator::Communicator(const World& world, c10::Device device, std::chrono::
     : Communicator(world, device, timeout, native_transport(device)) {}
 Communicator::Communicator(const World& world, c10::Device device, std::chrono::milliseconds timeout,
                            Transport transport)
-    : Communicator(std::make_shared<const Rendezvous>(world, timeout), device, transport) {}
-Communicator::Communicator(std::shared_ptr<const Rendezvous> rendezvous, c10::Device device)
-    : Communicator(std::move(rendezvous), device, native_transport(device)) {}
+    : Communicator(connect_rendezvous(world, timeout), device, transport) {}
 
 namespace {
 // Gloo sends with writev, which raises SIGPIPE when the peer has died, and SIGPIPE's default is

@@ -89,7 +89,6 @@ class Communicator {
   // unless given; Gloo for a GPU means GlooThroughHost). The rendezvous' timeout also bounds
   // every wait on the other ranks while a phase is set (set_phase).
   Communicator(std::shared_ptr<const Rendezvous> rendezvous, c10::Device device, Transport transport);
-  Communicator(std::shared_ptr<const Rendezvous> rendezvous, c10::Device device);
   // The same over a rendezvous of its own (Rendezvous's constructor: throws naming the problem).
   Communicator(const World& world, c10::Device device, std::chrono::milliseconds timeout);
   Communicator(const World& world, c10::Device device, std::chrono::milliseconds timeout, Transport transport);

@@ -66,6 +66,7 @@ struct CheckpointedBlock : torch::autograd::Function<CheckpointedBlock> {
     ctx->saved_data["layer"] = layer;
     if (documents->cu_seqlens.defined()) ctx->saved_data["cu_seqlens"] = documents->cu_seqlens;
     if (documents->mask.defined()) ctx->saved_data["mask"] = documents->mask;
+    if (documents->positions.defined()) ctx->saved_data["positions"] = documents->positions;
     ctx->saved_data["max_len"] = documents->max_len;
     ctx->save_for_backward({h});
     return {engine->model().block_forward(layer, h, *documents)};
@@ -78,6 +79,7 @@ struct CheckpointedBlock : torch::autograd::Function<CheckpointedBlock> {
     Documents documents;
     if (ctx->saved_data.count("cu_seqlens")) documents.cu_seqlens = ctx->saved_data["cu_seqlens"].toTensor();
     if (ctx->saved_data.count("mask")) documents.mask = ctx->saved_data["mask"].toTensor();
+    if (ctx->saved_data.count("positions")) documents.positions = ctx->saved_data["positions"].toTensor();
     documents.max_len = ctx->saved_data["max_len"].toInt();
     at::Tensor input = ctx->get_saved_variables()[0].detach().requires_grad_(true);
     at::AutoGradMode grad_mode(true);

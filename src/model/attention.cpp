@@ -61,17 +61,20 @@ Documents make_documents(const at::Tensor& cu_seqlens, int64_t max_len, int64_t 
     d.max_len = max_len;
     return d;
   }
-  // Document ids: a 1 where each piece starts (but the first), summed along the flattened rows.
-  const int64_t B = N / T;
-  at::Tensor starts = at::zeros({N}, at::TensorOptions().dtype(at::kInt).device(device));
-  starts.index_fill_(0, cu.slice(0, 1, -1).to(at::kLong), 1);
-  at::Tensor doc = starts.cumsum(0).view({B, T});
+  const at::Tensor doc = document_ids(cu, N / T, T);
   at::Tensor causal = at::ones({T, T}, at::TensorOptions().dtype(at::kBool).device(device)).tril();
   at::Tensor allowed = (doc.unsqueeze(2) == doc.unsqueeze(1)).logical_and_(causal).unsqueeze(1);  // [B, 1, T, T]
   d.mask = at::zeros(allowed.sizes(), at::TensorOptions().dtype(dtype).device(device))
                .masked_fill_(allowed.logical_not(), -std::numeric_limits<double>::infinity());
   d.max_len = max_len;
   return d;
+}
+
+at::Tensor document_ids(const at::Tensor& cu, int64_t B, int64_t T) {
+  // A 1 where each piece starts (but the first), summed along the flattened rows.
+  at::Tensor starts = at::zeros({B * T}, at::TensorOptions().dtype(at::kInt).device(cu.device()));
+  starts.index_fill_(0, cu.slice(0, 1, -1).to(at::kLong), 1);
+  return starts.cumsum(0).view({B, T});
 }
 
 void use_sdpa_backend(const std::string& choice) {

@@ -31,8 +31,15 @@ struct Documents {
   at::Tensor cudnn_cu_seqlens;
   // The same as an additive mask (0: attend, -inf: not) where the flash kernel does not run.
   at::Tensor mask;
+  // Under context parallelism (model/context_parallel.h): the positions in the row of the tokens
+  // this rank holds, int64 [T / cp], for RoPE; undefined otherwise.
+  at::Tensor positions;
   bool any() const { return cu_seqlens.defined() || mask.defined(); }
 };
+
+// Each token's document number over B rows of T tokens, [B, T] int32 on the device of `cu`, the
+// cumulative lengths of the pieces of the flattened rows (int32, every row's start among them).
+at::Tensor document_ids(const at::Tensor& cu, int64_t B, int64_t T);
 
 // Whether attention on `device` in `dtype` with heads of `head_dim` runs the flash kernel.
 bool varlen_flash_supported(const c10::Device& device, at::ScalarType dtype, int64_t head_dim);

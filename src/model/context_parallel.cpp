@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 namespace zb {
@@ -40,18 +41,16 @@ Documents cp_documents(const at::Tensor& cu_seqlens, int64_t B, int64_t T, int64
   const at::Tensor mine = cp_positions(rank, size, T, device), keys = cp_gathered_positions(size, T, device);
   at::Tensor allowed = keys.unsqueeze(0).le(mine.unsqueeze(1)).unsqueeze(0).expand({B, mine.numel(), T});  // causal
   if (cu_seqlens.defined()) {
-    // Document ids along the flattened rows: a 1 where each piece starts (but the first), summed.
     const at::Tensor cu = cu_seqlens.to(device);
     TORCH_CHECK(cu.scalar_type() == at::kInt && cu.numel() >= 2, "cp_documents: cumulative lengths must be int32");
-    at::Tensor starts = at::zeros({B * T}, at::TensorOptions().dtype(at::kInt).device(device));
-    starts.index_fill_(0, cu.slice(0, 1, -1).to(at::kLong), 1);
-    const at::Tensor doc = starts.cumsum(0).view({B, T});
+    const at::Tensor doc = document_ids(cu, B, T);
     allowed = allowed.logical_and(doc.index_select(1, mine).unsqueeze(2) == doc.index_select(1, keys).unsqueeze(1));
   }
   Documents d;
   d.mask = at::zeros({B, 1, mine.numel(), T}, at::TensorOptions().dtype(dtype).device(device))
                .masked_fill_(allowed.unsqueeze(1).logical_not(), -std::numeric_limits<double>::infinity());
   d.max_len = T;
+  d.positions = mine;
   return d;
 }
 
@@ -70,6 +69,19 @@ at::Tensor heads_first(const at::Tensor& x, int64_t H, at::ScalarType work) {
 at::Tensor kv_heads_back(const at::Tensor& g, int64_t Hkv) {
   const int64_t B = g.size(0), H = g.size(1), t = g.size(2), Dh = g.size(3);
   return g.view({B, Hkv, H / Hkv, t, Dh}).sum(2).transpose(1, 2);
+}
+
+// One rank's keys and values as the buffer that travels around the ring: keys, then values, flat.
+at::Tensor pack(const at::Tensor& k, const at::Tensor& v) {
+  return at::cat({k.contiguous().view(-1), v.contiguous().view(-1)});
+}
+
+// The keys and values in such a buffer (of keys shaped as `k`, values as `v`) at every query
+// head, [B, H, t, Dh] each in `work`.
+std::pair<at::Tensor, at::Tensor> unpack(const at::Tensor& held, const at::Tensor& k, const at::Tensor& v,
+                                         int64_t H, at::ScalarType work) {
+  return {heads_first(held.narrow(0, 0, k.numel()).view(k.sizes()), H, work),
+          heads_first(held.narrow(0, k.numel(), v.numel()).view(v.sizes()), H, work)};
 }
 
 // The blocks this rank's queries see anything of, as the mask says (one host read).
@@ -93,14 +105,13 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     at::Tensor out = at::zeros({B, H, t, Dh}, qh.options());
     at::Tensor lse = at::full({B, H, t, 1}, -std::numeric_limits<double>::infinity(), qh.options());
     // The block held travels as one buffer: keys then values, in their own dtype.
-    at::Tensor held = at::cat({k.contiguous().view(-1), v.contiguous().view(-1)});
+    at::Tensor held = pack(k, v);
     for (int64_t s = 0; s < n; ++s) {
       const int64_t owner = (me - s + n) % n;  // whose keys and values are held now
       at::Tensor next = at::empty_like(held);
       std::function<void()> arrived = s + 1 < n ? group->start_ring_shift(next, held) : std::function<void()>();
       if (visible[owner]) {
-        const at::Tensor kb = heads_first(held.narrow(0, 0, k.numel()).view(k.sizes()), H, work);
-        const at::Tensor vb = heads_first(held.narrow(0, k.numel(), v.numel()).view(v.sizes()), H, work);
+        const auto [kb, vb] = unpack(held, k, v, H, work);
         const at::Tensor m = mask.narrow(3, owner * t, t).to(work);
         // One [B, H, t, t] buffer: the scaled, masked scores, then their exponentials in place.
         at::Tensor p = at::matmul(qh, kb.transpose(2, 3));
@@ -145,15 +156,14 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     at::Tensor dq = at::zeros_like(qh);
     // The keys and values travel as in forward; the gradient of the block held travels with it
     // (in the work dtype), and after the last block one more step takes it home.
-    at::Tensor held = at::cat({k.contiguous().view(-1), v.contiguous().view(-1)});
+    at::Tensor held = pack(k, v);
     at::Tensor held_grad = at::zeros({k.numel() + v.numel()}, qh.options());
     for (int64_t s = 0; s < n; ++s) {
       const int64_t owner = (me - s + n) % n;
       at::Tensor next = at::empty_like(held);
       std::function<void()> arrived = s + 1 < n ? group->start_ring_shift(next, held) : std::function<void()>();
       if (visible[owner]) {
-        const at::Tensor kb = heads_first(held.narrow(0, 0, k.numel()).view(k.sizes()), H, work);
-        const at::Tensor vb = heads_first(held.narrow(0, k.numel(), v.numel()).view(v.sizes()), H, work);
+        const auto [kb, vb] = unpack(held, k, v, H, work);
         const at::Tensor m = mask.narrow(3, owner * t, t).to(work);
         // Two [B, H, t, t] buffers: the probabilities (recomputed from the final log-sum-exp) and
         // their gradient, turned into the scores' in place.
@@ -164,7 +174,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         ds.sub_(delta).mul_(p);
         dq += at::matmul(ds, kb) * scale;
         const at::Tensor dk = at::matmul(ds.transpose(2, 3), qh) * scale;
-        held_grad += at::cat({kv_heads_back(dk, Hkv).contiguous().view(-1), kv_heads_back(dv, Hkv).contiguous().view(-1)});
+        held_grad += pack(kv_heads_back(dk, Hkv), kv_heads_back(dv, Hkv));
       }
       at::Tensor next_grad = at::empty_like(held_grad);
       std::function<void()> grad_arrived = group->start_ring_shift(next_grad, held_grad);

@@ -149,10 +149,9 @@ at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h, const Docume
   // Under CP this rank's tokens are its positions of the row: RoPE at those positions, and the
   // keys and values of the whole row gathered from the group (in the group's order, which
   // cp_documents' mask follows).
-  const RopeTables rope =
-      cp_ ? RopeTables{rope_.cis.index_select(0, cp_positions(cp_->rank(), cp_->size(), T * cp_->size(),
-                                                                 rope_.cis.device()))}
-          : rope_;
+  TORCH_CHECK(!cp_ || documents.positions.defined(), "context parallelism: the documents carry no positions "
+              "(cp_documents makes them)");
+  const RopeTables rope = cp_ ? RopeTables{rope_.cis.index_select(0, documents.positions)} : rope_;
   q = apply_rope(q, rope, kernels_);
   k = apply_rope(k, rope, kernels_);
   at::Tensor attn;

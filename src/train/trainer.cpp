@@ -46,10 +46,9 @@ Trainer::EngineInput Trainer::engine_input(const Batch& batch) const {
                                   parts_.data.flash_documents, parts_.kernels.cudnn_varlen);
     return in;
   }
-  const at::Tensor mine = cp_positions(parts_.mesh.cp_rank(), cp, T, parts_.device);
-  in.inputs = in.inputs.index_select(1, mine);
-  in.targets = in.targets.index_select(1, mine);
   in.documents = cp_documents(batch.cu_seqlens, B, T, parts_.mesh.cp_rank(), cp, parts_.device, parts_.compute_dtype);
+  in.inputs = in.inputs.index_select(1, in.documents.positions);
+  in.targets = in.targets.index_select(1, in.documents.positions);
   return in;
 }
 

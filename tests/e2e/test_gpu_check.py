@@ -285,17 +285,23 @@ def test_kit_tools(tree):
     print("kit: python found, CUDA 12 toolkit for a CUDA 13 torch refused")
 
 
+def write_losses(path, by_step):
+    """A metrics file of one record per step with its loss."""
+    path.write_text("".join(json.dumps({"step": s, "loss": v}) + "\n" for s, v in by_step.items()))
+
+
+def report_check(work, flag):
+    """gpu_check_report.py --work WORK FLAG: (exit status, output)."""
+    p = subprocess.run([sys.executable, REPORT_PY, "--work", work, flag], stdout=subprocess.PIPE, text=True)
+    return p.returncode, p.stdout
+
+
 def test_deterministic_check(tmp_path):
     """gpu_check's deterministic_check: three 150M runs under runtime.deterministic pass only when
     the rerun equals the first run at every step and the resumed run its last steps, bit for bit."""
     losses = {1: 7.1, 2: 6.9, 3: 6.8, 4: 6.75}
-    def write(name, by_step):
-        (tmp_path / f"preset_150M_det_{name}.jsonl").write_text(
-            "".join(json.dumps({"step": s, "loss": v}) + "\n" for s, v in by_step.items()))
-    def check():
-        p = subprocess.run([sys.executable, REPORT_PY, "--work", tmp_path, "--check-deterministic"],
-                           stdout=subprocess.PIPE, text=True)
-        return p.returncode, p.stdout
+    write = lambda name, by_step: write_losses(tmp_path / f"preset_150M_det_{name}.jsonl", by_step)  # noqa: E731
+    check = lambda: report_check(tmp_path, "--check-deterministic")  # noqa: E731
     write("a", losses)
     write("b", losses)
     write("resumed", {3: 6.8, 4: 6.75})
@@ -314,13 +320,8 @@ def test_context_check(tmp_path):
     """gpu_check's context_check: each CP run's losses within 5e-3 of the one rank's at every step;
     a run off by more, or with steps missing, fails."""
     losses = {1: 10.8, 2: 10.5, 3: 10.2}
-    def write(name, by_step):
-        (tmp_path / f"preset_1B_8K_{name}.jsonl").write_text(
-            "".join(json.dumps({"step": s, "loss": v}) + "\n" for s, v in by_step.items()))
-    def check():
-        p = subprocess.run([sys.executable, REPORT_PY, "--work", tmp_path, "--check-context"],
-                           stdout=subprocess.PIPE, text=True)
-        return p.returncode, p.stdout
+    write = lambda name, by_step: write_losses(tmp_path / f"preset_1B_8K_{name}.jsonl", by_step)  # noqa: E731
+    check = lambda: report_check(tmp_path, "--check-context")  # noqa: E731
     write("cp1", losses)
     for name in ("cp2_allgather", "cp2_ring", "cp4_allgather"):
         write(name, {s: v * (1 + 1e-3) for s, v in losses.items()})

@@ -222,8 +222,10 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
 
 namespace zb {
 
-int training_main(int argc, char** argv, Parallelism parallelism, const char* program, bool over_nodes,
-                  const AdjustParts& adjust_parts) {
+namespace {
+
+int program_main(int argc, char** argv, Parallelism parallelism, const char* program, bool over_nodes,
+                 const AdjustParts& adjust_parts) {
   zb::log::init(0, "info");
   // Before any tensor exists: the measurement of live tensor bytes (util/device.h).
   if (const char* count = std::getenv("ZB_COUNT_TENSOR_MEMORY"); count && std::string(count) == "1")
@@ -252,6 +254,13 @@ int training_main(int argc, char** argv, Parallelism parallelism, const char* pr
     zb::log::error("error: " + error_text(e));
     return 1;
   }
+}
+
+}  // namespace
+
+int training_main(int argc, char** argv, Parallelism parallelism, const char* program, bool over_nodes,
+                  const AdjustParts& adjust_parts) {
+  return end_process(program_main(argc, argv, parallelism, program, over_nodes, adjust_parts));
 }
 
 }  // namespace zb

@@ -10,11 +10,16 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
+#include <cstdio>
 #include <fstream>
+#include <iostream>
+#include <mutex>
+#include <unordered_map>
 
 #include <stdexcept>
+
+#include "util/log.h"
 
 namespace zb {
 
@@ -122,42 +127,64 @@ std::string device_pci_bus_id(const c10::Device& device) {
 
 namespace {
 
-// Wraps the CPU allocator and keeps the live and peak bytes of what it handed out.
+// Wraps the CPU allocator and keeps the live and peak bytes of what it handed out. Each block's
+// context is its own address, as ATen's raw allocations (oneDNN's buffers among them) require, so
+// the wrapped allocation and its size are kept in a table beside it.
 class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
 
   c10::DataPtr allocate(size_t n) override {
-    auto* ctx = new Allocation{base_->allocate(n), n, this};
-    const int64_t now = live_ += static_cast<int64_t>(n);
-    for (int64_t peak = peak_; now > peak && !peak_.compare_exchange_weak(peak, now);) {
+    c10::DataPtr inner = base_->allocate(n);
+    void* data = inner.get();
+    const c10::Device device = inner.device();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      live_ += static_cast<int64_t>(n);
+      peak_ = std::max(peak_, live_);
+      blocks_.emplace(data, Block{std::move(inner), n});
     }
-    void* data = ctx->inner.get();
-    return {data, ctx, &release, ctx->inner.device()};
+    return {data, data, &release, device};
   }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
-  int64_t peak() const { return peak_; }
-  void reset_peak() { peak_ = live_.load(); }
-
- private:
-  struct Allocation {
-    c10::DataPtr inner;
-    size_t bytes;
-    CountingAllocator* owner;
-  };
-  static void release(void* p) {
-    auto* ctx = static_cast<Allocation*>(p);
-    ctx->owner->live_ -= static_cast<int64_t>(ctx->bytes);
-    delete ctx;  // frees the memory through the wrapped allocator
+  int64_t peak() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return peak_;
+  }
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    peak_ = live_;
   }
 
+ private:
+  struct Block {
+    c10::DataPtr inner;  // frees the memory through the wrapped allocator
+    size_t bytes = 0;
+  };
+  static void release(void* data);
+
   c10::Allocator* base_;
-  std::atomic<int64_t> live_{0}, peak_{0};
+  mutable std::mutex mutex_;
+  int64_t live_ = 0, peak_ = 0;
+  std::unordered_map<void*, Block> blocks_;
 };
 
 CountingAllocator* counting = nullptr;
+
+void CountingAllocator::release(void* data) {
+  Block block;
+  {
+    std::lock_guard<std::mutex> lock(counting->mutex_);
+    auto it = counting->blocks_.find(data);
+    if (it == counting->blocks_.end()) return;  // null data of an empty tensor
+    block = std::move(it->second);
+    counting->blocks_.erase(it);
+    counting->live_ -= static_cast<int64_t>(block.bytes);
+  }
+}  // block.inner frees the memory here, outside the lock
 
 }  // namespace
 
@@ -243,6 +270,18 @@ void StepClock::clear() {
   host_.clear();
   used_ = 0;
   complete_ = 0;
+}
+
+int end_process(int code) {
+  const auto& cuda = at::detail::getCUDAHooks();
+  if (cuda.hasCUDA())
+    for (int i = 0; i < cuda.getNumGPUs(); ++i)
+      if (cuda.hasPrimaryContext(static_cast<c10::DeviceIndex>(i))) return code;
+  log::flush();
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  std::_Exit(code);
 }
 
 }  // namespace zb

@@ -1,10 +1,16 @@
 #include "dist/rendezvous.h"
 
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <stdexcept>
+#include <thread>
 
 namespace zb {
 
@@ -12,6 +18,41 @@ namespace {
 
 std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
 std::string seconds_of(std::chrono::milliseconds t) { return std::to_string(t.count() / 1000) + " s"; }
+
+// Whether something accepts connections at host:port before `timeout` passes, trying every 50 ms.
+// A rank waits for the store this way before TCPStore's client connects: that client retries a
+// timed-out connect once more after a back-off, which turned runtime.timeout_s = 5 into about 14 s.
+// An address that does not resolve counts as reachable: TCPStore then names the problem.
+bool reachable_within(const std::string& host, int64_t port, std::chrono::milliseconds timeout) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return true;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool reached = false;
+  while (!reached) {
+    for (addrinfo* a = found; a && !reached; a = a->ai_next) {
+      const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK, a->ai_protocol);
+      if (fd < 0) continue;
+      if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+        reached = true;
+      } else if (errno == EINPROGRESS) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        pollfd p{fd, POLLOUT, 0};
+        int error = 0;
+        socklen_t len = sizeof error;
+        reached = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count()))) == 1 &&
+                  ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len) == 0 && error == 0;
+      }
+      ::close(fd);
+    }
+    if (reached || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::freeaddrinfo(found);
+  return reached;
+}
 
 }  // namespace
 
@@ -26,12 +67,14 @@ Rendezvous::Rendezvous(const World& world, std::chrono::milliseconds timeout) : 
   opts.waitWorkers = true;
   opts.timeout = timeout;
   const std::string where = world.master_addr + ":" + std::to_string(world.master_port);
+  const std::string failed = "rank " + std::to_string(world.rank) + ": rendezvous at " + where + " failed within " +
+                             seconds_of(timeout) + " (is MASTER_ADDR/MASTER_PORT right, and did every rank start?)";
+  if (!opts.isServer && !reachable_within(world.master_addr, world.master_port, timeout))
+    throw std::runtime_error(failed + ": nothing accepts connections there");
   try {
     store_ = c10::make_intrusive<c10d::TCPStore>(world.master_addr, opts);
   } catch (const std::exception& e) {
-    throw std::runtime_error("rank " + std::to_string(world.rank) + ": rendezvous at " + where + " failed within " +
-                             seconds_of(timeout) + " (is MASTER_ADDR/MASTER_PORT right, and did every rank start?): " +
-                             e.what());
+    throw std::runtime_error(failed + ": " + e.what());
   }
   // Every rank publishes its world size and checks everyone else's: a rank launched with another
   // world size, or one that never arrives, stops every rank with a message instead of a hang.

@@ -1,7 +1,8 @@
 """What the end-to-end tests share: where the programs are, a scratch folder per test, free ports,
 ranks started as torchrun starts them, metrics files and loss comparisons.
 
-ctest runs each test alone (tests/CMakeLists.txt, with ZB_BUILD_DIR set). By hand, from the
+ctest runs each test alone, or a module's tests in one process where they share heavy imports
+(test_diloco.py; tests/CMakeLists.txt, with ZB_BUILD_DIR set). By hand, from the
 repository root:
     ZB_BUILD_DIR=build .venv/bin/python -m pytest tests/e2e/test_launchers.py::test_torchrun
 

@@ -15,6 +15,9 @@ from conftest import (DEBUG_CONFIG, TORCHRUN, TRAIN_FSDP, TRAIN_HSDP, free_port,
 COMMON = ["--config", DEBUG_CONFIG, "--runtime.device", "cpu", "--runtime.num_threads", "1",
           "--logging.metrics_file", "/dev/null", "--optim.optim.ns_dtype", "float32"]
 LONG = ["--optim.total_steps", "100000"]  # a run that only stops when it fails
+# Rows of 256 tokens where the preset's shape is beside the point (a killed or hung rank): a
+# quarter of a step's time.
+SHORT_ROWS = ["--data.seq_length", "256"]
 
 
 def check_run(path):
@@ -72,7 +75,7 @@ def two_ranks_as_one(work, launcher):
     preset's 1024: what is checked is the launch and the equality of the runs (a quarter of the
     time). One process runs 2 micro-batches of 8, two ranks one each; on CPU with Gloo the losses
     come out bit for bit equal today, but the bound does not rely on that."""
-    common = COMMON + ["--data.seq_length", "256"]
+    common = COMMON + SHORT_ROWS
     rc, out = run(TRAIN_FSDP, *common, "--logging.metrics_file", work / "single.jsonl")
     assert rc == 0, f"the single process exited {rc}:\n{out}"
     two = work / "two.jsonl"  # written by rank 0
@@ -146,7 +149,7 @@ def test_hsdp_torchrun(work):
 def test_killed_rank(work):
     """Two ranks on a long run; rank 1 is killed with SIGKILL after its first steps. Rank 0 must
     exit non-zero with a clear message well within the timeout."""
-    ranks = start_ranks(2, work / "k.log", *COMMON, *LONG, "--runtime.timeout_s", "30")
+    ranks = start_ranks(2, work / "k.log", *COMMON, *SHORT_ROWS, *LONG, "--runtime.timeout_s", "30")
     past_start_up(work / "k.log.0")
     ranks.procs[1].kill()
     start_time = time.monotonic()
@@ -165,7 +168,7 @@ def test_hung_rank(work):
     within runtime.timeout_s plus a little, naming the step that stalled (the watchdog's path, the
     one NCCL runs depend on: their waits do not block the host). Rank 1, once resumed, finds its
     own limit long passed and exits non-zero too."""
-    ranks = start_ranks(2, work / "hung.log", *COMMON, *LONG, "--runtime.timeout_s", "8")
+    ranks = start_ranks(2, work / "hung.log", *COMMON, *SHORT_ROWS, *LONG, "--runtime.timeout_s", "8")
     past_start_up(work / "hung.log.0")
     ranks.procs[1].send_signal(signal.SIGSTOP)
     start_time = time.monotonic()

@@ -59,7 +59,9 @@ def muon_fsdp2(outdir, manifest):
     # Newton-Schulz's loop eagerly (the package compiles it; inductor's fusion would change bf16
     # roundings only, and compiling costs about a minute here): the ranks read this at import.
     os.environ["TORCH_COMPILE_DISABLE"] = "1"
-    mp.spawn(_muon_fsdp2_rank, args=(2, outdir), nprocs=2, join=True)
+    # Forked: the ranks keep the torch this process imported (importing it again costs each 2.4 s
+    # of CPU); nothing has run here yet, so no thread pool is copied half-made.
+    mp.start_processes(_muon_fsdp2_rank, args=(2, outdir), nprocs=2, join=True, start_method="fork")
     manifest.update(json.load(open(os.path.join(outdir, "rank0_manifest.json"))))
 
 

@@ -19,7 +19,7 @@ def test_relocated(work):
         assert (prefix / f).exists(), f"the install has no {f}"
     rc, out = run(prefix / "bin/train_fsdp", "--config", prefix / "share/zeroband-cpp/configs/debug/normal.toml",
                   "--data.fake", "--data.seq_length", "256", "--optim.total_steps", "2", "--ckpt.path", "",
-                  "--runtime.num_threads", "2",
+                  "--runtime.num_threads", "1",
                   "--logging.metrics_file", work / "run/metrics.jsonl", "--logging.tensorboard_dir", work / "run/tb",
                   cwd=work)  # nowhere near the source tree
     print(out)

@@ -24,7 +24,7 @@ from conftest import CONFIGS, EXPORT_HF, PYTHON, REFERENCE, SOURCE, TRAIN_FSDP, 
 DATA = SOURCE / "data" / "python-docs"
 RUN = ["--config", CONFIGS / "debug/quickstart.toml", "--train.micro_bs", "4", "--optim.batch_size", "4",
        "--data.seq_length", "128", "--optim.total_steps", "20", "--optim.warmup_steps", "2", "--data.eval_interval", "10",
-       "--optim.optim.ns_dtype", "float32", "--runtime.num_threads", "2",
+       "--optim.optim.ns_dtype", "float32", "--runtime.num_threads", "1",
        "--data.dataset_name_or_paths", DATA / "train", "--data.val_dataset_name_or_paths", DATA / "val"]
 OFFLINE = {"WANDB_MODE": "offline"}
 

@@ -137,6 +137,7 @@ class CountingAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     c10::DataPtr inner = base_->allocate(n);
     void* data = inner.get();
+    if (data == nullptr) return inner;  // an empty tensor's: nothing to count or to free
     const c10::Device device = inner.device();
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -179,7 +180,7 @@ void CountingAllocator::release(void* data) {
   {
     std::lock_guard<std::mutex> lock(counting->mutex_);
     auto it = counting->blocks_.find(data);
-    if (it == counting->blocks_.end()) return;  // null data of an empty tensor
+    if (it == counting->blocks_.end()) return;
     block = std::move(it->second);
     counting->blocks_.erase(it);
     counting->live_ -= static_cast<int64_t>(block.bytes);

@@ -12,6 +12,8 @@
 #include <iostream>
 #include <optional>
 
+#include <unistd.h>
+
 #include "checkpoint/checkpoint.h"
 #include "config/cli.h"
 #include "config/config.h"
@@ -183,6 +185,12 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
       }
     }
     metrics.log_step(s, val_loss);
+    // For tests: the first rank stops as a machine lost mid-run would leave the others (the test
+    // then kills it or leaves it stopped).
+    if (const char* stop = std::getenv("ZB_TEST_STOP_AFTER_STEP"); stop && std::to_string(step) == stop && world.rank == 0) {
+      zb::log::warn(strf("process %d stops after step %ld (ZB_TEST_STOP_AFTER_STEP)", static_cast<int>(::getpid()), step));
+      std::raise(SIGSTOP);
+    }
     if (!s.nonfinite.empty()) on_nonfinite_step(s, cfg, checkpoints);  // throws to stop the run
 
     // All ranks stop after the same step when any got a signal or saw its save fail (counted in

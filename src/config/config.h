@@ -182,6 +182,11 @@ struct DilocoConfig {  // [diloco], prime's names: DiLoCo over the replicas (dil
   // `fragment_delay` steps after it starts (overlapping the inner steps between).
   int64_t fragments = 1;
   int64_t fragment_delay = 0;
+  // Elastic replicas: "host:port" of the run's membership service (apps/diloco_peers.cpp). Each
+  // launch is then one replica, and replicas may leave without stopping the others
+  // (diloco/membership.h); optim.batch_size is each replica's batch. "": the replicas are the
+  // parallel.dp_replicate shard groups of one launch.
+  std::string peers;
 };
 
 struct Config {

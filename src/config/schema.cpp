@@ -273,6 +273,9 @@ const std::vector<Field>& schema() {
       ZB_FIELD("diloco.fragment_delay", Int, int64_t, diloco.fragment_delay,
                "DiLoCo streaming: steps between an exchange's start and its outer step (overlapped with "
                "inner steps; 0 = at once)"),
+      ZB_FIELD("diloco.peers", String, std::string, diloco.peers,
+               "DiLoCo elastic replicas: host:port of the run's diloco_peers; this launch is then one replica, "
+               "which may leave (or lose others) without stopping the run; \"\" = off"),
   };
   return fields;
 }

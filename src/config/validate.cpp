@@ -201,6 +201,22 @@ void validate(const Config& c, int64_t world_size) {
     if (!(c.diloco.fragment_delay >= 0 && c.diloco.fragment_delay < c.diloco.inner_steps))
       fail("diloco.fragment_delay", "diloco.fragment_delay must be in [0, diloco.inner_steps = " +
                                         show(c.diloco.inner_steps) + "), got " + show(c.diloco.fragment_delay));
+    if (!c.diloco.peers.empty()) {
+      const std::string& p = c.diloco.peers;
+      const size_t colon = p.rfind(':');
+      const std::string port = colon == std::string::npos ? "" : p.substr(colon + 1);
+      if (colon == 0 || port.empty() || port.find_first_not_of("0123456789") != std::string::npos ||
+          port.size() > 5 || std::stol(port) < 1 || std::stol(port) > 65535)
+        fail("diloco.peers", "diloco.peers must be \"host:port\" (where diloco_peers serves), got \"" + p + "\"");
+      if (c.parallel.dp_replicate != 1)
+        fail("parallel.dp_replicate", "with diloco.peers each launch is one replica: parallel.dp_replicate must be 1, "
+                                      "got " + show(c.parallel.dp_replicate) + " (start one launch per replica)");
+      if (c.diloco.fragments != 1)
+        fail("diloco.fragments", "elastic replicas (diloco.peers) take whole outer steps: diloco.fragments must be 1");
+      if (!c.ckpt.resume.empty())
+        fail("ckpt.resume", "an elastic replica (diloco.peers) cannot resume yet: a replica restarted into a running "
+                            "run would have to join it, which is not built");
+    }
   }
 }
 

@@ -30,8 +30,27 @@ const std::vector<int64_t>& DataLoader::permutation(int64_t epoch) const {
 }
 
 int64_t DataLoader::position_of(int64_t row) const {
-  const int64_t per_rank = global_batch_ / world_;
-  return (row / per_rank) * global_batch_ + rank_ * per_rank + row % per_rank;
+  // Rows since the last reposition, each global batch one of the stream's steps of
+  // members_ x global_batch_ rows, of which this loader's member reads its own slice.
+  const int64_t per_rank = global_batch_ / world_, since = row - rows_at_base_;
+  return base_ + (since / per_rank) * members_ * global_batch_ + member_ * global_batch_ + rank_ * per_rank +
+         since % per_rank;
+}
+
+int64_t DataLoader::stream_rows_read() const {
+  return base_ + (rows_ - rows_at_base_) / (global_batch_ / world_) * members_ * global_batch_;
+}
+
+void DataLoader::reposition(int64_t stream_rows, int64_t member, int64_t members) {
+  const int depth = prefetch_depth_;
+  const bool pin = pin_memory_;
+  stop_prefetch();  // what it prepared was read from the old positions
+  prefetch_depth_ = 0;
+  base_ = stream_rows;
+  rows_at_base_ = rows_;
+  member_ = member;
+  members_ = members;
+  start_prefetch(depth, pin);
 }
 
 int64_t DataLoader::sample_at(int64_t position) const {

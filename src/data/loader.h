@@ -86,6 +86,13 @@ class DataLoader {
   // The sample a global position maps to.
   int64_t sample_at(int64_t position) const;
 
+  // Elastic DiLoCo's replicas share one stream (diloco/membership.h): from the next row on, each of
+  // this loader's global batches is the slice `member` of `members` consecutive ones, starting at
+  // stream row `stream_rows`. stream_rows_read(): where the stream stands after this loader's
+  // rows (the rows it has consumed counted for every member).
+  void reposition(int64_t stream_rows, int64_t member, int64_t members);
+  int64_t stream_rows_read() const;
+
   LoaderState state() const { return {rows_, seed_, world_}; }
   // Resumes at the next unseen row. Throws if the state came from another seed or world size.
   void load_state(const LoaderState& state);
@@ -102,6 +109,8 @@ class DataLoader {
   bool shuffle_;
   int64_t global_batch_, micro_bs_, rank_, world_;
   int64_t rows_ = 0;
+  // reposition(): the stream row and this loader's row count there, and its slice of each step.
+  int64_t base_ = 0, rows_at_base_ = 0, member_ = 0, members_ = 1;
   std::optional<DocumentDelimiter> delimiter_;
   mutable int64_t cached_epoch_ = -1;
   mutable std::vector<int64_t> cached_permutation_;

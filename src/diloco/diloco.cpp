@@ -94,6 +94,25 @@ void DiLoCo::start() {
   for (auto& f : fragments_) f->outer.start_from(f->inner());
 }
 
+void DiLoCo::set_membership(std::unique_ptr<ReplicaMembership> membership) {
+  membership_ = std::move(membership);
+  replicas_ = nullptr;  // each round's group instead
+}
+
+RoundReport DiLoCo::join() { return membership_->start(); }
+
+void DiLoCo::exchange_in_round(Fragment& f, int64_t step, int64_t total_steps, int64_t stream_rows,
+                               OuterSyncStats& stats) {
+  // Outer steps are whole (validate: one fragment, no delay), so the round number is the count.
+  stats.round = membership_->outer_round(outer_steps_ + 1, step, stream_rows, [&](Communicator* group) {
+    f.clear_exchange();  // a retry starts again from this replica's Δ
+    replicas_ = group;
+    begin(f, step, total_steps, stats);
+    finish(f, &stats);
+  });
+  replicas_ = nullptr;
+}
+
 bool DiLoCo::starts_at(int64_t f, int64_t step, int64_t total_steps) const {
   const int64_t H = config_.inner_steps;
   return step == total_steps || (step + f * (H / fragments())) % H == 0;
@@ -195,7 +214,7 @@ void DiLoCo::apply(Fragment& f, OuterSyncStats& stats) {
   stats.fragments.push_back(f.index);
 }
 
-std::optional<OuterSyncStats> DiLoCo::after_step(int64_t step, int64_t total_steps) {
+std::optional<OuterSyncStats> DiLoCo::after_step(int64_t step, int64_t total_steps, int64_t stream_rows) {
   at::NoGradGuard no_grad;
   const auto start = std::chrono::steady_clock::now();
   OuterSyncStats stats;
@@ -227,9 +246,13 @@ std::optional<OuterSyncStats> DiLoCo::after_step(int64_t step, int64_t total_ste
     if (starts_at(f->index, step, total_steps)) {
       any = true;
       Phase phase("zb.outer_exchange", f->index);
-      begin(*f, step, total_steps, stats);
+      if (membership_)
+        exchange_in_round(*f, step, total_steps, stream_rows, stats);
+      else
+        begin(*f, step, total_steps, stats);
       if (f->apply_at == step) apply_and_count(*f);
     }
+  if (membership_ && step == total_steps) membership_->finish();
   if (!any) return std::nullopt;
   if (squares.defined()) {
     // ‖Δ̄‖ over the model: the replicas hold the same Δ̄, the shard group the model's rows, the

@@ -32,6 +32,7 @@
 #include "config/config.h"
 #include "dist/comm.h"
 #include "dist/compression.h"
+#include "diloco/membership.h"
 #include "optim/outer_nesterov.h"
 #include "parallel/mesh.h"
 #include "parallel/parallel_model.h"
@@ -46,6 +47,7 @@ struct OuterSyncStats {
   int64_t bytes_across_replicas = 0; // what this rank's replicate group moved for the exchanges started
   double seconds_waited = 0;         // the host blocked on those exchanges
   double seconds = 0;                // wall time of the outer work in this step
+  std::optional<RoundReport> round;  // elastic replicas: who took part (diloco/membership.h)
 };
 
 // Values per uint8 chunk: each chunk carries a 1 KiB table, 1.6% of its 64 KiB of codes.
@@ -66,8 +68,14 @@ class DiLoCo {
 
   // The outer copies take the inner values: the start of a run (or of new initial weights).
   void start();
+  // Elastic replicas (diloco.peers): the outer steps go through `membership`'s rounds, each over
+  // that round's members. join() is round 0: the first generation (collective, before step 1).
+  void set_membership(std::unique_ptr<ReplicaMembership> membership);
+  bool elastic() const { return static_cast<bool>(membership_); }
+  RoundReport join();
   // After step `step`'s optimizer (1-based; collective): the outer steps due then, if any.
-  std::optional<OuterSyncStats> after_step(int64_t step, int64_t total_steps);
+  // `stream_rows`: elastic replicas only, the run's data stream read by then (data/loader.h).
+  std::optional<OuterSyncStats> after_step(int64_t step, int64_t total_steps, int64_t stream_rows = 0);
 
   // For checkpoints: the outer copies and momentum ("diloco/outer/<name>",
   // "diloco/momentum/<name>"), sharded like the parameters and the same on every replica; for an
@@ -90,6 +98,9 @@ class DiLoCo {
   // Waits for the exchange (once) and leaves Δ̄ in f.mean.
   void finish(Fragment& f, OuterSyncStats* stats);
   void apply(Fragment& f, OuterSyncStats& stats);
+  // Elastic: begin and finish f's exchange in a membership round (retried over fewer members if a
+  // member fails in it).
+  void exchange_in_round(Fragment& f, int64_t step, int64_t total_steps, int64_t stream_rows, OuterSyncStats& stats);
 
   DilocoConfig config_;
   Compression compression_;
@@ -98,6 +109,7 @@ class DiLoCo {
   Communicator* tp_;
   std::vector<std::unique_ptr<Fragment>> fragments_;
   int64_t outer_steps_ = 0;
+  std::unique_ptr<ReplicaMembership> membership_;
 };
 
 }  // namespace zb

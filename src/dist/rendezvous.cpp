@@ -19,8 +19,9 @@ namespace {
 std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
 std::string seconds_of(std::chrono::milliseconds t) { return std::to_string(t.count() / 1000) + " s"; }
 
-// Whether something accepts connections at host:port before `timeout` passes, trying every 50 ms.
-// A rank waits for the store this way before TCPStore's client connects: that client retries a
+}  // namespace
+
+// Trying every 50 ms. A rank waits for the store this way before TCPStore's client connects: that client retries a
 // timed-out connect once more after a back-off, which turned runtime.timeout_s = 5 into about 14 s.
 // An address that does not resolve counts as reachable: TCPStore then names the problem.
 bool reachable_within(const std::string& host, int64_t port, std::chrono::milliseconds timeout) {
@@ -54,8 +55,6 @@ bool reachable_within(const std::string& host, int64_t port, std::chrono::millis
   return reached;
 }
 
-}  // namespace
-
 Rendezvous::Rendezvous(const World& world, std::chrono::milliseconds timeout) : world_(world), timeout_(timeout) {
   if (!world.distributed()) return;
   c10d::TCPStoreOptions opts;
@@ -76,6 +75,17 @@ Rendezvous::Rendezvous(const World& world, std::chrono::milliseconds timeout) : 
   } catch (const std::exception& e) {
     throw std::runtime_error(failed + ": " + e.what());
   }
+  check_world_sizes(opts.isServer);
+}
+
+Rendezvous::Rendezvous(const World& world, std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Store> store)
+    : world_(world), timeout_(timeout), store_(std::move(store)), adopted_store_(true) {
+  if (world.distributed()) check_world_sizes(/*serving=*/false);
+}
+
+void Rendezvous::check_world_sizes(bool serving) {
+  const World& world = world_;
+  const std::string where = world.master_addr + ":" + std::to_string(world.master_port);
   // Every rank publishes its world size and checks everyone else's: a rank launched with another
   // world size, or one that never arrives, stops every rank with a message instead of a hang.
   const std::string mine = std::to_string(world.size);
@@ -84,10 +94,10 @@ Rendezvous::Rendezvous(const World& world, std::chrono::milliseconds timeout) : 
   for (int64_t r = 0; r < world.size && mismatch.empty(); ++r) {
     const std::string key = "zb/world_size_of/" + std::to_string(r);
     try {
-      store_->wait({key}, timeout);
+      store_->wait({key}, timeout_);
     } catch (const std::exception&) {
       throw std::runtime_error("rank " + std::to_string(r) + " did not join the rendezvous at " + where +
-                               " within " + seconds_of(timeout));
+                               " within " + seconds_of(timeout_));
     }
     const auto bytes = store_->get(key);
     const std::string theirs(bytes.begin(), bytes.end());
@@ -99,7 +109,7 @@ Rendezvous::Rendezvous(const World& world, std::chrono::milliseconds timeout) : 
   // The rank serving the store waits (briefly) until the others have read what they need: leaving
   // at once would take the store away and give them a connection error instead.
   store_->set("zb/world_size_read/" + std::to_string(world.rank), std::vector<uint8_t>{1});
-  if (opts.isServer) {
+  if (serving) {
     for (int64_t r = 1; r < world.size; ++r) {
       try {
         store_->wait({"zb/world_size_read/" + std::to_string(r)}, std::chrono::seconds(5));
@@ -111,6 +121,7 @@ Rendezvous::Rendezvous(const World& world, std::chrono::milliseconds timeout) : 
 }
 
 std::chrono::milliseconds Rendezvous::backend_timeout() const {
+  if (adopted_store_) return timeout_;
   return timeout_ + std::max<std::chrono::milliseconds>(std::chrono::seconds(10), timeout_ / 10);
 }
 

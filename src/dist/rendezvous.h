@@ -25,6 +25,10 @@ class Rendezvous {
   // std::runtime_error naming the problem (address, missing rank, mismatched world size) when it
   // fails within `timeout`, which also bounds every later wait on the other ranks.
   Rendezvous(const World& world, std::chrono::milliseconds timeout);
+  // The same over a store another party serves (elastic DiLoCo's groups meet under a prefix of
+  // the peers' store). Its groups' collectives fail after `timeout` itself: no watchdog stands in
+  // front of them, the caller handles their failure.
+  Rendezvous(const World& world, std::chrono::milliseconds timeout, c10::intrusive_ptr<c10d::Store> store);
 
   const World& world() const { return world_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
@@ -41,10 +45,19 @@ class Rendezvous {
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
 
  private:
+  // Every rank publishes its world size and checks everyone else's (throws naming a mismatch or
+  // a rank that never arrives).
+  void check_world_sizes(bool serving);
+
   World world_;
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Store> store_;
+  bool adopted_store_ = false;
 };
+
+// Whether something accepts connections at host:port before `timeout` passes (an address that does
+// not resolve counts as reachable: the store's client then names the problem).
+bool reachable_within(const std::string& host, int64_t port, std::chrono::milliseconds timeout);
 
 // A shared one (the communicators and start-up exchanges hold it), made where the store's type is
 // known.

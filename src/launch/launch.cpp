@@ -71,7 +71,13 @@ std::vector<std::string> describe_run(const Config& c, const ModelArgs& a, int64
                              ? "each split matrix gathered to one owner in the TP group, orthogonalised whole"
                              : "per matrix, a gather to an owner or Newton-Schulz over the slices, whichever moves "
                                "fewer bytes (gather, for Llama's shapes)"));
-  if (parallelism == Parallelism::FSDP && c.diloco.inner_steps > 0) {
+  if (parallelism == Parallelism::FSDP && c.diloco.inner_steps > 0 && !c.diloco.peers.empty()) {
+    lines.push_back(strf("DiLoCo over elastic replicas: this launch is one replica of %ld rank(s), meeting the others "
+                         "at diloco.peers %s; every %ld steps an outer Nesterov step (lr %g, momentum %g) on the "
+                         "pseudo-gradients averaged over the replicas present, sent as %s; %ld rows a step per replica",
+                         layout.shard * layout.tp, c.diloco.peers.c_str(), c.diloco.inner_steps, c.diloco.outer_lr,
+                         c.diloco.outer_momentum, c.diloco.compression.c_str(), c.optim.batch_size));
+  } else if (parallelism == Parallelism::FSDP && c.diloco.inner_steps > 0) {
     lines.push_back(strf("DiLoCo: %ld replica(s) of %ld rank(s) train apart (gradients averaged within a "
                          "replica only); every %ld steps an outer Nesterov step (lr %g, momentum %g) on the "
                          "pseudo-gradients averaged over the replicas, sent as %s",

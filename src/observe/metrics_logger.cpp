@@ -99,6 +99,17 @@ void MetricsLogger::log_step(const StepStats& s, std::optional<double> val_loss)
                             {"bytes_across_replicas", s.outer->bytes_across_replicas},
                             {"seconds_waited", s.outer->seconds_waited},
                             {"seconds", s.outer->seconds}};
+  if (s.outer && s.outer->round)  // elastic replicas: whose pseudo-gradients the average took
+    record["outer_step"].update({{"generation", s.outer->round->quorum.generation},
+                                 {"members", s.outer->round->quorum.members},
+                                 {"attempts", s.outer->round->attempts}});
+  if (s.membership)
+    record["membership"] = {{"generation", s.membership->quorum.generation},
+                            {"members", s.membership->quorum.members},
+                            {"change", s.membership->quorum.change},
+                            {"member_index", s.membership->member_index},
+                            {"stream_rows", s.membership->quorum.stream_rows},
+                            {"seconds_lost", s.membership->seconds_lost}};
   for (const auto& [key, value] : texts_) record[key] = value;
   for (const auto& [key, value] : numbers_) record[key] = value;
   if (!s.nonfinite.empty()) record["nonfinite"] = s.nonfinite;  // this step was not applied
@@ -130,6 +141,16 @@ void MetricsLogger::log_step(const StepStats& s, std::optional<double> val_loss)
                    "replicas | waited %.3f s",
                    s.step, total, which.c_str(), s.outer->outer_steps, s.outer->pseudo_gradient_norm,
                    with_commas(s.outer->bytes_across_replicas).c_str(), s.outer->seconds_waited));
+  }
+  if (s.membership) {
+    std::string members;
+    for (int64_t id : s.membership->quorum.members) members += (members.empty() ? "" : ",") + std::to_string(id);
+    log::info(strf("step %ld/%ld | DiLoCo membership: generation %ld, replicas %s%s; this one reads slice %ld of %zu "
+                   "of each step from stream row %ld; %.2f s lost",
+                   s.step, total, s.membership->quorum.generation, members.c_str(),
+                   s.membership->quorum.change.empty() ? "" : (" (" + s.membership->quorum.change + ")").c_str(),
+                   s.membership->member_index, s.membership->quorum.members.size(), s.membership->quorum.stream_rows,
+                   s.membership->seconds_lost));
   }
 }
 

@@ -28,6 +28,8 @@ struct StepStats {
   // ended with, if any.
   std::vector<double> replica_losses;
   std::optional<OuterSyncStats> outer;
+  // Elastic replicas: the membership this step's round changed to (the first one at step 1).
+  std::optional<RoundReport> membership;
   // The loop's flags (StepFlags) counted over the ranks by the step's own all-reduce.
   int64_t ranks_stopping = 0, ranks_failed_save = 0;
 };

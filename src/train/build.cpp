@@ -9,6 +9,7 @@
 #include "optim/replicated_muon.h"
 #include "optim/sharded_muon.h"
 #include "optim/tensor_parallel_muon.h"
+#include "util/log.h"
 
 namespace zb {
 
@@ -50,6 +51,15 @@ void place_muon(Muon& muon, const Config& config, const ParallelMesh& mesh) {
   else if (mesh.sharded() && mesh.replicate_group() && split)
     make_muon_replicated(muon, *mesh.replicate_group());  // shard groups of one: whole matrices
   if (mesh.tp_group()) make_muon_tensor_parallel(muon, *mesh.tp_group(), config.parallel.muon_tp);
+}
+
+std::string replica_fingerprint(const Config& c, const ModelArgs& a, int64_t world_size) {
+  return strf("world %ld; model dim %ld layers %ld heads %ld/%ld ffn %ld vocab %ld; seq %ld batch %ld; data %s seed "
+              "%ld shuffle %d; steps %ld; optimizer %s; diloco inner %ld lr %g momentum %g compression %s",
+              world_size, a.dim, a.n_layers, a.n_heads, a.n_kv_heads, a.ffn_hidden(), a.vocab_size, c.data.seq_length,
+              c.optim.batch_size, c.data.dataset_name_or_paths.c_str(), c.runtime.seed, c.data.shuffle ? 1 : 0,
+              c.optim.total_steps, c.optim.optim.type.c_str(), c.diloco.inner_steps, c.diloco.outer_lr,
+              c.diloco.outer_momentum, c.diloco.compression.c_str());
 }
 
 RunData build_data(const Config& config, const TrainingParts& parts) {
@@ -96,6 +106,10 @@ TrainingParts build_training(const Config& config, ParallelMesh mesh, c10::Devic
   if (Muon* muon = p.optimizer->muon()) place_muon(*muon, config, p.mesh);
   if (config.diloco.inner_steps > 0)
     p.diloco = std::make_unique<DiLoCo>(config.diloco, p.engine->parameters(), p.model->args().n_layers, p.mesh);
+  if (p.diloco && !config.diloco.peers.empty())
+    p.diloco->set_membership(std::make_unique<ReplicaMembership>(
+        config.diloco.peers, std::chrono::seconds(config.runtime.timeout_s), p.mesh.world(),
+        replica_fingerprint(config, p.model->args(), p.mesh.world_size())));
   p.data = build_data(config, p);
   p.accum = grad_accum_steps(config, p.mesh.world_size());
   p.reduce_every_micro_batch =

@@ -56,9 +56,11 @@ StepStats Trainer::train_step(const StepFlagSource& flags) {
   ++step_;
   // DiLoCo's outer copies start from the parameters the run begins with (initial weights loaded
   // after construction included), unless a checkpoint restored them.
+  std::optional<RoundReport> joined;
   if (parts_.diloco && !outer_restored_) {
     parts_.diloco->start();
     outer_restored_ = true;
+    if (parts_.diloco->elastic()) joined = follow(parts_.diloco->join());
   }
   // Phase boundaries on the device's timeline (CUDA events on a GPU): read once the device has
   // finished the step, so timing adds no synchronisation.
@@ -88,9 +90,11 @@ StepStats Trainer::train_step(const StepFlagSource& flags) {
   // DiLoCo's outer steps due after this step, once the gradients are freed (its temporaries take
   // their place).
   if (parts_.diloco) {
-    stats.outer = parts_.diloco->after_step(step_, config_.optim.total_steps);
+    stats.outer = parts_.diloco->after_step(step_, config_.optim.total_steps, parts_.data.train->stream_rows_read());
     parts_.engine->parameters_changed();
+    if (stats.outer && stats.outer->round && stats.outer->round->changed) stats.membership = follow(*stats.outer->round);
   }
+  if (joined) stats.membership = joined;
   stats.learning_rates = parts_.optimizer->learning_rates(lr_multiplier);
   for (const auto& [start, forward_done, backward_done] : micro_marks) {
     stats.forward_seconds += clock_.seconds(start, forward_done);
@@ -98,6 +102,12 @@ StepStats Trainer::train_step(const StepFlagSource& flags) {
   }
   stats.optimizer_seconds = clock_.seconds(optimizer_start, optimizer_done);
   return stats;
+}
+
+RoundReport Trainer::follow(const RoundReport& round) {
+  parts_.data.train->reposition(round.quorum.stream_rows, round.member_index,
+                                static_cast<int64_t>(round.quorum.members.size()));
+  return round;
 }
 
 at::Tensor Trainer::run_micro_batches(std::vector<std::array<int, 3>>& marks) {

@@ -103,6 +103,8 @@ class Trainer {
     Documents documents;
   };
   EngineInput engine_input(const Batch& batch) const;
+  // Elastic DiLoCo: this replica's rows of the run's stream follow its new membership.
+  RoundReport follow(const RoundReport& round);
 
   Config config_;
   TrainingParts parts_;

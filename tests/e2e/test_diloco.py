@@ -179,9 +179,16 @@ def fragment_of(name, layers, fragments):
     return 0 if "embed_tokens" in name else fragments - 1
 
 
-def reference(cfg, hf_config, init, tokens, replicas, inner_type, outer_lr, outer_momentum, fragments=1, delay=0):
-    """Per step each replica's loss and the fragments that took an outer step; the final outer
-    parameters."""
+def reference(cfg, hf_config, init, tokens, replicas, inner_type, outer_lr, outer_momentum, fragments=1, delay=0,
+              rows=None, lost=None):
+    """Per step each replica's loss (None once it has left) and the fragments that took an outer
+    step; the final outer parameters.
+
+    rows: each replica's rows a step (BATCH / replicas by default). lost: {replica: step}, elastic
+    replicas (test_elastic.py): the replica takes no part in the outer steps after that step and
+    later. The data follow src/diloco/membership.h's rule: in a membership of m replicas that began
+    after step t0 at stream row P, the k-th reads rows P + (t - t0 - 1)·m·rows + k·rows, [0, rows) in
+    step t; the rule with every replica throughout is that of one launch's replicas."""
     from transformers import LlamaForCausalLM
     muon_ns_fp32()
     adam, hidden = cfg["adam"], cfg["hidden"]
@@ -219,9 +226,9 @@ def reference(cfg, hf_config, init, tokens, replicas, inner_type, outer_lr, oute
     def begin(f, step):
         apply_at = min(step + delay, STEPS)
         params = [list(m.parameters()) for m in models]
-        mean = {i: torch.stack([outer_params[i].detach() - params[q][i].detach() for q in range(replicas)]).mean(0)
+        mean = {i: torch.stack([outer_params[i].detach() - params[q][i].detach() for q in live]).mean(0)
                 for i in members[f]}
-        start = {(q, i): params[q][i].detach().clone() for q in range(replicas) for i in members[f]}
+        start = {(q, i): params[q][i].detach().clone() for q in live for i in members[f]}
         in_flight[f] = (apply_at, mean, start)
 
     def apply(f):
@@ -229,20 +236,23 @@ def reference(cfg, hf_config, init, tokens, replicas, inner_type, outer_lr, oute
         for i, p in enumerate(outer_params):  # SGD steps the parameters that have a gradient
             p.grad = mean[i] if i in mean else None
         outer_opt.step()
-        for q, m in enumerate(models):
-            params = list(m.parameters())
+        for q in live:
+            params = list(models[q].parameters())
             for i in members[f]:
                 drift = params[i].detach() - start[(q, i)]  # the inner steps since the start
                 params[i].copy_(outer_params[i].detach() + drift)
 
     losses, applied = [], []
-    rows = BATCH // replicas
+    rows = rows or BATCH // replicas
+    lost = lost or {}
+    live, first_row, since = list(range(replicas)), 0, 0  # the membership, its first stream row and step
     for step in range(1, STEPS + 1):
-        step_losses = []
-        for q, (model, opts) in enumerate(zip(models, optimizers)):
-            # Replica q reads positions [q*rows, (q+1)*rows) of global batch step-1; sample p is
-            # tokens [p*SEQ, p*SEQ + SEQ + 1) (no shuffling).
-            first = (step - 1) * BATCH + q * rows
+        step_losses = [None] * replicas
+        for k, q in enumerate(live):
+            model, opts = models[q], optimizers[q]
+            # Replica q reads its slice of the step's rows of the stream; sample p is tokens
+            # [p*SEQ, p*SEQ + SEQ + 1) (no shuffling).
+            first = first_row + (step - since - 1) * len(live) * rows + k * rows
             batch = torch.stack([tokens[p * SEQ:p * SEQ + SEQ + 1] for p in range(first, first + rows)]).long()
             logits = model(batch[:, :-1]).logits
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
@@ -252,7 +262,12 @@ def reference(cfg, hf_config, init, tokens, replicas, inner_type, outer_lr, oute
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["max_norm"])
             for o in opts:
                 o.step()
-            step_losses.append(loss.item())
+            step_losses[q] = loss.item()
+        if any(step >= s and q in live for q, s in lost.items()) and (step % INNER == 0 or step == STEPS):
+            # A new membership for this outer step: the stream goes on where the old one's steps ended.
+            first_row += (step - since) * len(live) * rows
+            since = step
+            live = [q for q in live if not (q in lost and step >= lost[q])]
         losses.append(step_losses)
         done = []
         with torch.no_grad():

@@ -1,0 +1,217 @@
+#include "diloco/membership.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cstdlib>
+#include <csignal>
+#include <sstream>
+#include <stdexcept>
+
+#include <unistd.h>
+
+#include "dist/rendezvous.h"
+#include "util/log.h"
+
+namespace zb {
+
+namespace peer_keys {
+std::string registered() { return "peers/registered"; }
+std::string run_fingerprint() { return "peers/fingerprint"; }
+std::string heartbeat(int64_t id) { return "peers/replica/" + std::to_string(id) + "/heartbeat"; }
+std::string finished(int64_t id) { return "peers/replica/" + std::to_string(id) + "/finished"; }
+std::string arrived(int64_t round, int64_t id) {
+  return "peers/round/" + std::to_string(round) + "/arrived/" + std::to_string(id);
+}
+std::string quorum(int64_t round, int64_t attempt) {
+  return "peers/round/" + std::to_string(round) + "/" + std::to_string(attempt) + "/quorum";
+}
+std::string result(int64_t round, int64_t attempt, int64_t id) {
+  return "peers/round/" + std::to_string(round) + "/" + std::to_string(attempt) + "/result/" + std::to_string(id);
+}
+std::string decision(int64_t round, int64_t attempt) {
+  return "peers/round/" + std::to_string(round) + "/" + std::to_string(attempt) + "/decision";
+}
+std::string group_prefix(int64_t generation, int64_t position) {
+  return "peers/generation/" + std::to_string(generation) + "/position/" + std::to_string(position);
+}
+}  // namespace peer_keys
+
+namespace {
+std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+}  // namespace
+
+// "generation;id,id,...;stream_rows;change"
+std::string Quorum::encode() const {
+  std::string ids;
+  for (int64_t m : members) ids += (ids.empty() ? "" : ",") + std::to_string(m);
+  return std::to_string(generation) + ";" + ids + ";" + std::to_string(stream_rows) + ";" + change;
+}
+
+Quorum Quorum::decode(const std::string& text) {
+  Quorum q;
+  std::istringstream in(text);
+  std::string generation, ids, rows;
+  std::getline(in, generation, ';');
+  std::getline(in, ids, ';');
+  std::getline(in, rows, ';');
+  std::getline(in, q.change);
+  q.generation = std::stoll(generation);
+  q.stream_rows = std::stoll(rows);
+  std::istringstream list(ids);
+  for (std::string id; std::getline(list, id, ',');) q.members.push_back(std::stoll(id));
+  return q;
+}
+
+ReplicaMembership::ReplicaMembership(const std::string& peers, std::chrono::seconds timeout, Communicator& world,
+                                     const std::string& fingerprint)
+    : world_(world), where_(peers), timeout_(timeout), leader_(world.rank() == 0) {
+  const size_t colon = where_.rfind(':');
+  const std::string host = where_.substr(0, colon);
+  const int64_t port = std::stoll(where_.substr(colon + 1));
+  if (!reachable_within(host, port, timeout_))
+    throw std::runtime_error("diloco.peers = \"" + where_ + "\": nothing accepts connections there within " +
+                             std::to_string(timeout.count()) + " s (is diloco_peers running there?)");
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<uint16_t>(port);
+  opts.isServer = false;
+  opts.waitWorkers = false;
+  opts.timeout = timeout_;
+  try {
+    store_ = c10::make_intrusive<c10d::TCPStore>(host, opts);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("diloco.peers = \"" + where_ + "\": " + e.what());
+  }
+  if (leader_) {
+    // The first replica's fingerprint is the run's; any other must equal it.
+    const std::string run = text_of(store_->compareSet(peer_keys::run_fingerprint(), {}, bytes_of(fingerprint)));
+    if (run != fingerprint)
+      throw std::runtime_error("diloco.peers = \"" + where_ + "\": this replica cannot join the run there: its " +
+                               "settings differ from the run's.\n  the run's:  " + run + "\n  this one's: " +
+                               fingerprint);
+    id_ = store_->add(peer_keys::registered(), 1) - 1;
+    store_->add(peer_keys::heartbeat(id_), 1);
+    // Its own connection: a wait on the main one must not hold the heartbeat back.
+    heartbeat_ = std::thread([this, beat = store_->clone()] {
+      const auto period = std::max<std::chrono::milliseconds>(std::chrono::milliseconds(50), timeout_ / 20);
+      while (!stopping_.load()) {
+        try {
+          beat->add(peer_keys::heartbeat(id_), 1);
+        } catch (const std::exception&) {  // the service is gone: the next round says so
+        }
+        for (auto slept = std::chrono::milliseconds(0); slept < period && !stopping_.load();
+             slept += std::chrono::milliseconds(10))
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    });
+  }
+  // Every rank of the replica learns its id (the rendezvous' store is the replica's own).
+  id_ = std::stoll(world.rendezvous().exchange("diloco_replica_id", std::to_string(id_)).front());
+  log::info(strf("DiLoCo: replica %ld of the run at diloco.peers %s", id_, where_.c_str()));
+}
+
+ReplicaMembership::~ReplicaMembership() {
+  stopping_ = true;
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+void ReplicaMembership::finish() {
+  if (leader_) store_->set(peer_keys::finished(id_), bytes_of("1"));
+}
+
+std::string ReplicaMembership::wait_for(const std::string& key, int64_t step, const std::string& what) {
+  // The service waits up to runtime.timeout_s for a lost replica's heartbeat before it decides,
+  // and a retry repeats that: beyond a few of those it is gone itself. The replica's own
+  // watchdog stands down meanwhile (it bounds waits on this replica's ranks, not on the peers).
+  world_.set_phase("");
+  const auto limit = 4 * timeout_ + std::chrono::seconds(30);
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (true) {
+    try {
+      if (store_->check({key})) break;
+    } catch (const std::exception& e) {
+      throw std::runtime_error("diloco.peers " + where_ + " stopped answering while waiting for " + what + ": " +
+                               e.what());
+    }
+    if (std::chrono::steady_clock::now() > deadline)
+      throw std::runtime_error(strf("diloco.peers %s decided no %s within %ld s (is diloco_peers still running?)",
+                                    where_.c_str(), what.c_str(),
+                                    static_cast<long>(std::chrono::duration_cast<std::chrono::seconds>(limit).count())));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  world_.set_phase(strf("step %ld", step));  // the loop's phase again (apps/training_program.cpp)
+  return text_of(store_->get(key));
+}
+
+void ReplicaMembership::make_groups(const Quorum& q, int64_t index) {
+  group_.reset();
+  group_generation_ = q.generation;
+  if (q.members.size() == 1) return;
+  World group;
+  group.rank = index;
+  group.size = static_cast<int64_t>(q.members.size());
+  group.master_addr = where_.substr(0, where_.rfind(':'));
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(peer_keys::group_prefix(q.generation, world_.rank()), store_);
+  // Its collectives fail after runtime.timeout_s by themselves (a dead member's closed connection
+  // sooner): the round then retries without the member.
+  auto rendezvous = std::make_shared<const Rendezvous>(group, timeout_, prefixed);
+  group_ = std::make_unique<Communicator>(rendezvous, c10::Device(c10::kCPU), Transport::Gloo);
+}
+
+RoundReport ReplicaMembership::start() { return round(0, 1, 0, nullptr); }
+
+RoundReport ReplicaMembership::outer_round(int64_t round_number, int64_t step, int64_t stream_rows,
+                                           const std::function<void(Communicator*)>& exchange) {
+  return round(round_number, step, stream_rows, &exchange);
+}
+
+RoundReport ReplicaMembership::round(int64_t n, int64_t step, int64_t stream_rows,
+                                     const std::function<void(Communicator*)>* exchange) {
+  const auto arrived = std::chrono::steady_clock::now();
+  if (leader_) store_->set(peer_keys::arrived(n, id_), bytes_of(std::to_string(stream_rows)));
+  RoundReport report;
+  for (int64_t attempt = 0;; ++attempt) {
+    const std::string what = n == 0 ? std::string("first membership") : strf("membership for outer step %ld", n);
+    report.quorum = Quorum::decode(wait_for(peer_keys::quorum(n, attempt), step, what));
+    report.attempts = attempt + 1;
+    const auto& members = report.quorum.members;
+    const auto me = std::find(members.begin(), members.end(), id_);
+    if (me == members.end())
+      throw std::runtime_error(strf("replica %ld was left out of the run at round %ld (generation %ld: %s): it was "
+                                    "taken for lost (no heartbeat within runtime.timeout_s); restart it to join again",
+                                    id_, n, report.quorum.generation, report.quorum.change.c_str()));
+    report.member_index = me - members.begin();
+    if (report.quorum.generation != generation_) {  // the time until now went to finding out who is left
+      report.changed = true;
+      report.seconds_lost = std::chrono::duration<double>(std::chrono::steady_clock::now() - arrived).count();
+      generation_ = report.quorum.generation;
+    }
+    if (!exchange) return report;  // round 0: nothing to exchange
+    bool ok = true;
+    std::string error;
+    try {
+      if (group_generation_ != generation_) make_groups(report.quorum, report.member_index);
+      // For tests: the replica's first rank stops inside the exchange, its group made.
+      if (const char* stop = std::getenv("ZB_TEST_STOP_IN_EXCHANGE"); stop && std::to_string(n) == stop && leader_) {
+        log::warn(strf("outer step %ld: process %d stops in its exchange (ZB_TEST_STOP_IN_EXCHANGE)", n,
+                       static_cast<int>(::getpid())));
+        std::raise(SIGSTOP);
+      }
+      (*exchange)(group_.get());
+    } catch (const std::exception& e) {
+      ok = false;
+      error = e.what();
+    }
+    // The replica's ranks agree (their own world is whole), then its leader reports.
+    const bool replica_ok = world_.count_over_ranks({!ok}).front() == 0;
+    if (!ok) log::warn(strf("outer step %ld, generation %ld: the exchange failed here: %s", n, report.quorum.generation,
+                            error.c_str()));
+    if (leader_) store_->set(peer_keys::result(n, attempt, id_), bytes_of(replica_ok ? "ok" : "failed"));
+    const std::string decided = wait_for(peer_keys::decision(n, attempt), step, strf("decision on outer step %ld", n));
+    if (decided == "commit") return report;
+    // A member failed: the retry comes with a new generation, and new groups.
+  }
+}
+
+}  // namespace zb

@@ -1,0 +1,121 @@
+#pragma once
+// Elastic DiLoCo (diloco.peers = "host:port"): replicas that may leave while the others train on.
+//
+// Each replica is a launch of its own (its own torchrun or srun, its own rendezvous and world).
+// The replicas meet at a membership store served by `diloco_peers` (diloco/peers.h), which decides
+// who takes part in each round:
+//   round 0      the start: the first generation, once the expected replicas have registered;
+//   round n > 0  outer step n: the replicas that arrived at it, less those lost on the way.
+// A generation is one membership (its members' ids, in order). The replicate groups (Gloo, one
+// per position in the replica's world) are made for a generation over the peers' store under
+// its own prefix, and kept until the membership changes: c10d groups cannot shrink.
+//
+// A round, on every rank of a replica:
+//   1. its leader (world rank 0) says it has arrived, with the data position it has reached;
+//   2. every rank reads the round's quorum (generation, members, data position): a replica lost
+//      since (no heartbeat within runtime.timeout_s) is not in it;
+//   3. the exchange over the generation's groups (outer steps only); any failure there, a peer
+//      dying mid-exchange for example, is caught;
+//   4. the replica agrees on its outcome over its own world, and its leader reports it;
+//   5. every rank reads the decision: "commit" when every member that reported succeeded (they
+//      then hold the same average, the lost member's sent values included), else "retry" over the
+//      members that reported. Nobody applies an exchange the others discard.
+//
+// The data (DataLoader::reposition): the run reads one stream of rows. In a generation of m
+// members that began after step t0 at stream row P, member k reads rows
+// P + (t - t0 - 1)·m·B + k·B + [0, B) in step t (B = optim.batch_size, each replica's batch). The next
+// generation begins where this one's steps ended, so no row is read twice; the rows a lost
+// replica read since the last outer step are lost with its work.
+#include <c10/util/intrusive_ptr.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dist/comm.h"
+
+namespace c10d {
+class Store;
+}  // namespace c10d
+
+namespace zb {
+
+// The store's keys, written by the replicas and the peers service alike.
+namespace peer_keys {
+std::string registered();                                  // counter: ids handed out
+std::string run_fingerprint();                             // the first replica's; every other must match
+std::string heartbeat(int64_t id);                         // counter the replica's leader bumps
+std::string finished(int64_t id);                          // the replica trained its last step
+std::string arrived(int64_t round, int64_t id);            // value: the data position reached
+std::string quorum(int64_t round, int64_t attempt);        // value: Quorum::encode()
+std::string result(int64_t round, int64_t attempt, int64_t id);  // "ok" | "failed"
+std::string decision(int64_t round, int64_t attempt);      // "commit" | "retry"
+std::string group_prefix(int64_t generation, int64_t position);
+}  // namespace peer_keys
+
+// One round's membership as the peers service decided it.
+struct Quorum {
+  int64_t generation = 0;
+  std::vector<int64_t> members;  // replica ids, ascending
+  int64_t stream_rows = 0;       // rows of the run's stream read before this generation's steps
+  std::string change;            // why the membership changed ("" when it did not)
+
+  std::string encode() const;
+  static Quorum decode(const std::string& text);
+};
+
+// What a round did, for the step's record.
+struct RoundReport {
+  Quorum quorum;
+  int64_t member_index = 0;      // this replica's place in quorum.members
+  bool changed = false;          // a new generation (always at round 0)
+  int64_t attempts = 1;
+  double seconds_lost = 0;       // from arrival to the final quorum, when the membership changed
+};
+
+class ReplicaMembership {
+ public:
+  // Connects to `peers` (diloco.peers; throws naming the address when nothing answers within
+  // `timeout`, runtime.timeout_s). Rank 0 of `world` (the replica's own) registers the replica, checks its
+  // fingerprint (model, batch, DiLoCo settings: a replica that differs is refused) and keeps
+  // its heartbeat.
+  ReplicaMembership(const std::string& peers, std::chrono::seconds timeout, Communicator& world,
+                    const std::string& fingerprint);
+  ~ReplicaMembership();
+
+  int64_t id() const { return id_; }
+  // Round 0: waits for the first generation. `step`: the step the loop is in, for its phase.
+  RoundReport start();
+  // Outer step `round` after step `step`, with `rows` the stream rows read by then. `exchange`
+  // runs the exchange over the generation's replicate group (null with a single member) and
+  // throws if it fails; it may run more than once (a retry over fewer members).
+  RoundReport outer_round(int64_t round, int64_t step, int64_t stream_rows,
+                          const std::function<void(Communicator*)>& exchange);
+  // The replica trained its last step: the peers service stops waiting for it.
+  void finish();
+
+ private:
+  RoundReport round(int64_t round, int64_t step, int64_t stream_rows,
+                    const std::function<void(Communicator*)>* exchange);
+  std::string wait_for(const std::string& key, int64_t step, const std::string& what);
+  void make_groups(const Quorum& q, int64_t index);
+
+  Communicator& world_;
+  std::string where_;  // host:port
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  int64_t id_ = -1;
+  bool leader_ = false;
+  int64_t generation_ = 0;        // the latest membership this replica knows
+  int64_t group_generation_ = 0;  // the one group_ was made for
+  std::unique_ptr<Communicator> group_;  // the replicate group of this position in the world
+  std::atomic<bool> stopping_{false};
+  std::thread heartbeat_;
+};
+
+}  // namespace zb

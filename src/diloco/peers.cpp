@@ -1,0 +1,165 @@
+#include "diloco/peers.h"
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <algorithm>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "diloco/membership.h"
+#include "util/log.h"
+
+namespace zb {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+enum class Answer { None, Yes, Left, Lost };
+
+std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+std::string list(const std::vector<int64_t>& ids) {
+  std::string out;
+  for (int64_t id : ids) out += (out.empty() ? "" : ",") + std::to_string(id);
+  return out;
+}
+
+// The service's view of the replicas: whose heartbeat still moves.
+class Liveness {
+ public:
+  Liveness(c10d::Store& store, std::chrono::milliseconds timeout) : store_(store), timeout_(timeout) {}
+  // Reads the heartbeat; false once it has not moved for the timeout.
+  bool alive(int64_t id) {
+    const int64_t beat = store_.add(peer_keys::heartbeat(id), 0);
+    Seen& seen = seen_[id];
+    if (beat != seen.beat) seen = {beat, Clock::now()};
+    return Clock::now() - seen.since <= timeout_;
+  }
+  double silent_seconds(int64_t id) const {
+    return std::chrono::duration<double>(Clock::now() - seen_.at(id).since).count();
+  }
+
+ private:
+  struct Seen {
+    int64_t beat = -1;
+    Clock::time_point since;
+  };
+  c10d::Store& store_;
+  std::chrono::milliseconds timeout_;
+  std::map<int64_t, Seen> seen_;
+};
+
+}  // namespace
+
+int serve_peers(const PeersOptions& options, const std::function<void(const std::string&)>& say) {
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<uint16_t>(options.port);
+  opts.isServer = true;
+  opts.waitWorkers = false;
+  opts.timeout = options.timeout;
+  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", opts);
+  say(strf("serving the membership of %ld replica(s) on port %ld; a replica whose heartbeat stops for %ld s is "
+           "taken for lost",
+           options.replicas, options.port, static_cast<long>(options.timeout.count() / 1000)));
+  Liveness liveness(*store, options.timeout);
+  const auto nap = [] { std::this_thread::sleep_for(std::chrono::milliseconds(10)); };
+  // Polls `ids` until each has answered (returned: those that answered Yes, in order) or is lost
+  // (named in `change`); a replica that answers Left (finished) is neither.
+  const auto await = [&](const std::vector<int64_t>& ids, const std::function<Answer(int64_t)>& answer,
+                         const std::string& when, std::string& change) {
+    std::map<int64_t, Answer> answers;
+    while (answers.size() < ids.size()) {
+      for (int64_t id : ids) {
+        if (answers.count(id)) continue;
+        const Answer a = answer(id);
+        if (a != Answer::None) {
+          answers[id] = a;
+        } else if (!liveness.alive(id)) {
+          answers[id] = Answer::Lost;
+          change += strf("%sreplica %ld lost %s (no heartbeat for %.1f s)", change.empty() ? "" : "; ", id,
+                         when.c_str(), liveness.silent_seconds(id));
+        }
+      }
+      if (answers.size() < ids.size()) nap();
+    }
+    std::vector<int64_t> yes;
+    for (int64_t id : ids)
+      if (answers[id] == Answer::Yes) yes.push_back(id);
+    return yes;
+  };
+
+  // Round 0: the first generation, once the expected replicas have registered.
+  while (store->add(peer_keys::registered(), 0) < options.replicas) nap();
+  std::vector<int64_t> members, generation_members;
+  for (int64_t id = 0; id < options.replicas; ++id) members.push_back(id);
+  int64_t generation = 1;
+  generation_members = members;
+  store->set(peer_keys::quorum(0, 0), bytes_of(Quorum{generation, members, 0, "the run starts"}.encode()));
+  say(strf("generation 1: replicas %s", list(members).c_str()));
+
+  std::string change;  // why the next generation differs
+  for (int64_t round = 1;; ++round) {
+    // Who arrives at this outer step: every member, less those finished or lost on the way.
+    std::vector<int64_t> present = await(
+        members,
+        [&](int64_t id) {
+          if (store->check({peer_keys::finished(id)})) return Answer::Left;
+          return store->check({peer_keys::arrived(round, id)}) ? Answer::Yes : Answer::None;
+        },
+        strf("before outer step %ld", round), change);
+    const bool any_finished = std::any_of(members.begin(), members.end(),
+                                          [&](int64_t id) { return store->check({peer_keys::finished(id)}); });
+    if (present.empty()) {
+      if (any_finished && change.empty()) {
+        say(strf("the run is over: replicas %s finished", list(members).c_str()));
+        return 0;
+      }
+      say("every replica is lost (" + change + "): nothing left to coordinate");
+      return 1;
+    }
+    const int64_t stream_rows = std::stoll(text_of(store->get(peer_keys::arrived(round, present.front()))));
+    for (int64_t attempt = 0;; ++attempt) {
+      const bool changed = present != generation_members;
+      if (changed) {
+        ++generation;
+        generation_members = present;
+        say(strf("generation %ld at outer step %ld: replicas %s (%s)", generation, round, list(present).c_str(),
+                 change.c_str()));
+      }
+      const std::string why = changed ? change : "";
+      store->set(peer_keys::quorum(round, attempt),
+                 bytes_of(Quorum{generation, present, stream_rows, why}.encode()));
+      // Each member's outcome, or its loss.
+      std::vector<int64_t> failed;
+      change.clear();
+      const std::vector<int64_t> reported = await(
+          present,
+          [&](int64_t id) {
+            if (!store->check({peer_keys::result(round, attempt, id)})) return Answer::None;
+            if (text_of(store->get(peer_keys::result(round, attempt, id))) != "ok") failed.push_back(id);
+            return Answer::Yes;
+          },
+          strf("in outer step %ld", round), change);
+      if (!failed.empty())
+        change += strf("%sthe exchange failed on replica(s) %s", change.empty() ? "" : "; ", list(failed).c_str());
+      if (reported.empty()) {
+        say("every replica is lost (" + change + "): nothing left to coordinate");
+        return 1;
+      }
+      // Those who reported success all hold the same average; one failure means some may not.
+      store->set(peer_keys::decision(round, attempt), bytes_of(failed.empty() ? "commit" : "retry"));
+      if (failed.empty()) {
+        members = reported;  // one lost after a good exchange leaves at the next round, `change` saying why
+        break;
+      }
+      say(strf("outer step %ld: retried without the failed exchange (%s)", round, change.c_str()));
+      present = reported;
+      generation_members.clear();  // a retry always gets new groups
+    }
+  }
+}
+
+}  // namespace zb

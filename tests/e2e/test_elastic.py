@@ -1,0 +1,135 @@
+"""Elastic DiLoCo (diloco.peers, issue 52): replicas launched apart, meeting at diloco_peers, lose one
+and train on without it.
+
+Each test starts diloco_peers and one launch per replica (a process, or two ranks started with
+torchrun's variables), one after the other so that launch r registers as replica r. The last
+replica is lost in one of three ways:
+  killed              its first rank stops itself after step 3 (ZB_TEST_STOP_AFTER_STEP) and is killed
+  hung                the same, left stopped until the others have finished
+  killed_in_exchange  its first rank stops inside outer step 2's exchange, its group made
+                      (ZB_TEST_STOP_IN_EXCHANGE), and is killed there: the others' exchange fails
+In each, the survivors finish every step, and their per-step losses equal test_diloco.py's PyTorch
+reference in which the lost replica takes no part in the outer steps from step 4's on, with the
+data rule of src/diloco/membership.h, within 1e-5; their final parameters equal the reference's
+within 1e-4 (test_diloco.py says why) and each other's exactly.
+"""
+import os
+import time
+
+import pytest
+import torch
+
+from conftest import BUILD, free_port, start, wait_for
+from test_diloco import INNER, STEPS, d, exported, reference  # noqa: F401 (d is the fixture)
+
+PEERS = BUILD / "apps" / "diloco_peers"
+TIMEOUT_S = 3  # a replica without a heartbeat for this long is lost (diloco_peers and runtime.timeout_s)
+ROWS = 2       # each replica's rows a step (optim.batch_size)
+LOST_AT = 4    # the lost replica takes no part in the outer steps after this step and later
+
+
+def stopped(pid):
+    """Whether process `pid` is stopped (SIGSTOP)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def elastic_run(runs, name, replicas, ranks, lose):
+    """diloco_peers and `replicas` launches of `ranks` ranks; the last is lost as `lose` says. Returns
+    each survivor's metrics records and final parameters, and the service's log."""
+    tmp = runs.tmp
+    port = free_port()
+    peers = start([PEERS, "--port", port, "--replicas", replicas, "--timeout_s", TIMEOUT_S], f"{tmp}/{name}_peers.log")
+    hook = {"killed": {"ZB_TEST_STOP_AFTER_STEP": 3}, "hung": {"ZB_TEST_STOP_AFTER_STEP": 3},
+            "killed_in_exchange": {"ZB_TEST_STOP_IN_EXCHANGE": 2}}[lose]
+    args = ["--diloco.inner_steps", INNER, "--diloco.peers", f"127.0.0.1:{port}", "--runtime.timeout_s", TIMEOUT_S,
+            "--optim.batch_size", ROWS, "--train.micro_bs", ROWS // ranks]
+    launches = []
+    for r in range(replicas):
+        launches.append(runs.launch(f"{name}_{r}", ranks, *map(str, args), env=hook if r == replicas - 1 else None))
+        if not wait_for(lambda: f"DiLoCo: replica {r} of the run" in runs.log(f"{name}_{r}"), 60, 0.02):
+            pytest.fail(f"{name}: launch {r} did not register as replica {r}:\n{runs.log(f'{name}_{r}')[-3000:]}")
+    victim = launches[-1].procs[0] if ranks > 1 else launches[-1]
+    if not wait_for(lambda: stopped(victim.pid), 120, 0.02):
+        pytest.fail(f"{name}: the last replica never stopped:\n{runs.log(f'{name}_{replicas - 1}')[-3000:]}")
+    if lose != "hung":
+        victim.kill()
+    codes = [p.wait_or_stop() if ranks > 1 else p.wait() for p in launches[:-1]]
+    victim.kill()  # the hung one, now that the others are done
+    peers_code = peers.wait()
+    peers_log = open(f"{tmp}/{name}_peers.log").read()
+    if codes != [0] * (replicas - 1) or peers_code != 0:
+        print(peers_log, "\n".join(runs.log(f"{name}_{r}")[-3000:] for r in range(replicas - 1)))
+        pytest.fail(f"{name}: survivors' exit codes {codes}, diloco_peers' {peers_code}")
+    return ([runs.records(f"{name}_{r}") for r in range(replicas - 1)],
+            [exported(f"{tmp}/{name}_{r}_ckpt/step_{STEPS:08d}") for r in range(replicas - 1)], peers_log)
+
+
+def check_survivors(name, records, params, ref, replicas):
+    ref_losses, _, ref_params = ref
+    survivors = list(range(replicas - 1))
+    worst_loss = max(abs(rec["loss"] - ref_losses[rec["step"] - 1][q]) for q in survivors for rec in records[q])
+    worst_param = max((params[q][k] - v).abs().max().item() for q in survivors for k, v in ref_params.items())
+    changes = [(rec["step"], rec["membership"]) for rec in records[0] if "membership" in rec]
+    members = [(rec["step"], rec["outer_step"]["members"]) for rec in records[0] if "outer_step" in rec]
+    print(f"{name}: survivors' losses {[[round(r['loss'], 5) for r in rec] for rec in records]}; largest difference "
+          f"from the reference: loss {worst_loss:.2e}, parameter {worst_param:.2e}; outer steps' members {members}; "
+          f"membership changes {changes}")
+    if any([r["step"] for r in rec] != list(range(1, STEPS + 1)) for rec in records):
+        pytest.fail(f"{name}: a survivor did not record every step")
+    if members != [(2, list(range(replicas)))] + [(s, survivors) for s in range(LOST_AT, STEPS + 1, INNER)]:
+        pytest.fail(f"{name}: the outer steps' members are not as the losses imply")
+    if len(changes) != 2 or changes[1][0] != LOST_AT or changes[1][1]["generation"] != 2 or \
+            f"replica {replicas - 1} lost" not in changes[1][1]["change"]:
+        pytest.fail(f"{name}: the membership change is not recorded as it happened")
+    if worst_loss > 1e-5 or worst_param > 1e-4:
+        pytest.fail(f"{name}: the survivors differ from the reference")
+    if any(not torch.equal(params[q][k], params[0][k]) for q in survivors for k in params[0]):
+        pytest.fail(f"{name}: the survivors end on different models")
+
+
+def test_three_replicas_lose_one(d):
+    """3 replicas of 1 rank: the third killed mid-period, hung mid-period, killed inside an exchange."""
+    runs, tokens, cfg, hf_config, init = d
+    ref = reference(cfg, hf_config, init, tokens, 3, "muon", 0.7, 0.9, rows=ROWS, lost={2: LOST_AT})
+    for lose in ("killed", "hung", "killed_in_exchange"):
+        start_time = time.monotonic()
+        records, params, peers_log = elastic_run(runs, lose, 3, 1, lose)
+        check_survivors(lose, records, params, ref, 3)
+        lost = records[0][LOST_AT - 1]["membership"]["seconds_lost"]
+        print(f"{lose}: {lost:.2f} s from the survivors' arrival at outer step 2 to their new membership; "
+              f"{time.monotonic() - start_time:.1f} s in all\n{peers_log}")
+
+
+def test_two_replicas_of_two_ranks_lose_one(d):
+    """2 replicas of 2 ranks, the second's first rank killed mid-period: the first trains on alone."""
+    runs, tokens, cfg, hf_config, init = d
+    ref = reference(cfg, hf_config, init, tokens, 2, "muon", 0.7, 0.9, rows=ROWS, lost={1: LOST_AT})
+    records, params, _ = elastic_run(runs, "two_ranks", 2, 2, "killed")
+    check_survivors("two_ranks", records, params, ref, 2)
+
+
+def test_refusals(d):
+    """A replica whose settings differ from the run's is refused, naming both; so is a replica whose
+    diloco_peers does not answer."""
+    runs = d[0]
+    port = free_port()
+    peers = start([PEERS, "--port", port, "--replicas", 2, "--timeout_s", TIMEOUT_S], f"{runs.tmp}/refusals_peers.log")
+    args = ["--diloco.inner_steps", str(INNER), "--diloco.peers", f"127.0.0.1:{port}", "--runtime.timeout_s",
+            str(TIMEOUT_S), "--optim.batch_size", str(ROWS)]
+    first = runs.launch("first", 1, *args)
+    if not wait_for(lambda: "DiLoCo: replica 0 of the run" in runs.log("first"), 60, 0.02):
+        pytest.fail(f"the first replica did not register:\n{runs.log('first')[-3000:]}")
+    code = runs.launch("other_shape", 1, *args, "--data.seq_length", "16").wait()
+    log = runs.log("other_shape")
+    first.kill()
+    peers.kill()
+    print(log[-1500:])
+    if code == 0 or "this replica cannot join the run there: its settings differ from the run's" not in log or \
+            "seq 32" not in log or "seq 16" not in log:
+        pytest.fail("a replica with another sequence length was not refused as it should be")
+    code = runs.launch("no_peers", 1, *args[:2], "--diloco.peers", f"127.0.0.1:{free_port()}", *args[4:]).wait()
+    log = runs.log("no_peers")
+    print(log[-800:])
+    if code == 0 or "nothing accepts connections there within 3 s (is diloco_peers running there?)" not in log:
+        pytest.fail("an unreachable diloco_peers was not named")

@@ -138,6 +138,7 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
 
   // --- the loop ----------------------------------------------------------------------------------
   const bool resumed = trainer.step() > 0;
+  if (cfg.diloco.join) trainer.join_run();  // waits for the running run's next outer step
   zb::MetricsLogger metrics(cfg, args, comm, trainer.mesh().named_groups(), device, resumed);
   metrics.set_constant("attention_kernel", trainer.attention_kernel());
   if (memory) metrics.set_constant("predicted_peak_memory_bytes", memory->estimate.peak);

@@ -311,7 +311,7 @@ TEST(ConfigErrors, EnumerationsComeFromTheSchema) {
     EXPECT_EQ(error_of([&] { validate(c, 1); }), "command line (--" + k.key + "): " + k.key +
                                                      " = \"bogus\" is not one of " + k.type.substr(7));
   }
-  EXPECT_EQ(enumerations, 17);
+  EXPECT_EQ(enumerations, 18);
   EXPECT_NE(help_text("train_fsdp").find("type_model (one of llama2 | llama3, default \"llama3\")"),
             std::string::npos);
 }
@@ -376,6 +376,42 @@ TEST(CommandLine, HelpListsEveryKey) {
 
 // parallel.cp: the product with the other dimensions, rows that divide into two chunks per rank
 // and shares that divide over the TP group, each naming the key.
+TEST(ConfigErrors, ElasticReplicas) {
+  Config c = load_config_string("name_model = \"debugmodel\"\ntype_model = \"llama2\"\n" + std::string(kMinimal), "x.toml");
+  apply_override(c, "diloco.join", "true");
+  EXPECT_EQ(error_of([&] { validate(c, 1); }),
+            "command line (--diloco.join): diloco.join is set but diloco.inner_steps is 0 (DiLoCo off): set "
+            "inner_steps to turn it on");
+  apply_override(c, "diloco.inner_steps", "4");
+  EXPECT_EQ(error_of([&] { validate(c, 1); }),
+            "command line (--diloco.join): diloco.join is for elastic replicas: set diloco.peers");
+  apply_override(c, "diloco.peers", "node7:29600");
+  EXPECT_NO_THROW(validate(c, 2));
+  for (const char* bad : {"node7", ":29600", "node7:", "node7:port", "node7:70000"}) {
+    apply_override(c, "diloco.peers", bad);
+    EXPECT_EQ(error_of([&] { validate(c, 2); }), std::string("command line (--diloco.peers): diloco.peers must be "
+                                                             "\"host:port\" (where diloco_peers serves), got \"") +
+                                                     bad + "\"");
+  }
+  apply_override(c, "diloco.peers", "10.0.0.1:29600");
+  apply_override(c, "parallel.dp_replicate", "2");
+  EXPECT_EQ(error_of([&] { validate(c, 2); }),
+            "command line (--parallel.dp_replicate): with diloco.peers each launch is one replica: "
+            "parallel.dp_replicate must be 1, got 2 (start one launch per replica)");
+  apply_override(c, "parallel.dp_replicate", "1");
+  apply_override(c, "diloco.fragments", "2");
+  EXPECT_EQ(error_of([&] { validate(c, 2); }),
+            "command line (--diloco.fragments): elastic replicas (diloco.peers) take whole outer steps: "
+            "diloco.fragments must be 1");
+  apply_override(c, "diloco.fragments", "1");
+  apply_override(c, "diloco.join", "false");
+  apply_override(c, "ckpt.path", "checkpoints");
+  apply_override(c, "ckpt.resume", "latest");
+  EXPECT_NE(error_of([&] { validate(c, 2); }).find("resumes into the running run as a joiner"), std::string::npos);
+  apply_override(c, "diloco.join", "true");
+  EXPECT_NO_THROW(validate(c, 2));
+}
+
 TEST(ConfigErrors, ContextParallelLayouts) {
   Config c = load_config_string("name_model = \"debugmodel\"\ntype_model = \"llama2\"\n" + std::string(kMinimal), "x.toml");
   c.optim.batch_size = 8;

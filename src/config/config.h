@@ -187,6 +187,11 @@ struct DilocoConfig {  // [diloco], prime's names: DiLoCo over the replicas (dil
   // (diloco/membership.h); optim.batch_size is each replica's batch. "": the replicas are the
   // parallel.dp_replicate shard groups of one launch.
   std::string peers;
+  // With peers: this replica joins the running run at its next outer step (diloco/membership.h),
+  // taking the outer state from a live replica, and its inner optimizer state "fresh" (new, or
+  // its own checkpoint's under ckpt.resume) or from that "peer".
+  bool join = false;
+  std::string join_state = "fresh";
 };
 
 struct Config {

@@ -276,6 +276,12 @@ const std::vector<Field>& schema() {
       ZB_FIELD("diloco.peers", String, std::string, diloco.peers,
                "DiLoCo elastic replicas: host:port of the run's diloco_peers; this launch is then one replica, "
                "which may leave (or lose others) without stopping the run; \"\" = off"),
+      ZB_FIELD("diloco.join", Bool, bool, diloco.join,
+               "DiLoCo elastic replicas: join the running run at its next outer step, its state from a live replica"),
+      ZB_CHOICE("diloco.join_state", diloco.join_state,
+                "DiLoCo elastic replicas: a joiner's inner optimizer state, new (or its own checkpoint's) or the "
+                "live replica's",
+                "fresh", "peer"),
   };
   return fields;
 }

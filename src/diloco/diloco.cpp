@@ -101,6 +101,12 @@ void DiLoCo::set_membership(std::unique_ptr<ReplicaMembership> membership) {
 
 RoundReport DiLoCo::join() { return membership_->start(); }
 
+RoundReport DiLoCo::await_admission(int64_t total_steps) {
+  RoundReport report = membership_->await_admission();
+  restore(report.step, total_steps);
+  return report;
+}
+
 void DiLoCo::exchange_in_round(Fragment& f, int64_t step, int64_t total_steps, int64_t stream_rows,
                                OuterSyncStats& stats) {
   // Outer steps are whole (validate: one fragment, no delay), so the round number is the count.

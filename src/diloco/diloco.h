@@ -73,6 +73,11 @@ class DiLoCo {
   void set_membership(std::unique_ptr<ReplicaMembership> membership);
   bool elastic() const { return static_cast<bool>(membership_); }
   RoundReport join();
+  // A joiner (diloco.join): waits for the outer step that admits it; the schedule then continues
+  // after the step the report names. The others' part is Trainer::share_state.
+  RoundReport await_admission(int64_t total_steps);
+  // Elastic: the current generation's replicate group for this rank (null with one member).
+  Communicator* replicate_group() const { return membership_ ? membership_->group() : nullptr; }
   // After step `step`'s optimizer (1-based; collective): the outer steps due then, if any.
   // `stream_rows`: elastic replicas only, the run's data stream read by then (data/loader.h).
   std::optional<OuterSyncStats> after_step(int64_t step, int64_t total_steps, int64_t stream_rows = 0);

@@ -35,6 +35,9 @@ std::string decision(int64_t round, int64_t attempt) {
 std::string group_prefix(int64_t generation, int64_t position) {
   return "peers/generation/" + std::to_string(generation) + "/position/" + std::to_string(position);
 }
+std::string hello(int64_t id) { return "peers/replica/" + std::to_string(id) + "/hello"; }
+std::string admitted(int64_t id) { return "peers/replica/" + std::to_string(id) + "/admitted"; }
+std::string over() { return "peers/over"; }
 }  // namespace peer_keys
 
 namespace {
@@ -47,6 +50,11 @@ std::string Quorum::encode() const {
   std::string ids;
   for (int64_t m : members) ids += (ids.empty() ? "" : ",") + std::to_string(m);
   return std::to_string(generation) + ";" + ids + ";" + std::to_string(stream_rows) + ";" + change;
+}
+
+int64_t RoundReport::source_index() const {
+  const auto& m = membership().members;
+  return std::find(m.begin(), m.end(), quorum.members.front()) - m.begin();
 }
 
 Quorum Quorum::decode(const std::string& text) {
@@ -65,8 +73,8 @@ Quorum Quorum::decode(const std::string& text) {
 }
 
 ReplicaMembership::ReplicaMembership(const std::string& peers, std::chrono::seconds timeout, Communicator& world,
-                                     const std::string& fingerprint)
-    : world_(world), where_(peers), timeout_(timeout), leader_(world.rank() == 0) {
+                                     const std::string& fingerprint, const std::string& join)
+    : world_(world), where_(peers), timeout_(timeout), leader_(world.rank() == 0), join_(join) {
   const size_t colon = where_.rfind(':');
   const std::string host = where_.substr(0, colon);
   const int64_t port = std::stoll(where_.substr(colon + 1));
@@ -92,6 +100,7 @@ ReplicaMembership::ReplicaMembership(const std::string& peers, std::chrono::seco
                                fingerprint);
     id_ = store_->add(peer_keys::registered(), 1) - 1;
     store_->add(peer_keys::heartbeat(id_), 1);
+    store_->set(peer_keys::hello(id_), bytes_of(join_.empty() ? "start" : "join " + join_));
     // Its own connection: a wait on the main one must not hold the heartbeat back.
     heartbeat_ = std::thread([this, beat = store_->clone()] {
       const auto period = std::max<std::chrono::milliseconds>(std::chrono::milliseconds(50), timeout_ / 20);
@@ -108,7 +117,8 @@ ReplicaMembership::ReplicaMembership(const std::string& peers, std::chrono::seco
   }
   // Every rank of the replica learns its id (the rendezvous' store is the replica's own).
   id_ = std::stoll(world.rendezvous().exchange("diloco_replica_id", std::to_string(id_)).front());
-  log::info(strf("DiLoCo: replica %ld of the run at diloco.peers %s", id_, where_.c_str()));
+  log::info(strf("DiLoCo: replica %ld of the run at diloco.peers %s%s", id_, where_.c_str(),
+                 join_.empty() ? "" : ", joining it at its next outer step"));
 }
 
 ReplicaMembership::~ReplicaMembership() {
@@ -120,7 +130,8 @@ void ReplicaMembership::finish() {
   if (leader_) store_->set(peer_keys::finished(id_), bytes_of("1"));
 }
 
-std::string ReplicaMembership::wait_for(const std::string& key, int64_t step, const std::string& what) {
+std::string ReplicaMembership::wait_for(const std::string& key, const std::string& phase, const std::string& what,
+                                        bool bounded) {
   // The service waits up to runtime.timeout_s for a lost replica's heartbeat before it decides,
   // and a retry repeats that: beyond a few of those it is gone itself. The replica's own
   // watchdog stands down meanwhile (it bounds waits on this replica's ranks, not on the peers).
@@ -130,17 +141,19 @@ std::string ReplicaMembership::wait_for(const std::string& key, int64_t step, co
   while (true) {
     try {
       if (store_->check({key})) break;
-    } catch (const std::exception& e) {
+      if (!bounded && store_->check({peer_keys::over()}))
+        throw std::runtime_error("the run at diloco.peers " + where_ + " ended before " + what);
+    } catch (const c10::Error& e) {
       throw std::runtime_error("diloco.peers " + where_ + " stopped answering while waiting for " + what + ": " +
-                               e.what());
+                               e.what_without_backtrace());
     }
-    if (std::chrono::steady_clock::now() > deadline)
+    if (bounded && std::chrono::steady_clock::now() > deadline)
       throw std::runtime_error(strf("diloco.peers %s decided no %s within %ld s (is diloco_peers still running?)",
                                     where_.c_str(), what.c_str(),
                                     static_cast<long>(std::chrono::duration_cast<std::chrono::seconds>(limit).count())));
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  world_.set_phase(strf("step %ld", step));  // the loop's phase again (apps/training_program.cpp)
+  world_.set_phase(phase);
   return text_of(store_->get(key));
 }
 
@@ -153,13 +166,49 @@ void ReplicaMembership::make_groups(const Quorum& q, int64_t index) {
   group.size = static_cast<int64_t>(q.members.size());
   group.master_addr = where_.substr(0, where_.rfind(':'));
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(peer_keys::group_prefix(q.generation, world_.rank()), store_);
+  // Gloo (through host memory for a GPU's tensors): NCCL would abort the process on a lost peer.
   // Its collectives fail after runtime.timeout_s by themselves (a dead member's closed connection
   // sooner): the round then retries without the member.
-  auto rendezvous = std::make_shared<const Rendezvous>(group, timeout_, prefixed);
-  group_ = std::make_unique<Communicator>(rendezvous, c10::Device(c10::kCPU), Transport::Gloo);
+  try {
+    auto rendezvous = std::make_shared<const Rendezvous>(group, timeout_, prefixed);
+    group_ = std::make_unique<Communicator>(rendezvous, world_.device(), Transport::Gloo);
+  } catch (const std::exception&) {
+    broken_generation_ = q.generation;  // its prefix is spent: its rounds fail until a retry makes a new one
+    throw;
+  }
 }
 
-RoundReport ReplicaMembership::start() { return round(0, 1, 0, nullptr); }
+RoundReport ReplicaMembership::await_admission() {
+  const std::string admission = wait_for(peer_keys::admitted(id_), "", "this replica was admitted", /*bounded=*/false);
+  // "<round>;<step>;<with optimizer>;<source id>;" + the generation it joins
+  RoundReport report;
+  std::istringstream in(admission);
+  std::string round, step, optimizer, source, rest;
+  std::getline(in, round, ';');
+  std::getline(in, step, ';');
+  std::getline(in, optimizer, ';');
+  std::getline(in, source, ';');
+  std::getline(in, rest);
+  report.next = Quorum::decode(rest);
+  report.step = std::stoll(step);
+  report.with_optimizer = optimizer == "1";
+  report.changed = true;
+  report.joined = {id_};
+  report.quorum.members = {std::stoll(source)};  // for source_index(): the rest of the round is not the joiner's
+  const auto& members = report.next->members;
+  report.member_index = std::find(members.begin(), members.end(), id_) - members.begin();
+  generation_ = report.next->generation;
+  make_groups(*report.next, report.member_index);
+  log::info(strf("DiLoCo: replica %ld admitted at outer step %s, after step %ld (generation %ld)", id_, round.c_str(),
+                 report.step, generation_));
+  return report;
+}
+
+RoundReport ReplicaMembership::start() {
+  RoundReport report = round(0, 1, 0, nullptr);
+  report.quorum.change = "the run starts";
+  return report;
+}
 
 RoundReport ReplicaMembership::outer_round(int64_t round_number, int64_t step, int64_t stream_rows,
                                            const std::function<void(Communicator*)>& exchange) {
@@ -169,17 +218,23 @@ RoundReport ReplicaMembership::outer_round(int64_t round_number, int64_t step, i
 RoundReport ReplicaMembership::round(int64_t n, int64_t step, int64_t stream_rows,
                                      const std::function<void(Communicator*)>* exchange) {
   const auto arrived = std::chrono::steady_clock::now();
-  if (leader_) store_->set(peer_keys::arrived(n, id_), bytes_of(std::to_string(stream_rows)));
+  if (leader_) store_->set(peer_keys::arrived(n, id_), bytes_of(strf("%ld;%ld", stream_rows, step)));
   RoundReport report;
+  report.step = step;
   for (int64_t attempt = 0;; ++attempt) {
     const std::string what = n == 0 ? std::string("first membership") : strf("membership for outer step %ld", n);
-    report.quorum = Quorum::decode(wait_for(peer_keys::quorum(n, attempt), step, what));
+    report.quorum = Quorum::decode(wait_for(peer_keys::quorum(n, attempt), strf("step %ld", step), what));
     report.attempts = attempt + 1;
     const auto& members = report.quorum.members;
     const auto me = std::find(members.begin(), members.end(), id_);
+    if (me == members.end() && n == 0)
+      throw std::runtime_error(strf("replica %ld is not one of the %zu the run at diloco.peers %s started with: set "
+                                    "diloco.join = true to join it at its next outer step",
+                                    id_, members.size(), where_.c_str()));
     if (me == members.end())
-      throw std::runtime_error(strf("replica %ld was left out of the run at round %ld (generation %ld: %s): it was "
-                                    "taken for lost (no heartbeat within runtime.timeout_s); restart it to join again",
+      throw std::runtime_error(strf("replica %ld was left out of the run at outer step %ld (generation %ld: %s): it "
+                                    "was taken for lost (no heartbeat within runtime.timeout_s); restart it with "
+                                    "diloco.join = true to join again",
                                     id_, n, report.quorum.generation, report.quorum.change.c_str()));
     report.member_index = me - members.begin();
     if (report.quorum.generation != generation_) {  // the time until now went to finding out who is left
@@ -191,6 +246,8 @@ RoundReport ReplicaMembership::round(int64_t n, int64_t step, int64_t stream_row
     bool ok = true;
     std::string error;
     try {
+      if (broken_generation_ == generation_)
+        throw std::runtime_error(strf("the groups of generation %ld failed at their making", generation_));
       if (group_generation_ != generation_) make_groups(report.quorum, report.member_index);
       // For tests: the replica's first rank stops inside the exchange, its group made.
       if (const char* stop = std::getenv("ZB_TEST_STOP_IN_EXCHANGE"); stop && std::to_string(n) == stop && leader_) {
@@ -208,8 +265,25 @@ RoundReport ReplicaMembership::round(int64_t n, int64_t step, int64_t stream_row
     if (!ok) log::warn(strf("outer step %ld, generation %ld: the exchange failed here: %s", n, report.quorum.generation,
                             error.c_str()));
     if (leader_) store_->set(peer_keys::result(n, attempt, id_), bytes_of(replica_ok ? "ok" : "failed"));
-    const std::string decided = wait_for(peer_keys::decision(n, attempt), step, strf("decision on outer step %ld", n));
+    const std::string decided =
+        wait_for(peer_keys::decision(n, attempt), strf("step %ld", step), strf("decision on outer step %ld", n));
     if (decided == "commit") return report;
+    if (decided.rfind("commit ", 0) == 0) {  // joiners admitted: the next generation includes them
+      report.with_optimizer = decided.at(7) == '1';
+      report.next = Quorum::decode(decided.substr(9));
+      for (int64_t id : report.next->members)
+        if (std::find(members.begin(), members.end(), id) == members.end()) report.joined.push_back(id);
+      const auto& next = report.next->members;
+      report.member_index = std::find(next.begin(), next.end(), id_) - next.begin();
+      report.changed = true;
+      generation_ = report.next->generation;
+      try {
+        make_groups(*report.next, report.member_index);
+      } catch (const std::exception& e) {  // the joiner's problem, most likely: the next round settles it
+        log::warn(strf("generation %ld: its groups failed at their making: %s", generation_, e.what()));
+      }
+      return report;
+    }
     // A member failed: the retry comes with a new generation, and new groups.
   }
 }

@@ -21,6 +21,14 @@
 //      then hold the same average, the lost member's sent values included), else "retry" over the
 //      members that reported. Nobody applies an exchange the others discard.
 //
+// Joining (diloco.join = true): a replica that registers as a joiner waits while the others train.
+// At the next outer step they commit, the service admits it: the decision carries the next
+// generation (the members and the joiners), every one of them makes its groups, and the member
+// with the lowest id sends the joiner its state (Trainer::share_state). The joiner trains on from
+// the step after. A replica's registration says how it takes part ("start", "join fresh",
+// "join peer"); the service reads it only once written, so that a joiner is never counted among
+// those the run starts with.
+//
 // The data (DataLoader::reposition): the run reads one stream of rows. In a generation of m
 // members that began after step t0 at stream row P, member k reads rows
 // P + (t - t0 - 1)·m·B + k·B + [0, B) in step t (B = optim.batch_size, each replica's batch). The next
@@ -33,6 +41,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -51,11 +60,17 @@ std::string registered();                                  // counter: ids hande
 std::string run_fingerprint();                             // the first replica's; every other must match
 std::string heartbeat(int64_t id);                         // counter the replica's leader bumps
 std::string finished(int64_t id);                          // the replica trained its last step
-std::string arrived(int64_t round, int64_t id);            // value: the data position reached
+std::string arrived(int64_t round, int64_t id);            // "<stream rows read>;<step>"
 std::string quorum(int64_t round, int64_t attempt);        // value: Quorum::encode()
 std::string result(int64_t round, int64_t attempt, int64_t id);  // "ok" | "failed"
-std::string decision(int64_t round, int64_t attempt);      // "commit" | "retry"
+// "commit", "retry", or a commit that admits joiners: "commit <with optimizer 0|1> " + the next
+// generation's Quorum (the joiners take the optimizer state too when one of them asked for it).
+std::string decision(int64_t round, int64_t attempt);
 std::string group_prefix(int64_t generation, int64_t position);
+std::string hello(int64_t id);     // "start" | "join fresh" | "join peer"
+// A joiner's admission: "<round>;<step>;<with optimizer 0|1>;<id of the member sending the state>;" + Quorum
+std::string admitted(int64_t id);
+std::string over();                // the run has ended
 }  // namespace peer_keys
 
 // One round's membership as the peers service decided it.
@@ -71,11 +86,20 @@ struct Quorum {
 
 // What a round did, for the step's record.
 struct RoundReport {
-  Quorum quorum;
-  int64_t member_index = 0;      // this replica's place in quorum.members
-  bool changed = false;          // a new generation (always at round 0)
+  Quorum quorum;                 // who took part in the exchange (round 0: the first generation)
+  std::optional<Quorum> next;    // the generation after it, when the round admitted joiners
+  int64_t member_index = 0;      // this replica's place in membership().members
+  bool changed = false;          // this replica trains on in a new generation (always at round 0)
   int64_t attempts = 1;
   double seconds_lost = 0;       // from arrival to the final quorum, when the membership changed
+  std::vector<int64_t> joined;   // the joiners admitted (in next)
+  bool with_optimizer = false;   // they take the optimizer state too
+  int64_t step = 0;              // the step the round came after
+
+  // The generation this replica trains in from the next step.
+  const Quorum& membership() const { return next ? *next : quorum; }
+  // Who sends joiners their state: the member with the lowest id of those who took part.
+  int64_t source_index() const;
 };
 
 class ReplicaMembership {
@@ -84,13 +108,19 @@ class ReplicaMembership {
   // `timeout`, runtime.timeout_s). Rank 0 of `world` (the replica's own) registers the replica, checks its
   // fingerprint (model, batch, DiLoCo settings: a replica that differs is refused) and keeps
   // its heartbeat.
+  // `join`: "" to start with the run, "fresh" or "peer" to join it (diloco.join_state).
   ReplicaMembership(const std::string& peers, std::chrono::seconds timeout, Communicator& world,
-                    const std::string& fingerprint);
+                    const std::string& fingerprint, const std::string& join = "");
   ~ReplicaMembership();
 
   int64_t id() const { return id_; }
   // Round 0: waits for the first generation. `step`: the step the loop is in, for its phase.
   RoundReport start();
+  // A joiner's admission (diloco.join): waits, for as long as the service answers, for the outer
+  // step that admits it, and makes its groups. Throws if the run ends first.
+  RoundReport await_admission();
+  // The current generation's replicate group for this rank's position (null with one member).
+  Communicator* group() const { return group_.get(); }
   // Outer step `round` after step `step`, with `rows` the stream rows read by then. `exchange`
   // runs the exchange over the generation's replicate group (null with a single member) and
   // throws if it fails; it may run more than once (a retry over fewer members).
@@ -102,7 +132,9 @@ class ReplicaMembership {
  private:
   RoundReport round(int64_t round, int64_t step, int64_t stream_rows,
                     const std::function<void(Communicator*)>* exchange);
-  std::string wait_for(const std::string& key, int64_t step, const std::string& what);
+  // Waits for `key` (within a few service timeouts when `bounded`), the replica's watchdog stood
+  // down meanwhile and set to `phase` after.
+  std::string wait_for(const std::string& key, const std::string& phase, const std::string& what, bool bounded = true);
   void make_groups(const Quorum& q, int64_t index);
 
   Communicator& world_;
@@ -111,8 +143,10 @@ class ReplicaMembership {
   c10::intrusive_ptr<c10d::Store> store_;
   int64_t id_ = -1;
   bool leader_ = false;
+  std::string join_;
   int64_t generation_ = 0;        // the latest membership this replica knows
   int64_t group_generation_ = 0;  // the one group_ was made for
+  int64_t broken_generation_ = -1;  // one whose groups failed at their making: its rounds fail
   std::unique_ptr<Communicator> group_;  // the replicate group of this position in the world
   std::atomic<bool> stopping_{false};
   std::thread heartbeat_;

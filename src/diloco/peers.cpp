@@ -91,10 +91,36 @@ int serve_peers(const PeersOptions& options, const std::function<void(const std:
     return yes;
   };
 
+  // Registrations by kind (a replica's hello says it), each read once written.
+  std::map<int64_t, std::string> hellos;
+  std::vector<int64_t> admitted;  // joiners already let in
+  const auto read_hellos = [&] {
+    const int64_t registered = store->add(peer_keys::registered(), 0);
+    for (int64_t id = 0; id < registered; ++id)
+      if (!hellos.count(id) && store->check({peer_keys::hello(id)}))
+        hellos[id] = text_of(store->get(peer_keys::hello(id)));
+  };
+  const auto starting = [&] {
+    std::vector<int64_t> ids;
+    for (const auto& [id, hello] : hellos)
+      if (hello == "start") ids.push_back(id);
+    return ids;
+  };
+  // Joiners waiting to be let in, alive.
+  const auto waiting_joiners = [&] {
+    read_hellos();
+    std::vector<int64_t> ids;
+    for (const auto& [id, hello] : hellos)
+      if (hello.rfind("join", 0) == 0 && std::find(admitted.begin(), admitted.end(), id) == admitted.end() &&
+          liveness.alive(id))
+        ids.push_back(id);
+    return ids;
+  };
+
   // Round 0: the first generation, once the expected replicas have registered.
-  while (store->add(peer_keys::registered(), 0) < options.replicas) nap();
-  std::vector<int64_t> members, generation_members;
-  for (int64_t id = 0; id < options.replicas; ++id) members.push_back(id);
+  while (read_hellos(), static_cast<int64_t>(starting().size()) < options.replicas) nap();
+  std::vector<int64_t> members = starting(), generation_members;
+  members.resize(static_cast<size_t>(options.replicas));
   int64_t generation = 1;
   generation_members = members;
   store->set(peer_keys::quorum(0, 0), bytes_of(Quorum{generation, members, 0, "the run starts"}.encode()));
@@ -113,14 +139,20 @@ int serve_peers(const PeersOptions& options, const std::function<void(const std:
     const bool any_finished = std::any_of(members.begin(), members.end(),
                                           [&](int64_t id) { return store->check({peer_keys::finished(id)}); });
     if (present.empty()) {
+      store->set(peer_keys::over(), bytes_of("1"));
       if (any_finished && change.empty()) {
         say(strf("the run is over: replicas %s finished", list(members).c_str()));
+        // Joiners still waiting read that the run is over before the store goes.
+        if (!waiting_joiners().empty()) std::this_thread::sleep_for(std::chrono::seconds(2));
         return 0;
       }
       say("every replica is lost (" + change + "): nothing left to coordinate");
       return 1;
     }
-    const int64_t stream_rows = std::stoll(text_of(store->get(peer_keys::arrived(round, present.front()))));
+    // "<stream rows>;<step>", the same from every member
+    const std::string position = text_of(store->get(peer_keys::arrived(round, present.front())));
+    const int64_t stream_rows = std::stoll(position.substr(0, position.find(';')));
+    const std::string after_step = position.substr(position.find(';') + 1);
     for (int64_t attempt = 0;; ++attempt) {
       const bool changed = present != generation_members;
       if (changed) {
@@ -150,9 +182,32 @@ int serve_peers(const PeersOptions& options, const std::function<void(const std:
         return 1;
       }
       // Those who reported success all hold the same average; one failure means some may not.
-      store->set(peer_keys::decision(round, attempt), bytes_of(failed.empty() ? "commit" : "retry"));
-      if (failed.empty()) {
+      if (!failed.empty()) {
+        store->set(peer_keys::decision(round, attempt), bytes_of("retry"));
+      } else {
         members = reported;  // one lost after a good exchange leaves at the next round, `change` saying why
+        std::string decision = "commit";
+        if (const std::vector<int64_t> joiners = waiting_joiners(); !joiners.empty()) {
+          // The next generation: the members and the joiners, the lowest id sending them its state.
+          std::vector<int64_t> next = members;
+          next.insert(next.end(), joiners.begin(), joiners.end());
+          std::sort(next.begin(), next.end());
+          bool with_optimizer = false;
+          for (int64_t id : joiners) with_optimizer = with_optimizer || hellos[id] == "join peer";
+          const std::string joined = strf("replica(s) %s joined after outer step %ld", list(joiners).c_str(), round);
+          const Quorum q{++generation, next, stream_rows, change.empty() ? joined : change + "; " + joined};
+          for (int64_t id : joiners)
+            store->set(peer_keys::admitted(id), bytes_of(strf("%ld;%s;%d;%ld;", round, after_step.c_str(),
+                                                              with_optimizer ? 1 : 0, members.front()) +
+                                                         q.encode()));
+          decision = strf("commit %d ", with_optimizer ? 1 : 0) + q.encode();
+          admitted.insert(admitted.end(), joiners.begin(), joiners.end());
+          members = generation_members = next;
+          change.clear();
+          say(strf("generation %ld after outer step %ld: replicas %s (%s)", generation, round, list(next).c_str(),
+                   q.change.c_str()));
+        }
+        store->set(peer_keys::decision(round, attempt), bytes_of(decision));
         break;
       }
       say(strf("outer step %ld: retried without the failed exchange (%s)", round, change.c_str()));

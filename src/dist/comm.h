@@ -108,6 +108,7 @@ class Communicator {
   const World& world() const { return world_; }
   const Rendezvous& rendezvous() const { return *rendezvous_; }
   Transport transport() const { return transport_; }
+  const c10::Device& device() const { return device_; }
 
   // out (flat, size() * in.numel()) = concatenation of every rank's `in`, in rank order.
   PendingCollective all_gather(const at::Tensor& out, const at::Tensor& in);

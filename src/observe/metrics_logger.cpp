@@ -103,13 +103,13 @@ void MetricsLogger::log_step(const StepStats& s, std::optional<double> val_loss)
     record["outer_step"].update({{"generation", s.outer->round->quorum.generation},
                                  {"members", s.outer->round->quorum.members},
                                  {"attempts", s.outer->round->attempts}});
-  if (s.membership)
-    record["membership"] = {{"generation", s.membership->quorum.generation},
-                            {"members", s.membership->quorum.members},
-                            {"change", s.membership->quorum.change},
-                            {"member_index", s.membership->member_index},
-                            {"stream_rows", s.membership->quorum.stream_rows},
+  if (s.membership) {
+    const Quorum& m = s.membership->membership();
+    record["membership"] = {{"generation", m.generation},           {"members", m.members},
+                            {"change", m.change},                   {"member_index", s.membership->member_index},
+                            {"stream_rows", m.stream_rows},         {"joined", s.membership->joined},
                             {"seconds_lost", s.membership->seconds_lost}};
+  }
   for (const auto& [key, value] : texts_) record[key] = value;
   for (const auto& [key, value] : numbers_) record[key] = value;
   if (!s.nonfinite.empty()) record["nonfinite"] = s.nonfinite;  // this step was not applied
@@ -143,14 +143,13 @@ void MetricsLogger::log_step(const StepStats& s, std::optional<double> val_loss)
                    with_commas(s.outer->bytes_across_replicas).c_str(), s.outer->seconds_waited));
   }
   if (s.membership) {
+    const Quorum& m = s.membership->membership();
     std::string members;
-    for (int64_t id : s.membership->quorum.members) members += (members.empty() ? "" : ",") + std::to_string(id);
+    for (int64_t id : m.members) members += (members.empty() ? "" : ",") + std::to_string(id);
     log::info(strf("step %ld/%ld | DiLoCo membership: generation %ld, replicas %s%s; this one reads slice %ld of %zu "
                    "of each step from stream row %ld; %.2f s lost",
-                   s.step, total, s.membership->quorum.generation, members.c_str(),
-                   s.membership->quorum.change.empty() ? "" : (" (" + s.membership->quorum.change + ")").c_str(),
-                   s.membership->member_index, s.membership->quorum.members.size(), s.membership->quorum.stream_rows,
-                   s.membership->seconds_lost));
+                   s.step, total, m.generation, members.c_str(), m.change.empty() ? "" : (" (" + m.change + ")").c_str(),
+                   s.membership->member_index, m.members.size(), m.stream_rows, s.membership->seconds_lost));
   }
 }
 

@@ -109,7 +109,8 @@ TrainingParts build_training(const Config& config, ParallelMesh mesh, c10::Devic
   if (p.diloco && !config.diloco.peers.empty())
     p.diloco->set_membership(std::make_unique<ReplicaMembership>(
         config.diloco.peers, std::chrono::seconds(config.runtime.timeout_s), p.mesh.world(),
-        replica_fingerprint(config, p.model->args(), p.mesh.world_size())));
+        replica_fingerprint(config, p.model->args(), p.mesh.world_size()),
+        config.diloco.join ? config.diloco.join_state : ""));
   p.data = build_data(config, p);
   p.accum = grad_accum_steps(config, p.mesh.world_size());
   p.reduce_every_micro_batch =

@@ -3,15 +3,22 @@
 #include <ATen/Context.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
 
 #include <ATen/ops/cat.h>
 #include <ATen/ops/isfinite.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 
+#include "checkpoint/state.h"
 #include "model/context_parallel.h"
+#include "observe/metrics_logger.h"
+#include "util/log.h"
 #include "util/phase.h"
 
 namespace zb {
@@ -92,9 +99,22 @@ StepStats Trainer::train_step(const StepFlagSource& flags) {
   if (parts_.diloco) {
     stats.outer = parts_.diloco->after_step(step_, config_.optim.total_steps, parts_.data.train->stream_rows_read());
     parts_.engine->parameters_changed();
-    if (stats.outer && stats.outer->round && stats.outer->round->changed) stats.membership = follow(*stats.outer->round);
+    if (stats.outer && stats.outer->round && stats.outer->round->changed) {
+      stats.membership = follow(*stats.outer->round);
+      if (!stats.outer->round->joined.empty()) {
+        try {
+          share_state(*stats.outer->round);
+        } catch (const std::exception& e) {  // the joiner's loss: the next round leaves it out
+          log::warn(strf("DiLoCo: sending the joiners their state failed: %s", e.what()));
+        }
+      }
+    }
   }
   if (joined) stats.membership = joined;
+  if (joined_) {  // a joiner's first step: the membership it joined
+    stats.membership = joined_;
+    joined_.reset();
+  }
   stats.learning_rates = parts_.optimizer->learning_rates(lr_multiplier);
   for (const auto& [start, forward_done, backward_done] : micro_marks) {
     stats.forward_seconds += clock_.seconds(start, forward_done);
@@ -104,9 +124,51 @@ StepStats Trainer::train_step(const StepFlagSource& flags) {
   return stats;
 }
 
+void Trainer::join_run() {
+  TORCH_CHECK(parts_.diloco && parts_.diloco->elastic(), "joining a run needs diloco.peers");
+  RoundReport round = parts_.diloco->await_admission(config_.optim.total_steps);
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t bytes = share_state(round);
+  outer_restored_ = true;  // the outer copies came with the state
+  parts_.engine->parameters_changed();
+  follow(round);
+  log::info(strf("DiLoCo: took %s bytes of state (%s) from replica %ld in %.2f s; training on after step %ld",
+                 with_commas(bytes).c_str(), round.with_optimizer ? "with its optimizer state" : "outer state only",
+                 round.membership().members.at(static_cast<size_t>(round.source_index())),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), step_));
+  joined_ = round;
+}
+
+int64_t Trainer::share_state(const RoundReport& round) {
+  Communicator* group = parts_.diloco->replicate_group();
+  TORCH_CHECK(group, "DiLoCo: no group to share the state over (its making failed)");
+  const int64_t source = round.source_index();
+  const int64_t me = round.membership().members.at(static_cast<size_t>(round.member_index));
+  const bool taking = std::find(round.joined.begin(), round.joined.end(), me) != round.joined.end();
+  int64_t bytes = 0;
+  const auto share = [&](const at::Tensor& t) {
+    at::Tensor buffer = taking || group->rank() == source ? t : at::empty_like(t);
+    group->broadcast(buffer, source).wait();
+    if (taking) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  };
+  at::Tensor counters = at::empty({2}, at::TensorOptions().dtype(at::kLong));
+  counters.data_ptr<int64_t>()[0] = step_;
+  counters.data_ptr<int64_t>()[1] = skipped_;
+  share(counters);
+  step_ = counters[0].item<int64_t>();
+  skipped_ = counters[1].item<int64_t>();
+  at::NoGradGuard no_grad;
+  std::vector<StateTensor> state = training_state(*parts_.engine, *parts_.optimizer);
+  for (StateTensor& t : parts_.diloco->state()) state.push_back(std::move(t));
+  for (const StateTensor& t : state)
+    if (round.with_optimizer || t.name.rfind("optim/", 0) != 0) share(t.local);
+  group->settle();
+  return bytes;
+}
+
 RoundReport Trainer::follow(const RoundReport& round) {
-  parts_.data.train->reposition(round.quorum.stream_rows, round.member_index,
-                                static_cast<int64_t>(round.quorum.members.size()));
+  const Quorum& q = round.membership();
+  parts_.data.train->reposition(q.stream_rows, round.member_index, static_cast<int64_t>(q.members.size()));
   return round;
 }
 

@@ -59,6 +59,9 @@ class Trainer {
   // world size).
   void restore_position(int64_t step, int64_t skipped, uint64_t seed);
   int64_t grad_accum_steps() const { return parts_.accum; }
+  // Elastic DiLoCo (diloco.join): waits for the running run's next outer step, takes its state
+  // from a live replica and continues after that step (step() says which).
+  void join_run();
   // Gradients reduced on every micro-batch into sharded sums (train.reduce_every_micro_batch),
   // rather than summed whole in fp32 and reduced on the last.
   bool reduces_every_micro_batch() const { return parts_.reduce_every_micro_batch; }
@@ -105,6 +108,12 @@ class Trainer {
   EngineInput engine_input(const Batch& batch) const;
   // Elastic DiLoCo: this replica's rows of the run's stream follow its new membership.
   RoundReport follow(const RoundReport& round);
+  // Elastic DiLoCo, a round that admitted joiners: over the new generation's group, the round's
+  // source sends and the joiners take the step counters, the parameters, DiLoCo's outer copies and
+  // momentum, and the optimizer state when round.with_optimizer (the others take part in each
+  // broadcast into scratch). Returns the bytes this rank took.
+  int64_t share_state(const RoundReport& round);
+  std::optional<RoundReport> joined_;  // a joiner's admission, for its first step's record
 
   Config config_;
   TrainingParts parts_;

@@ -22,6 +22,7 @@ copies of (outer - inner) is the gradient of torch.optim.SGD(nesterov=True) on a
 every copy then takes. Per step, each replica's loss must equal ours within 1e-5, and the final
 parameters (our checkpoint's outer copy, exported) within 1e-5.
 """
+import copy
 import glob
 import itertools
 import json
@@ -180,13 +181,15 @@ def fragment_of(name, layers, fragments):
 
 
 def reference(cfg, hf_config, init, tokens, replicas, inner_type, outer_lr, outer_momentum, fragments=1, delay=0,
-              rows=None, lost=None):
+              rows=None, lost=None, joined=None, join_state="fresh"):
     """Per step each replica's loss (None once it has left) and the fragments that took an outer
     step; the final outer parameters.
 
-    rows: each replica's rows a step (BATCH / replicas by default). lost: {replica: step}, elastic
-    replicas (test_elastic.py): the replica takes no part in the outer steps after that step and
-    later. The data follow src/diloco/membership.h's rule: in a membership of m replicas that began
+    rows: each replica's rows a step (BATCH / replicas by default). Elastic replicas
+    (test_elastic.py), numbered by their ids: lost = {replica: step}, the replica takes no part in
+    the outer steps after that step and later; joined = {replica: step}, the replica joins after the
+    outer step after that step, taking the outer parameters, and with join_state "peer" the
+    optimizer state of the lowest-numbered replica that took part. The data follow src/diloco/membership.h's rule: in a membership of m replicas that began
     after step t0 at stream row P, the k-th reads rows P + (t - t0 - 1)·m·rows + k·rows, [0, rows) in
     step t; the rule with every replica throughout is that of one launch's replicas."""
     from transformers import LlamaForCausalLM
@@ -245,7 +248,9 @@ def reference(cfg, hf_config, init, tokens, replicas, inner_type, outer_lr, oute
     losses, applied = [], []
     rows = rows or BATCH // replicas
     lost = lost or {}
-    live, first_row, since = list(range(replicas)), 0, 0  # the membership, its first stream row and step
+    joined = joined or {}
+    live = [q for q in range(replicas) if q not in joined]
+    first_row, since = 0, 0  # the membership's first stream row and the step it began after
     for step in range(1, STEPS + 1):
         step_losses = [None] * replicas
         for k, q in enumerate(live):
@@ -263,8 +268,9 @@ def reference(cfg, hf_config, init, tokens, replicas, inner_type, outer_lr, oute
             for o in opts:
                 o.step()
             step_losses[q] = loss.item()
-        if any(step >= s and q in live for q, s in lost.items()) and (step % INNER == 0 or step == STEPS):
-            # A new membership for this outer step: the stream goes on where the old one's steps ended.
+        joining = [q for q, s in joined.items() if s == step]
+        if (any(step >= s and q in live for q, s in lost.items()) or joining) and (step % INNER == 0 or step == STEPS):
+            # A new membership from this outer step: the stream goes on where the old one's steps ended.
             first_row += (step - since) * len(live) * rows
             since = step
             live = [q for q in live if not (q in lost and step >= lost[q])]
@@ -281,6 +287,14 @@ def reference(cfg, hf_config, init, tokens, replicas, inner_type, outer_lr, oute
                     if in_flight[f][0] == step:
                         apply(f)
                         done.append(f)
+            for q in joining:  # after the outer step: the outer parameters, and maybe a peer's optimizer state
+                for p, o in zip(models[q].parameters(), outer_params):
+                    p.copy_(o.detach())
+                if join_state == "peer":
+                    for mine, theirs in zip(optimizers[q], optimizers[live[0]]):
+                        # A copy: load_state_dict keeps the very tensors it is given where their type fits.
+                        mine.load_state_dict(copy.deepcopy(theirs.state_dict()))
+            live = sorted(live + joining)
         applied.append(done)
     final = {name: p.detach() for (name, _), p in zip(models[0].named_parameters(), outer_params)}
     return losses, applied, final

@@ -133,3 +133,51 @@ def test_refusals(d):
     print(log[-800:])
     if code == 0 or "nothing accepts connections there within 3 s (is diloco_peers running there?)" not in log:
         pytest.fail("an unreachable diloco_peers was not named")
+
+
+def test_joiner(d):
+    """A joiner (diloco.join) registered while 2 replicas start: it is let in at their first outer
+    step (after step 2), takes the outer state from replica 1 (its optimizer state too with
+    join_state "peer"), and from then on trains as the third replica: every replica's losses equal
+    the reference's, and right after each outer step all three hold the same parameters."""
+    runs, tokens, cfg, hf_config, init = d
+    tmp = runs.tmp
+    for join_state in ("fresh", "peer"):
+        name = f"join_{join_state}"
+        ref = reference(cfg, hf_config, init, tokens, 3, "muon", 0.7, 0.9, rows=ROWS, joined={0: INNER},
+                        join_state=join_state)
+        port = free_port()
+        peers = start([PEERS, "--port", port, "--replicas", 2, "--timeout_s", TIMEOUT_S], f"{tmp}/{name}_peers.log")
+        args = ["--diloco.inner_steps", str(INNER), "--diloco.peers", f"127.0.0.1:{port}", "--runtime.timeout_s",
+                str(TIMEOUT_S), "--optim.batch_size", str(ROWS), "--ckpt.interval", str(INNER)]
+        # The joiner first, so that it waits for the run's first outer step: replica 0.
+        launches = [runs.launch(f"{name}_0", 1, *args, "--diloco.join", "true", "--diloco.join_state", join_state)]
+        for r in range(3):
+            if not wait_for(lambda: f"DiLoCo: replica {r} of the run" in runs.log(f"{name}_{r}"), 60, 0.02):
+                pytest.fail(f"{name}: launch {r} did not register as replica {r}:\n{runs.log(f'{name}_{r}')[-3000:]}")
+            if r < 2:
+                launches.append(runs.launch(f"{name}_{r + 1}", 1, *args))
+        codes = [p.wait() for p in launches]
+        peers_code = peers.wait()
+        peers_log = open(f"{tmp}/{name}_peers.log").read()
+        joiner_log = runs.log(f"{name}_0")
+        took = [line for line in joiner_log.splitlines() if "bytes of state" in line]
+        print(f"{name}: {took}\n{peers_log}")
+        if codes != [0, 0, 0] or peers_code != 0:
+            print(joiner_log[-3000:])
+            pytest.fail(f"{name}: exit codes {codes}, diloco_peers' {peers_code}")
+        records = [runs.records(f"{name}_{r}") for r in range(3)]
+        if [r["step"] for r in records[0]] != list(range(INNER + 1, STEPS + 1)) or \
+                records[0][0]["membership"]["joined"] != [0] or records[1][INNER - 1]["membership"]["generation"] != 2:
+            pytest.fail(f"{name}: the joiner did not join after step {INNER} as recorded")
+        worst = max(abs(rec["loss"] - ref[0][rec["step"] - 1][q]) for q in range(3) for rec in records[q])
+        print(f"{name}: losses {[[round(r['loss'], 5) for r in rec] for rec in records]}; largest difference from "
+              f"the reference {worst:.2e}")
+        if worst > 1e-5:
+            pytest.fail(f"{name}: the replicas differ from the reference")
+        for step in range(2 * INNER, STEPS + 1, INNER):  # the outer steps after the joiner's first
+            params = [exported(f"{tmp}/{name}_{r}_ckpt/step_{step:08d}") for r in range(3)]
+            if any(not torch.equal(params[r][k], params[0][k]) for r in (1, 2) for k in params[0]):
+                pytest.fail(f"{name}: the replicas' parameters differ after the outer step of step {step}")
+        if max((params[0][k] - v).abs().max().item() for k, v in ref[2].items()) > 1e-4:
+            pytest.fail(f"{name}: the final parameters differ from the reference's")

@@ -287,6 +287,7 @@ std::string CheckpointWriter::save(TrainingState& run) {
     if (config_.diloco.inner_steps > 0)
       meta["diloco"] = {{"inner_steps", config_.diloco.inner_steps},
                         {"replicas", mesh_shape(config_, comm_.size()).replicate}};
+    if (!config_.diloco.peers.empty()) meta["diloco"]["stream_rows"] = run.stream_rows();  // elastic replicas
     if (const std::string t = config_.data.fake ? "" : tokenizer_of_dataset(config_.data.dataset_name_or_paths);
         !t.empty())
       meta["tokenizer_source"] = t;
@@ -507,6 +508,8 @@ void load_checkpoint(const std::string& dir, TrainingState& run, Communicator& c
   const int64_t step = meta["step"];
   run.restore_position(step, meta.value("skipped_steps", int64_t{0}),
                            static_cast<uint64_t>(meta["seed"].get<int64_t>()));
+  if (meta.contains("diloco") && meta["diloco"].contains("stream_rows"))
+    run.restore_stream_rows(meta["diloco"]["stream_rows"].get<int64_t>());
   run.parallel().parameters_changed();
   log::info(strf("resumed from %s: step %ld, saved on %ld rank(s), now on %ld", dir.c_str(), step,
                  saved_world, comm.size()));

@@ -63,6 +63,10 @@ class TrainingState {
   virtual void prepare_restore(int64_t /*step*/) {}
   // Continue after `step` steps, `skipped` of them not applied, with the data seeded by `seed`.
   virtual void restore_position(int64_t step, int64_t skipped, uint64_t seed) = 0;
+  // Elastic DiLoCo: the rows of the run's data stream read by then (data/loader.h), saved with the
+  // checkpoint and handed back on a resume.
+  virtual int64_t stream_rows() const { return 0; }
+  virtual void restore_stream_rows(int64_t /*rows*/) {}
 };
 
 }  // namespace zb

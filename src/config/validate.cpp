@@ -213,9 +213,6 @@ void validate(const Config& c, int64_t world_size) {
                                       "got " + show(c.parallel.dp_replicate) + " (start one launch per replica)");
       if (c.diloco.fragments != 1)
         fail("diloco.fragments", "elastic replicas (diloco.peers) take whole outer steps: diloco.fragments must be 1");
-      if (!c.ckpt.resume.empty() && !c.diloco.join)
-        fail("ckpt.resume", "an elastic replica (diloco.peers) resumes into the running run as a joiner: set "
-                            "diloco.join = true (its inner state from the checkpoint, the outer state from a peer)");
     } else {
       for (const char* key : {"diloco.join", "diloco.join_state"})
         if (c.origins.count(key)) fail(key, std::string(key) + " is for elastic replicas: set diloco.peers");

@@ -99,7 +99,9 @@ void DiLoCo::set_membership(std::unique_ptr<ReplicaMembership> membership) {
   replicas_ = nullptr;  // each round's group instead
 }
 
-RoundReport DiLoCo::join() { return membership_->start(); }
+RoundReport DiLoCo::join(int64_t stream_rows, int64_t step) {
+  return membership_->start(stream_rows, step, outer_steps_);
+}
 
 RoundReport DiLoCo::await_admission(int64_t total_steps) {
   RoundReport report = membership_->await_admission();
@@ -110,13 +112,22 @@ RoundReport DiLoCo::await_admission(int64_t total_steps) {
 void DiLoCo::exchange_in_round(Fragment& f, int64_t step, int64_t total_steps, int64_t stream_rows,
                                OuterSyncStats& stats) {
   // Outer steps are whole (validate: one fragment, no delay), so the round number is the count.
-  stats.round = membership_->outer_round(outer_steps_ + 1, step, stream_rows, [&](Communicator* group) {
+  const bool last = step == total_steps;
+  stats.round = membership_->outer_round(outer_steps_ + 1, step, stream_rows, last, [&](Communicator* group) {
     f.clear_exchange();  // a retry starts again from this replica's Δ
     replicas_ = group;
     begin(f, step, total_steps, stats);
     finish(f, &stats);
   });
   replicas_ = nullptr;
+}
+
+void DiLoCo::take_outer() {
+  at::NoGradGuard no_grad;
+  for (auto& f : fragments_) {
+    const std::vector<at::Tensor> inner = f->inner();
+    for (size_t i = 0; i < inner.size(); ++i) inner[i].copy_(f->outer.outer()[i]);
+  }
 }
 
 bool DiLoCo::starts_at(int64_t f, int64_t step, int64_t total_steps) const {

@@ -68,16 +68,21 @@ class DiLoCo {
 
   // The outer copies take the inner values: the start of a run (or of new initial weights).
   void start();
+  // The other way: the parameters take the outer copies (a joiner, right after an outer step,
+  // where the two are equal on every member).
+  void take_outer();
   // Elastic replicas (diloco.peers): the outer steps go through `membership`'s rounds, each over
   // that round's members. join() is round 0: the first generation (collective, before step 1).
   void set_membership(std::unique_ptr<ReplicaMembership> membership);
   bool elastic() const { return static_cast<bool>(membership_); }
-  RoundReport join();
+  // `stream_rows`, `step`: where a resumed replica's checkpoint left the stream and the steps.
+  RoundReport join(int64_t stream_rows, int64_t step);
   // A joiner (diloco.join): waits for the outer step that admits it; the schedule then continues
   // after the step the report names. The others' part is Trainer::share_state.
   RoundReport await_admission(int64_t total_steps);
-  // Elastic: the current generation's replicate group for this rank (null with one member).
-  Communicator* replicate_group() const { return membership_ ? membership_->group() : nullptr; }
+  // Elastic, a round that admitted joiners: the group its source sends their state over (null for
+  // the members that take no part; ReplicaMembership::transfer_group).
+  std::unique_ptr<Communicator> transfer_group(const RoundReport& round) { return membership_->transfer_group(round); }
   // After step `step`'s optimizer (1-based; collective): the outer steps due then, if any.
   // `stream_rows`: elastic replicas only, the run's data stream read by then (data/loader.h).
   std::optional<OuterSyncStats> after_step(int64_t step, int64_t total_steps, int64_t stream_rows = 0);

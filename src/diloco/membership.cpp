@@ -35,6 +35,9 @@ std::string decision(int64_t round, int64_t attempt) {
 std::string group_prefix(int64_t generation, int64_t position) {
   return "peers/generation/" + std::to_string(generation) + "/position/" + std::to_string(position);
 }
+std::string transfer_prefix(int64_t generation, int64_t position) {
+  return group_prefix(generation, position) + "/transfer";
+}
 std::string hello(int64_t id) { return "peers/replica/" + std::to_string(id) + "/hello"; }
 std::string admitted(int64_t id) { return "peers/replica/" + std::to_string(id) + "/admitted"; }
 std::string over() { return "peers/over"; }
@@ -178,6 +181,22 @@ void ReplicaMembership::make_groups(const Quorum& q, int64_t index) {
   }
 }
 
+std::unique_ptr<Communicator> ReplicaMembership::transfer_group(const RoundReport& round) {
+  const Quorum& q = round.membership();
+  const int64_t source = q.members.at(static_cast<size_t>(round.source_index()));
+  std::vector<int64_t> ids = {source};
+  ids.insert(ids.end(), round.joined.begin(), round.joined.end());
+  const auto me = std::find(ids.begin(), ids.end(), id_);
+  if (me == ids.end()) return nullptr;
+  World group;
+  group.rank = me - ids.begin();
+  group.size = static_cast<int64_t>(ids.size());
+  group.master_addr = where_.substr(0, where_.rfind(':'));
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(peer_keys::transfer_prefix(q.generation, world_.rank()), store_);
+  auto rendezvous = std::make_shared<const Rendezvous>(group, timeout_, prefixed);
+  return std::make_unique<Communicator>(rendezvous, world_.device(), Transport::Gloo);
+}
+
 RoundReport ReplicaMembership::await_admission() {
   const std::string admission = wait_for(peer_keys::admitted(id_), "", "this replica was admitted", /*bounded=*/false);
   // "<round>;<step>;<with optimizer>;<source id>;" + the generation it joins
@@ -204,29 +223,32 @@ RoundReport ReplicaMembership::await_admission() {
   return report;
 }
 
-RoundReport ReplicaMembership::start() {
-  RoundReport report = round(0, 1, 0, nullptr);
+RoundReport ReplicaMembership::start(int64_t stream_rows, int64_t step, int64_t outer_steps) {
+  RoundReport report = round(0, step, stream_rows, false, outer_steps, nullptr);
   report.quorum.change = "the run starts";
   return report;
 }
 
-RoundReport ReplicaMembership::outer_round(int64_t round_number, int64_t step, int64_t stream_rows,
+RoundReport ReplicaMembership::outer_round(int64_t round_number, int64_t step, int64_t stream_rows, bool last,
                                            const std::function<void(Communicator*)>& exchange) {
-  return round(round_number, step, stream_rows, &exchange);
+  return round(round_number, step, stream_rows, last, round_number - 1, &exchange);
 }
 
-RoundReport ReplicaMembership::round(int64_t n, int64_t step, int64_t stream_rows,
-                                     const std::function<void(Communicator*)>* exchange) {
+RoundReport ReplicaMembership::round(int64_t n, int64_t step, int64_t stream_rows, bool last,
+                                     int64_t outer_steps_done, const std::function<void(Communicator*)>* exchange) {
   const auto arrived = std::chrono::steady_clock::now();
-  if (leader_) store_->set(peer_keys::arrived(n, id_), bytes_of(strf("%ld;%ld", stream_rows, step)));
+  if (leader_) store_->set(peer_keys::arrived(n, id_), bytes_of(strf("%ld;%ld;%d;%ld", stream_rows, step, last ? 1 : 0, outer_steps_done)));
   RoundReport report;
   report.step = step;
   for (int64_t attempt = 0;; ++attempt) {
     const std::string what = n == 0 ? std::string("first membership") : strf("membership for outer step %ld", n);
-    report.quorum = Quorum::decode(wait_for(peer_keys::quorum(n, attempt), strf("step %ld", step), what));
+    const std::string phase = strf("step %ld", n == 0 ? step + 1 : step);  // round 0 comes before its step
+    report.quorum = Quorum::decode(wait_for(peer_keys::quorum(n, attempt), phase, what));
     report.attempts = attempt + 1;
     const auto& members = report.quorum.members;
     const auto me = std::find(members.begin(), members.end(), id_);
+    if (members.empty())  // the service refused the run's start
+      throw std::runtime_error("diloco.peers " + where_ + ": " + report.quorum.change);
     if (me == members.end() && n == 0)
       throw std::runtime_error(strf("replica %ld is not one of the %zu the run at diloco.peers %s started with: set "
                                     "diloco.join = true to join it at its next outer step",
@@ -266,7 +288,7 @@ RoundReport ReplicaMembership::round(int64_t n, int64_t step, int64_t stream_row
                             error.c_str()));
     if (leader_) store_->set(peer_keys::result(n, attempt, id_), bytes_of(replica_ok ? "ok" : "failed"));
     const std::string decided =
-        wait_for(peer_keys::decision(n, attempt), strf("step %ld", step), strf("decision on outer step %ld", n));
+        wait_for(peer_keys::decision(n, attempt), phase, strf("decision on outer step %ld", n));
     if (decided == "commit") return report;
     if (decided.rfind("commit ", 0) == 0) {  // joiners admitted: the next generation includes them
       report.with_optimizer = decided.at(7) == '1';

@@ -60,13 +60,15 @@ std::string registered();                                  // counter: ids hande
 std::string run_fingerprint();                             // the first replica's; every other must match
 std::string heartbeat(int64_t id);                         // counter the replica's leader bumps
 std::string finished(int64_t id);                          // the replica trained its last step
-std::string arrived(int64_t round, int64_t id);            // "<stream rows read>;<step>"
+// "<stream rows read>;<step>;<last 0|1>;<outer steps done before>"
+std::string arrived(int64_t round, int64_t id);
 std::string quorum(int64_t round, int64_t attempt);        // value: Quorum::encode()
 std::string result(int64_t round, int64_t attempt, int64_t id);  // "ok" | "failed"
 // "commit", "retry", or a commit that admits joiners: "commit <with optimizer 0|1> " + the next
 // generation's Quorum (the joiners take the optimizer state too when one of them asked for it).
 std::string decision(int64_t round, int64_t attempt);
 std::string group_prefix(int64_t generation, int64_t position);
+std::string transfer_prefix(int64_t generation, int64_t position);
 std::string hello(int64_t id);     // "start" | "join fresh" | "join peer"
 // A joiner's admission: "<round>;<step>;<with optimizer 0|1>;<id of the member sending the state>;" + Quorum
 std::string admitted(int64_t id);
@@ -114,23 +116,29 @@ class ReplicaMembership {
   ~ReplicaMembership();
 
   int64_t id() const { return id_; }
-  // Round 0: waits for the first generation. `step`: the step the loop is in, for its phase.
-  RoundReport start();
+  // Round 0: waits for the first generation. A resumed replica brings where its checkpoint left
+  // the stream, its steps and its outer steps; replicas resumed together continue where they left
+  // it (in the order they register: launch them in their old order to resume exactly).
+  RoundReport start(int64_t stream_rows, int64_t step, int64_t outer_steps);
   // A joiner's admission (diloco.join): waits, for as long as the service answers, for the outer
   // step that admits it, and makes its groups. Throws if the run ends first.
   RoundReport await_admission();
   // The current generation's replicate group for this rank's position (null with one member).
   Communicator* group() const { return group_.get(); }
+  // A round that admitted joiners: the group of its source and its joiners at this rank's position
+  // (the source's rank 0), over which the joiners take their state; null for the other members.
+  std::unique_ptr<Communicator> transfer_group(const RoundReport& round);
   // Outer step `round` after step `step`, with `rows` the stream rows read by then. `exchange`
   // runs the exchange over the generation's replicate group (null with a single member) and
   // throws if it fails; it may run more than once (a retry over fewer members).
-  RoundReport outer_round(int64_t round, int64_t step, int64_t stream_rows,
+  // `last`: the run's final outer step (no joiner is let in there).
+  RoundReport outer_round(int64_t round, int64_t step, int64_t stream_rows, bool last,
                           const std::function<void(Communicator*)>& exchange);
   // The replica trained its last step: the peers service stops waiting for it.
   void finish();
 
  private:
-  RoundReport round(int64_t round, int64_t step, int64_t stream_rows,
+  RoundReport round(int64_t round, int64_t step, int64_t stream_rows, bool last, int64_t outer_steps_done,
                     const std::function<void(Communicator*)>* exchange);
   // Waits for `key` (within a few service timeouts when `bounded`), the replica's watchdog stood
   // down meanwhile and set to `phase` after.

@@ -3,6 +3,8 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
+#include <cstdio>
+#include <stdexcept>
 #include <map>
 #include <thread>
 #include <vector>
@@ -17,6 +19,21 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 enum class Answer { None, Yes, Left, Lost };
+
+// A replica's arrival at a round (peer_keys::arrived).
+struct Arrival {
+  int64_t stream_rows = 0, step = 0;
+  bool last = false;
+  int64_t outer_steps_done = 0;
+};
+Arrival parse_arrival(const std::string& text) {
+  Arrival a;
+  char last = '0';
+  if (std::sscanf(text.c_str(), "%ld;%ld;%c;%ld", &a.stream_rows, &a.step, &last, &a.outer_steps_done) != 4)
+    throw std::runtime_error("a replica's arrival \"" + text + "\" does not parse");
+  a.last = last == '1';
+  return a;
+}
 
 std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
@@ -117,17 +134,40 @@ int serve_peers(const PeersOptions& options, const std::function<void(const std:
     return ids;
   };
 
-  // Round 0: the first generation, once the expected replicas have registered.
+  // Round 0: the first generation, once the expected replicas have registered and arrived. A
+  // resumed run's replicas bring where their checkpoints left the stream and the outer steps.
   while (read_hellos(), static_cast<int64_t>(starting().size()) < options.replicas) nap();
   std::vector<int64_t> members = starting(), generation_members;
   members.resize(static_cast<size_t>(options.replicas));
+  std::string change;  // why the next generation differs
+  const std::vector<int64_t> arrived = await(
+      members, [&](int64_t id) { return store->check({peer_keys::arrived(0, id)}) ? Answer::Yes : Answer::None; },
+      "at the start", change);
+  std::map<std::string, std::vector<int64_t>> positions;  // "<stream rows>;<outer steps>" -> replicas
+  for (int64_t id : arrived) {
+    const Arrival a = parse_arrival(text_of(store->get(peer_keys::arrived(0, id))));
+    positions[strf("stream row %ld, %ld outer steps", a.stream_rows, a.outer_steps_done)].push_back(id);
+  }
+  if (arrived.size() != members.size() || positions.size() != 1) {
+    std::string why = change;
+    for (const auto& [where, ids] : positions)
+      why += strf("%sreplica(s) %s at %s", why.empty() ? "" : "; ", list(ids).c_str(), where.c_str());
+    why = "the run cannot start: " + why + " (replicas resumed together must come from the same step)";
+    store->set(peer_keys::quorum(0, 0), bytes_of(Quorum{0, {}, 0, why}.encode()));
+    store->set(peer_keys::over(), bytes_of("1"));
+    say(why);
+    std::this_thread::sleep_for(std::chrono::seconds(2));  // for the replicas to read it
+    return 1;
+  }
+  const Arrival start = parse_arrival(text_of(store->get(peer_keys::arrived(0, members.front()))));
   int64_t generation = 1;
   generation_members = members;
-  store->set(peer_keys::quorum(0, 0), bytes_of(Quorum{generation, members, 0, "the run starts"}.encode()));
-  say(strf("generation 1: replicas %s", list(members).c_str()));
+  store->set(peer_keys::quorum(0, 0),
+             bytes_of(Quorum{generation, members, start.stream_rows, "the run starts"}.encode()));
+  say(strf("generation 1: replicas %s%s", list(members).c_str(),
+           start.outer_steps_done > 0 ? strf(" (resumed after %ld outer steps)", start.outer_steps_done).c_str() : ""));
 
-  std::string change;  // why the next generation differs
-  for (int64_t round = 1;; ++round) {
+  for (int64_t round = start.outer_steps_done + 1;; ++round) {
     // Who arrives at this outer step: every member, less those finished or lost on the way.
     std::vector<int64_t> present = await(
         members,
@@ -149,10 +189,9 @@ int serve_peers(const PeersOptions& options, const std::function<void(const std:
       say("every replica is lost (" + change + "): nothing left to coordinate");
       return 1;
     }
-    // "<stream rows>;<step>", the same from every member
-    const std::string position = text_of(store->get(peer_keys::arrived(round, present.front())));
-    const int64_t stream_rows = std::stoll(position.substr(0, position.find(';')));
-    const std::string after_step = position.substr(position.find(';') + 1);
+    // Where the members stand, the same for each.
+    const Arrival at = parse_arrival(text_of(store->get(peer_keys::arrived(round, present.front()))));
+    const int64_t stream_rows = at.stream_rows;
     for (int64_t attempt = 0;; ++attempt) {
       const bool changed = present != generation_members;
       if (changed) {
@@ -187,7 +226,7 @@ int serve_peers(const PeersOptions& options, const std::function<void(const std:
       } else {
         members = reported;  // one lost after a good exchange leaves at the next round, `change` saying why
         std::string decision = "commit";
-        if (const std::vector<int64_t> joiners = waiting_joiners(); !joiners.empty()) {
+        if (const std::vector<int64_t> joiners = at.last ? std::vector<int64_t>{} : waiting_joiners(); !joiners.empty()) {
           // The next generation: the members and the joiners, the lowest id sending them its state.
           std::vector<int64_t> next = members;
           next.insert(next.end(), joiners.begin(), joiners.end());
@@ -197,7 +236,7 @@ int serve_peers(const PeersOptions& options, const std::function<void(const std:
           const std::string joined = strf("replica(s) %s joined after outer step %ld", list(joiners).c_str(), round);
           const Quorum q{++generation, next, stream_rows, change.empty() ? joined : change + "; " + joined};
           for (int64_t id : joiners)
-            store->set(peer_keys::admitted(id), bytes_of(strf("%ld;%s;%d;%ld;", round, after_step.c_str(),
+            store->set(peer_keys::admitted(id), bytes_of(strf("%ld;%ld;%d;%ld;", round, at.step,
                                                               with_optimizer ? 1 : 0, members.front()) +
                                                          q.encode()));
           decision = strf("commit %d ", with_optimizer ? 1 : 0) + q.encode();

@@ -29,6 +29,8 @@ class TrainerCheckpointState : public TrainingState {
   void restore_position(int64_t step, int64_t skipped, uint64_t seed) override {
     trainer_.restore_position(step, skipped, seed);
   }
+  int64_t stream_rows() const override { return trainer_.stream_rows_read(); }
+  void restore_stream_rows(int64_t rows) override { trainer_.restore_stream_rows(rows); }
 
  private:
   Trainer& trainer_;

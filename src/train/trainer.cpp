@@ -4,7 +4,6 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
 
 #include <ATen/ops/cat.h>
@@ -63,11 +62,14 @@ StepStats Trainer::train_step(const StepFlagSource& flags) {
   ++step_;
   // DiLoCo's outer copies start from the parameters the run begins with (initial weights loaded
   // after construction included), unless a checkpoint restored them.
-  std::optional<RoundReport> joined;
   if (parts_.diloco && !outer_restored_) {
     parts_.diloco->start();
     outer_restored_ = true;
-    if (parts_.diloco->elastic()) joined = follow(parts_.diloco->join());
+  }
+  std::optional<RoundReport> joined;
+  if (parts_.diloco && parts_.diloco->elastic() && !in_membership_) {  // round 0, at the run's (or resume's) start
+    joined = follow(parts_.diloco->join(resumed_stream_rows_, step_ - 1));
+    in_membership_ = true;
   }
   // Phase boundaries on the device's timeline (CUDA events on a GPU): read once the device has
   // finished the step, so timing adds no synchronisation.
@@ -129,7 +131,7 @@ void Trainer::join_run() {
   RoundReport round = parts_.diloco->await_admission(config_.optim.total_steps);
   const auto start = std::chrono::steady_clock::now();
   const int64_t bytes = share_state(round);
-  outer_restored_ = true;  // the outer copies came with the state
+  outer_restored_ = in_membership_ = true;  // the outer copies came with the state
   parts_.engine->parameters_changed();
   follow(round);
   log::info(strf("DiLoCo: took %s bytes of state (%s) from replica %ld in %.2f s; training on after step %ld",
@@ -140,15 +142,13 @@ void Trainer::join_run() {
 }
 
 int64_t Trainer::share_state(const RoundReport& round) {
-  Communicator* group = parts_.diloco->replicate_group();
-  TORCH_CHECK(group, "DiLoCo: no group to share the state over (its making failed)");
-  const int64_t source = round.source_index();
-  const int64_t me = round.membership().members.at(static_cast<size_t>(round.member_index));
-  const bool taking = std::find(round.joined.begin(), round.joined.end(), me) != round.joined.end();
+  // Only the source and the joiners: the other members' links stay free.
+  const std::unique_ptr<Communicator> group = parts_.diloco->transfer_group(round);
+  if (!group) return 0;
+  const bool taking = group->rank() != 0;  // the source is rank 0
   int64_t bytes = 0;
   const auto share = [&](const at::Tensor& t) {
-    at::Tensor buffer = taking || group->rank() == source ? t : at::empty_like(t);
-    group->broadcast(buffer, source).wait();
+    group->broadcast(t, 0).wait();
     if (taking) bytes += t.numel() * static_cast<int64_t>(t.element_size());
   };
   at::Tensor counters = at::empty({2}, at::TensorOptions().dtype(at::kLong));
@@ -160,9 +160,11 @@ int64_t Trainer::share_state(const RoundReport& round) {
   at::NoGradGuard no_grad;
   std::vector<StateTensor> state = training_state(*parts_.engine, *parts_.optimizer);
   for (StateTensor& t : parts_.diloco->state()) state.push_back(std::move(t));
+  // Not the parameters: right after the outer step they equal the outer copies on every member.
   for (const StateTensor& t : state)
-    if (round.with_optimizer || t.name.rfind("optim/", 0) != 0) share(t.local);
+    if (t.name.rfind("model/", 0) != 0 && (round.with_optimizer || t.name.rfind("optim/", 0) != 0)) share(t.local);
   group->settle();
+  if (taking) parts_.diloco->take_outer();
   return bytes;
 }
 

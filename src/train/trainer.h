@@ -81,6 +81,9 @@ class Trainer {
   DiLoCo* diloco() { return parts_.diloco.get(); }  // null unless diloco.inner_steps
   const Config& config() const { return config_; }
   int64_t data_rows_consumed() const { return parts_.data.train->state().rows_consumed; }
+  // Elastic DiLoCo: where the run's data stream stands (data/loader.h), and where a checkpoint left it.
+  int64_t stream_rows_read() const { return parts_.data.train->stream_rows_read(); }
+  void restore_stream_rows(int64_t rows) { resumed_stream_rows_ = rows; }
   Optimizer& optimizer() { return *parts_.optimizer; }
   // Records every step's events into `trace` from now on (the engine's, the collectives of every
   // communicator the step uses, and the micro-batch and optimizer marks), for comparison with
@@ -108,10 +111,10 @@ class Trainer {
   EngineInput engine_input(const Batch& batch) const;
   // Elastic DiLoCo: this replica's rows of the run's stream follow its new membership.
   RoundReport follow(const RoundReport& round);
-  // Elastic DiLoCo, a round that admitted joiners: over the new generation's group, the round's
-  // source sends and the joiners take the step counters, the parameters, DiLoCo's outer copies and
-  // momentum, and the optimizer state when round.with_optimizer (the others take part in each
-  // broadcast into scratch). Returns the bytes this rank took.
+  // Elastic DiLoCo, a round that admitted joiners: the round's source sends and the joiners take
+  // the step counters, DiLoCo's outer copies (the parameters equal them then) and momentum, and
+  // the optimizer state when round.with_optimizer; the other members take no part. Returns the
+  // bytes this rank took.
   int64_t share_state(const RoundReport& round);
   std::optional<RoundReport> joined_;  // a joiner's admission, for its first step's record
 
@@ -119,6 +122,10 @@ class Trainer {
   TrainingParts parts_;
   // DiLoCo: the outer copies start from the first step's parameters unless a checkpoint set them.
   bool outer_restored_ = false;
+  // Elastic: whether this replica has its membership (round 0, or a joiner's admission), and the
+  // stream position a checkpoint restored, which round 0 continues from.
+  bool in_membership_ = false;
+  int64_t resumed_stream_rows_ = 0;
   LrSchedule schedule_;
   int64_t step_ = 0;
   int64_t skipped_ = 0, skipped_in_a_row_ = 0;

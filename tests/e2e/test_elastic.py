@@ -43,7 +43,7 @@ def elastic_run(runs, name, replicas, ranks, lose):
     hook = {"killed": {"ZB_TEST_STOP_AFTER_STEP": 3}, "hung": {"ZB_TEST_STOP_AFTER_STEP": 3},
             "killed_in_exchange": {"ZB_TEST_STOP_IN_EXCHANGE": 2}}[lose]
     args = ["--diloco.inner_steps", INNER, "--diloco.peers", f"127.0.0.1:{port}", "--runtime.timeout_s", TIMEOUT_S,
-            "--optim.batch_size", ROWS, "--train.micro_bs", ROWS // ranks]
+            "--optim.batch_size", ROWS, "--train.micro_bs", ROWS // ranks, "--ckpt.interval", INNER]
     launches = []
     for r in range(replicas):
         launches.append(runs.launch(f"{name}_{r}", ranks, *map(str, args), env=hook if r == replicas - 1 else None))
@@ -56,7 +56,7 @@ def elastic_run(runs, name, replicas, ranks, lose):
         victim.kill()
     codes = [p.wait_or_stop() if ranks > 1 else p.wait() for p in launches[:-1]]
     victim.kill()  # the hung one, now that the others are done
-    peers_code = peers.wait()
+    peers_code = peers.wait(timeout=60)
     peers_log = open(f"{tmp}/{name}_peers.log").read()
     if codes != [0] * (replicas - 1) or peers_code != 0:
         print(peers_log, "\n".join(runs.log(f"{name}_{r}")[-3000:] for r in range(replicas - 1)))
@@ -102,11 +102,36 @@ def test_three_replicas_lose_one(d):
 
 
 def test_two_replicas_of_two_ranks_lose_one(d):
-    """2 replicas of 2 ranks, the second's first rank killed mid-period: the first trains on alone."""
+    """2 replicas of 2 ranks, the second's first rank killed mid-period: the first trains on alone.
+    Its checkpoint of step 4 then resumes (a new diloco_peers, the run's stream where the checkpoint
+    left it) to the same losses and final parameters, bit for bit."""
     runs, tokens, cfg, hf_config, init = d
     ref = reference(cfg, hf_config, init, tokens, 2, "muon", 0.7, 0.9, rows=ROWS, lost={1: LOST_AT})
     records, params, _ = elastic_run(runs, "two_ranks", 2, 2, "killed")
     check_survivors("two_ranks", records, params, ref, 2)
+
+    port = free_port()
+    peers = start([PEERS, "--port", port, "--replicas", 1, "--timeout_s", TIMEOUT_S], f"{runs.tmp}/resumed_peers.log")
+    resumed = runs.launch("resumed", 2, *map(str, [
+        "--diloco.inner_steps", INNER, "--diloco.peers", f"127.0.0.1:{port}", "--runtime.timeout_s", TIMEOUT_S,
+        "--optim.batch_size", ROWS, "--train.micro_bs", 1, "--ckpt.resume",
+        f"{runs.tmp}/two_ranks_0_ckpt/step_{LOST_AT:08d}"]))
+    code = resumed.wait_or_stop()
+    if code != 0:
+        peers.kill()
+    peers_code = peers.wait(timeout=60)
+    if code != 0 or peers_code != 0:
+        print(runs.log("resumed")[-3000:])
+        pytest.fail(f"the survivor's resume: exit code {code}, diloco_peers' {peers_code}")
+    again = runs.records("resumed")
+    want = {r["step"]: r["loss"] for r in records[0]}
+    print(f"resumed from step {LOST_AT}: losses {[(r['step'], r['loss']) for r in again]}; first run's {want}")
+    if [r["step"] for r in again] != list(range(LOST_AT + 1, STEPS + 1)) or \
+            any(r["loss"] != want[r["step"]] for r in again):
+        pytest.fail("the survivor's checkpoint did not resume exactly")
+    final = exported(f"{runs.tmp}/resumed_ckpt/step_{STEPS:08d}")
+    if any(not torch.equal(final[k], params[0][k]) for k in final):
+        pytest.fail("the survivor's resume ended on other parameters")
 
 
 def test_refusals(d):
@@ -158,7 +183,7 @@ def test_joiner(d):
             if r < 2:
                 launches.append(runs.launch(f"{name}_{r + 1}", 1, *args))
         codes = [p.wait() for p in launches]
-        peers_code = peers.wait()
+        peers_code = peers.wait(timeout=60)
         peers_log = open(f"{tmp}/{name}_peers.log").read()
         joiner_log = runs.log(f"{name}_0")
         took = [line for line in joiner_log.splitlines() if "bytes of state" in line]
@@ -166,6 +191,10 @@ def test_joiner(d):
         if codes != [0, 0, 0] or peers_code != 0:
             print(joiner_log[-3000:])
             pytest.fail(f"{name}: exit codes {codes}, diloco_peers' {peers_code}")
+        # Fresh: the step counters (2 int64) and the outer copies and momentum, 8 bytes a parameter.
+        n = sum(v.numel() for v in init.values())
+        if join_state == "fresh" and f"took {16 + 8 * n:,} bytes of state" not in took[0]:
+            pytest.fail(f"{name}: the joiner took other than the outer state's {16 + 8 * n:,} bytes")
         records = [runs.records(f"{name}_{r}") for r in range(3)]
         if [r["step"] for r in records[0]] != list(range(INNER + 1, STEPS + 1)) or \
                 records[0][0]["membership"]["joined"] != [0] or records[1][INNER - 1]["membership"]["generation"] != 2:

@@ -10,6 +10,8 @@ steps).
                                        # one rank's bytes per step, by group and kind
   scale_model.py ... --config A.toml --diloco 10 100 --inter-gbps 0.0156 --inter-latency-ms 100
                                        # nodes joined by 1 Gbit/s links (shared by 8 GPUs), 100 ms away
+  scale_model.py ... --config A.toml --diloco 100 --failures --inter-gbps 0.0156
+                                       # elastic replicas: the time one lost (and rejoining) node costs
   scale_model.py ... --config A.toml --tp 1 2 4 8   # rows with tensor parallelism inside each node
   scale_model.py ... --config A.toml --cp 1 2 4 -- --data.seq_length 32768 --train.micro_bs 1
                                        # rows with context parallelism inside each node
@@ -193,6 +195,32 @@ def split_diloco(overrides):
     return rest, diloco
 
 
+def failures(args, link, overrides):
+    """Elastic DiLoCo (src/diloco/membership.h), one node lost in a period of H steps, then back:
+    - the survivors wait, at the outer step after the loss, until its heartbeat has been silent for
+      timeout_s: at most timeout_s of their time (less when the loss came steps before the outer step);
+    - the lost node's inner steps since the last outer step are gone: H/2 steps of a node on average;
+    - its return as a fresh joiner: it takes the outer copies and momentum, 8 bytes a parameter, over
+      the node's inter-node link (every GPU of the node fetching its shard at once) from one member,
+      which sends before its next step, so that the next outer step waits that long for it."""
+    print(f"assumptions: {args.inter_gbps * args.gpus_per_node * 8:g} Gbit/s per node across nodes, "
+          f"timeout_s {args.timeout_s:g}, compute at {args.compute_efficiency:.0%} of peak")
+    print("| model | H | nodes | step s | survivors' wait at most s | lost work (node-s, mean) | rejoin transfer s | "
+          "time lost per failure and return, at most s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for config in args.config:
+        run = run_of(args.train, config, overrides, args.gpus_per_node)
+        params = run["num_params"]
+        transfer = 8 * params / (args.inter_gbps * 1e9 * args.gpus_per_node)
+        for h in args.diloco or [100]:
+            for n in [n for n in args.nodes if n >= 2]:
+                p = predict(args.train, config, overrides, run, n, args.gpus_per_node, True, link,
+                            args.compute_efficiency, h)
+                print(f"| {run['name_model']} | {h} | {n} | {p['step_s']:.3f} | {args.timeout_s:g} | "
+                      f"{h / 2 * p['step_s']:.0f} | {transfer:.0f} | {args.timeout_s + transfer:.0f} |")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--train", required=True, help="the train_fsdp program (train_ddp beside it for --ddp)")
@@ -216,6 +244,10 @@ def main():
     ap.add_argument("--diloco", type=int, nargs="*", default=[], metavar="H",
                     help="add DiLoCo rows over the nodes, an outer step every H steps (the config's other "
                          "[diloco] keys, or overrides, apply)")
+    ap.add_argument("--failures", action="store_true",
+                    help="with --diloco: what one lost replica (node) costs elastic DiLoCo (diloco.peers), and its "
+                         "return as a joiner")
+    ap.add_argument("--timeout-s", type=float, default=60, help="with --failures: runtime.timeout_s, the heartbeat limit")
     ap.add_argument("overrides", nargs=argparse.REMAINDER, help="-- then the program's own --key value overrides")
     args = ap.parse_args()
     overrides = args.overrides[1:] if args.overrides[:1] == ["--"] else args.overrides
@@ -241,6 +273,8 @@ def main():
           f"{args.intra_gbps:g} GB/s in a node, {args.inter_gbps:g} GB/s per GPU across nodes, "
           f"{link['intra_lat'] * 1e6:g}/{link['inter_lat'] * 1e6:g} us latency, {args.gpus_per_node} GPUs a node")
     overrides, diloco_overrides = split_diloco(overrides)
+    if args.failures:
+        return failures(args, link, overrides + diloco_overrides)
     notes = []
     print("| model | layout | nodes | GPUs | batch/GPU/step | reduced | peak/GPU | step s | exposed comm s | MFU | GB/step/GPU in node | GB/step/GPU across |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")

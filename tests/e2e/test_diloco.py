@@ -181,7 +181,7 @@ def fragment_of(name, layers, fragments):
 
 
 def reference(cfg, hf_config, init, tokens, replicas, inner_type, outer_lr, outer_momentum, fragments=1, delay=0,
-              rows=None, lost=None, joined=None, join_state="fresh"):
+              rows=None, lost=None, joined=None, join_state="fresh", resumed_from=None):
     """Per step each replica's loss (None once it has left) and the fragments that took an outer
     step; the final outer parameters.
 
@@ -189,7 +189,8 @@ def reference(cfg, hf_config, init, tokens, replicas, inner_type, outer_lr, oute
     (test_elastic.py), numbered by their ids: lost = {replica: step}, the replica takes no part in
     the outer steps after that step and later; joined = {replica: step}, the replica joins after the
     outer step after that step, taking the outer parameters, and with join_state "peer" the
-    optimizer state of the lowest-numbered replica that took part. The data follow src/diloco/membership.h's rule: in a membership of m replicas that began
+    optimizer state of the lowest-numbered replica that took part; resumed_from = {replica: (q, step)},
+    a joiner restarted from replica q's checkpoint of that step keeps q's optimizer state of then. The data follow src/diloco/membership.h's rule: in a membership of m replicas that began
     after step t0 at stream row P, the k-th reads rows P + (t - t0 - 1)·m·rows + k·rows, [0, rows) in
     step t; the rule with every replica throughout is that of one launch's replicas."""
     from transformers import LlamaForCausalLM
@@ -251,6 +252,8 @@ def reference(cfg, hf_config, init, tokens, replicas, inner_type, outer_lr, oute
     joined = joined or {}
     live = [q for q in range(replicas) if q not in joined]
     first_row, since = 0, 0  # the membership's first stream row and the step it began after
+    resumed_from = resumed_from or {}
+    snapshots = {}  # (replica, step) -> its optimizers' state after that step
     for step in range(1, STEPS + 1):
         step_losses = [None] * replicas
         for k, q in enumerate(live):
@@ -268,6 +271,8 @@ def reference(cfg, hf_config, init, tokens, replicas, inner_type, outer_lr, oute
             for o in opts:
                 o.step()
             step_losses[q] = loss.item()
+            if (q, step) in resumed_from.values():
+                snapshots[(q, step)] = [copy.deepcopy(o.state_dict()) for o in opts]
         joining = [q for q, s in joined.items() if s == step]
         if (any(step >= s and q in live for q, s in lost.items()) or joining) and (step % INNER == 0 or step == STEPS):
             # A new membership from this outer step: the stream goes on where the old one's steps ended.
@@ -290,7 +295,10 @@ def reference(cfg, hf_config, init, tokens, replicas, inner_type, outer_lr, oute
             for q in joining:  # after the outer step: the outer parameters, and maybe a peer's optimizer state
                 for p, o in zip(models[q].parameters(), outer_params):
                     p.copy_(o.detach())
-                if join_state == "peer":
+                if q in resumed_from:
+                    for mine, saved in zip(optimizers[q], snapshots[resumed_from[q]]):
+                        mine.load_state_dict(saved)
+                elif join_state == "peer":
                     for mine, theirs in zip(optimizers[q], optimizers[live[0]]):
                         # A copy: load_state_dict keeps the very tensors it is given where their type fits.
                         mine.load_state_dict(copy.deepcopy(theirs.state_dict()))

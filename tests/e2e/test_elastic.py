@@ -8,14 +8,13 @@ replica is lost in one of three ways:
   hung                the same, left stopped until the others have finished
   killed_in_exchange  its first rank stops inside outer step 2's exchange, its group made
                       (ZB_TEST_STOP_IN_EXCHANGE), and is killed there: the others' exchange fails
-In each, the survivors finish every step, and their per-step losses equal test_diloco.py's PyTorch
+(the three at once). In each, the survivors finish every step, and their per-step losses equal test_diloco.py's PyTorch
 reference in which the lost replica takes no part in the outer steps from step 4's on, with the
 data rule of src/diloco/membership.h, within 1e-5; their final parameters equal the reference's
-within 1e-4 (test_diloco.py says why) and each other's exactly.
+within 1e-4 (test_diloco.py says why) and each other's exactly. Then: the survivor of 2 replicas of 2
+ranks resumes exactly; joiners (fresh, peer) and a replica restarted from its own checkpoint join
+and equal the reference; refusals.
 """
-import os
-import time
-
 import pytest
 import torch
 
@@ -34,12 +33,12 @@ def stopped(pid):
         return f.read().rsplit(")", 1)[1].split()[0] == "T"
 
 
-def elastic_run(runs, name, replicas, ranks, lose):
-    """diloco_peers and `replicas` launches of `ranks` ranks; the last is lost as `lose` says. Returns
-    each survivor's metrics records and final parameters, and the service's log."""
-    tmp = runs.tmp
+def start_run(runs, name, replicas, ranks, lose):
+    """diloco_peers and `replicas` launches of `ranks` ranks, the last to be lost as `lose` says
+    (finish_run does the rest): (peers, launches)."""
     port = free_port()
-    peers = start([PEERS, "--port", port, "--replicas", replicas, "--timeout_s", TIMEOUT_S], f"{tmp}/{name}_peers.log")
+    peers = start([PEERS, "--port", port, "--replicas", replicas, "--timeout_s", TIMEOUT_S],
+                  f"{runs.tmp}/{name}_peers.log")
     hook = {"killed": {"ZB_TEST_STOP_AFTER_STEP": 3}, "hung": {"ZB_TEST_STOP_AFTER_STEP": 3},
             "killed_in_exchange": {"ZB_TEST_STOP_IN_EXCHANGE": 2}}[lose]
     args = ["--diloco.inner_steps", INNER, "--diloco.peers", f"127.0.0.1:{port}", "--runtime.timeout_s", TIMEOUT_S,
@@ -49,6 +48,13 @@ def elastic_run(runs, name, replicas, ranks, lose):
         launches.append(runs.launch(f"{name}_{r}", ranks, *map(str, args), env=hook if r == replicas - 1 else None))
         if not wait_for(lambda: f"DiLoCo: replica {r} of the run" in runs.log(f"{name}_{r}"), 60, 0.02):
             pytest.fail(f"{name}: launch {r} did not register as replica {r}:\n{runs.log(f'{name}_{r}')[-3000:]}")
+    return peers, launches
+
+
+def finish_run(runs, name, replicas, ranks, lose, peers, launches):
+    """Loses the last replica once it has stopped, waits for the others: each survivor's metrics
+    records and final parameters, and the service's log."""
+    tmp = runs.tmp
     victim = launches[-1].procs[0] if ranks > 1 else launches[-1]
     if not wait_for(lambda: stopped(victim.pid), 120, 0.02):
         pytest.fail(f"{name}: the last replica never stopped:\n{runs.log(f'{name}_{replicas - 1}')[-3000:]}")
@@ -63,6 +69,10 @@ def elastic_run(runs, name, replicas, ranks, lose):
         pytest.fail(f"{name}: survivors' exit codes {codes}, diloco_peers' {peers_code}")
     return ([runs.records(f"{name}_{r}") for r in range(replicas - 1)],
             [exported(f"{tmp}/{name}_{r}_ckpt/step_{STEPS:08d}") for r in range(replicas - 1)], peers_log)
+
+
+def elastic_run(runs, name, replicas, ranks, lose):
+    return finish_run(runs, name, replicas, ranks, lose, *start_run(runs, name, replicas, ranks, lose))
 
 
 def check_survivors(name, records, params, ref, replicas):
@@ -92,13 +102,17 @@ def test_three_replicas_lose_one(d):
     """3 replicas of 1 rank: the third killed mid-period, hung mid-period, killed inside an exchange."""
     runs, tokens, cfg, hf_config, init = d
     ref = reference(cfg, hf_config, init, tokens, 3, "muon", 0.7, 0.9, rows=ROWS, lost={2: LOST_AT})
-    for lose in ("killed", "hung", "killed_in_exchange"):
-        start_time = time.monotonic()
-        records, params, peers_log = elastic_run(runs, lose, 3, 1, lose)
+    # The three runs at once: each waits seconds for its loss to be decided.
+    losses = ("killed", "hung", "killed_in_exchange")
+    started = {lose: start_run(runs, lose, 3, 1, lose) for lose in losses}
+    for lose in losses:
+        records, params, peers_log = finish_run(runs, lose, 3, 1, lose, *started[lose])
         check_survivors(lose, records, params, ref, 3)
-        lost = records[0][LOST_AT - 1]["membership"]["seconds_lost"]
-        print(f"{lose}: {lost:.2f} s from the survivors' arrival at outer step 2 to their new membership; "
-              f"{time.monotonic() - start_time:.1f} s in all\n{peers_log}")
+        print(f"{lose}: {records[0][LOST_AT - 1]['membership']['seconds_lost']:.2f} s from the survivors' arrival at "
+              f"outer step 2 to their new membership\n{peers_log}")
+        if lose == "killed_in_exchange" and open(f"{runs.tmp}/{lose}_2_ckpt/latest").read().strip() != \
+                f"step_{INNER:08d}":
+            pytest.fail("the replica killed inside outer step 2 has a checkpoint after it")
 
 
 def test_two_replicas_of_two_ranks_lose_one(d):
@@ -136,7 +150,7 @@ def test_two_replicas_of_two_ranks_lose_one(d):
 
 def test_refusals(d):
     """A replica whose settings differ from the run's is refused, naming both; so is a replica whose
-    diloco_peers does not answer."""
+    diloco_peers does not answer; diloco_peers says when every replica is lost."""
     runs = d[0]
     port = free_port()
     peers = start([PEERS, "--port", port, "--replicas", 2, "--timeout_s", TIMEOUT_S], f"{runs.tmp}/refusals_peers.log")
@@ -158,6 +172,20 @@ def test_refusals(d):
     print(log[-800:])
     if code == 0 or "nothing accepts connections there within 3 s (is diloco_peers running there?)" not in log:
         pytest.fail("an unreachable diloco_peers was not named")
+
+    # Every replica lost: diloco_peers says so and exits 1.
+    port = free_port()
+    peers = start([PEERS, "--port", port, "--replicas", 1, "--timeout_s", TIMEOUT_S], f"{runs.tmp}/alone_peers.log")
+    alone = runs.launch("alone", 1, *args[:2], "--diloco.peers", f"127.0.0.1:{port}", *args[4:],
+                        env={"ZB_TEST_STOP_AFTER_STEP": 1})
+    if not wait_for(lambda: stopped(alone.pid), 60, 0.02):
+        pytest.fail(f"the replica never stopped:\n{runs.log('alone')[-3000:]}")
+    alone.kill()
+    code = peers.wait(timeout=60)
+    log = open(f"{runs.tmp}/alone_peers.log").read()
+    print(log)
+    if code != 1 or "every replica is lost (replica 0 lost before outer step 1" not in log:
+        pytest.fail("diloco_peers did not say that every replica was lost")
 
 
 def test_joiner(d):
@@ -210,3 +238,47 @@ def test_joiner(d):
                 pytest.fail(f"{name}: the replicas' parameters differ after the outer step of step {step}")
         if max((params[0][k] - v).abs().max().item() for k, v in ref[2].items()) > 1e-4:
             pytest.fail(f"{name}: the final parameters differ from the reference's")
+
+
+def test_rejoin_from_own_checkpoint(d):
+    """2 replicas; the second stops after step 3 and is restarted from its own checkpoint of step 2 as
+    a joiner (registered before the stopped process is killed): the first finishes outer step 2 alone,
+    then lets it in; it keeps its checkpoint's optimizer state and takes the outer state. Both equal
+    the reference in which replica 1 is lost and replica 2 joins after step 4 with replica 1's
+    optimizer state of step 2, within 1e-5; they end on one model."""
+    runs, tokens, cfg, hf_config, init = d
+    tmp, timeout = runs.tmp, 2 * TIMEOUT_S  # room for the restart to register before the loss is decided
+    ref = reference(cfg, hf_config, init, tokens, 3, "muon", 0.7, 0.9, rows=ROWS, lost={1: LOST_AT},
+                    joined={2: LOST_AT}, resumed_from={2: (1, INNER)})
+    port = free_port()
+    peers = start([PEERS, "--port", port, "--replicas", 2, "--timeout_s", timeout], f"{tmp}/rejoin_peers.log")
+    args = ["--diloco.inner_steps", str(INNER), "--diloco.peers", f"127.0.0.1:{port}", "--runtime.timeout_s",
+            str(timeout), "--optim.batch_size", str(ROWS), "--ckpt.interval", str(INNER)]
+    first = runs.launch("rejoin_0", 1, *args)
+    wait_for(lambda: "DiLoCo: replica 0 of the run" in runs.log("rejoin_0"), 60, 0.02)
+    second = runs.launch("rejoin_1", 1, *args, env={"ZB_TEST_STOP_AFTER_STEP": 3})
+    if not wait_for(lambda: stopped(second.pid), 120, 0.02):
+        pytest.fail(f"the second replica never stopped:\n{runs.log('rejoin_1')[-3000:]}")
+    saved = f"{tmp}/rejoin_1_ckpt/step_{INNER:08d}"
+    restarted = runs.launch("rejoin_2", 1, *args, "--diloco.join", "true", "--ckpt.resume", saved)
+    if not wait_for(lambda: "DiLoCo: replica 2 of the run" in runs.log("rejoin_2"), 60, 0.02):
+        pytest.fail(f"the restarted replica did not register:\n{runs.log('rejoin_2')[-3000:]}")
+    second.kill()
+    codes = [first.wait(), restarted.wait()]
+    peers_code = peers.wait(timeout=60)
+    peers_log = open(f"{tmp}/rejoin_peers.log").read()
+    print(peers_log)
+    if codes != [0, 0] or peers_code != 0:
+        print(runs.log("rejoin_2")[-3000:])
+        pytest.fail(f"exit codes {codes}, diloco_peers' {peers_code}")
+    records = {0: runs.records("rejoin_0"), 2: runs.records("rejoin_2")}
+    if [r["step"] for r in records[2]] != list(range(LOST_AT + 1, STEPS + 1)):
+        pytest.fail(f"the restarted replica trained steps {[r['step'] for r in records[2]]}")
+    worst = max(abs(rec["loss"] - ref[0][rec["step"] - 1][q]) for q in records for rec in records[q])
+    print(f"losses {[[round(r['loss'], 5) for r in rec] for rec in records.values()]}; largest difference from the "
+          f"reference {worst:.2e}")
+    if worst > 1e-5:
+        pytest.fail("the replicas differ from the reference")
+    params = [exported(f"{tmp}/rejoin_{q}_ckpt/step_{STEPS:08d}") for q in records]
+    if any(not torch.equal(params[1][k], params[0][k]) for k in params[0]):
+        pytest.fail("the replicas end on different models")

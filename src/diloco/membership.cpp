@@ -199,20 +199,22 @@ std::unique_ptr<Communicator> ReplicaMembership::transfer_group(const RoundRepor
 
 RoundReport ReplicaMembership::await_admission() {
   const std::string admission = wait_for(peer_keys::admitted(id_), "", "this replica was admitted", /*bounded=*/false);
-  // "<round>;<step>;<with optimizer>;<source id>;" + the generation it joins
+  // "<round>;<step>;<with optimizer>;<source id>;<joiners>;" + the generation it joins
   RoundReport report;
   std::istringstream in(admission);
-  std::string round, step, optimizer, source, rest;
+  std::string round, step, optimizer, source, joiners, rest;
   std::getline(in, round, ';');
   std::getline(in, step, ';');
   std::getline(in, optimizer, ';');
   std::getline(in, source, ';');
+  std::getline(in, joiners, ';');
   std::getline(in, rest);
   report.next = Quorum::decode(rest);
   report.step = std::stoll(step);
   report.with_optimizer = optimizer == "1";
   report.changed = true;
-  report.joined = {id_};
+  std::istringstream ids(joiners);
+  for (std::string id; std::getline(ids, id, ',');) report.joined.push_back(std::stoll(id));
   report.quorum.members = {std::stoll(source)};  // for source_index(): the rest of the round is not the joiner's
   const auto& members = report.next->members;
   report.member_index = std::find(members.begin(), members.end(), id_) - members.begin();

@@ -70,7 +70,8 @@ std::string decision(int64_t round, int64_t attempt);
 std::string group_prefix(int64_t generation, int64_t position);
 std::string transfer_prefix(int64_t generation, int64_t position);
 std::string hello(int64_t id);     // "start" | "join fresh" | "join peer"
-// A joiner's admission: "<round>;<step>;<with optimizer 0|1>;<id of the member sending the state>;" + Quorum
+// A joiner's admission: "<round>;<step>;<with optimizer 0|1>;<id of the member sending the state>;<the
+// joiners' ids, comma-separated>;" + Quorum
 std::string admitted(int64_t id);
 std::string over();                // the run has ended
 }  // namespace peer_keys

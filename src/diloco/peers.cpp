@@ -236,9 +236,10 @@ int serve_peers(const PeersOptions& options, const std::function<void(const std:
           const std::string joined = strf("replica(s) %s joined after outer step %ld", list(joiners).c_str(), round);
           const Quorum q{++generation, next, stream_rows, change.empty() ? joined : change + "; " + joined};
           for (int64_t id : joiners)
-            store->set(peer_keys::admitted(id), bytes_of(strf("%ld;%ld;%d;%ld;", round, at.step,
-                                                              with_optimizer ? 1 : 0, members.front()) +
-                                                         q.encode()));
+            store->set(peer_keys::admitted(id),
+                       bytes_of(strf("%ld;%ld;%d;%ld;%s;", round, at.step, with_optimizer ? 1 : 0, members.front(),
+                                     list(joiners).c_str()) +
+                                q.encode()));
           decision = strf("commit %d ", with_optimizer ? 1 : 0) + q.encode();
           admitted.insert(admitted.end(), joiners.begin(), joiners.end());
           members = generation_members = next;

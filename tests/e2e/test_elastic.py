@@ -8,12 +8,13 @@ replica is lost in one of three ways:
   hung                the same, left stopped until the others have finished
   killed_in_exchange  its first rank stops inside outer step 2's exchange, its group made
                       (ZB_TEST_STOP_IN_EXCHANGE), and is killed there: the others' exchange fails
-(the three at once). In each, the survivors finish every step, and their per-step losses equal test_diloco.py's PyTorch
-reference in which the lost replica takes no part in the outer steps from step 4's on, with the
-data rule of src/diloco/membership.h, within 1e-5; their final parameters equal the reference's
-within 1e-4 (test_diloco.py says why) and each other's exactly. Then: the survivor of 2 replicas of 2
-ranks resumes exactly; joiners (fresh, peer) and a replica restarted from its own checkpoint join
-and equal the reference; refusals.
+(the three at once). In each, the survivors finish every step, and their per-step losses equal
+test_diloco.py's PyTorch reference in which the lost replica takes no part in the outer steps from
+step 4's on, with the data rule of src/diloco/membership.h, within 1e-5; their final parameters
+equal the reference's within 1e-4 (test_diloco.py says why) and each other's exactly. Then: the
+survivor of 2 replicas of 2 ranks resumes exactly; joiners (one fresh, two at once with a peer's
+optimizer state) and a replica restarted from its own checkpoint join and equal the reference;
+refusals.
 """
 import pytest
 import torch
@@ -189,52 +190,53 @@ def test_refusals(d):
 
 
 def test_joiner(d):
-    """A joiner (diloco.join) registered while 2 replicas start: it is let in at their first outer
-    step (after step 2), takes the outer state from replica 1 (its optimizer state too with
-    join_state "peer"), and from then on trains as the third replica: every replica's losses equal
-    the reference's, and right after each outer step all three hold the same parameters."""
+    """Joiners (diloco.join) registered while 2 replicas start: let in at their first outer step
+    (after step 2), taking the outer state from the member with the lowest id (its optimizer state
+    too with join_state "peer"); from then on every replica's losses equal the reference's, and
+    right after each outer step all of them hold the same parameters. "fresh": one joiner; "peer":
+    two at once."""
     runs, tokens, cfg, hf_config, init = d
     tmp = runs.tmp
-    for join_state in ("fresh", "peer"):
-        name = f"join_{join_state}"
-        ref = reference(cfg, hf_config, init, tokens, 3, "muon", 0.7, 0.9, rows=ROWS, joined={0: INNER},
-                        join_state=join_state)
+    for join_state, joiners in (("fresh", 1), ("peer", 2)):
+        name, n = f"join_{join_state}", joiners + 2
+        ref = reference(cfg, hf_config, init, tokens, n, "muon", 0.7, 0.9, rows=ROWS,
+                        joined={q: INNER for q in range(joiners)}, join_state=join_state)
         port = free_port()
         peers = start([PEERS, "--port", port, "--replicas", 2, "--timeout_s", TIMEOUT_S], f"{tmp}/{name}_peers.log")
         args = ["--diloco.inner_steps", str(INNER), "--diloco.peers", f"127.0.0.1:{port}", "--runtime.timeout_s",
                 str(TIMEOUT_S), "--optim.batch_size", str(ROWS), "--ckpt.interval", str(INNER)]
-        # The joiner first, so that it waits for the run's first outer step: replica 0.
-        launches = [runs.launch(f"{name}_0", 1, *args, "--diloco.join", "true", "--diloco.join_state", join_state)]
-        for r in range(3):
+        # The joiners first, so that they wait for the run's first outer step: replicas 0 (and 1).
+        launches = []
+        for r in range(n):
+            join = ["--diloco.join", "true", "--diloco.join_state", join_state] if r < joiners else []
+            launches.append(runs.launch(f"{name}_{r}", 1, *args, *join))
             if not wait_for(lambda: f"DiLoCo: replica {r} of the run" in runs.log(f"{name}_{r}"), 60, 0.02):
                 pytest.fail(f"{name}: launch {r} did not register as replica {r}:\n{runs.log(f'{name}_{r}')[-3000:]}")
-            if r < 2:
-                launches.append(runs.launch(f"{name}_{r + 1}", 1, *args))
         codes = [p.wait() for p in launches]
         peers_code = peers.wait(timeout=60)
         peers_log = open(f"{tmp}/{name}_peers.log").read()
-        joiner_log = runs.log(f"{name}_0")
-        took = [line for line in joiner_log.splitlines() if "bytes of state" in line]
+        took = [line for r in range(joiners) for line in runs.log(f"{name}_{r}").splitlines() if "bytes of state" in line]
         print(f"{name}: {took}\n{peers_log}")
-        if codes != [0, 0, 0] or peers_code != 0:
-            print(joiner_log[-3000:])
+        if codes != [0] * n or peers_code != 0:
+            print(runs.log(f"{name}_0")[-3000:])
             pytest.fail(f"{name}: exit codes {codes}, diloco_peers' {peers_code}")
         # Fresh: the step counters (2 int64) and the outer copies and momentum, 8 bytes a parameter.
-        n = sum(v.numel() for v in init.values())
-        if join_state == "fresh" and f"took {16 + 8 * n:,} bytes of state" not in took[0]:
-            pytest.fail(f"{name}: the joiner took other than the outer state's {16 + 8 * n:,} bytes")
-        records = [runs.records(f"{name}_{r}") for r in range(3)]
-        if [r["step"] for r in records[0]] != list(range(INNER + 1, STEPS + 1)) or \
-                records[0][0]["membership"]["joined"] != [0] or records[1][INNER - 1]["membership"]["generation"] != 2:
-            pytest.fail(f"{name}: the joiner did not join after step {INNER} as recorded")
-        worst = max(abs(rec["loss"] - ref[0][rec["step"] - 1][q]) for q in range(3) for rec in records[q])
+        params_count = sum(v.numel() for v in init.values())
+        if join_state == "fresh" and f"took {16 + 8 * params_count:,} bytes of state" not in took[0]:
+            pytest.fail(f"{name}: the joiner took other than the outer state's {16 + 8 * params_count:,} bytes")
+        records = [runs.records(f"{name}_{r}") for r in range(n)]
+        if any([r["step"] for r in records[q]] != list(range(INNER + 1, STEPS + 1)) or
+               records[q][0]["membership"]["joined"] != list(range(joiners)) for q in range(joiners)) or \
+                records[-1][INNER - 1]["membership"]["generation"] != 2:
+            pytest.fail(f"{name}: the joiners did not join after step {INNER} as recorded")
+        worst = max(abs(rec["loss"] - ref[0][rec["step"] - 1][q]) for q in range(n) for rec in records[q])
         print(f"{name}: losses {[[round(r['loss'], 5) for r in rec] for rec in records]}; largest difference from "
               f"the reference {worst:.2e}")
         if worst > 1e-5:
             pytest.fail(f"{name}: the replicas differ from the reference")
-        for step in range(2 * INNER, STEPS + 1, INNER):  # the outer steps after the joiner's first
-            params = [exported(f"{tmp}/{name}_{r}_ckpt/step_{step:08d}") for r in range(3)]
-            if any(not torch.equal(params[r][k], params[0][k]) for r in (1, 2) for k in params[0]):
+        for step in range(2 * INNER, STEPS + 1, INNER):  # the outer steps after the joiners' first
+            params = [exported(f"{tmp}/{name}_{r}_ckpt/step_{step:08d}") for r in range(n)]
+            if any(not torch.equal(params[r][k], params[0][k]) for r in range(1, n) for k in params[0]):
                 pytest.fail(f"{name}: the replicas' parameters differ after the outer step of step {step}")
         if max((params[0][k] - v).abs().max().item() for k, v in ref[2].items()) > 1e-4:
             pytest.fail(f"{name}: the final parameters differ from the reference's")

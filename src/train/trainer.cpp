@@ -145,6 +145,11 @@ int64_t Trainer::share_state(const RoundReport& round) {
   // Only the source and the joiners: the other members' links stay free.
   const std::unique_ptr<Communicator> group = parts_.diloco->transfer_group(round);
   if (!group) return 0;
+  // A large state over a slow link takes longer than runtime.timeout_s; no collective of this
+  // replica's world completes meanwhile, so its watchdog stands down (the group's own collectives
+  // time out each). The loop's phase again after (apps/training_program.cpp).
+  Communicator& world = parts_.mesh.world();
+  world.set_phase("");
   const bool taking = group->rank() != 0;  // the source is rank 0
   int64_t bytes = 0;
   const auto share = [&](const at::Tensor& t) {
@@ -165,6 +170,7 @@ int64_t Trainer::share_state(const RoundReport& round) {
     if (t.name.rfind("model/", 0) != 0 && (round.with_optimizer || t.name.rfind("optim/", 0) != 0)) share(t.local);
   group->settle();
   if (taking) parts_.diloco->take_outer();
+  world.set_phase(strf("step %ld", step_));
   return bytes;
 }
 

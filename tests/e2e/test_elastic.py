@@ -16,16 +16,34 @@ survivor of 2 replicas of 2 ranks resumes exactly; joiners (one fresh, two at on
 optimizer state) and a replica restarted from its own checkpoint join and equal the reference;
 refusals.
 """
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 
-from conftest import BUILD, free_port, start, wait_for
-from test_diloco import INNER, STEPS, d, exported, reference  # noqa: F401 (d is the fixture)
+from conftest import BUILD, free_port, start, stop_leftovers, wait_for
+from test_diloco import INNER, STEPS, Runs, exported, reference
 
 PEERS = BUILD / "apps" / "diloco_peers"
 TIMEOUT_S = 3  # a replica without a heartbeat for this long is lost (diloco_peers and runtime.timeout_s)
 ROWS = 2       # each replica's rows a step (optim.batch_size)
 LOST_AT = 4    # the lost replica takes no part in the outer steps after this step and later
+
+
+@pytest.fixture(scope="module")
+def d():
+    """test_diloco.py's runs, data, resolved config and initial weights, made once for the module
+    (each test's runs have names of their own): (Runs, tokens, config, HF config, state dict)."""
+    path = Path(tempfile.mkdtemp(prefix="zb_e2e_"))
+    runs = Runs(path)
+    tokens = runs.make_data()
+    cfg = runs.resolved()
+    hf_config, init = runs.make_model(cfg)
+    yield runs, tokens, cfg, hf_config, init
+    stop_leftovers()
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def stopped(pid):

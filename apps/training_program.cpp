@@ -187,8 +187,10 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
     }
     metrics.log_step(s, val_loss);
     // For tests: the first rank stops as a machine lost mid-run would leave the others (the test
-    // then kills it or leaves it stopped).
+    // then kills it or leaves it stopped), its saves finished first so that it can be restarted
+    // from them.
     if (const char* stop = std::getenv("ZB_TEST_STOP_AFTER_STEP"); stop && std::to_string(step) == stop && world.rank == 0) {
+      checkpoints.finish();
       zb::log::warn(strf("process %d stops after step %ld (ZB_TEST_STOP_AFTER_STEP)", static_cast<int>(::getpid()), step));
       std::raise(SIGSTOP);
     }

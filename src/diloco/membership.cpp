@@ -8,6 +8,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "dist/rendezvous.h"
@@ -41,6 +43,7 @@ std::string transfer_prefix(int64_t generation, int64_t position) {
 std::string hello(int64_t id) { return "peers/replica/" + std::to_string(id) + "/hello"; }
 std::string admitted(int64_t id) { return "peers/replica/" + std::to_string(id) + "/admitted"; }
 std::string over() { return "peers/over"; }
+std::string liveness_port() { return "peers/liveness_port"; }
 }  // namespace peer_keys
 
 namespace {
@@ -103,6 +106,7 @@ ReplicaMembership::ReplicaMembership(const std::string& peers, std::chrono::seco
                                fingerprint);
     id_ = store_->add(peer_keys::registered(), 1) - 1;
     store_->add(peer_keys::heartbeat(id_), 1);
+    connect_liveness(host);
     store_->set(peer_keys::hello(id_), bytes_of(join_.empty() ? "start" : "join " + join_));
     // Its own connection: a wait on the main one must not hold the heartbeat back.
     heartbeat_ = std::thread([this, beat = store_->clone()] {
@@ -127,6 +131,29 @@ ReplicaMembership::ReplicaMembership(const std::string& peers, std::chrono::seco
 ReplicaMembership::~ReplicaMembership() {
   stopping_ = true;
   if (heartbeat_.joinable()) heartbeat_.join();
+  if (liveness_fd_ >= 0) ::close(liveness_fd_);
+}
+
+void ReplicaMembership::connect_liveness(const std::string& host) {
+  // Without it the service still sees a lost replica by its heartbeat, only later and without
+  // telling a dead process from a stuck one.
+  const std::string port = text_of(store_->get(peer_keys::liveness_port()));
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), port.c_str(), &hints, &found) == 0) {
+    liveness_fd_ = ::socket(found->ai_family, found->ai_socktype, found->ai_protocol);
+    if (liveness_fd_ >= 0 && (::connect(liveness_fd_, found->ai_addr, found->ai_addrlen) != 0 ||
+                              ::send(liveness_fd_, &id_, sizeof id_, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof id_))) {
+      ::close(liveness_fd_);
+      liveness_fd_ = -1;
+    }
+    ::freeaddrinfo(found);
+  }
+  if (liveness_fd_ < 0)
+    log::warn("diloco.peers " + where_ + ": no connection to the service's liveness port " + port +
+              ": a loss of this replica is seen by its heartbeat only");
 }
 
 void ReplicaMembership::finish() {

@@ -74,6 +74,7 @@ std::string hello(int64_t id);     // "start" | "join fresh" | "join peer"
 // joiners' ids, comma-separated>;" + Quorum
 std::string admitted(int64_t id);
 std::string over();                // the run has ended
+std::string liveness_port();       // where each leader keeps a connection open (diloco/peers.cpp)
 }  // namespace peer_keys
 
 // One round's membership as the peers service decided it.
@@ -145,6 +146,7 @@ class ReplicaMembership {
   // down meanwhile and set to `phase` after.
   std::string wait_for(const std::string& key, const std::string& phase, const std::string& what, bool bounded = true);
   void make_groups(const Quorum& q, int64_t index);
+  void connect_liveness(const std::string& host);
 
   Communicator& world_;
   std::string where_;  // host:port
@@ -157,6 +159,7 @@ class ReplicaMembership {
   int64_t group_generation_ = 0;  // the one group_ was made for
   int64_t broken_generation_ = -1;  // one whose groups failed at their making: its rounds fail
   std::unique_ptr<Communicator> group_;  // the replicate group of this position in the world
+  int liveness_fd_ = -1;  // the leader's connection to the service: closed when its process ends
   std::atomic<bool> stopping_{false};
   std::thread heartbeat_;
 };

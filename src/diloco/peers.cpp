@@ -2,7 +2,15 @@
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <stdexcept>
 #include <map>
@@ -44,22 +52,64 @@ std::string list(const std::vector<int64_t>& ids) {
   return out;
 }
 
-// The service's view of the replicas: whose heartbeat still moves.
+// The service's view of the replicas. Two signs: each leader's heartbeat in the store, and a TCP
+// connection it keeps open to the service (peer_keys::liveness_port). A closed connection means the
+// leader's process is gone (killed, crashed, exited): lost at once, "died". A heartbeat silent for
+// the timeout with the connection still open means a process stopped or stuck: "hung".
 class Liveness {
  public:
-  Liveness(c10d::Store& store, std::chrono::milliseconds timeout) : store_(store), timeout_(timeout) {}
-  // Reads the heartbeat; false once it has not moved for the timeout.
+  Liveness(c10d::Store& store, std::chrono::milliseconds timeout) : store_(store), timeout_(timeout) {
+    listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    sockaddr_in any{};
+    any.sin_family = AF_INET;
+    any.sin_addr.s_addr = htonl(INADDR_ANY);
+    socklen_t len = sizeof any;
+    if (listener_ < 0 || ::bind(listener_, reinterpret_cast<sockaddr*>(&any), len) != 0 || ::listen(listener_, 64) != 0 ||
+        ::getsockname(listener_, reinterpret_cast<sockaddr*>(&any), &len) != 0)
+      throw std::runtime_error(std::string("cannot listen for the replicas' connections: ") + std::strerror(errno));
+    store_.set(peer_keys::liveness_port(), bytes_of(std::to_string(ntohs(any.sin_port))));
+  }
+  ~Liveness() {
+    for (const auto& [id, fd] : connections_) ::close(fd);
+    ::close(listener_);
+  }
+
+  // Whether replica `id` still counts as alive; once not, why() says why.
   bool alive(int64_t id) {
+    accept_new();
+    if (const auto c = connections_.find(id); c != connections_.end()) {
+      pollfd p{c->second, POLLIN, 0};
+      char byte;
+      if (::poll(&p, 1, 0) == 1 && ::recv(c->second, &byte, 1, MSG_PEEK | MSG_DONTWAIT) <= 0) {
+        why_[id] = "died: its process is gone";
+        return false;
+      }
+    }
     const int64_t beat = store_.add(peer_keys::heartbeat(id), 0);
     Seen& seen = seen_[id];
     if (beat != seen.beat) seen = {beat, Clock::now()};
-    return Clock::now() - seen.since <= timeout_;
+    if (Clock::now() - seen.since <= timeout_) return true;
+    const double silent = std::chrono::duration<double>(Clock::now() - seen.since).count();
+    why_[id] = connections_.count(id) ? strf("hung: no heartbeat for %.1f s, its process still there", silent)
+                                      : strf("lost: no heartbeat for %.1f s", silent);
+    return false;
   }
-  double silent_seconds(int64_t id) const {
-    return std::chrono::duration<double>(Clock::now() - seen_.at(id).since).count();
-  }
+  const std::string& why(int64_t id) { return why_[id]; }
 
  private:
+  // Replicas' new connections, each announcing its id (8 bytes).
+  void accept_new() {
+    for (int fd; (fd = ::accept(listener_, nullptr, nullptr)) >= 0;) {
+      int64_t id = -1;
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 1000) == 1 && ::recv(fd, &id, sizeof id, MSG_WAITALL) == static_cast<ssize_t>(sizeof id) &&
+          id >= 0)
+        connections_[id] = fd;
+      else
+        ::close(fd);
+    }
+  }
+
   struct Seen {
     int64_t beat = -1;
     Clock::time_point since;
@@ -67,6 +117,9 @@ class Liveness {
   c10d::Store& store_;
   std::chrono::milliseconds timeout_;
   std::map<int64_t, Seen> seen_;
+  int listener_ = -1;
+  std::map<int64_t, int> connections_;
+  std::map<int64_t, std::string> why_;
 };
 
 }  // namespace
@@ -96,8 +149,8 @@ int serve_peers(const PeersOptions& options, const std::function<void(const std:
           answers[id] = a;
         } else if (!liveness.alive(id)) {
           answers[id] = Answer::Lost;
-          change += strf("%sreplica %ld lost %s (no heartbeat for %.1f s)", change.empty() ? "" : "; ", id,
-                         when.c_str(), liveness.silent_seconds(id));
+          change += strf("%sreplica %ld lost %s (%s)", change.empty() ? "" : "; ", id, when.c_str(),
+                         liveness.why(id).c_str());
         }
       }
       if (answers.size() < ids.size()) nap();

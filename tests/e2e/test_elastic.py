@@ -4,8 +4,10 @@ and train on without it.
 Each test starts diloco_peers and one launch per replica (a process, or two ranks started with
 torchrun's variables), one after the other so that launch r registers as replica r. The last
 replica is lost in one of three ways:
-  killed              its first rank stops itself after step 3 (ZB_TEST_STOP_AFTER_STEP) and is killed
-  hung                the same, left stopped until the others have finished
+  killed              its first rank stops itself after step 3 (ZB_TEST_STOP_AFTER_STEP) and is killed:
+                      diloco_peers sees its connection close ("died") at once
+  hung                the same, left stopped until the others have finished: its heartbeat stops
+                      while its connection stays open ("hung", after the timeout)
   killed_in_exchange  its first rank stops inside outer step 2's exchange, its group made
                       (ZB_TEST_STOP_IN_EXCHANGE), and is killed there: the others' exchange fails
 (the three at once). In each, the survivors finish every step, and their per-step losses equal
@@ -70,15 +72,19 @@ def start_run(runs, name, replicas, ranks, lose):
     return peers, launches
 
 
-def finish_run(runs, name, replicas, ranks, lose, peers, launches):
-    """Loses the last replica once it has stopped, waits for the others: each survivor's metrics
-    records and final parameters, and the service's log."""
-    tmp = runs.tmp
+def lose_replica(runs, name, replicas, ranks, lose, launches):
+    """Once the last replica has stopped: kills it, unless it is to stay hung."""
     victim = launches[-1].procs[0] if ranks > 1 else launches[-1]
     if not wait_for(lambda: stopped(victim.pid), 120, 0.02):
         pytest.fail(f"{name}: the last replica never stopped:\n{runs.log(f'{name}_{replicas - 1}')[-3000:]}")
     if lose != "hung":
         victim.kill()
+
+
+def finish_run(runs, name, replicas, ranks, lose, peers, launches):
+    """Waits for the survivors: each one's metrics records and final parameters, and the service's log."""
+    tmp = runs.tmp
+    victim = launches[-1].procs[0] if ranks > 1 else launches[-1]
     codes = [p.wait_or_stop() if ranks > 1 else p.wait() for p in launches[:-1]]
     victim.kill()  # the hung one, now that the others are done
     peers_code = peers.wait(timeout=60)
@@ -91,10 +97,12 @@ def finish_run(runs, name, replicas, ranks, lose, peers, launches):
 
 
 def elastic_run(runs, name, replicas, ranks, lose):
-    return finish_run(runs, name, replicas, ranks, lose, *start_run(runs, name, replicas, ranks, lose))
+    peers, launches = start_run(runs, name, replicas, ranks, lose)
+    lose_replica(runs, name, replicas, ranks, lose, launches)
+    return finish_run(runs, name, replicas, ranks, lose, peers, launches)
 
 
-def check_survivors(name, records, params, ref, replicas):
+def check_survivors(name, records, params, ref, replicas, reason):
     ref_losses, _, ref_params = ref
     survivors = list(range(replicas - 1))
     worst_loss = max(abs(rec["loss"] - ref_losses[rec["step"] - 1][q]) for q in survivors for rec in records[q])
@@ -109,7 +117,7 @@ def check_survivors(name, records, params, ref, replicas):
     if members != [(2, list(range(replicas)))] + [(s, survivors) for s in range(LOST_AT, STEPS + 1, INNER)]:
         pytest.fail(f"{name}: the outer steps' members are not as the losses imply")
     if len(changes) != 2 or changes[1][0] != LOST_AT or changes[1][1]["generation"] != 2 or \
-            f"replica {replicas - 1} lost" not in changes[1][1]["change"]:
+            f"replica {replicas - 1} lost" not in changes[1][1]["change"] or f"({reason}: " not in changes[1][1]["change"]:
         pytest.fail(f"{name}: the membership change is not recorded as it happened")
     if worst_loss > 1e-5 or worst_param > 1e-4:
         pytest.fail(f"{name}: the survivors differ from the reference")
@@ -125,8 +133,10 @@ def test_three_replicas_lose_one(d):
     losses = ("killed", "hung", "killed_in_exchange")
     started = {lose: start_run(runs, lose, 3, 1, lose) for lose in losses}
     for lose in losses:
+        lose_replica(runs, lose, 3, 1, lose, started[lose][1])
+    for lose in losses:
         records, params, peers_log = finish_run(runs, lose, 3, 1, lose, *started[lose])
-        check_survivors(lose, records, params, ref, 3)
+        check_survivors(lose, records, params, ref, 3, "hung" if lose == "hung" else "died")
         print(f"{lose}: {records[0][LOST_AT - 1]['membership']['seconds_lost']:.2f} s from the survivors' arrival at "
               f"outer step 2 to their new membership\n{peers_log}")
         if lose == "killed_in_exchange" and open(f"{runs.tmp}/{lose}_2_ckpt/latest").read().strip() != \
@@ -141,7 +151,7 @@ def test_two_replicas_of_two_ranks_lose_one(d):
     runs, tokens, cfg, hf_config, init = d
     ref = reference(cfg, hf_config, init, tokens, 2, "muon", 0.7, 0.9, rows=ROWS, lost={1: LOST_AT})
     records, params, _ = elastic_run(runs, "two_ranks", 2, 2, "killed")
-    check_survivors("two_ranks", records, params, ref, 2)
+    check_survivors("two_ranks", records, params, ref, 2, "died")
 
     port = free_port()
     peers = start([PEERS, "--port", port, "--replicas", 1, "--timeout_s", TIMEOUT_S], f"{runs.tmp}/resumed_peers.log")

@@ -2,9 +2,10 @@
 
 For each shape (the debug model, and 70M from the 150M preset at 256 tokens a row), on fake data,
 each replica one process of one thread, diloco_peers with --timeout_s T:
-  lost    3 replicas; the third is killed (SIGKILL) once it has recorded step 3. Measured: the
+  killed  3 replicas; the third is killed (SIGKILL) once it has recorded step 3. Measured: the
           seconds from the kill to the survivors' first step after their new membership, and the
           seconds the membership record says the round lost.
+  hung    the same with SIGSTOP: the process stays, its heartbeat stops.
   joiner  2 replicas; a joiner is started once they have recorded step 1. Measured: the seconds
           from its start to its admission and to its first step, and the state it took (bytes,
           seconds), as its log says.
@@ -66,28 +67,31 @@ def common(shape, port, timeout, steps):
             "--runtime.timeout_s", str(timeout), "--data.eval_interval", "0"]
 
 
-def lost(shape, timeout, tmp):
+def lost(shape, timeout, tmp, sig):
+    name = signal.Signals(sig).name
     port = free_port()
     peers = subprocess.Popen([str(BUILD / "apps/diloco_peers"), "--port", str(port), "--replicas", "3", "--timeout_s",
-                              str(timeout)], stdout=open(f"{tmp}/lost_peers.log", "w"), stderr=subprocess.STDOUT)
+                              str(timeout)], stdout=open(f"{tmp}/{name}_peers.log", "w"), stderr=subprocess.STDOUT)
     args = common(shape, port, timeout, 12)
     procs = []
     for r in range(3):
-        procs.append(launch(tmp, f"lost_{r}", args))
-        wait_until(lambda: f"replica {r} of the run" in open(f"{tmp}/lost_{r}.log").read())
-    wait_until(lambda: len(records(f"{tmp}/lost_2.jsonl")) >= 3)
-    procs[2].send_signal(signal.SIGKILL)
+        procs.append(launch(tmp, f"{name}_{r}", args))
+        wait_until(lambda: f"replica {r} of the run" in open(f"{tmp}/{name}_{r}.log").read())
+    wait_until(lambda: len(records(f"{tmp}/{name}_2.jsonl")) >= 3)
+    procs[2].send_signal(sig)
     killed = time.time()
-    changed = lambda: [r for r in records(f"{tmp}/lost_0.jsonl") if r.get("membership", {}).get("generation") == 2]
+    changed = lambda: [r for r in records(f"{tmp}/{name}_0.jsonl") if r.get("membership", {}).get("generation") == 2]
     wait_until(lambda: changed())
     change = changed()[0]
-    step = wait_until(lambda: any(r["step"] == change["step"] + 1 for r in records(f"{tmp}/lost_0.jsonl")))
+    step = wait_until(lambda: any(r["step"] == change["step"] + 1 for r in records(f"{tmp}/{name}_0.jsonl")))
     step_seconds = [r["forward_seconds"] + r["backward_seconds"] + r["optimizer_seconds"]
-                    for r in records(f"{tmp}/lost_0.jsonl")]
+                    for r in records(f"{tmp}/{name}_0.jsonl")]
     for p in procs[:2]:
         p.wait()
+    procs[2].kill()
+    procs[2].wait()
     peers.wait()
-    return {"kill_to_next_step_s": round(step - killed, 2), "round_lost_s": round(change["membership"]["seconds_lost"], 2),
+    return {"loss_to_next_step_s": round(step - killed, 2), "round_lost_s": round(change["membership"]["seconds_lost"], 2),
             "step_s": round(sorted(step_seconds)[len(step_seconds) // 2], 3)}
 
 
@@ -119,7 +123,9 @@ def main():
     a = parser.parse_args()
     for shape in a.shapes.split(","):
         with tempfile.TemporaryDirectory() as tmp:
-            print(json.dumps({"shape": shape, "timeout_s": a.timeout, "lost": lost(shape, a.timeout, tmp),
+            print(json.dumps({"shape": shape, "timeout_s": a.timeout,
+                              "killed": lost(shape, a.timeout, tmp, signal.SIGKILL),
+                              "hung": lost(shape, a.timeout, tmp, signal.SIGSTOP),
                               "joiner": joiner(shape, a.timeout, tmp)}), flush=True)
 
 

@@ -197,16 +197,17 @@ def split_diloco(overrides):
 
 def failures(args, link, overrides):
     """Elastic DiLoCo (src/diloco/membership.h), one node lost in a period of H steps, then back:
-    - the survivors wait, at the outer step after the loss, until its heartbeat has been silent for
-      timeout_s: at most timeout_s of their time (less when the loss came steps before the outer step);
+    - the survivors wait, at the outer step after the loss: not at all for a node whose processes
+      died (their connections to diloco_peers close), at most timeout_s for a hung one (its
+      heartbeat silent that long; less when the hang came steps before the outer step);
     - the lost node's inner steps since the last outer step are gone: H/2 steps of a node on average;
     - its return as a fresh joiner: it takes the outer copies and momentum, 8 bytes a parameter, over
       the node's inter-node link (every GPU of the node fetching its shard at once) from one member,
       which sends before its next step, so that the next outer step waits that long for it."""
     print(f"assumptions: {args.inter_gbps * args.gpus_per_node * 8:g} Gbit/s per node across nodes, "
           f"timeout_s {args.timeout_s:g}, compute at {args.compute_efficiency:.0%} of peak")
-    print("| model | H | nodes | step s | survivors' wait at most s | lost work (node-s, mean) | rejoin transfer s | "
-          "time lost per failure and return, at most s |")
+    print("| model | H | nodes | step s | survivors' wait for a hang, at most s | lost work (node-s, mean) | "
+          "rejoin transfer s | time lost per hang and return, at most s |")
     print("|---|---|---|---|---|---|---|---|")
     for config in args.config:
         run = run_of(args.train, config, overrides, args.gpus_per_node)

@@ -3,8 +3,9 @@
 // replicas' side and the protocol). It serves the store the replicas meet at and decides each
 // round alone, so that every replica reads the same answer:
 //   - round 0 waits for `replicas` registrations; generation 1 is the first `replicas` ids;
-//   - a round's quorum is the previous members that arrived at it; one whose heartbeat has not
-//     moved for `timeout` is lost and left out (a dead process and a stopped one look alike);
+//   - a round's quorum is the previous members that arrived at it, less the lost: one whose
+//     connection to the service closed (died, seen at once) or whose heartbeat has not moved for
+//     `timeout` (hung);
 //   - a round's decision is "commit" when every quorum member that reported succeeded, else
 //     "retry" with those that reported, as a new generation.
 // It ends when every member has finished, or when none is left.

@@ -1,7 +1,7 @@
 """DiLoCo runs of train_fsdp against an independent PyTorch reference (issue 29).
 
-The tests (each a real run over loopback Gloo; ranks started with torchrun's variables, by torchrun
-itself where a rank is killed or a run must fail):
+The tests (each a real run over loopback Gloo; ranks started with torchrun's variables, the others
+stopped as torchrun would when one fails, conftest.Ranks):
   adamw_2x2    2 replicas of 2 ranks, AdamW inner steps
   muon_4x1     4 replicas of 1 rank, Muon inner steps (MuLoCo)
   one_replica  1 process, outer lr 1 and momentum 0: plain training (a run without DiLoCo)
@@ -36,7 +36,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import DEBUG_CONFIG, EXPORT_HF, PYTHON, TRAIN_FSDP, Ranks, free_port, metrics, start, start_ranks
+from conftest import DEBUG_CONFIG, EXPORT_HF, TRAIN_FSDP, Ranks, metrics, start, start_ranks
 
 TRAIN = str(TRAIN_FSDP)
 STEPS, INNER, SEQ, BATCH, VOCAB = 6, 2, 32, 8, 128
@@ -66,18 +66,15 @@ class Runs:
     def __init__(self, tmp):
         self.tmp, self.common = str(tmp), common_args(tmp)
 
-    def launch(self, name, ranks, *extra, ckpt=None, env=None, torchrun=False):
-        """Starts one training run writing {name}.jsonl and {name}.log: one process, several ranks
-        started directly (rank r logging to {name}.log.r), or (torchrun=True: the runs a test kills
-        or expects to fail) torchrun, which stops every rank when one dies."""
+    def launch(self, name, ranks, *extra, ckpt=None, env=None):
+        """Starts one training run writing {name}.jsonl and {name}.log: one process, or several ranks
+        started directly (rank r logging to {name}.log.r; Ranks.wait_or_stop stops them all when one
+        fails, as torchrun does)."""
         tmp = self.tmp
         args = self.common + ["--logging.metrics_file", f"{tmp}/{name}.jsonl", "--ckpt.path",
                               ckpt or f"{tmp}/{name}_ckpt", *extra]
         if ranks == 1:
             return start([TRAIN, *args], f"{tmp}/{name}.log", env=env)
-        if torchrun:
-            return start([PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", ranks, "--master_addr", "127.0.0.1",
-                          "--master_port", free_port(), "--no-python", TRAIN, *args], f"{tmp}/{name}.log", env=env)
         return start_ranks(ranks, f"{tmp}/{name}.log", *args, env={**(env or {}), "LOCAL_WORLD_SIZE": ranks})
 
     def log(self, name):
@@ -345,14 +342,14 @@ def test_resume(d):
     straight, straight_params, _ = run("straight", 4, *layout)
 
     # A rank stops at the start of the outer step after step 4 and, once the checkpoint of step 3 is
-    # published, is killed there: the run stops (the others fail in the exchange, or torchrun stops
+    # published, is killed there: the run stops (the others fail in the exchange, or are stopped
     # them), the checkpoint of step 3 is there and whole.
     ckpt = f"{tmp}/killed_ckpt"
     proc = launch("killed", 4, *layout, "--runtime.timeout_s", "20", ckpt=ckpt,
-                  env={"ZB_TEST_HANG_IN_OUTER_STEP": "2"}, torchrun=True)
+                  env={"ZB_TEST_HANG_IN_OUTER_STEP": "2"})
     pid = None
     for _ in range(1200):
-        found = re.search(r"process (\d+) stops here", open(f"{tmp}/killed.log").read())
+        found = re.search(r"process (\d+) stops here", runs.log("killed"))
         if found and os.path.exists(f"{ckpt}/latest"):
             pid = int(found.group(1))
             break
@@ -361,8 +358,8 @@ def test_resume(d):
         proc.kill()
         pytest.fail("the rank never stopped in outer step 2 with the checkpoint of step 3 published")
     os.kill(pid, 9)
-    rc = proc.wait()
-    log = open(f"{tmp}/killed.log").read()
+    rc = proc.wait_or_stop()
+    log = runs.log("killed")
     latest = open(f"{ckpt}/latest").read().strip()
     print(f"killed in outer step 2: exit code {rc}, latest checkpoint {latest}")
     if rc == 0 or latest != "step_00000003":
@@ -391,8 +388,8 @@ def test_resume(d):
 
     # More replicas than were saved: refused, naming why.
     rc = launch("more_replicas", 4, "--diloco.inner_steps", str(INNER), "--parallel.dp_replicate", "4",
-                "--ckpt.resume", f"{ckpt}/step_00000003", ckpt=f"{tmp}/more_ckpt", torchrun=True).wait()
-    log = open(f"{tmp}/more_replicas.log").read()
+                "--ckpt.resume", f"{ckpt}/step_00000003", ckpt=f"{tmp}/more_ckpt").wait_or_stop()
+    log = runs.log("more_replicas")
     if rc == 0 or "it holds no replica_2/model/" not in log or "fewer replicas" not in log:
         print(log[-3000:])
         pytest.fail("a checkpoint of 2 replicas resumed on 4 without a clear error")
@@ -413,14 +410,14 @@ def test_resume(d):
     longer = ["--optim.total_steps", "20", "--optim.stable_steps", "20"]  # the data wrap around
     _, long_params, _ = run("long", 4, *layout, *longer, final_step=20)
     ckpt = f"{tmp}/term_ckpt"
-    proc = launch("term", 4, *layout, *longer, ckpt=ckpt, torchrun=True)
+    proc = launch("term", 4, *layout, *longer, ckpt=ckpt)
     for _ in range(600):
-        if "step 5/20" in open(f"{tmp}/term.log").read():
+        if "step 5/20" in runs.log("term"):
             break
         time.sleep(0.05)
-    subprocess.run(["pkill", "-TERM", "-f", f"^{TRAIN} .*{ckpt}"])  # the workers, not torchrun
-    rc = proc.wait()
-    log = open(f"{tmp}/term.log").read()
+    subprocess.run(["pkill", "-TERM", "-f", f"^{TRAIN} .*{ckpt}"])  # every rank, as a scheduler does
+    rc = proc.wait_or_stop()
+    log = runs.log("term")
     stopped = [line for line in log.splitlines() if "stopped by a signal after step" in line]
     print(f"SIGTERM: exit code {rc}; {stopped[:1]}")
     if rc != 0 or len(stopped) != 4 or "checkpoint saved" not in stopped[0]:
@@ -433,9 +430,9 @@ def test_resume(d):
     # Killed inside the save of step 6 (every writer paused after its data file): the checkpoint of
     # step 3 stays the latest, whole, and resumes to the same end.
     ckpt = f"{tmp}/save_killed_ckpt"
-    proc = launch("save_killed", 4, *layout, ckpt=ckpt, env={"ZB_TEST_PAUSE_SAVE_AT_STEP": "6"}, torchrun=True)
+    proc = launch("save_killed", 4, *layout, ckpt=ckpt, env={"ZB_TEST_PAUSE_SAVE_AT_STEP": "6"})
     for _ in range(600):
-        if open(f"{tmp}/save_killed.log").read().count("writer paused inside the save of step 6") == 4:
+        if runs.log("save_killed").count("writer paused inside the save of step 6") == 4:
             break
         time.sleep(0.1)
     else:

@@ -186,14 +186,16 @@ int run(const zb::CommandLine& cl, zb::Parallelism parallelism, bool over_nodes,
       }
     }
     metrics.log_step(s, val_loss);
-    // For tests: the first rank stops as a machine lost mid-run would leave the others (the test
-    // then kills it or leaves it stopped), its saves finished first so that it can be restarted
-    // from them.
-    if (const char* stop = std::getenv("ZB_TEST_STOP_AFTER_STEP"); stop && std::to_string(step) == stop && world.rank == 0) {
-      checkpoints.finish();
-      zb::log::warn(strf("process %d stops after step %ld (ZB_TEST_STOP_AFTER_STEP)", static_cast<int>(::getpid()), step));
-      std::raise(SIGSTOP);
-    }
+    // For tests: the first rank stops (SIGSTOP) or dies (SIGKILL) as a machine lost mid-run would
+    // leave the others, its saves finished first so that it can be restarted from them.
+    for (const auto& [variable, signal] : {std::pair{"ZB_TEST_STOP_AFTER_STEP", SIGSTOP},
+                                           std::pair{"ZB_TEST_KILL_AFTER_STEP", SIGKILL}})
+      if (const char* at = std::getenv(variable); at && std::to_string(step) == at && world.rank == 0) {
+        checkpoints.finish();
+        zb::log::warn(strf("process %d: %s after step %ld (%s)", static_cast<int>(::getpid()),
+                           signal == SIGSTOP ? "stops" : "dies", step, variable));
+        std::raise(signal);
+      }
     if (!s.nonfinite.empty()) on_nonfinite_step(s, cfg, checkpoints);  // throws to stop the run
 
     // All ranks stop after the same step when any got a signal or saw its save fail (counted in

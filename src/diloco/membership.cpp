@@ -46,16 +46,17 @@ std::string over() { return "peers/over"; }
 std::string liveness_port() { return "peers/liveness_port"; }
 }  // namespace peer_keys
 
-namespace {
-std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
-std::string text_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
-}  // namespace
+std::vector<uint8_t> store_bytes(const std::string& text) { return {text.begin(), text.end()}; }
+std::string store_text(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
+std::string id_list(const std::vector<int64_t>& ids) {
+  std::string out;
+  for (int64_t id : ids) out += (out.empty() ? "" : ",") + std::to_string(id);
+  return out;
+}
 
 // "generation;id,id,...;stream_rows;change"
 std::string Quorum::encode() const {
-  std::string ids;
-  for (int64_t m : members) ids += (ids.empty() ? "" : ",") + std::to_string(m);
-  return std::to_string(generation) + ";" + ids + ";" + std::to_string(stream_rows) + ";" + change;
+  return std::to_string(generation) + ";" + id_list(members) + ";" + std::to_string(stream_rows) + ";" + change;
 }
 
 int64_t RoundReport::source_index() const {
@@ -99,7 +100,7 @@ ReplicaMembership::ReplicaMembership(const std::string& peers, std::chrono::seco
   }
   if (leader_) {
     // The first replica's fingerprint is the run's; any other must equal it.
-    const std::string run = text_of(store_->compareSet(peer_keys::run_fingerprint(), {}, bytes_of(fingerprint)));
+    const std::string run = store_text(store_->compareSet(peer_keys::run_fingerprint(), {}, store_bytes(fingerprint)));
     if (run != fingerprint)
       throw std::runtime_error("diloco.peers = \"" + where_ + "\": this replica cannot join the run there: its " +
                                "settings differ from the run's.\n  the run's:  " + run + "\n  this one's: " +
@@ -107,7 +108,7 @@ ReplicaMembership::ReplicaMembership(const std::string& peers, std::chrono::seco
     id_ = store_->add(peer_keys::registered(), 1) - 1;
     store_->add(peer_keys::heartbeat(id_), 1);
     connect_liveness(host);
-    store_->set(peer_keys::hello(id_), bytes_of(join_.empty() ? "start" : "join " + join_));
+    store_->set(peer_keys::hello(id_), store_bytes(join_.empty() ? "start" : "join " + join_));
     // Its own connection: a wait on the main one must not hold the heartbeat back.
     heartbeat_ = std::thread([this, beat = store_->clone()] {
       const auto period = std::max<std::chrono::milliseconds>(std::chrono::milliseconds(50), timeout_ / 20);
@@ -137,7 +138,7 @@ ReplicaMembership::~ReplicaMembership() {
 void ReplicaMembership::connect_liveness(const std::string& host) {
   // Without it the service still sees a lost replica by its heartbeat, only later and without
   // telling a dead process from a stuck one.
-  const std::string port = text_of(store_->get(peer_keys::liveness_port()));
+  const std::string port = store_text(store_->get(peer_keys::liveness_port()));
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
@@ -157,7 +158,7 @@ void ReplicaMembership::connect_liveness(const std::string& host) {
 }
 
 void ReplicaMembership::finish() {
-  if (leader_) store_->set(peer_keys::finished(id_), bytes_of("1"));
+  if (leader_) store_->set(peer_keys::finished(id_), store_bytes("1"));
 }
 
 std::string ReplicaMembership::wait_for(const std::string& key, const std::string& phase, const std::string& what,
@@ -184,44 +185,40 @@ std::string ReplicaMembership::wait_for(const std::string& key, const std::strin
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   world_.set_phase(phase);
-  return text_of(store_->get(key));
+  return store_text(store_->get(key));
 }
 
 void ReplicaMembership::make_groups(const Quorum& q, int64_t index) {
   group_.reset();
   group_generation_ = q.generation;
   if (q.members.size() == 1) return;
-  World group;
-  group.rank = index;
-  group.size = static_cast<int64_t>(q.members.size());
-  group.master_addr = where_.substr(0, where_.rfind(':'));
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(peer_keys::group_prefix(q.generation, world_.rank()), store_);
-  // Gloo (through host memory for a GPU's tensors): NCCL would abort the process on a lost peer.
-  // Its collectives fail after runtime.timeout_s by themselves (a dead member's closed connection
-  // sooner): the round then retries without the member.
   try {
-    auto rendezvous = std::make_shared<const Rendezvous>(group, timeout_, prefixed);
-    group_ = std::make_unique<Communicator>(rendezvous, world_.device(), Transport::Gloo);
+    group_ = group_over(peer_keys::group_prefix(q.generation, world_.rank()), index,
+                        static_cast<int64_t>(q.members.size()));
   } catch (const std::exception&) {
     broken_generation_ = q.generation;  // its prefix is spent: its rounds fail until a retry makes a new one
     throw;
   }
 }
 
+std::unique_ptr<Communicator> ReplicaMembership::group_over(const std::string& prefix, int64_t rank, int64_t size) {
+  World group;
+  group.rank = rank;
+  group.size = size;
+  group.master_addr = where_.substr(0, where_.rfind(':'));
+  auto rendezvous =
+      std::make_shared<const Rendezvous>(group, timeout_, c10::make_intrusive<c10d::PrefixStore>(prefix, store_));
+  return std::make_unique<Communicator>(rendezvous, world_.device(), Transport::Gloo);
+}
+
 std::unique_ptr<Communicator> ReplicaMembership::transfer_group(const RoundReport& round) {
   const Quorum& q = round.membership();
-  const int64_t source = q.members.at(static_cast<size_t>(round.source_index()));
-  std::vector<int64_t> ids = {source};
+  std::vector<int64_t> ids = {q.members.at(static_cast<size_t>(round.source_index()))};
   ids.insert(ids.end(), round.joined.begin(), round.joined.end());
   const auto me = std::find(ids.begin(), ids.end(), id_);
   if (me == ids.end()) return nullptr;
-  World group;
-  group.rank = me - ids.begin();
-  group.size = static_cast<int64_t>(ids.size());
-  group.master_addr = where_.substr(0, where_.rfind(':'));
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(peer_keys::transfer_prefix(q.generation, world_.rank()), store_);
-  auto rendezvous = std::make_shared<const Rendezvous>(group, timeout_, prefixed);
-  return std::make_unique<Communicator>(rendezvous, world_.device(), Transport::Gloo);
+  return group_over(peer_keys::transfer_prefix(q.generation, world_.rank()), me - ids.begin(),
+                    static_cast<int64_t>(ids.size()));
 }
 
 RoundReport ReplicaMembership::await_admission() {
@@ -266,7 +263,7 @@ RoundReport ReplicaMembership::outer_round(int64_t round_number, int64_t step, i
 RoundReport ReplicaMembership::round(int64_t n, int64_t step, int64_t stream_rows, bool last,
                                      int64_t outer_steps_done, const std::function<void(Communicator*)>* exchange) {
   const auto arrived = std::chrono::steady_clock::now();
-  if (leader_) store_->set(peer_keys::arrived(n, id_), bytes_of(strf("%ld;%ld;%d;%ld", stream_rows, step, last ? 1 : 0, outer_steps_done)));
+  if (leader_) store_->set(peer_keys::arrived(n, id_), store_bytes(strf("%ld;%ld;%d;%ld", stream_rows, step, last ? 1 : 0, outer_steps_done)));
   RoundReport report;
   report.step = step;
   for (int64_t attempt = 0;; ++attempt) {
@@ -300,11 +297,11 @@ RoundReport ReplicaMembership::round(int64_t n, int64_t step, int64_t stream_row
       if (broken_generation_ == generation_)
         throw std::runtime_error(strf("the groups of generation %ld failed at their making", generation_));
       if (group_generation_ != generation_) make_groups(report.quorum, report.member_index);
-      // For tests: the replica's first rank stops inside the exchange, its group made.
-      if (const char* stop = std::getenv("ZB_TEST_STOP_IN_EXCHANGE"); stop && std::to_string(n) == stop && leader_) {
-        log::warn(strf("outer step %ld: process %d stops in its exchange (ZB_TEST_STOP_IN_EXCHANGE)", n,
+      // For tests: the replica's first rank dies inside the exchange, its group made.
+      if (const char* at = std::getenv("ZB_TEST_KILL_IN_EXCHANGE"); at && std::to_string(n) == at && leader_) {
+        log::warn(strf("outer step %ld: process %d dies in its exchange (ZB_TEST_KILL_IN_EXCHANGE)", n,
                        static_cast<int>(::getpid())));
-        std::raise(SIGSTOP);
+        std::raise(SIGKILL);
       }
       (*exchange)(group_.get());
     } catch (const std::exception& e) {
@@ -315,7 +312,7 @@ RoundReport ReplicaMembership::round(int64_t n, int64_t step, int64_t stream_row
     const bool replica_ok = world_.count_over_ranks({!ok}).front() == 0;
     if (!ok) log::warn(strf("outer step %ld, generation %ld: the exchange failed here: %s", n, report.quorum.generation,
                             error.c_str()));
-    if (leader_) store_->set(peer_keys::result(n, attempt, id_), bytes_of(replica_ok ? "ok" : "failed"));
+    if (leader_) store_->set(peer_keys::result(n, attempt, id_), store_bytes(replica_ok ? "ok" : "failed"));
     const std::string decided =
         wait_for(peer_keys::decision(n, attempt), phase, strf("decision on outer step %ld", n));
     if (decided == "commit") return report;

@@ -77,6 +77,12 @@ std::string over();                // the run has ended
 std::string liveness_port();       // where each leader keeps a connection open (diloco/peers.cpp)
 }  // namespace peer_keys
 
+// The store holds bytes; the protocol's values are text. Replica ids as the protocol and the log
+// write them: "0,2,3".
+std::vector<uint8_t> store_bytes(const std::string& text);
+std::string store_text(const std::vector<uint8_t>& bytes);
+std::string id_list(const std::vector<int64_t>& ids);
+
 // One round's membership as the peers service decided it.
 struct Quorum {
   int64_t generation = 0;
@@ -146,6 +152,11 @@ class ReplicaMembership {
   // down meanwhile and set to `phase` after.
   std::string wait_for(const std::string& key, const std::string& phase, const std::string& what, bool bounded = true);
   void make_groups(const Quorum& q, int64_t index);
+  // A Gloo group of `size` replicas' ranks at this rank's world position, this one `rank` of them,
+  // meeting under `prefix` of the peers' store. Gloo (through host memory for a GPU's tensors):
+  // NCCL would abort the process on a lost peer. Its collectives fail after runtime.timeout_s by
+  // themselves (a dead member's closed connection sooner).
+  std::unique_ptr<Communicator> group_over(const std::string& prefix, int64_t rank, int64_t size);
   void connect_liveness(const std::string& host);
 
   Communicator& world_;

@@ -43,14 +43,6 @@ Arrival parse_arrival(const std::string& text) {
   return a;
 }
 
-std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
-std::string text_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
-
-std::string list(const std::vector<int64_t>& ids) {
-  std::string out;
-  for (int64_t id : ids) out += (out.empty() ? "" : ",") + std::to_string(id);
-  return out;
-}
 
 // The service's view of the replicas. Two signs: each leader's heartbeat in the store, and a TCP
 // connection it keeps open to the service (peer_keys::liveness_port). A closed connection means the
@@ -67,7 +59,7 @@ class Liveness {
     if (listener_ < 0 || ::bind(listener_, reinterpret_cast<sockaddr*>(&any), len) != 0 || ::listen(listener_, 64) != 0 ||
         ::getsockname(listener_, reinterpret_cast<sockaddr*>(&any), &len) != 0)
       throw std::runtime_error(std::string("cannot listen for the replicas' connections: ") + std::strerror(errno));
-    store_.set(peer_keys::liveness_port(), bytes_of(std::to_string(ntohs(any.sin_port))));
+    store_.set(peer_keys::liveness_port(), store_bytes(std::to_string(ntohs(any.sin_port))));
   }
   ~Liveness() {
     for (const auto& [id, fd] : connections_) ::close(fd);
@@ -168,7 +160,7 @@ int serve_peers(const PeersOptions& options, const std::function<void(const std:
     const int64_t registered = store->add(peer_keys::registered(), 0);
     for (int64_t id = 0; id < registered; ++id)
       if (!hellos.count(id) && store->check({peer_keys::hello(id)}))
-        hellos[id] = text_of(store->get(peer_keys::hello(id)));
+        hellos[id] = store_text(store->get(peer_keys::hello(id)));
   };
   const auto starting = [&] {
     std::vector<int64_t> ids;
@@ -198,26 +190,26 @@ int serve_peers(const PeersOptions& options, const std::function<void(const std:
       "at the start", change);
   std::map<std::string, std::vector<int64_t>> positions;  // "<stream rows>;<outer steps>" -> replicas
   for (int64_t id : arrived) {
-    const Arrival a = parse_arrival(text_of(store->get(peer_keys::arrived(0, id))));
+    const Arrival a = parse_arrival(store_text(store->get(peer_keys::arrived(0, id))));
     positions[strf("stream row %ld, %ld outer steps", a.stream_rows, a.outer_steps_done)].push_back(id);
   }
   if (arrived.size() != members.size() || positions.size() != 1) {
     std::string why = change;
     for (const auto& [where, ids] : positions)
-      why += strf("%sreplica(s) %s at %s", why.empty() ? "" : "; ", list(ids).c_str(), where.c_str());
+      why += strf("%sreplica(s) %s at %s", why.empty() ? "" : "; ", id_list(ids).c_str(), where.c_str());
     why = "the run cannot start: " + why + " (replicas resumed together must come from the same step)";
-    store->set(peer_keys::quorum(0, 0), bytes_of(Quorum{0, {}, 0, why}.encode()));
-    store->set(peer_keys::over(), bytes_of("1"));
+    store->set(peer_keys::quorum(0, 0), store_bytes(Quorum{0, {}, 0, why}.encode()));
+    store->set(peer_keys::over(), store_bytes("1"));
     say(why);
     std::this_thread::sleep_for(std::chrono::seconds(2));  // for the replicas to read it
     return 1;
   }
-  const Arrival start = parse_arrival(text_of(store->get(peer_keys::arrived(0, members.front()))));
+  const Arrival start = parse_arrival(store_text(store->get(peer_keys::arrived(0, members.front()))));
   int64_t generation = 1;
   generation_members = members;
   store->set(peer_keys::quorum(0, 0),
-             bytes_of(Quorum{generation, members, start.stream_rows, "the run starts"}.encode()));
-  say(strf("generation 1: replicas %s%s", list(members).c_str(),
+             store_bytes(Quorum{generation, members, start.stream_rows, "the run starts"}.encode()));
+  say(strf("generation 1: replicas %s%s", id_list(members).c_str(),
            start.outer_steps_done > 0 ? strf(" (resumed after %ld outer steps)", start.outer_steps_done).c_str() : ""));
 
   for (int64_t round = start.outer_steps_done + 1;; ++round) {
@@ -232,9 +224,9 @@ int serve_peers(const PeersOptions& options, const std::function<void(const std:
     const bool any_finished = std::any_of(members.begin(), members.end(),
                                           [&](int64_t id) { return store->check({peer_keys::finished(id)}); });
     if (present.empty()) {
-      store->set(peer_keys::over(), bytes_of("1"));
+      store->set(peer_keys::over(), store_bytes("1"));
       if (any_finished && change.empty()) {
-        say(strf("the run is over: replicas %s finished", list(members).c_str()));
+        say(strf("the run is over: replicas %s finished", id_list(members).c_str()));
         // Joiners still waiting read that the run is over before the store goes.
         if (!waiting_joiners().empty()) std::this_thread::sleep_for(std::chrono::seconds(2));
         return 0;
@@ -243,19 +235,19 @@ int serve_peers(const PeersOptions& options, const std::function<void(const std:
       return 1;
     }
     // Where the members stand, the same for each.
-    const Arrival at = parse_arrival(text_of(store->get(peer_keys::arrived(round, present.front()))));
+    const Arrival at = parse_arrival(store_text(store->get(peer_keys::arrived(round, present.front()))));
     const int64_t stream_rows = at.stream_rows;
     for (int64_t attempt = 0;; ++attempt) {
       const bool changed = present != generation_members;
       if (changed) {
         ++generation;
         generation_members = present;
-        say(strf("generation %ld at outer step %ld: replicas %s (%s)", generation, round, list(present).c_str(),
+        say(strf("generation %ld at outer step %ld: replicas %s (%s)", generation, round, id_list(present).c_str(),
                  change.c_str()));
       }
       const std::string why = changed ? change : "";
       store->set(peer_keys::quorum(round, attempt),
-                 bytes_of(Quorum{generation, present, stream_rows, why}.encode()));
+                 store_bytes(Quorum{generation, present, stream_rows, why}.encode()));
       // Each member's outcome, or its loss.
       std::vector<int64_t> failed;
       change.clear();
@@ -263,19 +255,19 @@ int serve_peers(const PeersOptions& options, const std::function<void(const std:
           present,
           [&](int64_t id) {
             if (!store->check({peer_keys::result(round, attempt, id)})) return Answer::None;
-            if (text_of(store->get(peer_keys::result(round, attempt, id))) != "ok") failed.push_back(id);
+            if (store_text(store->get(peer_keys::result(round, attempt, id))) != "ok") failed.push_back(id);
             return Answer::Yes;
           },
           strf("in outer step %ld", round), change);
       if (!failed.empty())
-        change += strf("%sthe exchange failed on replica(s) %s", change.empty() ? "" : "; ", list(failed).c_str());
+        change += strf("%sthe exchange failed on replica(s) %s", change.empty() ? "" : "; ", id_list(failed).c_str());
       if (reported.empty()) {
         say("every replica is lost (" + change + "): nothing left to coordinate");
         return 1;
       }
       // Those who reported success all hold the same average; one failure means some may not.
       if (!failed.empty()) {
-        store->set(peer_keys::decision(round, attempt), bytes_of("retry"));
+        store->set(peer_keys::decision(round, attempt), store_bytes("retry"));
       } else {
         members = reported;  // one lost after a good exchange leaves at the next round, `change` saying why
         std::string decision = "commit";
@@ -286,21 +278,21 @@ int serve_peers(const PeersOptions& options, const std::function<void(const std:
           std::sort(next.begin(), next.end());
           bool with_optimizer = false;
           for (int64_t id : joiners) with_optimizer = with_optimizer || hellos[id] == "join peer";
-          const std::string joined = strf("replica(s) %s joined after outer step %ld", list(joiners).c_str(), round);
+          const std::string joined = strf("replica(s) %s joined after outer step %ld", id_list(joiners).c_str(), round);
           const Quorum q{++generation, next, stream_rows, change.empty() ? joined : change + "; " + joined};
           for (int64_t id : joiners)
             store->set(peer_keys::admitted(id),
-                       bytes_of(strf("%ld;%ld;%d;%ld;%s;", round, at.step, with_optimizer ? 1 : 0, members.front(),
-                                     list(joiners).c_str()) +
+                       store_bytes(strf("%ld;%ld;%d;%ld;%s;", round, at.step, with_optimizer ? 1 : 0, members.front(),
+                                     id_list(joiners).c_str()) +
                                 q.encode()));
           decision = strf("commit %d ", with_optimizer ? 1 : 0) + q.encode();
           admitted.insert(admitted.end(), joiners.begin(), joiners.end());
           members = generation_members = next;
           change.clear();
-          say(strf("generation %ld after outer step %ld: replicas %s (%s)", generation, round, list(next).c_str(),
+          say(strf("generation %ld after outer step %ld: replicas %s (%s)", generation, round, id_list(next).c_str(),
                    q.change.c_str()));
         }
-        store->set(peer_keys::decision(round, attempt), bytes_of(decision));
+        store->set(peer_keys::decision(round, attempt), store_bytes(decision));
         break;
       }
       say(strf("outer step %ld: retried without the failed exchange (%s)", round, change.c_str()));

@@ -21,9 +21,9 @@ std::string seconds_of(std::chrono::milliseconds t) { return std::to_string(t.co
 
 }  // namespace
 
-// Trying every 50 ms. A rank waits for the store this way before TCPStore's client connects: that client retries a
-// timed-out connect once more after a back-off, which turned runtime.timeout_s = 5 into about 14 s.
-// An address that does not resolve counts as reachable: TCPStore then names the problem.
+// Trying every 50 ms. A rank waits for the store this way before TCPStore's client connects: that
+// client retries a timed-out connect once more after a back-off, which turned runtime.timeout_s = 5
+// into about 14 s.
 bool reachable_within(const std::string& host, int64_t port, std::chrono::milliseconds timeout) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;

@@ -144,11 +144,9 @@ void MetricsLogger::log_step(const StepStats& s, std::optional<double> val_loss)
   }
   if (s.membership) {
     const Quorum& m = s.membership->membership();
-    std::string members;
-    for (int64_t id : m.members) members += (members.empty() ? "" : ",") + std::to_string(id);
     log::info(strf("step %ld/%ld | DiLoCo membership: generation %ld, replicas %s%s; this one reads slice %ld of %zu "
                    "of each step from stream row %ld; %.2f s lost",
-                   s.step, total, m.generation, members.c_str(), m.change.empty() ? "" : (" (" + m.change + ")").c_str(),
+                   s.step, total, m.generation, id_list(m.members).c_str(), m.change.empty() ? "" : (" (" + m.change + ")").c_str(),
                    s.membership->member_index, m.members.size(), m.stream_rows, s.membership->seconds_lost));
   }
 }

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "checkpoint/state.h"
 #include "model/context_parallel.h"
@@ -66,9 +67,8 @@ StepStats Trainer::train_step(const StepFlagSource& flags) {
     parts_.diloco->start();
     outer_restored_ = true;
   }
-  std::optional<RoundReport> joined;
   if (parts_.diloco && parts_.diloco->elastic() && !in_membership_) {  // round 0, at the run's (or resume's) start
-    joined = follow(parts_.diloco->join(resumed_stream_rows_, step_ - 1));
+    new_membership_ = follow(parts_.diloco->join(resumed_stream_rows_, step_ - 1));
     in_membership_ = true;
   }
   // Phase boundaries on the device's timeline (CUDA events on a GPU): read once the device has
@@ -96,6 +96,9 @@ StepStats Trainer::train_step(const StepFlagSource& flags) {
   clock_.synchronize();
   parts_.mesh.world().settle();
   for (const ShardedParameter& p : parts_.engine->parameters()) p.tensor->mutable_grad().reset();
+  // Elastic DiLoCo: the membership it began the step in, when new (round 0, a joiner's admission);
+  // one this step's outer round changes to replaces it.
+  stats.membership = std::exchange(new_membership_, std::nullopt);
   // DiLoCo's outer steps due after this step, once the gradients are freed (its temporaries take
   // their place).
   if (parts_.diloco) {
@@ -111,11 +114,6 @@ StepStats Trainer::train_step(const StepFlagSource& flags) {
         }
       }
     }
-  }
-  if (joined) stats.membership = joined;
-  if (joined_) {  // a joiner's first step: the membership it joined
-    stats.membership = joined_;
-    joined_.reset();
   }
   stats.learning_rates = parts_.optimizer->learning_rates(lr_multiplier);
   for (const auto& [start, forward_done, backward_done] : micro_marks) {
@@ -138,7 +136,7 @@ void Trainer::join_run() {
                  with_commas(bytes).c_str(), round.with_optimizer ? "with its optimizer state" : "outer state only",
                  round.membership().members.at(static_cast<size_t>(round.source_index())),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), step_));
-  joined_ = round;
+  new_membership_ = round;
 }
 
 int64_t Trainer::share_state(const RoundReport& round) {

@@ -116,7 +116,6 @@ class Trainer {
   // the optimizer state when round.with_optimizer; the other members take no part. Returns the
   // bytes this rank took.
   int64_t share_state(const RoundReport& round);
-  std::optional<RoundReport> joined_;  // a joiner's admission, for its first step's record
 
   Config config_;
   TrainingParts parts_;
@@ -126,6 +125,7 @@ class Trainer {
   // stream position a checkpoint restored, which round 0 continues from.
   bool in_membership_ = false;
   int64_t resumed_stream_rows_ = 0;
+  std::optional<RoundReport> new_membership_;  // for the next step's record
   LrSchedule schedule_;
   int64_t step_ = 0;
   int64_t skipped_ = 0, skipped_in_a_row_ = 0;

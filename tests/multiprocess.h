@@ -13,6 +13,7 @@
 
 #include <cstdlib>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -20,17 +21,22 @@
 
 namespace zb::multiprocess {
 
+// A port for the ranks' store, free now: at random below the kernel's ephemeral range (32768 and
+// up, where connections' own ports and port-0 binds come from, so that none of those can take it
+// before rank 0 binds it), as tests/e2e/conftest.py's free_port.
 inline int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
+  static std::mt19937 pick(std::random_device{}());
+  for (;;) {
+    const int port = std::uniform_int_distribution<int>(20000, 32767)(pick);
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    ::close(fd);
+    if (free) return port;
+  }
 }
 
 inline void run_ranks(int world_size, const std::function<void(int rank)>& body) {

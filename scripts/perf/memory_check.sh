@@ -28,7 +28,17 @@ rows=$out/rows.jsonl
 run_ranks() {
   local world=$1 port pids=() r
   shift
-  port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  # Below the ephemeral range, as tests/e2e/conftest.py's free_port (a connection cannot take it first).
+  port=$("$python" -c '
+import random, socket
+while True:
+    p = random.randrange(20000, 32768)
+    try:
+        socket.socket().bind(("127.0.0.1", p))
+        print(p)
+        break
+    except OSError:
+        pass')
   for ((r = 0; r < world; r++)); do
     MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r LOCAL_RANK=$r WORLD_SIZE=$world LOCAL_WORLD_SIZE=$world "$@" &
     pids+=($!)

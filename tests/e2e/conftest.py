@@ -12,6 +12,7 @@ imported inside the tests that need them.
 import hashlib
 import json
 import os
+import random
 import resource
 import shutil
 import signal
@@ -84,11 +85,25 @@ def work():
     shutil.rmtree(path, ignore_errors=True)
 
 
+_handed_out = set()
+
+
 def free_port():
-    """A port the kernel has just handed out free (a random one could be another test's store)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a store or a service, free now: at random below the kernel's ephemeral range
+    (32768 and up, where every connection's own port and every port-0 bind come from, so that none
+    of those can take it before the program binds it; one such did, once: EADDRINUSE), and never
+    the same twice in a process. Concurrent tests pick from 12,768 ports."""
+    while True:
+        port = random.randrange(20000, 32768)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
 
 
 def start(cmd, log, env=None, file_limit_kb=None, cwd=None):
@@ -160,10 +175,11 @@ def start_ranks(world, log, *args, program=TRAIN_FSDP, env=None, limit_rank=None
 
 
 def run_ranks(world, log, *args, **kwargs):
-    """start_ranks, then fails the test unless every rank exits 0."""
+    """start_ranks, then fails the test unless every rank exits 0 (the first to fail stops the others,
+    as torchrun does, rather than leaving them to wait for it)."""
     ranks = start_ranks(world, log, *args, **kwargs)
-    codes = ranks.wait()
-    assert codes == [0] * world, f"{Path(log).name}: exit codes {codes}{ranks.tails()}"
+    code = ranks.wait_or_stop()
+    assert code == 0, f"{Path(log).name}: a rank exited with code {code}{ranks.tails()}"
     return ranks
 
 

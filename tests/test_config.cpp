@@ -311,7 +311,7 @@ TEST(ConfigErrors, EnumerationsComeFromTheSchema) {
     EXPECT_EQ(error_of([&] { validate(c, 1); }), "command line (--" + k.key + "): " + k.key +
                                                      " = \"bogus\" is not one of " + k.type.substr(7));
   }
-  EXPECT_EQ(enumerations, 18);
+  EXPECT_EQ(enumerations, 19);
   EXPECT_NE(help_text("train_fsdp").find("type_model (one of llama2 | llama3, default \"llama3\")"),
             std::string::npos);
 }
@@ -438,4 +438,36 @@ TEST(ConfigErrors, ContextParallelLayouts) {
   apply_override(c, "diloco.inner_steps", "4");
   apply_override(c, "parallel.dp_replicate", "2");
   EXPECT_NO_THROW(validate(c, 4));  // DiLoCo's 2 replicas, each a CP group of 2
+}
+
+TEST(ConfigErrors, Float8) {
+  Config c = load_config_string("name_model = \"debugmodel\"\ntype_model = \"llama2\"\n" + std::string(kMinimal) +
+                                    "[float8]\nrecipe_name = \"rowwise\"\nfilter_fqns = [\"output\", \"w2\"]\n",
+                                "x.toml");
+  EXPECT_EQ(c.float8.filter_fqns, (std::vector<std::string>{"output", "w2"}));
+  EXPECT_EQ(error_of([&] { validate(c, 1); }),
+            "x.toml:7: float8.filter_fqns is set but float8.enable_float8_linear is false: set it to train with FP8 "
+            "linears");
+  apply_override(c, "float8.enable_float8_linear", "true");
+  apply_override(c, "runtime.device", "cpu");
+  EXPECT_EQ(error_of([&] { validate(c, 1); }),
+            "command line (--float8.enable_float8_linear): float8.enable_float8_linear needs a GPU with FP8 tensor "
+            "cores, but runtime.device = \"cpu\" (float8.emulate = true computes the same values in fp32 on any "
+            "device, for tests)");
+  apply_override(c, "runtime.device", "cuda");
+  apply_override(c, "runtime.compute_dtype", "float32");
+  EXPECT_EQ(error_of([&] { validate(c, 1); }),
+            "command line (--float8.enable_float8_linear): float8.enable_float8_linear writes its products in "
+            "bfloat16, but runtime.compute_dtype = \"float32\" (use bfloat16 or auto, or float8.emulate = true)");
+  apply_override(c, "float8.emulate", "true");
+  EXPECT_NO_THROW(validate(c, 1));
+  apply_override(c, "float8.recipe_name", "blockwise");
+  EXPECT_EQ(error_of([&] { validate(c, 1); }),
+            "command line (--float8.recipe_name): float8.recipe_name = \"blockwise\" is not one of tensorwise | "
+            "rowwise | rowwise_with_gw_hp");
+  // On the command line a list is comma-separated names.
+  apply_override(c, "float8.filter_fqns", "layers.0., w2");
+  EXPECT_EQ(c.float8.filter_fqns, (std::vector<std::string>{"layers.0.", "w2"}));
+  EXPECT_EQ(error_of([] { load_config_string(std::string(kMinimal) + "[float8]\nfilter_fqns = \"output\"\n", "y.toml"); }),
+            "y.toml:4: key 'float8.filter_fqns' must be a list of strings, got string");
 }

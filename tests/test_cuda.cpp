@@ -24,6 +24,7 @@
 #include "data/loader.h"
 #include "model/attention.h"
 #include "model/chunked_loss.h"
+#include "model/float8.h"
 #include "kernels/fp32_updates.h"
 #include "kernels/gemm_add.h"
 #include "model/layers.h"
@@ -802,4 +803,49 @@ TEST(CudaGemmAdd, CublasLtReadsTheAddedTermWithinAtensRounding) {
       EXPECT_EQ(((y.to(at::kDouble) - exact).abs() > bound).sum().item<int64_t>(), 0)
           << k.name << " by " << what << ", worst " << (y.to(at::kDouble) - exact).abs().max().item<double>();
   }
+}
+
+// Float8 linears through cuBLASLt's FP8 GEMMs (_scaled_mm) against the same FP8 values multiplied
+// in fp32 (float8.emulate), each recipe, forward and backward: the GPU's accumulation (the
+// forward's fast mode) and the bf16 outputs' rounding apart, the same products.
+TEST(CudaFloat8, ScaledMmEqualsTheEmulation) {
+  SKIP_WITHOUT_GPU();
+  if (device_compute_capability(kGpu) < 89) GTEST_SKIP() << device_name(kGpu) << " has no FP8 tensor cores";
+  at::manual_seed(0);
+  const auto bf16 = at::TensorOptions().device(kGpu).dtype(at::kBFloat16);
+  const at::Tensor x0 = at::randn({2, 128, 512}, bf16), w0 = at::randn({384, 512}, bf16) * 0.02;
+  const at::Tensor g0 = at::randn({2, 128, 384}, bf16);
+  for (Float8Recipe recipe : {Float8Recipe::Tensorwise, Float8Recipe::Rowwise, Float8Recipe::RowwiseWithGwHp}) {
+    at::Tensor out[2][3];
+    for (int emulate = 0; emulate < 2; ++emulate) {
+      const at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+      const at::Tensor y = float8_linear(x, w, recipe, emulate == 1);
+      y.backward(g0);
+      out[emulate][0] = y;
+      out[emulate][1] = x.grad();
+      out[emulate][2] = w.grad();
+      EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+    }
+    for (int i = 0; i < 3; ++i)
+      EXPECT_LT(relative_error(out[0][i], out[1][i]), 5e-3) << float8_recipe_name(recipe) << " output " << i;
+  }
+}
+
+// Our one-pass FP8 cast (kernels/float8_cast_kernel.cu) against ATen's operators on the GPU: the
+// same bytes and scales, for a matrix and a transposed view, each scaling.
+TEST(CudaFloat8, OurCastEqualsAtensBitForBit) {
+  SKIP_WITHOUT_GPU();
+  at::manual_seed(1);
+  const at::Tensor x = (at::randn({96, 160}, at::TensorOptions().device(kGpu)) *
+                        at::exp2(at::randint(-10, 8, {96, 160}, at::TensorOptions().device(kGpu)).to(at::kFloat)))
+                           .to(at::kBFloat16);
+  for (const at::Tensor& m : {x, x.t()})
+    for (const at::ScalarType fp8 : {at::kFloat8_e4m3fn, at::kFloat8_e5m2})
+      for (const bool rowwise : {false, true}) {
+        const Float8Tensor ours = to_float8(m, fp8, rowwise, rowwise, /*our_kernel=*/true);
+        const Float8Tensor aten = to_float8(m, fp8, rowwise, rowwise, /*our_kernel=*/false);
+        EXPECT_TRUE(ours.data.contiguous().view(at::kByte).equal(aten.data.contiguous().view(at::kByte)))
+            << c10::toString(fp8) << " rowwise " << rowwise << " transposed " << !m.is_contiguous();
+        EXPECT_TRUE(ours.inverse_scale.equal(aten.inverse_scale)) << c10::toString(fp8) << " rowwise " << rowwise;
+      }
 }

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <string>
 
+#include "model/float8.h"
 #include "model/layers.h"
 
 #ifdef ZB_WITH_CUDA
@@ -311,5 +312,44 @@ TEST(KernelsOnHost, Fp32UpdatesEqualAtensOperators) {
           ++cases;
         }
   EXPECT_EQ(cases, 4 * 2 * 3 * 2);
+#endif
+}
+
+TEST(KernelsOnHost, Float8CastEqualsAtensCastBitForBit) {
+#ifndef ZB_WITH_CUDA
+  GTEST_SKIP() << "built against a LibTorch without CUDA: no kernels";
+#else
+  at::manual_seed(9);
+  int cases = 0;
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{4, 16}, {5, 13}, {33, 40}})  // vectors, or single values
+    for (const int kind : {zb::kFloat8ScaleTensor, zb::kFloat8ScaleRow, zb::kFloat8ScaleColumn})
+      for (const at::ScalarType fp8 : {at::kFloat8_e4m3fn, at::kFloat8_e5m2})
+        for (const bool power_of_two : {false, true})
+          for (const int64_t threads : {0, 7}) {
+            const std::string what = std::to_string(rows) + "x" + std::to_string(cols) + " kind " +
+                                     std::to_string(kind) + " " + c10::toString(fp8) + " pow2 " +
+                                     std::to_string(power_of_two) + " threads " + std::to_string(threads);
+            // Values over many magnitudes, a zero row, and one past the FP8 range after scaling
+            // cannot happen (the amax scales to the top), so saturation shows only as the top.
+            at::Tensor x = (at::randn({rows, cols}) * at::exp2(at::randint(-10, 8, {rows, cols}).to(at::kFloat)))
+                               .to(at::kBFloat16);
+            x[1].zero_();
+            // ATen's cast, on the matrix for tensor and row scales, on its transpose for column scales.
+            const bool columns = kind == zb::kFloat8ScaleColumn;
+            const zb::Float8Tensor want = zb::to_float8(columns ? x.t() : x, fp8, kind != zb::kFloat8ScaleTensor,
+                                                    power_of_two, /*our_kernel=*/false);
+            const at::Tensor amax = kind == zb::kFloat8ScaleTensor ? x.to(at::kFloat).abs().amax().reshape({1})
+                                                               : x.to(at::kFloat).abs().amax(columns ? 0 : 1);
+            at::Tensor data = at::empty({rows, cols}, at::TensorOptions().dtype(fp8));
+            at::Tensor inverse = at::full(amax.sizes(), NAN);
+            zb::cast_to_float8_bf16_on_host(x.const_data_ptr(), amax.const_data_ptr(), kind, fp8 == at::kFloat8_e5m2,
+                                        power_of_two, data.mutable_data_ptr(), inverse.mutable_data_ptr(), rows, cols,
+                                        threads);
+            const at::Tensor want_data = columns ? want.data.t() : want.data;
+            EXPECT_TRUE(data.view(at::kByte).equal(want_data.contiguous().view(at::kByte))) << what;
+            EXPECT_TRUE(inverse.equal(want.inverse_scale.reshape({-1}))) << what;
+            ++cases;
+          }
+  EXPECT_EQ(cases, 72);
 #endif
 }

@@ -38,7 +38,9 @@
 # (scripts/gpu/ranks_check.py), "deterministic" the 1B preset under runtime.deterministic and three
 # 150M runs that must be bit-identical; "context" (not in the default set) the 1B preset at 8K
 # tokens a row split over 2 and 4 ranks (parallel.cp, both rotations) against one rank (3 steps;
-# 5 runs at about 40 s each), and one rank's speed at 8K, 16K and 32K; "kernels" is the 1B
+# 5 runs at about 40 s each), and one rank's speed at 8K, 16K and 32K; "float8" (not in the default
+# set either) the 1B preset in bf16, tensorwise and rowwise FP8, and the quick start on real text in
+# bf16 and FP8; "kernels" is the 1B
 # preset again with ATen's operators alone, --runtime.fused_kernels false, what our kernels
 # and nodes (RoPE, SwiGLU's gate, the loss's log-sum-exp and logit gradient, RMSNorm's backward
 # with the residual's gradient, q/k/v's input gradient summed in the GEMMs, the fp32 updates,
@@ -119,7 +121,8 @@ unfused_ops=(rope gate loss norm linears update momentum residual newton_schulz)
 gpu_steps=(build cuda_tests preset_150M preset_1B profile_1B ranks preset_1B_deterministic preset_150M_det_a
            preset_150M_det_b preset_150M_det_resumed deterministic_check preset_1B_8K_cp1 preset_1B_8K_cp2_allgather
            preset_1B_8K_cp2_ring preset_1B_8K_cp4_allgather preset_1B_8K_cp4_ring context_check preset_1B_8K_speed
-           preset_1B_16K_speed preset_1B_32K_speed preset_1B_causal preset_1B_causal_auto preset_1B_cudnn_varlen
+           preset_1B_16K_speed preset_1B_32K_speed preset_1B_float8_off preset_1B_float8_tensorwise
+           preset_1B_float8_rowwise float8_quick_bf16 float8_quick_tensorwise float8_check preset_1B_causal preset_1B_causal_auto preset_1B_cudnn_varlen
            preset_1B_aten preset_1B_casts_freed
            "${unfused_ops[@]/#/preset_1B_unfused_}" reference_cpu reference_gpu_fp32 reference_gpu_bf16
            reference_check nvtx bench)
@@ -287,6 +290,30 @@ if wanted context; then
   done
 else not_run "not in GPU_CHECK_STEPS" preset_1B_8K_cp1 preset_1B_8K_cp2_allgather preset_1B_8K_cp2_ring \
   preset_1B_8K_cp4_allgather preset_1B_8K_cp4_ring context_check preset_1B_8K_speed preset_1B_16K_speed preset_1B_32K_speed; fi
+if wanted float8; then
+  # Float8 linears (model/float8.h): the 1B preset in bf16, then with tensorwise and rowwise FP8
+  # (tokens/s, MFU in bf16's FLOPs, peak memory: the report's presets); the quick start on real
+  # text in bf16 and in tensorwise FP8 on the GPU, the final held-out losses within 1%
+  # (gpu_check_report.py --check-float8; it needs data/python-docs carried along). The FP8 GEMMs
+  # against their emulation are a CUDA test (cuda_tests).
+  for recipe in off tensorwise rowwise; do
+    f8=(); [ "$recipe" = off ] || f8=(--float8.enable_float8_linear true --float8.recipe_name "$recipe")
+    step "preset_1B_float8_$recipe" 150 "${train[@]}" "${one_b[@]}" "${f8[@]}" \
+      --logging.metrics_file "$work/preset_1B_float8_$recipe.jsonl"
+  done
+  if [ -f data/python-docs/val/shard_000000.bin ]; then
+    quick=(build/apps/train_fsdp --config configs/debug/quickstart.toml --ckpt.path "" --wandb false --runtime.device cuda)
+    step float8_quick_bf16 60 "${quick[@]}" --logging.metrics_file "$work/float8_quick_bf16.jsonl"
+    step float8_quick_tensorwise 60 "${quick[@]}" --float8.enable_float8_linear true \
+      --logging.metrics_file "$work/float8_quick_tensorwise.jsonl"
+    step float8_check 30 python3 "$ROOT/scripts/gpu/gpu_check_report.py" --work "$work" --check-float8
+  else
+    not_run "no data/python-docs here (scripts/setup.sh makes it; carry it)" float8_quick_bf16 \
+      float8_quick_tensorwise float8_check
+    failed=1
+  fi
+else not_run "not in GPU_CHECK_STEPS" preset_1B_float8_off preset_1B_float8_tensorwise preset_1B_float8_rowwise \
+  float8_quick_bf16 float8_quick_tensorwise float8_check; fi
 if wanted attention; then
   # The same without the document mask, on the dense flash kernel (the family the document path
   # runs): what masking costs (the report gives the ratio). Then with PyTorch's own choice of

@@ -219,6 +219,31 @@ def check_context(work):
     return status
 
 
+# FP8 against bf16 on the quick start: the issue's bound, 1% of bf16's final held-out loss.
+FLOAT8_TOLERANCE = 0.01
+
+
+def check_float8(work):
+    """Exit status for gpu_check's float8_check step: the quick start's final held-out loss in FP8
+    within FLOAT8_TOLERANCE of bf16's; prints the 1B preset's tokens/s and memory for each recipe."""
+    base = read_val_losses(os.path.join(work, "float8_quick_bf16.jsonl"))
+    fp8 = read_val_losses(os.path.join(work, "float8_quick_tensorwise.jsonl"))
+    for recipe in ("off", "tensorwise", "rowwise"):
+        path = os.path.join(work, f"preset_1B_float8_{recipe}.jsonl")
+        m = read_metrics(path) if os.path.exists(path) else None
+        if m:
+            print(f"float8_check: 1B {recipe}: {m['tokens_per_second'] or 0:,.0f} tokens/s at step {m['steps']}, "
+                  f"MFU {m['mfu_percent']}%, peak {m['peak_memory_gib']} GiB")
+    if not base or not fp8 or max(base) != max(fp8):
+        print(f"float8_check: held-out losses missing or cut short (bf16 {base}, FP8 {fp8})")
+        return 1
+    a, b = base[max(base)], fp8[max(fp8)]
+    ok = abs(b - a) <= FLOAT8_TOLERANCE * a
+    print(f"float8_check: quick start final held-out loss bf16 {a:.4f}, FP8 tensorwise {b:.4f}, gap {b - a:+.4f} "
+          f"(bound {FLOAT8_TOLERANCE * a:.4f}) {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
 def read_json(path):
     """A step's JSON output: None when the step left none, an error entry when it is damaged."""
     if not os.path.exists(path):
@@ -238,6 +263,8 @@ def main():
                     help="only check the reference runs' held-out losses (exit 1 when off)")
     ap.add_argument("--check-deterministic", action="store_true",
                     help="only check that the deterministic 150M runs are bit-identical (exit 1 when not)")
+    ap.add_argument("--check-float8", action="store_true",
+                    help="only check the quick start in FP8 against bf16 (exit 1 when off)")
     ap.add_argument("--check-context", action="store_true",
                     help="only check the context-parallel 1B runs against the one rank's (exit 1 when off)")
     args = ap.parse_args()
@@ -247,6 +274,8 @@ def main():
         raise SystemExit(check_deterministic(args.work))
     if args.check_context:
         raise SystemExit(check_context(args.work))
+    if args.check_float8:
+        raise SystemExit(check_float8(args.work))
     if not args.out:
         ap.error("--out is required")
 

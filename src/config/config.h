@@ -194,6 +194,13 @@ struct DilocoConfig {  // [diloco], prime's names: DiLoCo over the replicas (dil
   std::string join_state = "fresh";
 };
 
+struct Float8Config {  // [float8], torchtitan's names: FP8 linears (model/float8.h)
+  bool enable_float8_linear = false;  // the block projections in FP8 (a GPU with FP8 tensor cores)
+  std::string recipe_name = "tensorwise";  // "tensorwise" | "rowwise" | "rowwise_with_gw_hp"
+  std::vector<std::string> filter_fqns = {"output"};  // projections left in the compute dtype, by name part
+  bool emulate = false;  // the same FP8 values multiplied in fp32, on any device (for tests)
+};
+
 struct Config {
   std::string name_model = "150M";
   std::string type_model = "llama3";
@@ -209,6 +216,7 @@ struct Config {
   ProfilingConfig profiling;
   CheckpointConfig ckpt;
   DilocoConfig diloco;
+  Float8Config float8;
 
   std::string source = "<defaults>";  // the file it was loaded from
   // Where each key that was set came from ("file:line" or "command line"), for error messages.

@@ -23,6 +23,11 @@ std::string show(double v) {
   return os.str();
 }
 std::string show(const std::string& v) { return "\"" + v + "\""; }
+std::string show(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : ", ") + show(s);
+  return "[" + out + "]";
+}
 
 std::string join_choices(const std::vector<std::string>& choices) {
   std::string out;
@@ -40,6 +45,7 @@ const char* kind_name(Kind k) {
     case Kind::String: return "a string";
     case Kind::BoolOrInt: return "a boolean or an integer";
     case Kind::BoolOrAuto: return "a boolean or \"auto\"";
+    case Kind::StringList: return "a list of strings";
   }
   return "?";
 }
@@ -105,6 +111,17 @@ Value value_from_toml(const toml::node& node, const Field& f, const std::string&
     case Kind::BoolOrAuto:
       if (auto v = node.value_exact<bool>()) return *v;
       if (auto v = node.value_exact<std::string>(); v && *v == "auto") return *v;
+      break;
+    case Kind::StringList:
+      if (const auto* array = node.as_array()) {
+        std::vector<std::string> out;
+        for (const auto& item : *array) {
+          const auto v = item.value_exact<std::string>();
+          if (!v) throw ConfigError(where + ": key '" + f.key + "' must be a list of strings");
+          out.push_back(*v);
+        }
+        return out;
+      }
       break;
   }
   std::ostringstream got;
@@ -194,6 +211,16 @@ std::optional<Value> value_from_text(const Field& f, const std::string& text) {
       if (text == "auto") return text;
       if (bool b = false; parse_bool(text, b)) return b;
       break;
+    case Kind::StringList: {  // "a,b" or "a, b"; "" is the empty list
+      std::vector<std::string> out;
+      std::stringstream in(text);
+      for (std::string item; std::getline(in, item, ',');) {
+        item.erase(0, item.find_first_not_of(' '));
+        item.erase(item.find_last_not_of(' ') + 1);
+        if (!item.empty()) out.push_back(item);
+      }
+      return out;
+    }
   }
   return std::nullopt;
 }
@@ -255,7 +282,8 @@ std::vector<KeyHelp> config_keys() {
     std::string type = !f.choices.empty() ? "one of " + join_choices(f.choices)
                      : f.kind == Kind::Bool ? "bool" : f.kind == Kind::Int ? "int"
                      : f.kind == Kind::Float ? "float" : f.kind == Kind::String ? "string"
-                     : f.kind == Kind::BoolOrAuto ? "bool|\"auto\"" : "bool|int";
+                     : f.kind == Kind::BoolOrAuto ? "bool|\"auto\"" : f.kind == Kind::StringList ? "list of strings"
+                     : "bool|int";
     out.push_back({f.key, type, f.get(defaults), f.help});
   }
   return out;

@@ -13,10 +13,11 @@
 
 namespace zb {
 
-enum class Kind { Bool, Int, Float, String, BoolOrInt, BoolOrAuto };  // BoolOrAuto: true, false or "auto"
+enum class Kind { Bool, Int, Float, String, BoolOrInt, BoolOrAuto, StringList };  // BoolOrAuto: true, false or "auto"
+// StringList: a TOML array of strings, or on the command line one string of comma-separated names.
 // A value already checked against its field's Kind (an integer given for a number arrives as a
 // double).
-using Value = std::variant<bool, int64_t, double, std::string>;
+using Value = std::variant<bool, int64_t, double, std::string, std::vector<std::string>>;
 
 struct Field {
   std::string key;  // dotted: "optim.optim.lr"
@@ -40,6 +41,7 @@ std::string show(bool v);
 std::string show(int64_t v);
 std::string show(double v);
 std::string show(const std::string& v);
+std::string show(const std::vector<std::string>& v);  // ["a", "b"]
 template <class T>
 std::string show(const std::optional<T>& v) {
   return v ? show(*v) : std::string("none");

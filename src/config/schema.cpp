@@ -282,6 +282,18 @@ const std::vector<Field>& schema() {
                 "DiLoCo elastic replicas: a joiner's inner optimizer state, new (or its own checkpoint's) or the "
                 "live replica's",
                 "fresh", "peer"),
+      ZB_FIELD("float8.enable_float8_linear", Bool, bool, float8.enable_float8_linear,
+               "the blocks' projections (wq wk wv wo w1 w2 w3) multiply in FP8 with dynamic scales (a GPU with "
+               "FP8 tensor cores, compute capability 8.9 or more; master weights and optimizers unchanged)"),
+      ZB_CHOICE("float8.recipe_name", float8.recipe_name,
+                "FP8 scaling: one scale per tensor (gradients e5m2), per row (powers of two, all e4m3), or per row "
+                "with the weight gradient's GEMM in the compute dtype",
+                "tensorwise", "rowwise", "rowwise_with_gw_hp"),
+      ZB_FIELD("float8.filter_fqns", StringList, std::vector<std::string>, float8.filter_fqns,
+               "projections left in the compute dtype: any whose name (layers.3.feed_forward.w2) contains one of "
+               "these (the head and embedding never run in FP8)"),
+      ZB_FIELD("float8.emulate", Bool, bool, float8.emulate,
+               "FP8 emulated: the same scaled and rounded values multiplied in fp32, on any device (for tests)"),
   };
   return fields;
 }
@@ -290,7 +302,8 @@ const std::vector<Field>& schema() {
 
 const std::vector<std::string>& schema_sections() {
   static const std::vector<std::string> sections = {
-      "model", "train", "optim", "optim.optim", "optim.adam", "data", "runtime", "logging", "ckpt", "parallel", "profiling", "diloco"};
+      "model", "train", "optim", "optim.optim", "optim.adam", "data", "runtime", "logging", "ckpt", "parallel", "profiling", "diloco",
+      "float8"};
   return sections;
 }
 

@@ -181,6 +181,23 @@ void validate(const Config& c, int64_t world_size) {
     fail("profiling.nvtx", "profiling.nvtx and profiling.enable_profiling are two uses of the one profiler of a "
                            "process: choose one (nvtx for Nsight Systems, enable_profiling for traces)");
 
+  // Float8 linears: the other keys mean nothing without enable_float8_linear. Without emulate the
+  // GEMMs are the GPU's (the device is checked when it is known, train/build.cpp).
+  if (!c.float8.enable_float8_linear) {
+    for (const auto& [key, where] : c.origins)
+      if (key.rfind("float8.", 0) == 0 && key != "float8.enable_float8_linear")
+        fail(key, key + " is set but float8.enable_float8_linear is false: set it to train with FP8 linears");
+  } else if (!c.float8.emulate) {
+    if (c.runtime.device == "cpu")
+      fail("float8.enable_float8_linear", "float8.enable_float8_linear needs a GPU with FP8 tensor cores, but "
+                                          "runtime.device = \"cpu\" (float8.emulate = true computes the same values "
+                                          "in fp32 on any device, for tests)");
+    if (c.runtime.compute_dtype == "float32")
+      fail("float8.enable_float8_linear", "float8.enable_float8_linear writes its products in bfloat16, but "
+                                          "runtime.compute_dtype = \"float32\" (use bfloat16 or auto, or "
+                                          "float8.emulate = true)");
+  }
+
   // DiLoCo: on when inner_steps > 0; its other keys mean nothing otherwise.
   non_negative("diloco.inner_steps", c.diloco.inner_steps);
   if (c.diloco.inner_steps == 0) {

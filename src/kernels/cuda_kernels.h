@@ -50,6 +50,16 @@ cudaError_t launch_scale_add_fp32(void* dst, const void* src, bool src_bf16, flo
 cudaError_t launch_momentum_fp32(void* buf, const void* g, void* out, float w_buf, float w_out, int64_t n,
                                  cudaStream_t stream);
 
+// The cast of a bf16 matrix x [rows, cols] (contiguous) to FP8 (kernels/float8_cast_kernel.cu):
+// out [rows, cols] of e4m3 (or e5m2) bytes, each value x * scale saturated and rounded to
+// nearest; scale = max / max(amax, 1e-12) (rounded down to a power of two where asked) from the
+// fp32 amax of the tensor (amax[0]), of each row (amax[r]) or of each column (amax[c]), by `kind`;
+// inverse_scale (fp32, as many values as amax) receives 1 / scale.
+constexpr int kFloat8ScaleTensor = 0, kFloat8ScaleRow = 1, kFloat8ScaleColumn = 2;
+cudaError_t launch_cast_to_float8_bf16(const void* x, const void* amax, int kind, bool e5m2, bool power_of_two,
+                                       void* out, void* inverse_scale, int64_t rows, int64_t cols,
+                                       cudaStream_t stream);
+
 // The kernels run on the host instead, serially, every thread of a grid in turn (0: the grid the
 // launch would use): their indexing and arithmetic, testable without a GPU (the CUDA math
 // library's expf and bf16 conversions have host versions).
@@ -68,6 +78,9 @@ void momentum_fp32_on_host(void* buf, const void* g, void* out, float w_buf, flo
                            int64_t threads);
 void softmax_grad_bf16_on_host(const void* z, const void* lse, const void* targets, int64_t vocab_start, void* g,
                                int64_t rows, int64_t V, int64_t blocks, int threads);
+
+void cast_to_float8_bf16_on_host(const void* x, const void* amax, int kind, bool e5m2, bool power_of_two, void* out,
+                                 void* inverse_scale, int64_t rows, int64_t cols, int64_t threads);
 
 // Whether these kernels have an image for the current device. They are built into one library
 // with the same architectures (TORCH_CUDA_ARCH_LIST), so one kernel's answer is every kernel's.

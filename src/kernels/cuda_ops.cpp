@@ -4,6 +4,7 @@
 #include <ATen/cuda/CUDAContextLight.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/view_as_real.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -14,6 +15,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstdint>
 #include <optional>
@@ -114,6 +116,36 @@ std::pair<at::Tensor, at::Tensor> silu_mul_backward_cuda_bf16(const at::Tensor& 
                                                ga.mutable_data_ptr(), gb.mutable_data_ptr(), ca.numel(),
                                                c10::cuda::getCurrentCUDAStream(a.device().index()).stream()));
   return {ga, gb};
+}
+
+bool float8_cast_cuda_applies(const at::Tensor& x) {
+  return x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.dim() == 2 && (x.is_contiguous() || x.t().is_contiguous()) &&
+         cuda_kernels_run_on(x.device());
+}
+
+std::pair<at::Tensor, at::Tensor> float8_cast_cuda(const at::Tensor& x, at::ScalarType fp8, bool rowwise,
+                                                   bool power_of_two) {
+  TORCH_CHECK(float8_cast_cuda_applies(x), "float8_cast_cuda: x must be a bf16 matrix (or its transpose) on a GPU "
+              "with a kernel image");
+  TORCH_CHECK(fp8 == at::kFloat8_e4m3fn || fp8 == at::kFloat8_e5m2, "float8_cast_cuda: not an FP8 type");
+  // A transposed view's rows are the columns of the matrix under it: cast that one with column
+  // scales, then transpose the bytes.
+  const bool transposed = !x.is_contiguous();
+  const at::Tensor m = transposed ? x.t() : x;
+  const int kind = !rowwise ? kFloat8ScaleTensor : transposed ? kFloat8ScaleColumn : kFloat8ScaleRow;
+  // The amaxes in fp32 (exact: the largest |x| of bf16 values), one ATen reduction.
+  const at::Tensor amax =
+      !rowwise ? at::linalg_vector_norm(m, INFINITY, std::nullopt, false, at::kFloat)
+               : at::linalg_vector_norm(m, INFINITY, std::vector<int64_t>{transposed ? 0 : 1}, false, at::kFloat);
+  at::Tensor data = at::empty(m.sizes(), m.options().dtype(fp8));
+  at::Tensor inverse = at::empty(amax.sizes(), amax.options());
+  const c10::cuda::CUDAGuard guard(x.device());
+  C10_CUDA_CHECK(launch_cast_to_float8_bf16(m.const_data_ptr(), amax.const_data_ptr(), kind, fp8 == at::kFloat8_e5m2,
+                                            power_of_two, data.mutable_data_ptr(), inverse.mutable_data_ptr(),
+                                            m.size(0), m.size(1),
+                                            c10::cuda::getCurrentCUDAStream(x.device().index()).stream()));
+  if (transposed) data = data.t().contiguous();
+  return {data, rowwise ? inverse.view({-1, 1}) : inverse};
 }
 
 bool rms_norm_backward_cuda_bf16_applies(const at::Tensor& dy, const at::Tensor& h, const at::Tensor& w,

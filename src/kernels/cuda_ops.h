@@ -60,6 +60,15 @@ void scale_add_cuda_(const at::Tensor& dst, float keep, const at::Tensor& src, f
 bool momentum_cuda_applies(const at::Tensor& buf, const at::Tensor& g);
 void momentum_cuda_(const at::Tensor& buf, const at::Tensor& g, const at::Tensor& out, float w_buf, float w_out);
 
+// The FP8 cast of model/float8.h's to_float8 in one pass (kernels/float8_cast_kernel.cu): whether
+// the kernel takes x (bf16, 2-D, contiguous or a transposed view of a contiguous matrix, on a GPU
+// with a kernel image); and (data, inverse_scale) as to_float8 returns them, scaled per tensor or,
+// with `rowwise`, per row of x (for a transposed view: per column of the matrix under it, the
+// FP8 bytes transposed after).
+bool float8_cast_cuda_applies(const at::Tensor& x);
+std::pair<at::Tensor, at::Tensor> float8_cast_cuda(const at::Tensor& x, at::ScalarType fp8, bool rowwise,
+                                                   bool power_of_two);
+
 // cuBLASLt's GEMM with its added term read in the epilogue (kernels/gemm_add.h): whether it takes
 // c, a, b (bf16 on one GPU; 2-D, or 3-D with one batch size; a and b row-major or transposed views,
 // c row-major, shapes [M, K], [K, N], [M, N]); and beta * c + alpha * a b as a new tensor, or an

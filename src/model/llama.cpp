@@ -8,6 +8,7 @@
 #include <ATen/ops/linear.h>
 #include <ATen/ops/logical_and.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -142,7 +143,7 @@ at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h, const Docume
   auto [h_on, x_here] = rms_norm_residual(h, shared(b.attention_norm), eps, kernels_);
   at::Tensor x = whole_sequence(x_here);
   const int64_t B = x.size(0), T = x.size(1);
-  const std::vector<at::Tensor> qkv = shared_input_linears(x, {b.wq.to(dt), wk.to(dt), wv.to(dt)}, kernels_);
+  const std::vector<at::Tensor> qkv = project(layer, {"wq", "wk", "wv"}, x, {b.wq.to(dt), wk.to(dt), wv.to(dt)});
   at::Tensor q = qkv[0].view({B, T, heads_, hd});
   at::Tensor k = qkv[1].view({B, T, kv_heads_, hd});
   at::Tensor v = qkv[2].view({B, T, kv_heads_, hd});
@@ -168,13 +169,63 @@ at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h, const Docume
   // step plan's; a call's arguments have none.)
   // Without TP each output linear and its residual add are one operation (residual_linear); under
   // TP the reduce-scatter comes between them.
-  const at::Tensor after_attention =
-      tp_ ? h_on + own_positions(at::linear(attn, b.wo.to(dt))) : residual_linear(h_on, attn, b.wo.to(dt), kernels_);
+  const at::Tensor after_attention = tp_ || in_float8(layer, "wo")
+                                        ? h_on + own_positions(project(layer, {"wo"}, attn, {b.wo.to(dt)})[0])
+                                        : residual_linear(h_on, attn, b.wo.to(dt), kernels_);
   auto [h2, y_here] = rms_norm_residual(after_attention, shared(b.ffn_norm), eps, kernels_);
   at::Tensor y = whole_sequence(y_here);
-  const at::Tensor hidden = swiglu_hidden(y, b.w1.to(dt), b.w3.to(dt), kernels_);
-  return tp_ ? h2 + own_positions(at::linear(hidden, b.w2.to(dt)))
-             : residual_linear(h2, hidden, b.w2.to(dt), kernels_);
+  const std::vector<at::Tensor> gate_up = project(layer, {"w1", "w3"}, y, {b.w1.to(dt), b.w3.to(dt)});
+  const at::Tensor hidden = silu_mul(gate_up[0], gate_up[1], kernels_);
+  return tp_ || in_float8(layer, "w2") ? h2 + own_positions(project(layer, {"w2"}, hidden, {b.w2.to(dt)})[0])
+                                       : residual_linear(h2, hidden, b.w2.to(dt), kernels_);
+}
+
+std::vector<std::string> Llama::set_float8(const Float8Linears& float8, int64_t tokens) {
+  float8_ = float8;
+  float8_names_.assign(args_.n_layers, {});
+  std::vector<std::string> cannot;
+  if (!float8.enabled) return cannot;
+  static const char* kProjections[] = {"wq", "wk", "wv", "wo", "w1", "w2", "w3"};
+  for (const NamedParameter& p : params_) {
+    if (p.layer < 0) continue;
+    const std::string module = p.name.substr(0, p.name.size() - std::string(".weight").size());
+    const std::string leaf = module.substr(module.rfind('.') + 1);
+    if (std::find(std::begin(kProjections), std::end(kProjections), leaf) == std::end(kProjections)) continue;
+    if (float8.filtered(module)) continue;
+    // This rank's GEMM: its slice under TP; shared key/value heads read kv_heads_ of them.
+    int64_t out = p.slot->size(0);
+    if (kv_replicated_ && (leaf == "wk" || leaf == "wv")) out = kv_heads_ * args_.head_dim();
+    if (!float8_takes(p.slot->size(1), out, tokens)) {
+      cannot.push_back(module + " [" + std::to_string(out) + " x " + std::to_string(p.slot->size(1)) + "]");
+      continue;
+    }
+    float8_names_[p.layer].push_back(leaf);
+  }
+  return cannot;
+}
+
+bool Llama::in_float8(int64_t layer, const std::string& name) const {
+  if (!float8_.enabled) return false;
+  const auto& names = float8_names_[layer];
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+std::vector<at::Tensor> Llama::project(int64_t layer, const std::vector<const char*>& names, const at::Tensor& x,
+                                       const std::vector<at::Tensor>& weights) const {
+  // Those in FP8 share one cast of x (float8_linears); the rest take the shared-input node.
+  std::vector<at::Tensor> fp8, other;
+  for (size_t i = 0; i < names.size(); ++i) (in_float8(layer, names[i]) ? fp8 : other).push_back(weights[i]);
+  if (!fp8.empty())
+    TORCH_CHECK(x.numel() / x.size(-1) % 16 == 0, "float8: ", x.numel() / x.size(-1), " tokens in block ", layer,
+                "'s GEMMs, not a multiple of 16 (FP8 GEMMs need it)");
+  std::vector<at::Tensor> in_fp8 = fp8.empty() ? fp8 : float8_linears(x, fp8, float8_.recipe, float8_.emulate);
+  std::vector<at::Tensor> rest = other.size() > 1    ? shared_input_linears(x, other, kernels_)
+                                 : other.size() == 1 ? std::vector<at::Tensor>{at::linear(x, other[0])}
+                                                     : other;
+  std::vector<at::Tensor> out;
+  size_t a = 0, b = 0;
+  for (const char* name : names) out.push_back(in_float8(layer, name) ? in_fp8[a++] : rest[b++]);
+  return out;
 }
 
 ForwardSaves forward_saves(const ModelArgs& a, at::ScalarType compute_dtype, bool cuda, int64_t tp,

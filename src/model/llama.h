@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "model/attention.h"
+#include "model/float8.h"
 #include "model/layers.h"
 #include "model/model_args.h"
 #include "model/tensor_parallel.h"
@@ -125,6 +126,13 @@ class Llama {
     cp_ring_ = ring;
   }
 
+  // Float8 linears (model/float8.h): the block projections not filtered out and whose shapes FP8
+  // GEMMs take, with `tokens` in a micro-batch's GEMMs, multiply in FP8. Returns the names of
+  // those left in the compute dtype because of their shape (for the start-up log).
+  std::vector<std::string> set_float8(const Float8Linears& float8, int64_t tokens);
+  // Whether block `layer`'s projection `name` ("wq", .., "w3") runs in FP8.
+  bool in_float8(int64_t layer, const std::string& name) const;
+
   const ModelArgs& args() const { return args_; }
   // The tensor-parallel group's size (1 without) and this rank's place in it.
   int64_t tp_size() const { return tp_ ? tp_->size() : 1; }
@@ -154,6 +162,12 @@ class Llama {
   bool kv_replicated_ = false;
   at::ScalarType compute_dtype_ = at::kFloat;
   KernelChoices kernels_;
+  Float8Linears float8_;
+  std::vector<std::vector<std::string>> float8_names_;  // per block, its projections in FP8
+  // x w_i^T for block `layer`'s projections `names` (one input): in FP8 where set_float8 put them
+  // (model/float8.h), else through the shared-input node (model/layers.h) or at::linear.
+  std::vector<at::Tensor> project(int64_t layer, const std::vector<const char*>& names, const at::Tensor& x,
+                                  const std::vector<at::Tensor>& weights) const;
   at::Tensor tok_embeddings_, norm_, output_;
   std::vector<TransformerBlockParams> layers_;
   RopeTables rope_;

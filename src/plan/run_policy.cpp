@@ -106,6 +106,10 @@ nlohmann::json resolved_run(const Config& c) {
                                       {"outer_momentum", c.diloco.outer_momentum},
                                       {"compression", c.diloco.compression}, {"fragments", c.diloco.fragments},
                                       {"fragment_delay", c.diloco.fragment_delay}}},
+      {"float8", !c.float8.enable_float8_linear
+                     ? nlohmann::json(nullptr)
+                     : nlohmann::json{{"recipe_name", c.float8.recipe_name}, {"filter_fqns", c.float8.filter_fqns},
+                                      {"emulate", c.float8.emulate}}},
       {"max_norm", o.max_norm},
       {"schedule", {{"type", o.sched_type}, {"warmup_steps", o.warmup_steps},
                     {"stable_steps", o.stable_steps}, {"total_steps", o.total_steps}}},

@@ -9,6 +9,7 @@
 #include "optim/replicated_muon.h"
 #include "optim/sharded_muon.h"
 #include "optim/tensor_parallel_muon.h"
+#include "util/device.h"
 #include "util/log.h"
 
 namespace zb {
@@ -24,6 +25,36 @@ std::unique_ptr<Llama> build_model(const Config& config, const TrainingParts& pa
   model->set_compute_dtype(parts.compute_dtype);
   model->set_kernels(parts.kernels);  // the engine's gradient sums read them from the model
   model->set_context_parallel(parts.cp_group.get(), config.parallel.cp_rotate == "ring");
+  if (config.float8.enable_float8_linear) {
+    const Float8Config& f = config.float8;
+    if (!f.emulate && device_compute_capability(parts.device) < 89)
+      throw ConfigError(config.origin("float8.enable_float8_linear") + ": float8.enable_float8_linear needs a GPU "
+                        "with FP8 tensor cores (compute capability 8.9 or more: H100, H200, L40S, RTX 4090); " +
+                        (parts.device.is_cuda() ? device_name(parts.device) + " has " +
+                                                      std::to_string(device_compute_capability(parts.device))
+                                                : std::string("this run is on the CPU")) +
+                        " (float8.emulate = true computes the same values in fp32, for tests)");
+    // A GEMM's tokens: a micro-batch's rows, this rank's share of them under CP (TP gathers them).
+    const int64_t tokens = config.train.micro_bs * config.data.seq_length / parts.mesh.shape().cp;
+    const std::vector<std::string> kept =
+        model->set_float8({true, float8_recipe(f.recipe_name), f.emulate, f.filter_fqns}, tokens);
+    int64_t in_fp8 = 0;
+    for (int64_t l = 0; l < model->args().n_layers; ++l)
+      for (const char* name : {"wq", "wk", "wv", "wo", "w1", "w2", "w3"}) in_fp8 += model->in_float8(l, name);
+    std::string filters;
+    for (const std::string& k : f.filter_fqns) filters += (filters.empty() ? "" : ", ") + k;
+    log::info(strf("float8: %ld of the blocks' %ld projections in FP8, recipe %s, %s; left out by name: %s", static_cast<long>(in_fp8),
+                   static_cast<long>(7 * model->args().n_layers), f.recipe_name.c_str(),
+                   f.emulate ? "emulated (the FP8 values multiplied in fp32)" : "cuBLASLt's FP8 GEMMs (_scaled_mm)",
+                   filters.empty() ? "none" : filters.c_str()));
+    if (!kept.empty()) {
+      std::string names;
+      for (const std::string& k : kept) names += (names.empty() ? "" : ", ") + k;
+      log::warn(strf("float8: %zu projection(s) stay in %s, their dimensions (or the %ld tokens of a micro-batch) not "
+                     "multiples of 16 as FP8 GEMMs need: %s",
+                     kept.size(), c10::toString(parts.compute_dtype), static_cast<long>(tokens), names.c_str()));
+    }
+  }
   return model;
 }
 

@@ -27,6 +27,7 @@ namespace zb {
 // device_cuda.cpp: the only translation unit that includes CUDA headers.
 std::string cuda_device_name(int index);
 std::string cuda_pci_bus_id(int index);
+int cuda_compute_capability(int index);
 int64_t cuda_peak_memory_bytes(int index);
 void cuda_reset_peak_memory(int index);
 void configure_cuda_allocator();
@@ -116,6 +117,13 @@ std::string device_name(const c10::Device& device) {
   if (device.is_cuda()) return cuda_device_name(device.index());
 #endif
   return device.str();
+}
+
+int device_compute_capability(const c10::Device& device) {
+#ifdef ZB_WITH_CUDA
+  if (device.is_cuda()) return cuda_compute_capability(device.index());
+#endif
+  return 0;
 }
 
 std::string device_pci_bus_id(const c10::Device& device) {

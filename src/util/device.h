@@ -35,6 +35,8 @@ void use_device(const c10::Device& device);
 // the user made in the environment are kept.
 void configure_allocator(const c10::Device& device);
 std::string device_name(const c10::Device& device);  // the GPU's name, or "cpu"
+// The GPU's compute capability as major * 10 + minor (90 for an H100), 0 on the CPU.
+int device_compute_capability(const c10::Device& device);
 // The GPU's PCI address ("0000:18:00.0", as nvidia-smi shows it), "" on the CPU: tells which
 // physical GPU a rank drives whatever CUDA_VISIBLE_DEVICES renumbered.
 std::string device_pci_bus_id(const c10::Device& device);

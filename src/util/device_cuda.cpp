@@ -21,6 +21,12 @@ std::string cuda_device_name(int index) {
   return prop.name;
 }
 
+int cuda_compute_capability(int index) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, index) != cudaSuccess) return 0;
+  return prop.major * 10 + prop.minor;
+}
+
 std::string cuda_pci_bus_id(int index) {
   char id[32] = {};
   if (cudaDeviceGetPCIBusId(id, sizeof id, index) != cudaSuccess) return "unknown";

@@ -85,7 +85,9 @@ def test_cpu_only(tree):
                        "preset_1B_deterministic", "preset_150M_det_a", "preset_150M_det_b", "preset_150M_det_resumed",
                        "deterministic_check", "preset_1B_8K_cp1", "preset_1B_8K_cp2_allgather", "preset_1B_8K_cp2_ring",
                        "preset_1B_8K_cp4_allgather", "preset_1B_8K_cp4_ring", "context_check", "preset_1B_8K_speed",
-                       "preset_1B_16K_speed", "preset_1B_32K_speed", "preset_1B_causal",
+                       "preset_1B_16K_speed", "preset_1B_32K_speed", "preset_1B_float8_off",
+                       "preset_1B_float8_tensorwise", "preset_1B_float8_rowwise", "float8_quick_bf16",
+                       "float8_quick_tensorwise", "float8_check", "preset_1B_causal",
                        "preset_1B_causal_auto", "preset_1B_cudnn_varlen", "preset_1B_aten", "preset_1B_casts_freed",
                        "preset_1B_unfused_rope", "preset_1B_unfused_gate", "preset_1B_unfused_loss",
                        "preset_1B_unfused_norm", "preset_1B_unfused_linears", "preset_1B_unfused_update",
@@ -334,6 +336,26 @@ def test_context_check(tmp_path):
     write("cp4_ring", {1: 10.8, 2: 10.5})
     rc, out = check()
     assert rc == 1 and "cp 4 ring: steps [1, 2], the one rank's [1, 2, 3]" in out, out
+
+
+def test_float8_check(tmp_path):
+    """gpu_check's float8_check: the quick start's final held-out loss in FP8 within 1% of bf16's;
+    off by more, or cut short, fails; the 1B runs' tokens/s are printed."""
+    def write(name, records):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    held_out = lambda losses: [{"step": s, "val_loss": v} for s, v in losses.items()]  # noqa: E731
+    write("float8_quick_bf16", held_out({25: 4.4, 150: 3.55}))
+    write("float8_quick_tensorwise", held_out({25: 4.45, 150: 3.57}))
+    write("preset_1B_float8_tensorwise", [{"step": 20, "loss": 10.2, "tokens_per_second": 98000.0, "mfu": 63.4,
+                                           "peak_memory_bytes": 30 * 2**30}])
+    rc, out = report_check(tmp_path, "--check-float8")
+    assert rc == 0 and "gap +0.0200 (bound 0.0355) PASS" in out and "1B tensorwise: 98,000 tokens/s" in out, out
+    write("float8_quick_tensorwise", held_out({25: 4.45, 150: 3.60}))
+    rc, out = report_check(tmp_path, "--check-float8")
+    assert rc == 1 and "FAIL" in out, out
+    write("float8_quick_tensorwise", held_out({25: 4.45}))
+    rc, out = report_check(tmp_path, "--check-float8")
+    assert rc == 1 and "cut short" in out, out
 
 
 def test_ranks_check_on_cpu_ranks(tmp_path):

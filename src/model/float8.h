@@ -1,0 +1,76 @@
+#pragma once
+// Float8 linears ([float8], torchtitan's names): a block's projections (wq, wk, wv, wo, w1, w2, w3)
+// multiply in FP8 on Hopper's tensor cores, twice bf16's rate. Each GEMM's operands are cast to
+// FP8 with dynamic scales (the amax of the tensor, or of each row, taken as it comes), multiplied
+// by ATen's _scaled_mm (cuBLASLt), and the product written in the compute dtype. Master weights,
+// optimizers and checkpoints do not change: the weights are cast on the fly, as for bf16.
+//
+// The recipes (what torchao's Float8Linear calls them):
+//   tensorwise          one scale per tensor; input and weight in e4m3, the output's gradient in
+//                       e5m2 (more range, less precision); the fastest.
+//   rowwise             a scale per row along the GEMM's inner dimension, rounded down to a power
+//                       of two (so scaling itself rounds nothing); everything e4m3.
+//   rowwise_with_gw_hp  rowwise, but the weight's gradient, the GEMM that sums over every token,
+//                       stays in the compute dtype.
+//
+// emulate: the same FP8 values (scaled, saturated, rounded to the FP8 grid) multiplied in fp32
+// on any device: what the tests check against float64, and against the GPU's GEMMs.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zb {
+
+enum class Float8Recipe { Tensorwise, Rowwise, RowwiseWithGwHp };
+Float8Recipe float8_recipe(const std::string& name);  // std::invalid_argument for an unknown one
+std::string float8_recipe_name(Float8Recipe recipe);
+
+// The largest finite value of an FP8 type (e4m3fn 448, e5m2 57344).
+double float8_max(at::ScalarType fp8);
+
+// An FP8 tensor and the factor that brings it back: value = data * inverse_scale, with
+// inverse_scale fp32, 0-d (one per tensor) or [rows, 1] (one per row).
+struct Float8Tensor {
+  at::Tensor data, inverse_scale;
+  at::Tensor dequantised() const;  // fp32
+};
+
+// x [rows, cols] cast to `fp8`: scale = max / amax (of the whole, or of each row when `rowwise`),
+// rounded down to a power of two when `power_of_two`, x * scale saturated to +-max and rounded to
+// the nearest FP8 value. An all-zero tensor or row gets the scale of an amax of 1e-12. On a GPU in
+// bf16 our kernel casts in one pass (kernels/cuda_ops.h; `our_kernel` false: ATen's operators),
+// elsewhere ATen's operators on an fp32 copy: the same values.
+Float8Tensor to_float8(const at::Tensor& x, at::ScalarType fp8, bool rowwise, bool power_of_two,
+                       bool our_kernel = true);
+
+// a [M, K] times b [N, K] transposed: [M, N] in `out_dtype`. On CUDA through _scaled_mm unless
+// `emulate`; else the dequantised operands multiplied in fp32.
+at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarType out_dtype, bool emulate,
+                     bool fast_accumulation = false);
+
+// x [.., K] w_i [N_i, K]^T for each weight under `recipe`, as one autograd node: [.., N_i] in x's
+// dtype, x cast once for all. The forward keeps x and the weights as they came and casts them
+// again in the backward, along the axes each GEMM needs.
+std::vector<at::Tensor> float8_linears(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                                       Float8Recipe recipe, bool emulate);
+// One weight.
+at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& w, Float8Recipe recipe, bool emulate);
+
+// Whether FP8 GEMMs take a projection of `in` x `out` features (both multiples of 16), and the
+// tokens of a micro-batch (the weight gradient's inner dimension, also a multiple of 16).
+bool float8_takes(int64_t in_features, int64_t out_features, int64_t tokens);
+
+// What the model runs in FP8 (Llama::set_float8): every block projection whose name contains
+// none of `filter_fqns` and whose shape float8_takes.
+struct Float8Linears {
+  bool enabled = false;
+  Float8Recipe recipe = Float8Recipe::Tensorwise;
+  bool emulate = false;
+  std::vector<std::string> filter_fqns;  // names (or parts of names) left in the compute dtype
+  // Whether the projection `name` ("layers.3.attention.wq") is filtered out.
+  bool filtered(const std::string& name) const;
+};
+
+}  // namespace zb

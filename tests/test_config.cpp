@@ -461,6 +461,12 @@ TEST(ConfigErrors, Float8) {
             "bfloat16, but runtime.compute_dtype = \"float32\" (use bfloat16 or auto, or float8.emulate = true)");
   apply_override(c, "float8.emulate", "true");
   EXPECT_NO_THROW(validate(c, 1));
+  apply_override(c, "float8.enable_fsdp_float8_all_gather", "true");
+  EXPECT_EQ(error_of([&] { validate(c, 1); }),
+            "command line (--float8.enable_fsdp_float8_all_gather): float8.enable_fsdp_float8_all_gather casts each "
+            "weight with one scale: it needs float8.recipe_name = \"tensorwise\", not \"rowwise\"");
+  apply_override(c, "float8.recipe_name", "tensorwise");
+  EXPECT_NO_THROW(validate(c, 1));
   apply_override(c, "float8.recipe_name", "blockwise");
   EXPECT_EQ(error_of([&] { validate(c, 1); }),
             "command line (--float8.recipe_name): float8.recipe_name = \"blockwise\" is not one of tensorwise | "

@@ -167,3 +167,22 @@ TEST(Float8, ModelRunsItsProjectionsInFp8WhereAsked) {
   EXPECT_EQ(kept[0], "layers.0.attention.wq [256 x 256]");
   EXPECT_FALSE(model.in_float8(0, "wq"));
 }
+
+TEST(Float8, GatheredWeightsCastBackToTheirOwnBytes) {
+  // FP8 all-gather: a weight's shards go as e4m3 bytes cast with a power-of-two scale of the whole
+  // weight's amax, and arrive dequantised in the compute dtype (fsdp/fsdp_collectives.h); the FP8
+  // GEMM's own tensorwise cast (power-of-two weight scales under the gather) must give back the
+  // very bytes and scale that travelled, in fp32 and in bf16.
+  at::manual_seed(3);
+  const at::Tensor w = spread(48, 64);
+  const at::Tensor scale = float8_power_of_two_scale(w.abs().amax());
+  EXPECT_EQ(scale.item<float>(), std::ldexp(1.0f, static_cast<int>(std::floor(std::log2(448.0 / w.abs().amax().item<double>())))));
+  const at::Tensor sent = to_float8_with_scale(w, scale, at::kFloat8_e4m3fn);
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    const at::Tensor arrived = (sent.to(at::kFloat) * scale.reciprocal()).to(dtype);
+    EXPECT_TRUE(arrived.to(at::kFloat).mul(scale).equal(sent.to(at::kFloat))) << "dequantised exactly";
+    const Float8Tensor again = to_float8(arrived, at::kFloat8_e4m3fn, /*rowwise=*/false, /*power_of_two=*/true);
+    EXPECT_TRUE(again.data.view(at::kByte).equal(sent.view(at::kByte))) << c10::toString(dtype);
+    EXPECT_EQ(again.inverse_scale.item<float>(), scale.reciprocal().item<float>()) << c10::toString(dtype);
+  }
+}

@@ -198,6 +198,7 @@ struct Float8Config {  // [float8], torchtitan's names: FP8 linears (model/float
   bool enable_float8_linear = false;  // the block projections in FP8 (a GPU with FP8 tensor cores)
   std::string recipe_name = "tensorwise";  // "tensorwise" | "rowwise" | "rowwise_with_gw_hp"
   std::vector<std::string> filter_fqns = {"output"};  // projections left in the compute dtype, by name part
+  bool enable_fsdp_float8_all_gather = false;  // FSDP gathers those weights in FP8 (tensorwise): half the bytes
   bool emulate = false;  // the same FP8 values multiplied in fp32, on any device (for tests)
 };
 

@@ -1,5 +1,6 @@
 #include "config/model_config.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace zb {
@@ -35,6 +36,14 @@ at::ScalarType resolve_compute_dtype(const Config& config, const c10::Device& de
   if (config.runtime.compute_dtype == "bfloat16") return at::kBFloat16;
   return device.is_cuda() ? at::kBFloat16 : at::kFloat;  // "auto"
 }
+
+Float8Linears resolve_float8(const Config& c) {
+  const Float8Config& f = c.float8;
+  if (!f.enable_float8_linear) return {};
+  return {true, float8_recipe(f.recipe_name), f.emulate, f.filter_fqns, f.enable_fsdp_float8_all_gather};
+}
+
+int64_t gemm_tokens(const Config& c) { return c.train.micro_bs * c.data.seq_length / std::max<int64_t>(c.parallel.cp, 1); }
 
 KernelChoices resolve_kernel_choices(const Config& config) {
   return KernelChoices::from(config.runtime.fused_kernels, config.runtime.unfused, config.runtime.varlen_kernel);

@@ -292,6 +292,9 @@ const std::vector<Field>& schema() {
       ZB_FIELD("float8.filter_fqns", StringList, std::vector<std::string>, float8.filter_fqns,
                "projections left in the compute dtype: any whose name (layers.3.feed_forward.w2) contains one of "
                "these (the head and embedding never run in FP8)"),
+      ZB_FIELD("float8.enable_fsdp_float8_all_gather", Bool, bool, float8.enable_fsdp_float8_all_gather,
+               "the sharding engine gathers the FP8 projections' weights in FP8, half the bytes of bf16 (tensorwise; "
+               "their scales from one all-gather of amaxes a step, rounded to powers of two)"),
       ZB_FIELD("float8.emulate", Bool, bool, float8.emulate,
                "FP8 emulated: the same scaled and rounded values multiplied in fp32, on any device (for tests)"),
   };

@@ -187,7 +187,12 @@ void validate(const Config& c, int64_t world_size) {
     for (const auto& [key, where] : c.origins)
       if (key.rfind("float8.", 0) == 0 && key != "float8.enable_float8_linear")
         fail(key, key + " is set but float8.enable_float8_linear is false: set it to train with FP8 linears");
-  } else if (!c.float8.emulate) {
+  } else if (c.float8.enable_fsdp_float8_all_gather && c.float8.recipe_name != "tensorwise") {
+    fail("float8.enable_fsdp_float8_all_gather", "float8.enable_fsdp_float8_all_gather casts each weight with one "
+                                                 "scale: it needs float8.recipe_name = \"tensorwise\", not " +
+                                                     show(c.float8.recipe_name));
+  }
+  if (c.float8.enable_float8_linear && !c.float8.emulate) {
     if (c.runtime.device == "cpu")
       fail("float8.enable_float8_linear", "float8.enable_float8_linear needs a GPU with FP8 tensor cores, but "
                                           "runtime.device = \"cpu\" (float8.emulate = true computes the same values "

@@ -9,6 +9,8 @@
 
 #include <optional>
 
+#include "model/float8.h"
+
 
 namespace zb {
 
@@ -41,6 +43,52 @@ void all_gather_copy_out(const std::vector<FSDPParam*>& params, const at::Tensor
     sizes.push_back(p->shard.block_numel());
   }
   at::split_with_sizes_copy_out(storages, gathered.view({world_size, -1}), sizes, /*dim=*/1);
+}
+
+at::Tensor all_gather_input_bytes(const std::vector<FSDPParam*>& params, const std::vector<int64_t>& offsets,
+                                  int64_t block_bytes) {
+  at::NoGradGuard no_grad;
+  const FSDPParam& first = *params.front();
+  at::Tensor block = at::zeros({block_bytes}, first.sharded.options().dtype(at::kByte));
+  for (size_t i = 0; i < params.size(); ++i) {
+    const FSDPParam* p = params[i];
+    if (p->local_rows() == 0) continue;
+    const at::Tensor rows = p->sharded.detach().view({-1});
+    if (p->float8_gather) {
+      block.narrow(0, offsets[i], rows.numel()).copy_(
+          to_float8_with_scale(rows, p->float8_scale, at::kFloat8_e4m3fn).view(at::kByte));
+    } else {
+      const int64_t size = static_cast<int64_t>(c10::elementSize(p->compute_dtype()));
+      block.narrow(0, offsets[i], rows.numel() * size).view(p->compute_dtype()).copy_(rows);
+    }
+  }
+  return block;
+}
+
+void all_gather_copy_out_bytes(const std::vector<FSDPParam*>& params, const std::vector<int64_t>& offsets,
+                               const at::Tensor& gathered, int64_t world_size) {
+  at::NoGradGuard no_grad;
+  const at::Tensor rows = gathered.view({world_size, -1});  // row r: rank r's block
+  for (size_t i = 0; i < params.size(); ++i) {
+    FSDPParam* p = params[i];
+    p->allocate_unsharded();
+    const int64_t n = p->shard.block_numel();
+    if (p->float8_gather) {
+      // Dequantised exactly: a power-of-two scale, and at most 4 significant bits a value.
+      const at::Tensor fp8 = rows.narrow(1, offsets[i], n).contiguous().view(at::kFloat8_e4m3fn);
+      p->padded_blocks().copy_(fp8.to(at::kFloat).mul_(p->float8_scale.reciprocal()));
+    } else {
+      const int64_t size = static_cast<int64_t>(c10::elementSize(p->compute_dtype()));
+      p->padded_blocks().copy_(rows.narrow(1, offsets[i], n * size).contiguous().view(p->compute_dtype()));
+    }
+  }
+}
+
+void float8_round_trip(FSDPParam& p) {
+  at::NoGradGuard no_grad;
+  const at::Tensor rows = p.sharded.detach().view({1, -1});
+  p.padded_blocks().copy_(
+      to_float8_with_scale(rows, p.float8_scale, at::kFloat8_e4m3fn).to(at::kFloat).mul_(p.float8_scale.reciprocal()));
 }
 
 at::Tensor reduce_scatter_input(const std::vector<FSDPParam*>& params, const std::vector<at::Tensor>& grads,

@@ -19,6 +19,16 @@ at::Tensor all_gather_input(const std::vector<FSDPParam*>& params, const std::ve
                             int64_t block_numel);
 void all_gather_copy_out(const std::vector<FSDPParam*>& params, const at::Tensor& gathered, int64_t world_size);
 
+// The same for a unit with FP8 parameters (FSDPParam::float8_gather): the block is bytes, each
+// parameter's padded block in its own type (gather_bytes) at `offsets` (bytes); an FP8 one cast
+// with its scale on the way in and dequantised into its storage on the way out.
+at::Tensor all_gather_input_bytes(const std::vector<FSDPParam*>& params, const std::vector<int64_t>& offsets,
+                                  int64_t block_bytes);
+void all_gather_copy_out_bytes(const std::vector<FSDPParam*>& params, const std::vector<int64_t>& offsets,
+                               const at::Tensor& gathered, int64_t world_size);
+// One rank's FP8 parameters: the values their gather would give, the shard through FP8 and back.
+void float8_round_trip(FSDPParam& p);
+
 // A unit's reduce-scatter: the full gradients written in fp32 into the rank-major layout (row r:
 // every parameter's padded block r, in order; one _chunk_cat), each divided by the number of
 // ranks that contribute, W x `replicas` (every rank's loss is a mean over

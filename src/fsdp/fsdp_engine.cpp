@@ -3,6 +3,8 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -37,6 +39,10 @@ FSDPEngine::FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& opti
     params_.push_back(std::make_unique<FSDPParam>(np.name, np.slot, full, comm.rank(), comm.size(),
                                                   options.compute_dtype));
     FSDPParam* p = params_.back().get();
+    if (options.float8_all_gather && np.layer >= 0) {
+      const std::string module = np.name.substr(0, np.name.rfind('.'));
+      p->float8_gather = model.in_float8(np.layer, module.substr(module.rfind('.') + 1));
+    }
     (np.layer >= 0 ? block_params[np.layer] : root_params).push_back(p);
     *np.slot = at::Tensor();  // the full copy is no longer needed
   }
@@ -100,6 +106,7 @@ struct CheckpointedBlock : torch::autograd::Function<CheckpointedBlock> {
 
 at::Tensor FSDPEngine::loss(const at::Tensor& tokens, const at::Tensor& targets, const Documents& documents) {
   const int64_t L = static_cast<int64_t>(blocks_.size());
+  if (options_.float8_all_gather) update_float8_scales();  // before any gather: a no-op until the weights change
   root_->pre_forward();
   if (L > 0) blocks_[0]->issue_unshard();  // overlaps the embedding
   at::Tensor h = model_.embed(tokens);
@@ -137,6 +144,33 @@ at::Tensor FSDPEngine::loss(const at::Tensor& tokens, const at::Tensor& targets,
 void FSDPEngine::set_requires_gradient_sync(bool sync) {
   root_->requires_gradient_sync = sync;
   for (auto& b : blocks_) b->requires_gradient_sync = sync;
+}
+
+void FSDPEngine::update_float8_scales() {
+  std::vector<FSDPParam*> fp8;
+  std::vector<int64_t> versions;
+  for (auto& p : params_)
+    if (p->float8_gather) {
+      fp8.push_back(p.get());
+      versions.push_back(static_cast<int64_t>(p->sharded._version()));
+    }
+  if (fp8.empty() || versions == float8_versions_) return;
+  at::NoGradGuard no_grad;
+  Phase phase("zb.fsdp.float8_scales");
+  std::vector<at::Tensor> amax;
+  for (FSDPParam* p : fp8)
+    amax.push_back(p->sharded.numel() > 0 ? p->sharded.detach().abs().amax()
+                                          : at::zeros({}, p->sharded.options().requires_grad(false)));
+  at::Tensor local = at::stack(amax), global = local;
+  if (comm_.size() > 1) {
+    at::Tensor all = at::empty({comm_.size() * local.numel()}, local.options());
+    StepTrace::UnitScope as_root(context_.trace, static_cast<int64_t>(blocks_.size()));  // the plan's
+    comm_.all_gather(all, local).wait();
+    global = all.view({comm_.size(), -1}).amax(0);
+  }
+  const at::Tensor scales = float8_power_of_two_scale(global);
+  for (size_t i = 0; i < fp8.size(); ++i) fp8[i]->float8_scale = scales[static_cast<int64_t>(i)].clone();
+  float8_versions_ = versions;
 }
 
 void FSDPEngine::finish_backward() {

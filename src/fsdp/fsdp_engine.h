@@ -39,6 +39,9 @@ struct FSDPOptions {
   // step), instead of after each free. Costs the whole model in the compute dtype;
   // reshard_after_forward then frees nothing (train.keep_unsharded).
   bool keep_cast = false;
+  // Gather the weights the model multiplies in FP8 as e4m3 bytes (float8.enable_fsdp_float8_all_gather),
+  // with power-of-two scales from one all-gather of their shards' amaxes after each change.
+  bool float8_all_gather = false;
   // Where the shards live; parameters the model left on the meta device (Llama's
   // allocate_parameters = false) are created here one at a time.
   c10::Device device = c10::kCPU;
@@ -87,6 +90,11 @@ class FSDPEngine : public ParallelModel {
   void set_trace(StepTrace* trace) override { context_.trace = trace; }
 
  private:
+  // FP8 all-gather: every FP8 weight's scale from the largest |value| of its shards over the
+  // shard group (one all-gather of an amax per weight), where a shard changed since the last time.
+  void update_float8_scales();
+  std::vector<int64_t> float8_versions_;
+
   Llama& model_;
   Communicator& comm_;
   Communicator* replicas_;

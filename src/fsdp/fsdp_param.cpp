@@ -44,6 +44,11 @@ at::Tensor FSDPParam::unsharded_view() const {
   return t.set_(storage_, 0, full_shape, strides);
 }
 
+int64_t FSDPParam::gather_bytes() const {
+  const int64_t bytes = shard.block_numel() * (float8_gather ? 1 : static_cast<int64_t>(c10::elementSize(compute_dtype_)));
+  return (bytes + 15) / 16 * 16;
+}
+
 at::Tensor FSDPParam::padded_blocks() const {
   at::Tensor t = at::empty({0}, at::TensorOptions().dtype(compute_dtype_).device(sharded.device()));
   return t.set_(storage_, 0, {shard.world_size, shard.block_numel()}, {shard.block_numel(), 1});

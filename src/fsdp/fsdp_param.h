@@ -48,6 +48,15 @@ class FSDPParam {
 
   at::ScalarType compute_dtype() const { return compute_dtype_; }
 
+  // FP8 all-gather (FSDPOptions::float8_all_gather, for the weights the model multiplies in FP8):
+  // its rows travel as e4m3 bytes cast with `float8_scale` (fp32, 0-d, a power of two: the
+  // engine's, from the whole weight's amax) and are dequantised into the unsharded storage, exactly.
+  bool float8_gather = false;
+  at::Tensor float8_scale;
+  // The bytes its padded block takes in a unit's all-gather: one a value in FP8, else the compute
+  // dtype's; rounded up to 16, so that the next parameter's block stays aligned.
+  int64_t gather_bytes() const;
+
  private:
   at::ScalarType compute_dtype_;
   c10::Storage storage_;

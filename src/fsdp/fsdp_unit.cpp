@@ -33,6 +33,9 @@ FSDPUnit::FSDPUnit(int64_t index, std::string name, std::vector<FSDPParam*> para
   for (FSDPParam* p : params_) {
     offsets_.push_back(block_numel_);
     block_numel_ += p->shard.block_numel();
+    byte_offsets_.push_back(block_bytes_);
+    block_bytes_ += p->gather_bytes();
+    bytes_ = bytes_ || p->float8_gather;
   }
 }
 
@@ -147,8 +150,9 @@ void FSDPUnit::issue_unshard() {
   Phase phase("zb.fsdp.all_gather", name_);
   // One rank holds every row: wait_unshard casts the shards straight into place, no buffers.
   if (comm_.size() > 1) {
-    gather_in_ = all_gather_input(params_, offsets_, block_numel_);
-    gather_out_ = at::empty({block_numel_ * comm_.size()}, gather_in_.options());
+    gather_in_ = bytes_ ? all_gather_input_bytes(params_, byte_offsets_, block_bytes_)
+                        : all_gather_input(params_, offsets_, block_numel_);
+    gather_out_ = at::empty({gather_in_.numel() * comm_.size()}, gather_in_.options());
     StepTrace::UnitScope as_mine(context_.trace, index_);
     gather_ = comm_.all_gather(gather_out_, gather_in_);
   }
@@ -166,8 +170,9 @@ void FSDPUnit::wait_unshard() {
   Phase phase("zb.fsdp.wait_unshard", name_);
   if (state_ == State::Sharded) issue_unshard();
   gather_.wait();
-  if (comm_.size() > 1) all_gather_copy_out(params_, gather_out_, comm_.size());
-  else cast_shards();
+  if (comm_.size() == 1) cast_shards();
+  else if (bytes_) all_gather_copy_out_bytes(params_, byte_offsets_, gather_out_, comm_.size());
+  else all_gather_copy_out(params_, gather_out_, comm_.size());
   gather_in_ = at::Tensor();
   gather_out_ = at::Tensor();
   state_ = State::Unsharded;
@@ -185,6 +190,8 @@ void FSDPUnit::cast_shards() {
     cast_versions_.push_back(static_cast<int64_t>(p->sharded._version()));
   }
   at::_foreach_copy_(into, from);  // fp32 -> compute dtype, in one launch where CUDA can
+  for (FSDPParam* p : params_)
+    if (p->float8_gather) float8_round_trip(*p);  // what a gather would deliver
   cast_current_ = true;
 }
 

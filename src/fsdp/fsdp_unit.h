@@ -130,6 +130,10 @@ class FSDPUnit : public GradientGroup {
   std::vector<FSDPParam*> params_;
   std::vector<int64_t> offsets_;  // of each parameter inside a rank's block
   int64_t block_numel_ = 0;       // sum over parameters of their padded blocks
+  // With FP8 parameters (FSDPParam::float8_gather) the block is bytes: these instead.
+  bool bytes_ = false;
+  std::vector<int64_t> byte_offsets_;
+  int64_t block_bytes_ = 0;
   Communicator& comm_;
   Communicator* replicas_;
   bool reshard_after_forward_;

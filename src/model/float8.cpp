@@ -14,8 +14,10 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <tuple>
 
 namespace zb {
 
@@ -44,6 +46,22 @@ double float8_max(at::ScalarType fp8) {
 
 at::Tensor Float8Tensor::dequantised() const { return data.to(at::kFloat) * inverse_scale; }
 
+namespace {
+// The largest power of two at or below each (positive, finite) value: from the exponent alone
+// (frexp's s = m 2^e with m in [0.5, 1): 2^(e-1)), since log2 rounds up to the next integer just
+// below a power of two.
+at::Tensor power_of_two_below(const at::Tensor& s) { return at::ldexp(at::ones_like(s), std::get<1>(at::frexp(s)) - 1); }
+}  // namespace
+
+at::Tensor float8_power_of_two_scale(const at::Tensor& amax) {
+  return power_of_two_below(float8_max(at::kFloat8_e4m3fn) / at::clamp(amax.to(at::kFloat), 1e-12));
+}
+
+at::Tensor to_float8_with_scale(const at::Tensor& x, const at::Tensor& scale, at::ScalarType fp8) {
+  const double max = float8_max(fp8);
+  return x.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).mul_(scale).clamp_(-max, max).to(fp8);
+}
+
 Float8Tensor to_float8(const at::Tensor& x, at::ScalarType fp8, bool rowwise, bool power_of_two, bool our_kernel) {
   TORCH_CHECK(x.dim() == 2, "to_float8: a matrix, got ", x.sizes());
 #ifdef ZB_WITH_CUDA
@@ -62,9 +80,7 @@ Float8Tensor to_float8(const at::Tensor& x, at::ScalarType fp8, bool rowwise, bo
                                   : at::linalg_vector_norm(xf, INFINITY);
   at::Tensor scale = max / at::clamp(amax, 1e-12);
   // A power of two makes x * scale exact: the only rounding is the FP8 cast's.
-  // (From the exponent alone: frexp's s = m 2^e with m in [0.5, 1), so 2^(e-1); log2 rounds up to
-  // the next integer just below a power of two.)
-  if (power_of_two) scale = at::ldexp(at::ones_like(scale), std::get<1>(at::frexp(scale)) - 1);
+  if (power_of_two) scale = power_of_two_below(scale);
   return {xf.mul_(scale).clamp_(-max, max).to(fp8), scale.reciprocal()};
 }
 
@@ -94,14 +110,16 @@ Float8Tensor transposed(const Float8Tensor& t) {  // the same values as the tran
 // cast depends on the axis its GEMM sums over.
 struct Float8LinearsNode : torch::autograd::Function<Float8LinearsNode> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
-                                                at::TensorList weights, int64_t recipe, bool emulate) {
+                                                at::TensorList weights, int64_t recipe, bool emulate,
+                                                bool weight_power_of_two) {
     const at::Tensor x2 = x.reshape({-1, x.size(-1)});
     const bool rows = static_cast<Float8Recipe>(recipe) != Float8Recipe::Tensorwise;
     const Float8Tensor x8 = to_float8(x2, at::kFloat8_e4m3fn, rows, rows);
     torch::autograd::variable_list out, saved{x};
     for (const at::Tensor& w : weights) {
       // The forward's GEMMs accumulate in cuBLASLt's fast mode, as torchao's default.
-      const at::Tensor y = float8_mm(x8, to_float8(w, at::kFloat8_e4m3fn, rows, rows), x.scalar_type(), emulate,
+      const at::Tensor y = float8_mm(x8, to_float8(w, at::kFloat8_e4m3fn, rows, rows || weight_power_of_two),
+                                     x.scalar_type(), emulate,
                                      /*fast_accumulation=*/true);
       auto shape = x.sizes().vec();
       shape.back() = w.size(0);
@@ -111,6 +129,7 @@ struct Float8LinearsNode : torch::autograd::Function<Float8LinearsNode> {
     ctx->save_for_backward(saved);
     ctx->saved_data["recipe"] = recipe;
     ctx->saved_data["emulate"] = emulate;
+    ctx->saved_data["weight_power_of_two"] = weight_power_of_two;
     ctx->set_materialize_grads(false);  // an output nothing used: no GEMMs for it
     return out;
   }
@@ -121,6 +140,7 @@ struct Float8LinearsNode : torch::autograd::Function<Float8LinearsNode> {
     const at::Tensor& x = saved[0];
     const auto recipe = static_cast<Float8Recipe>(ctx->saved_data["recipe"].toInt());
     const bool emulate = ctx->saved_data["emulate"].toBool();
+    const bool weight_power_of_two = ctx->saved_data["weight_power_of_two"].toBool();
     const at::Tensor x2 = x.reshape({-1, x.size(-1)});
     const auto dt = x.scalar_type();
     auto e4m3_rows = [](const at::Tensor& t) { return to_float8(t, at::kFloat8_e4m3fn, true, true); };
@@ -139,7 +159,7 @@ struct Float8LinearsNode : torch::autograd::Function<Float8LinearsNode> {
         // One cast of each tensor serves both GEMMs; the gradient in e5m2 for its range.
         const Float8Tensor g8 = to_float8(g, at::kFloat8_e5m2, false, false);
         if (ctx->needs_input_grad(0))
-          dxi = float8_mm(g8, transposed(to_float8(w, at::kFloat8_e4m3fn, false, false)), dt, emulate);
+          dxi = float8_mm(g8, transposed(to_float8(w, at::kFloat8_e4m3fn, false, weight_power_of_two)), dt, emulate);
         if (ctx->needs_input_grad(i + 1)) {
           if (!xt.data.defined()) xt = transposed(to_float8(x2, at::kFloat8_e4m3fn, false, false));
           dwi = float8_mm(transposed(g8), xt, w.scalar_type(), emulate);
@@ -163,6 +183,7 @@ struct Float8LinearsNode : torch::autograd::Function<Float8LinearsNode> {
     if (dx.defined()) result[0] = dx.view(x.sizes());
     result.emplace_back();  // recipe
     result.emplace_back();  // emulate
+    result.emplace_back();  // weight_power_of_two
     return result;
   }
 };
@@ -170,16 +191,35 @@ struct Float8LinearsNode : torch::autograd::Function<Float8LinearsNode> {
 }  // namespace
 
 std::vector<at::Tensor> float8_linears(const at::Tensor& x, const std::vector<at::Tensor>& weights,
-                                       Float8Recipe recipe, bool emulate) {
-  return Float8LinearsNode::apply(x, at::TensorList(weights), static_cast<int64_t>(recipe), emulate);
+                                       Float8Recipe recipe, bool emulate, bool weight_power_of_two) {
+  return Float8LinearsNode::apply(x, at::TensorList(weights), static_cast<int64_t>(recipe), emulate,
+                                  weight_power_of_two);
 }
 
-at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& w, Float8Recipe recipe, bool emulate) {
-  return float8_linears(x, {w}, recipe, emulate)[0];
+at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& w, Float8Recipe recipe, bool emulate,
+                         bool weight_power_of_two) {
+  return float8_linears(x, {w}, recipe, emulate, weight_power_of_two)[0];
 }
 
 bool float8_takes(int64_t in_features, int64_t out_features, int64_t tokens) {
   return in_features % 16 == 0 && out_features % 16 == 0 && tokens % 16 == 0;
+}
+
+bool Float8Linears::takes(const std::string& param_name, int64_t out, int64_t in, int64_t tokens,
+                          bool* shape_refused) const {
+  if (shape_refused) *shape_refused = false;
+  const std::string suffix = ".weight";
+  if (!enabled || param_name.rfind("layers.", 0) != 0 || param_name.size() <= suffix.size()) return false;
+  const std::string module = param_name.substr(0, param_name.size() - suffix.size());
+  const std::string leaf = module.substr(module.rfind('.') + 1);
+  static const char* kProjections[] = {"wq", "wk", "wv", "wo", "w1", "w2", "w3"};
+  if (std::find(std::begin(kProjections), std::end(kProjections), leaf) == std::end(kProjections)) return false;
+  if (filtered(module)) return false;
+  if (!float8_takes(in, out, tokens)) {
+    if (shape_refused) *shape_refused = true;
+    return false;
+  }
+  return true;
 }
 
 bool Float8Linears::filtered(const std::string& name) const {

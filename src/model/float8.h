@@ -53,10 +53,13 @@ at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarTyp
 // x [.., K] w_i [N_i, K]^T for each weight under `recipe`, as one autograd node: [.., N_i] in x's
 // dtype, x cast once for all. The forward keeps x and the weights as they came and casts them
 // again in the backward, along the axes each GEMM needs.
+// `weight_power_of_two`: tensorwise weight scales rounded down to powers of two (Float8Linears'
+// fsdp_all_gather).
 std::vector<at::Tensor> float8_linears(const at::Tensor& x, const std::vector<at::Tensor>& weights,
-                                       Float8Recipe recipe, bool emulate);
+                                       Float8Recipe recipe, bool emulate, bool weight_power_of_two = false);
 // One weight.
-at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& w, Float8Recipe recipe, bool emulate);
+at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& w, Float8Recipe recipe, bool emulate,
+                         bool weight_power_of_two = false);
 
 // Whether FP8 GEMMs take a projection of `in` x `out` features (both multiples of 16), and the
 // tokens of a micro-batch (the weight gradient's inner dimension, also a multiple of 16).
@@ -69,8 +72,22 @@ struct Float8Linears {
   Float8Recipe recipe = Float8Recipe::Tensorwise;
   bool emulate = false;
   std::vector<std::string> filter_fqns;  // names (or parts of names) left in the compute dtype
+  // The sharding engine gathers these weights in FP8 (float8.enable_fsdp_float8_all_gather,
+  // tensorwise): their scales are powers of two, so that the gathered bytes, dequantised into the
+  // compute dtype, cast back to themselves exactly in the GEMM.
+  bool fsdp_all_gather = false;
   // Whether the projection `name` ("layers.3.attention.wq") is filtered out.
   bool filtered(const std::string& name) const;
+  // Whether the parameter `param_name` ("layers.3.attention.wq.weight"), [out, in] on this rank,
+  // multiplies in FP8 with `tokens` in a micro-batch's GEMMs; `shape_refused`, where given, is set
+  // when only its shape kept it out.
+  bool takes(const std::string& param_name, int64_t out, int64_t in, int64_t tokens,
+             bool* shape_refused = nullptr) const;
 };
+
+// x cast to `fp8` with the given scale (fp32, 0-d): saturated, rounded to nearest.
+at::Tensor to_float8_with_scale(const at::Tensor& x, const at::Tensor& scale, at::ScalarType fp8);
+// The tensorwise power-of-two scale for an amax (fp32 tensor): 2^floor(log2(448 / max(amax, 1e-12))).
+at::Tensor float8_power_of_two_scale(const at::Tensor& amax);
 
 }  // namespace zb

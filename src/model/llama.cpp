@@ -184,22 +184,18 @@ std::vector<std::string> Llama::set_float8(const Float8Linears& float8, int64_t 
   float8_ = float8;
   float8_names_.assign(args_.n_layers, {});
   std::vector<std::string> cannot;
-  if (!float8.enabled) return cannot;
-  static const char* kProjections[] = {"wq", "wk", "wv", "wo", "w1", "w2", "w3"};
   for (const NamedParameter& p : params_) {
     if (p.layer < 0) continue;
-    const std::string module = p.name.substr(0, p.name.size() - std::string(".weight").size());
-    const std::string leaf = module.substr(module.rfind('.') + 1);
-    if (std::find(std::begin(kProjections), std::end(kProjections), leaf) == std::end(kProjections)) continue;
-    if (float8.filtered(module)) continue;
     // This rank's GEMM: its slice under TP; shared key/value heads read kv_heads_ of them.
+    const std::string module = p.name.substr(0, p.name.rfind('.'));
+    const std::string leaf = module.substr(module.rfind('.') + 1);
     int64_t out = p.slot->size(0);
     if (kv_replicated_ && (leaf == "wk" || leaf == "wv")) out = kv_heads_ * args_.head_dim();
-    if (!float8_takes(p.slot->size(1), out, tokens)) {
+    bool shape_refused = false;
+    if (float8.takes(p.name, out, p.slot->dim() == 2 ? p.slot->size(1) : 0, tokens, &shape_refused))
+      float8_names_[p.layer].push_back(leaf);
+    else if (shape_refused)
       cannot.push_back(module + " [" + std::to_string(out) + " x " + std::to_string(p.slot->size(1)) + "]");
-      continue;
-    }
-    float8_names_[p.layer].push_back(leaf);
   }
   return cannot;
 }
@@ -218,7 +214,8 @@ std::vector<at::Tensor> Llama::project(int64_t layer, const std::vector<const ch
   if (!fp8.empty())
     TORCH_CHECK(x.numel() / x.size(-1) % 16 == 0, "float8: ", x.numel() / x.size(-1), " tokens in block ", layer,
                 "'s GEMMs, not a multiple of 16 (FP8 GEMMs need it)");
-  std::vector<at::Tensor> in_fp8 = fp8.empty() ? fp8 : float8_linears(x, fp8, float8_.recipe, float8_.emulate);
+  std::vector<at::Tensor> in_fp8 =
+      fp8.empty() ? fp8 : float8_linears(x, fp8, float8_.recipe, float8_.emulate, float8_.fsdp_all_gather);
   std::vector<at::Tensor> rest = other.size() > 1    ? shared_input_linears(x, other, kernels_)
                                  : other.size() == 1 ? std::vector<at::Tensor>{at::linear(x, other[0])}
                                                      : other;

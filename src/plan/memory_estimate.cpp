@@ -354,9 +354,10 @@ void MemoryReplay::on_collective(const StepEvent& ev) {
   if (ev.group == "tp" || ev.group == "cp") return;  // inside the model (see above)
   const auto u = static_cast<size_t>(ev.unit);
   if (ev.kind == CommKind::AllGather) {
+    if (ev.what == kFloat8AmaxGather) return;  // a float each
     // A gather's input and output buffers (the plan has no all-gather with one rank: the shards
-    // are cast straight into place).
-    gathering_[u] = e_ * units_[u].block * (W_ + 1);
+    // are cast straight into place), at the bytes it moves (FP8 weights: one a value).
+    gathering_[u] = ev.payload * (W_ + 1);
     t_.alloc("all-gather buffers", gathering_[u]);
   } else if (ev.kind == CommKind::ReduceScatter) {
     reduce(ev.unit);

@@ -58,6 +58,7 @@ struct ModelEvents {
   int64_t cp = 1, cp_kv = 0;
   bool cp_ring = false;   // parallel.cp_rotate = "ring": keys and values passed to the next rank
   int64_t ring_grad = 0;  // around a ring, the fp32 gradients of one rank's keys and values
+  int64_t float8_weights = 0;  // weights the sharding engine gathers in FP8 (their amaxes gathered first)
 
   // One step around the ring: an all-to-all whose only parts go to the next rank and come from
   // the previous one (the same bytes each way).
@@ -143,9 +144,36 @@ struct ModelEvents {
 // it makes them: units are blocks 0..L-1 and the root L; `block[u]` is the elements unit u puts
 // into a collective (its rows on each rank, padded); `group` the engine's communicator.
 // `R`: the replicas the gradients are summed over (1 under DiLoCo, whose replicas train apart).
+// FP8 all-gather (float8.enable_fsdp_float8_all_gather): whether the sharding engine gathers
+// parameter `s` in FP8 (those the model multiplies in FP8, model/float8.h).
+bool gathered_in_float8(const Config& c, const ParamSpec& s) {
+  const Float8Linears f8 = resolve_float8(c);
+  return f8.fsdp_all_gather && s.shape.size() == 2 && f8.takes(s.name, s.shape[0], s.shape[1], gemm_tokens(c));
+}
+
+// The bytes of each unit's all-gather block (FSDPUnit): its parameters' padded blocks in the
+// compute dtype; with an FP8 weight among them, each block in its own type rounded up to 16 bytes
+// (FSDPParam::gather_bytes).
+std::vector<int64_t> unit_gather_bytes(const Config& c, const std::vector<ParamSpec>& specs, int64_t L, int64_t S,
+                                       int64_t compute_bytes) {
+  std::vector<int64_t> plain(L + 1, 0), bytes(L + 1, 0);
+  std::vector<bool> fp8(L + 1, false);
+  for (const ParamSpec& s : specs) {
+    const size_t u = static_cast<size_t>(s.layer >= 0 ? s.layer : L);
+    const int64_t n = RowShard::of(s.shape, S).block_numel();
+    const bool f = gathered_in_float8(c, s);
+    plain[u] += n * compute_bytes;
+    bytes[u] += (n * (f ? 1 : compute_bytes) + 15) / 16 * 16;
+    fp8[u] = fp8[u] || f;
+  }
+  for (size_t u = 0; u < plain.size(); ++u)
+    if (fp8[u]) plain[u] = bytes[u];
+  return plain;
+}
+
 void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, int64_t L, int64_t R,
-                             const std::vector<int64_t>& block, int64_t compute_bytes, const std::string& group,
-                             const ModelEvents& model) {
+                             const std::vector<int64_t>& block, const std::vector<int64_t>& gather_bytes,
+                             const std::string& group, const ModelEvents& model) {
   const int64_t S = p.shard;
   const bool raf = c.train.reshard_after_forward;
   const int64_t ac = c.train.ac_ckpt;
@@ -154,7 +182,7 @@ void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, 
   auto name = [L](int64_t u) { return u == L ? std::string("root") : "block " + std::to_string(u); };
   auto resharded_after_forward = [&](int64_t i) { return raf && !keep && i != L - 1; };  // the last is kept
   auto gather = [&](int64_t u, const char* overlap) {  // issue_unshard: a collective over several ranks
-    if (S > 1) w.ring(CommKind::AllGather, group, S, compute_bytes * block[u], "gather " + name(u), overlap, u);
+    if (S > 1) w.ring(CommKind::AllGather, group, S, gather_bytes[u], "gather " + name(u), overlap, u);
   };
   for (int64_t m = 0; m < p.micro_batches; ++m) {
     const bool sync = p.reduce_every_micro_batch || m == p.micro_batches - 1;
@@ -177,6 +205,9 @@ void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, 
     // Forward: the root (embedding, final norm, head) stays gathered to the end of backward;
     // each block is prefetched while the one before computes.
     const bool cast = !keep || m == 0;  // whether forward gathers (casts) the units
+    // FP8 all-gather: the weights changed in the last step, so their scales first (an amax each).
+    if (m == 0 && model.float8_weights > 0 && S > 1)
+      w.ring(CommKind::AllGather, group, S, 4 * model.float8_weights, kFloat8AmaxGather, "exposed", L);
     gather(L, "exposed");
     if (cast) w.mark(StepEvent::Op::Unshard, L);
     if (L > 0) gather(0, "gather");
@@ -292,7 +323,9 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, at::ScalarType com
     std::vector<int64_t> block(L + 1, 0);
     for (const ParamSpec& s : specs) block[s.layer >= 0 ? s.layer : L] += RowShard::of(s.shape, S).block_numel();
     const int64_t compute_bytes = at::elementSize(compute_dtype);
+    const std::vector<int64_t> gather = unit_gather_bytes(c, specs, L, S, compute_bytes);
     ModelEvents model_events;
+    for (const ParamSpec& s : specs) model_events.float8_weights += gathered_in_float8(c, s);
     // Under context parallelism a rank's tokens are its share of each row (T / cp of them), and
     // its keys and values are its TP share of the key/value heads.
     const int64_t T = c.data.seq_length / p.cp;
@@ -313,7 +346,7 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, at::ScalarType com
       const int64_t chunk = loss_chunk_tokens(share.vocab, cuda);
       for (int64_t start = 0; start < n; start += chunk) model_events.chunks.push_back(std::min(chunk, n - start));
     }
-    plan_fsdp_micro_batches(w, c, p, L, diloco ? 1 : R, block, compute_bytes, shard_group, model_events);
+    plan_fsdp_micro_batches(w, c, p, L, diloco ? 1 : R, block, gather, shard_group, model_events);
   } else {
     plan_ddp_micro_batches(w, p, specs, L, c.train.bucket_mb);
   }

@@ -27,6 +27,9 @@
 
 namespace zb {
 
+// What the plan calls the FP8 all-gather's gather of the weights' amaxes (a step's first).
+inline constexpr const char* kFloat8AmaxGather = "FP8 weights' amaxes";
+
 struct StepPlan {
   // What it was made for.
   Parallelism parallelism = Parallelism::FSDP;

@@ -35,17 +35,21 @@ std::unique_ptr<Llama> build_model(const Config& config, const TrainingParts& pa
                                                 : std::string("this run is on the CPU")) +
                         " (float8.emulate = true computes the same values in fp32, for tests)");
     // A GEMM's tokens: a micro-batch's rows, this rank's share of them under CP (TP gathers them).
-    const int64_t tokens = config.train.micro_bs * config.data.seq_length / parts.mesh.shape().cp;
-    const std::vector<std::string> kept =
-        model->set_float8({true, float8_recipe(f.recipe_name), f.emulate, f.filter_fqns}, tokens);
+    const int64_t tokens = gemm_tokens(config);
+    if (f.enable_fsdp_float8_all_gather && !parts.mesh.sharded())
+      throw ConfigError(config.origin("float8.enable_fsdp_float8_all_gather") + ": float8.enable_fsdp_float8_all_gather "
+                        "is for the sharding engine (train_fsdp, train_hsdp); train_ddp gathers no weights");
+    const std::vector<std::string> kept = model->set_float8(resolve_float8(config), tokens);
     int64_t in_fp8 = 0;
     for (int64_t l = 0; l < model->args().n_layers; ++l)
       for (const char* name : {"wq", "wk", "wv", "wo", "w1", "w2", "w3"}) in_fp8 += model->in_float8(l, name);
     std::string filters;
     for (const std::string& k : f.filter_fqns) filters += (filters.empty() ? "" : ", ") + k;
-    log::info(strf("float8: %ld of the blocks' %ld projections in FP8, recipe %s, %s; left out by name: %s", static_cast<long>(in_fp8),
+    log::info(strf("float8: %ld of the blocks' %ld projections in FP8, recipe %s, %s%s; left out by name: %s",
+                   static_cast<long>(in_fp8),
                    static_cast<long>(7 * model->args().n_layers), f.recipe_name.c_str(),
                    f.emulate ? "emulated (the FP8 values multiplied in fp32)" : "cuBLASLt's FP8 GEMMs (_scaled_mm)",
+                   f.enable_fsdp_float8_all_gather ? ", their weights gathered in FP8" : "",
                    filters.empty() ? "none" : filters.c_str()));
     if (!kept.empty()) {
       std::string names;
@@ -67,6 +71,7 @@ std::unique_ptr<ParallelModel> build_engine(const Config& config, const Training
   fsdp.reshard_after_forward = config.train.reshard_after_forward;
   fsdp.checkpoint_every = config.train.ac_ckpt;
   fsdp.keep_cast = config.train.keep_unsharded == "true";  // "auto" is resolved by the memory verdict
+  fsdp.float8_all_gather = config.float8.enable_float8_linear && config.float8.enable_fsdp_float8_all_gather;
   // DiLoCo: no gradient crosses between replicas; the outer step does, every inner_steps steps.
   const bool diloco = config.diloco.inner_steps > 0;
   return std::make_unique<FSDPEngine>(*parts.model, mesh.shard_group(), fsdp,

@@ -3,7 +3,8 @@ real runs measure, on 4 Gloo ranks over loopback: FSDP over 4, HSDP 2x2 and 1x4 
 the replicas) and train_ddp on 4 (rank 0's record, every kind of collective, by group under HSDP),
 DiLoCo 2x2 with an outer step every step (the inner step's bytes plus the outer step's), TP 2 x
 FSDP 2 (Muon, by group: shard and TP) and CP 2 x FSDP 2, keys and values gathered or passed around
-the ring (by group: CP). They must be equal, not close."""
+the ring (by group: CP), and FSDP over 4 gathering its FP8 weights in FP8. They must be equal, not
+close."""
 import json
 import subprocess
 
@@ -21,6 +22,8 @@ LAYOUTS = {
     "tp": (["--parallel.tp", "2"], ["--tp", "2"], ["shard", "tp"]),
     "cp": (["--parallel.cp", "2"], ["--cp", "2"], ["cp"]),
     "cp_ring": (["--parallel.cp", "2", "--parallel.cp_rotate", "ring"], ["--cp", "2"], ["cp"]),
+    "float8": (["--float8.enable_float8_linear", "true", "--float8.emulate", "true",
+                "--float8.enable_fsdp_float8_all_gather", "true"], [], []),
 }
 
 
@@ -32,6 +35,7 @@ def test_bytes_match_measured(work):
         # SMALL without its --config: scale_model.py names the config itself.
         diloco = ["--diloco.inner_steps", "1"] if name == "diloco" else []
         diloco += ["--parallel.cp_rotate", "ring"] if name == "cp_ring" else []
+        diloco += extra if name == "float8" else []
         out = subprocess.run([PYTHON, SOURCE / "scripts/perf/scale_model.py", "--train", TRAIN_FSDP, "--config",
                               DEBUG_CONFIG, "--bytes", "--world", "4", *model_args, "--", *SMALL[2:], *SHORT, *diloco],
                              stdout=subprocess.PIPE, text=True)

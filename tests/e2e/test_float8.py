@@ -8,8 +8,9 @@ the single process's, so every FP8 scale is the same; the runs differ by the gra
 (1e-7 in fp32), which can move a value across an FP8 rounding boundary now and then (measured up
 to 4.8e-5 by step 8): 2e-4 relative allowed. Against fp32 the losses move by FP8's rounding (about
 2^-4 of a value, averaging out over a GEMM's sums): more than 1e-6, less than 2e-2.
-all_gather: FSDP 2 gathering the FP8 weights in FP8 against one process doing the same (its casts
-through FP8 and back): 2e-4 as above; the gathers' bytes against the same run's without it (the
+all_gather: FSDP 2 and HSDP 2 x 2 gathering the FP8 weights in FP8 against one process doing the
+same (its casts through FP8 and back): 2e-4 as above; with its casts kept, to the bit; TP 2 x FSDP 2
+(each slice its own scale) within 1e-3; the gathers' bytes against the same run's without it (the
 CPU computes in fp32): each FP8 weight one byte a value instead of four, the rest as it was.
 resume: a float8 checkpoint resumes to the straight run's losses exactly (FP8 keeps no state), and
 under fp32 linears too (the checkpoint is the same either way).
@@ -58,6 +59,16 @@ def test_all_gather(work):
     assert "their weights gathered in FP8" in one.text(0), one.text(0)
     train(work, "fsdp2", 2, *gather)
     compare_losses(work / "one.jsonl", work / "fsdp2.jsonl", 2e-4, "FP8 all-gather, FSDP 2", 1, 8)
+    # The same with the casts kept across the step (one rank), and as HSDP (2 shard groups of 2):
+    # the replicas hold the same shards, so the same scales.
+    train(work, "kept", 1, *gather, "--train.keep_unsharded", "true")
+    compare_losses(work / "one.jsonl", work / "kept.jsonl", 0, "FP8 all-gather, casts kept", 1, 8)
+    train(work, "hsdp", 4, *gather, "--parallel.dp_shard", "2", "--parallel.dp_replicate", "2")
+    compare_losses(work / "one.jsonl", work / "hsdp.jsonl", 2e-4, "FP8 all-gather, HSDP 2 x 2", 1, 8)
+    # Under TP each rank's slices have their own scales (a slice's amax), so FP8 rounds otherwise
+    # than on one process (measured 6e-5): 1e-3.
+    train(work, "tp", 4, *gather, "--parallel.tp", "2")
+    compare_losses(work / "one.jsonl", work / "tp.jsonl", 1e-3, "FP8 all-gather, TP 2 x FSDP 2", 1, 8)
     train(work, "fsdp2_fp32_gathers", 2, *ON)
     fp8, fp32 = (metrics(work / f"{n}.jsonl")[-1]["comm_bytes"]["all_gather"] for n in ("fsdp2", "fsdp2_fp32_gathers"))
     print(f"all-gather bytes a step: {fp8} with FP8 weights, {fp32} without (x{fp8 / fp32:.3f})")

@@ -122,7 +122,8 @@ gpu_steps=(build cuda_tests preset_150M preset_1B profile_1B ranks preset_1B_det
            preset_150M_det_b preset_150M_det_resumed deterministic_check preset_1B_8K_cp1 preset_1B_8K_cp2_allgather
            preset_1B_8K_cp2_ring preset_1B_8K_cp4_allgather preset_1B_8K_cp4_ring context_check preset_1B_8K_speed
            preset_1B_16K_speed preset_1B_32K_speed preset_1B_float8_off preset_1B_float8_tensorwise
-           preset_1B_float8_rowwise float8_quick_bf16 float8_quick_tensorwise float8_check preset_1B_causal preset_1B_causal_auto preset_1B_cudnn_varlen
+           preset_1B_float8_rowwise float8_gemms preset_7B4_float8_off preset_7B4_float8_tensorwise
+           float8_quick_bf16 float8_quick_tensorwise float8_check preset_1B_causal preset_1B_causal_auto preset_1B_cudnn_varlen
            preset_1B_aten preset_1B_casts_freed
            "${unfused_ops[@]/#/preset_1B_unfused_}" reference_cpu reference_gpu_fp32 reference_gpu_bf16
            reference_check nvtx bench)
@@ -301,6 +302,15 @@ if wanted float8; then
     step "preset_1B_float8_$recipe" 150 "${train[@]}" "${one_b[@]}" "${f8[@]}" \
       --logging.metrics_file "$work/preset_1B_float8_$recipe.jsonl"
   done
+  # The projections' GEMMs alone (1B and 7B shapes), and the 7B preset's blocks (4 of them, its
+  # micro-batches of 4 x 2048) in bf16 and tensorwise FP8: where FP8's tensor cores pay.
+  step float8_gemms 90 "$python" "$ROOT/scripts/perf/float8_gemms.py" --train build/apps/train_fsdp \
+    --config configs/1B/H100.toml configs/7B/H100.toml --out "$out/float8_gemms.json"
+  for recipe in off tensorwise; do
+    f8=(); [ "$recipe" = off ] || f8=(--float8.enable_float8_linear true)
+    step "preset_7B4_float8_$recipe" 120 "${train[@]}" --config configs/7B/H100.toml --model.n_layers 4 \
+      --optim.batch_size 16 "${f8[@]}" --logging.metrics_file "$work/preset_7B4_float8_$recipe.jsonl"
+  done
   if [ -f data/python-docs/val/shard_000000.bin ]; then
     quick=(build/apps/train_fsdp --config configs/debug/quickstart.toml --ckpt.path "" --wandb false --runtime.device cuda)
     step float8_quick_bf16 60 "${quick[@]}" --logging.metrics_file "$work/float8_quick_bf16.jsonl"
@@ -313,7 +323,8 @@ if wanted float8; then
     failed=1
   fi
 else not_run "not in GPU_CHECK_STEPS" preset_1B_float8_off preset_1B_float8_tensorwise preset_1B_float8_rowwise \
-  float8_quick_bf16 float8_quick_tensorwise float8_check; fi
+  float8_gemms preset_7B4_float8_off preset_7B4_float8_tensorwise float8_quick_bf16 float8_quick_tensorwise \
+  float8_check; fi
 if wanted attention; then
   # The same without the document mask, on the dense flash kernel (the family the document path
   # runs): what masking costs (the report gives the ratio). Then with PyTorch's own choice of

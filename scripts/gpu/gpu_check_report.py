@@ -228,11 +228,12 @@ def check_float8(work):
     within FLOAT8_TOLERANCE of bf16's; prints the 1B preset's tokens/s and memory for each recipe."""
     base = read_val_losses(os.path.join(work, "float8_quick_bf16.jsonl"))
     fp8 = read_val_losses(os.path.join(work, "float8_quick_tensorwise.jsonl"))
-    for recipe in ("off", "tensorwise", "rowwise"):
-        path = os.path.join(work, f"preset_1B_float8_{recipe}.jsonl")
+    for recipe in ("1B_float8_off", "1B_float8_tensorwise", "1B_float8_rowwise", "7B4_float8_off",
+                   "7B4_float8_tensorwise"):
+        path = os.path.join(work, f"preset_{recipe}.jsonl")
         m = read_metrics(path) if os.path.exists(path) else None
         if m:
-            print(f"float8_check: 1B {recipe}: {m['tokens_per_second'] or 0:,.0f} tokens/s at step {m['steps']}, "
+            print(f"float8_check: {recipe}: {m['tokens_per_second'] or 0:,.0f} tokens/s at step {m['steps']}, "
                   f"MFU {m['mfu_percent']}%, peak {m['peak_memory_gib']} GiB")
     if not base or not fp8 or max(base) != max(fp8):
         print(f"float8_check: held-out losses missing or cut short (bf16 {base}, FP8 {fp8})")

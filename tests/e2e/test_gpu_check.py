@@ -86,7 +86,8 @@ def test_cpu_only(tree):
                        "deterministic_check", "preset_1B_8K_cp1", "preset_1B_8K_cp2_allgather", "preset_1B_8K_cp2_ring",
                        "preset_1B_8K_cp4_allgather", "preset_1B_8K_cp4_ring", "context_check", "preset_1B_8K_speed",
                        "preset_1B_16K_speed", "preset_1B_32K_speed", "preset_1B_float8_off",
-                       "preset_1B_float8_tensorwise", "preset_1B_float8_rowwise", "float8_quick_bf16",
+                       "preset_1B_float8_tensorwise", "preset_1B_float8_rowwise", "float8_gemms",
+                       "preset_7B4_float8_off", "preset_7B4_float8_tensorwise", "float8_quick_bf16",
                        "float8_quick_tensorwise", "float8_check", "preset_1B_causal",
                        "preset_1B_causal_auto", "preset_1B_cudnn_varlen", "preset_1B_aten", "preset_1B_casts_freed",
                        "preset_1B_unfused_rope", "preset_1B_unfused_gate", "preset_1B_unfused_loss",
@@ -349,7 +350,7 @@ def test_float8_check(tmp_path):
     write("preset_1B_float8_tensorwise", [{"step": 20, "loss": 10.2, "tokens_per_second": 98000.0, "mfu": 63.4,
                                            "peak_memory_bytes": 30 * 2**30}])
     rc, out = report_check(tmp_path, "--check-float8")
-    assert rc == 0 and "gap +0.0200 (bound 0.0355) PASS" in out and "1B tensorwise: 98,000 tokens/s" in out, out
+    assert rc == 0 and "gap +0.0200 (bound 0.0355) PASS" in out and "1B_float8_tensorwise: 98,000 tokens/s" in out, out
     write("float8_quick_tensorwise", held_out({25: 4.45, 150: 3.60}))
     rc, out = report_check(tmp_path, "--check-float8")
     assert rc == 1 and "FAIL" in out, out

@@ -133,10 +133,12 @@ std::pair<at::Tensor, at::Tensor> float8_cast_cuda(const at::Tensor& x, at::Scal
   const bool transposed = !x.is_contiguous();
   const at::Tensor m = transposed ? x.t() : x;
   const int kind = !rowwise ? kFloat8ScaleTensor : transposed ? kFloat8ScaleColumn : kFloat8ScaleRow;
-  // The amaxes in fp32 (exact: the largest |x| of bf16 values), one ATen reduction.
+  // The amaxes, one ATen reduction over the bf16 values (exact: the largest |x| is one of them),
+  // then as fp32 (a value a row at most).
   const at::Tensor amax =
-      !rowwise ? at::linalg_vector_norm(m, INFINITY, std::nullopt, false, at::kFloat)
-               : at::linalg_vector_norm(m, INFINITY, std::vector<int64_t>{transposed ? 0 : 1}, false, at::kFloat);
+      (!rowwise ? at::linalg_vector_norm(m, INFINITY)
+                : at::linalg_vector_norm(m, INFINITY, std::vector<int64_t>{transposed ? 0 : 1}))
+          .to(at::kFloat);
   at::Tensor data = at::empty(m.sizes(), m.options().dtype(fp8));
   at::Tensor inverse = at::empty(amax.sizes(), amax.options());
   const c10::cuda::CUDAGuard guard(x.device());

@@ -148,13 +148,9 @@ void FSDPEngine::set_requires_gradient_sync(bool sync) {
 
 void FSDPEngine::update_float8_scales() {
   std::vector<FSDPParam*> fp8;
-  std::vector<int64_t> versions;
   for (auto& p : params_)
-    if (p->float8_gather) {
-      fp8.push_back(p.get());
-      versions.push_back(static_cast<int64_t>(p->sharded._version()));
-    }
-  if (fp8.empty() || versions == float8_versions_) return;
+    if (p->float8_gather) fp8.push_back(p.get());
+  if (fp8.empty() || !float8_scales_stale_) return;
   at::NoGradGuard no_grad;
   Phase phase("zb.fsdp.float8_scales");
   std::vector<at::Tensor> amax;
@@ -170,7 +166,7 @@ void FSDPEngine::update_float8_scales() {
   }
   const at::Tensor scales = float8_power_of_two_scale(global);
   for (size_t i = 0; i < fp8.size(); ++i) fp8[i]->float8_scale = scales[static_cast<int64_t>(i)].clone();
-  float8_versions_ = versions;
+  float8_scales_stale_ = false;
 }
 
 void FSDPEngine::finish_backward() {
@@ -192,6 +188,7 @@ void FSDPEngine::reshard() {
 }
 
 void FSDPEngine::parameters_changed() {
+  float8_scales_stale_ = true;
   for (auto& b : blocks_) b->parameters_changed();
   root_->parameters_changed();
 }

@@ -91,9 +91,10 @@ class FSDPEngine : public ParallelModel {
 
  private:
   // FP8 all-gather: every FP8 weight's scale from the largest |value| of its shards over the
-  // shard group (one all-gather of an amax per weight), where a shard changed since the last time.
+  // shard group (one all-gather of an amax per weight), at the first forward after
+  // parameters_changed() (which every rank calls alike: the collective stays matched).
   void update_float8_scales();
-  std::vector<int64_t> float8_versions_;
+  bool float8_scales_stale_ = true;
 
   Llama& model_;
   Communicator& comm_;

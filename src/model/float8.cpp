@@ -5,6 +5,7 @@
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/_scaled_mm.h>
+#include <ATen/ops/_unsafe_view.h>
 #include <ATen/ops/clamp.h>
 #include <ATen/ops/frexp.h>
 #include <ATen/ops/ldexp.h>
@@ -123,7 +124,7 @@ struct Float8LinearsNode : torch::autograd::Function<Float8LinearsNode> {
                                      /*fast_accumulation=*/true);
       auto shape = x.sizes().vec();
       shape.back() = w.size(0);
-      out.push_back(y.view(shape));
+      out.push_back(at::_unsafe_view(y, shape));  // a new tensor to autograd, not a view of one made here
       saved.push_back(w);
     }
     ctx->save_for_backward(saved);

@@ -12,6 +12,7 @@
 
 #include "data/documents.h"
 #include "model/attention.h"
+#include "model/context_parallel.h"
 #include "util/fs.h"
 
 using namespace zb;
@@ -217,4 +218,47 @@ TEST(Attention, CudnnVarlenLengthsComeInPowersOfTwo) {
   EXPECT_TRUE(at::equal(flash.cu_seqlens, odd));
   EXPECT_FALSE(flash.cudnn_cu_seqlens.defined());
   EXPECT_EQ(flash.max_len, 16);
+}
+
+// Context parallelism through the variable-length kernel (runtime.cp_varlen): the pieces and
+// packed keys of cp_varlen_documents, attended the way the flash kernel attends them (each
+// piece's n queries see all but the last n-1-i of its keys, the causal mask aligned at the end),
+// give every query what the mask of cp_documents gives it, in float64. The kernel itself runs
+// only on a GPU (cuda.CudaAttention.CpVarlenEqualsTheMask).
+TEST(Attention, CpVarlenPiecesSeeWhatTheMaskSees) {
+  at::manual_seed(11);
+  const int64_t B = 2, T = 48, H = 4, Hkv = 2, Dh = 8;
+  // Documents shorter than a chunk, across chunk edges, and one longer than a row (from row 0 into 1).
+  const at::Tensor cu = at::tensor(std::vector<int32_t>{0, 5, 7, 30, 48, 60, 61, 96}, at::kInt);
+  for (const int64_t size : {2, 3, 4})
+    for (const bool documents : {true, false})
+      for (int64_t rank = 0; rank < size; ++rank) {
+        const int64_t t = T / size;
+        const at::Tensor q = at::randn({B, t, H, Dh}, at::kDouble), k = at::randn({B, T, Hkv, Dh}, at::kDouble),
+                         v = at::randn({B, T, Hkv, Dh}, at::kDouble);
+        const at::Tensor cus = documents ? cu : at::Tensor();
+        const at::Tensor want = attention(q, k, v, cp_documents(cus, B, T, rank, size, at::kCPU, at::kDouble));
+        const Documents d = cp_varlen_documents(cus, B, T, rank, size, at::kCPU);
+        ASSERT_EQ(d.cu_seqlens[-1].item<int64_t>(), B * t);
+        ASSERT_EQ(d.cu_seqlens_k.numel(), d.cu_seqlens.numel());
+        const at::Tensor qf = q.reshape({B * t, H, Dh}), kf = k.reshape({B * T, Hkv, Dh}).index_select(0, d.key_index),
+                         vf = v.reshape({B * T, Hkv, Dh}).index_select(0, d.key_index);
+        at::Tensor got = at::empty({B * t, H, Dh}, at::kDouble);
+        for (int64_t j = 0; j + 1 < d.cu_seqlens.numel(); ++j) {
+          const int64_t q0 = d.cu_seqlens[j].item<int64_t>(), nq = d.cu_seqlens[j + 1].item<int64_t>() - q0;
+          const int64_t k0 = d.cu_seqlens_k[j].item<int64_t>(), nk = d.cu_seqlens_k[j + 1].item<int64_t>() - k0;
+          ASSERT_GE(nk, nq);
+          ASSERT_LE(nq, d.max_len);
+          ASSERT_LE(nk, d.max_len_k);
+          const at::Tensor qs = qf.narrow(0, q0, nq).transpose(0, 1);                                   // [H, nq, Dh]
+          const at::Tensor ks = kf.narrow(0, k0, nk).repeat_interleave(H / Hkv, 1).transpose(0, 1);  // [H, nk, Dh]
+          const at::Tensor vs = vf.narrow(0, k0, nk).repeat_interleave(H / Hkv, 1).transpose(0, 1);
+          at::Tensor scores = at::matmul(qs, ks.transpose(1, 2)) / std::sqrt(static_cast<double>(Dh));
+          const at::Tensor qi = at::arange(nq, at::kLong).unsqueeze(1), ki = at::arange(nk, at::kLong).unsqueeze(0);
+          scores = scores.masked_fill(ki.gt(qi + (nk - nq)), -INFINITY);  // aligned at the end
+          got.narrow(0, q0, nq).copy_(at::matmul(at::softmax(scores, -1), vs).transpose(0, 1));
+        }
+        EXPECT_LT((got.reshape({B, t, H * Dh}) - want).abs().max().item<double>(), 1e-12)
+            << "cp " << size << " rank " << rank << (documents ? " documents" : " causal");
+      }
 }

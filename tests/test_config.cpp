@@ -477,3 +477,20 @@ TEST(ConfigErrors, Float8) {
   EXPECT_EQ(error_of([] { load_config_string(std::string(kMinimal) + "[float8]\nfilter_fqns = \"output\"\n", "y.toml"); }),
             "y.toml:4: key 'float8.filter_fqns' must be a list of strings, got string");
 }
+
+TEST(ConfigErrors, CpVarlenNeedsCpAllgatherOnAGpu) {
+  Config c = load_config_string("name_model = \"debugmodel\"\ntype_model = \"llama2\"\n" + std::string(kMinimal), "x.toml");
+  apply_override(c, "runtime.cp_varlen", "true");
+  const std::string refused = "command line (--runtime.cp_varlen): runtime.cp_varlen is context parallelism's "
+                              "variable-length kernel: it needs parallel.cp above 1, parallel.cp_rotate = "
+                              "\"allgather\" and a GPU";
+  EXPECT_EQ(error_of([&] { validate(c, 2); }), refused);
+  apply_override(c, "parallel.cp", "2");
+  apply_override(c, "runtime.device", "cuda");
+  EXPECT_NO_THROW(validate(c, 2));
+  apply_override(c, "parallel.cp_rotate", "ring");
+  EXPECT_EQ(error_of([&] { validate(c, 2); }), refused);
+  apply_override(c, "parallel.cp_rotate", "allgather");
+  apply_override(c, "runtime.device", "cpu");
+  EXPECT_EQ(error_of([&] { validate(c, 2); }), refused);
+}

@@ -24,6 +24,7 @@
 #include "data/loader.h"
 #include "model/attention.h"
 #include "model/chunked_loss.h"
+#include "model/context_parallel.h"
 #include "model/float8.h"
 #include "kernels/fp32_updates.h"
 #include "kernels/gemm_add.h"
@@ -852,4 +853,37 @@ TEST(CudaFloat8, OurCastEqualsAtensBitForBit) {
         EXPECT_TRUE(ours.inverse_scale.equal(aten.inverse_scale)) << c10::toString(fp8) << " rowwise " << rowwise;
       }
   }
+}
+
+// Context parallelism through the variable-length flash kernel (runtime.cp_varlen) against the
+// mask through SDPA, on the GPU in bf16, forward and the gradients of q and of the gathered keys
+// and values: the pieces' causal mask aligned at their ends (Attention.CpVarlenPiecesSeeWhatTheMaskSees
+// checks the pieces on the CPU; here the kernel's alignment).
+TEST(CudaAttention, CpVarlenEqualsTheMask) {
+  SKIP_WITHOUT_GPU();
+  at::manual_seed(5);
+  const int64_t B = 2, T = 512, H = 8, Hkv = 4, Dh = 64;
+  const auto bf16 = at::TensorOptions().device(kGpu).dtype(at::kBFloat16);
+  const at::Tensor cu = at::tensor(std::vector<int32_t>{0, 40, 47, 300, 512, 700, 701, 1024}, at::kInt);
+  for (const int64_t size : {2, 4})
+    for (int64_t rank = 0; rank < size; ++rank) {
+      const int64_t t = T / size;
+      const at::Tensor q0 = at::randn({B, t, H, Dh}, bf16), k0 = at::randn({B, T, Hkv, Dh}, bf16),
+                       v0 = at::randn({B, T, Hkv, Dh}, bf16), g = at::randn({B, t, H * Dh}, bf16);
+      at::Tensor out[2], dq[2], dk[2], dv[2];
+      for (int way = 0; way < 2; ++way) {
+        const at::Tensor q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true),
+                         v = v0.clone().requires_grad_(true);
+        const Documents d = way == 0 ? cp_varlen_documents(cu, B, T, rank, size, kGpu)
+                                     : cp_documents(cu, B, T, rank, size, kGpu, at::kBFloat16);
+        out[way] = attention(q, k, v, d);
+        out[way].backward(g);
+        dq[way] = q.grad(), dk[way] = k.grad(), dv[way] = v.grad();
+      }
+      const std::string what = "cp " + std::to_string(size) + " rank " + std::to_string(rank);
+      EXPECT_LT(relative_error(out[0], out[1]), 2e-2) << what;
+      EXPECT_LT(relative_error(dq[0], dq[1]), 2e-2) << what;
+      EXPECT_LT(relative_error(dk[0], dk[1]), 2e-2) << what;
+      EXPECT_LT(relative_error(dv[0], dv[1]), 2e-2) << what;
+    }
 }

@@ -37,8 +37,8 @@
 # "ranks" is every layout with 2-4 ranks sharing the GPU against one process
 # (scripts/gpu/ranks_check.py), "deterministic" the 1B preset under runtime.deterministic and three
 # 150M runs that must be bit-identical; "context" (not in the default set) the 1B preset at 8K
-# tokens a row split over 2 and 4 ranks (parallel.cp, both rotations) against one rank (3 steps;
-# 5 runs at about 40 s each), and one rank's speed at 8K, 16K and 32K; "float8" (not in the default
+# tokens a row split over 2 and 4 ranks (parallel.cp, both rotations and runtime.cp_varlen) against
+# one rank (3 steps; 7 runs at about 40 s each), and one rank's speed at 8K, 16K and 32K; "float8" (not in the default
 # set either) the 1B preset in bf16, tensorwise and rowwise FP8, and the quick start on real text in
 # bf16 and FP8; "kernels" is the 1B
 # preset again with ATen's operators alone, --runtime.fused_kernels false, what our kernels
@@ -120,7 +120,8 @@ unfused_ops=(rope gate loss norm linears update momentum residual newton_schulz)
 # Every step, in the order they run (those of "attention" and "suite" only when asked for).
 gpu_steps=(build cuda_tests preset_150M preset_1B profile_1B ranks preset_1B_deterministic preset_150M_det_a
            preset_150M_det_b preset_150M_det_resumed deterministic_check preset_1B_8K_cp1 preset_1B_8K_cp2_allgather
-           preset_1B_8K_cp2_ring preset_1B_8K_cp4_allgather preset_1B_8K_cp4_ring context_check preset_1B_8K_speed
+           preset_1B_8K_cp2_ring preset_1B_8K_cp2_varlen preset_1B_8K_cp4_allgather preset_1B_8K_cp4_ring
+           preset_1B_8K_cp4_varlen context_check preset_1B_8K_speed
            preset_1B_16K_speed preset_1B_32K_speed preset_1B_float8_off preset_1B_float8_tensorwise
            preset_1B_float8_rowwise float8_gemms preset_7B4_float8_off preset_7B4_float8_tensorwise
            float8_quick_bf16 float8_quick_tensorwise float8_check preset_1B_causal preset_1B_causal_auto preset_1B_cudnn_varlen
@@ -278,9 +279,10 @@ if wanted context; then
         --optim.total_steps 3 --logging.interval 1)
   step preset_1B_8K_cp1 90 "${long[@]}" --logging.metrics_file "$work/preset_1B_8K_cp1.jsonl"
   for cp in 2 4; do
-    for rotate in allgather ring; do
+    for rotate in allgather ring varlen; do
+      how=(--parallel.cp_rotate "$rotate"); [ "$rotate" = varlen ] && how=(--runtime.cp_varlen true)
       step "preset_1B_8K_cp${cp}_$rotate" 90 "$python" -m torch.distributed.run --standalone --nproc_per_node "$cp" \
-        --no-python "${long[@]}" --parallel.cp "$cp" --parallel.cp_rotate "$rotate" \
+        --no-python "${long[@]}" --parallel.cp "$cp" "${how[@]}" \
         --logging.metrics_file "$work/preset_1B_8K_cp${cp}_$rotate.jsonl"
     done
   done
@@ -290,7 +292,7 @@ if wanted context; then
       --optim.total_steps 6 --logging.interval 3 --logging.metrics_file "$work/preset_1B_$((len / 1024))K_speed.jsonl"
   done
 else not_run "not in GPU_CHECK_STEPS" preset_1B_8K_cp1 preset_1B_8K_cp2_allgather preset_1B_8K_cp2_ring \
-  preset_1B_8K_cp4_allgather preset_1B_8K_cp4_ring context_check preset_1B_8K_speed preset_1B_16K_speed preset_1B_32K_speed; fi
+  preset_1B_8K_cp2_varlen preset_1B_8K_cp4_allgather preset_1B_8K_cp4_ring preset_1B_8K_cp4_varlen context_check preset_1B_8K_speed preset_1B_16K_speed preset_1B_32K_speed; fi
 if wanted float8; then
   # Float8 linears (model/float8.h): the 1B preset in bf16, then with tensorwise and rowwise FP8
   # (tokens/s, MFU in bf16's FLOPs, peak memory: the report's presets); the quick start on real

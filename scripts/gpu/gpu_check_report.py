@@ -205,7 +205,7 @@ def check_context(work):
         return 1
     status = 0
     for cp in (2, 4):
-        for rotate in ("allgather", "ring"):
+        for rotate in ("allgather", "ring", "varlen"):
             got = losses_by_step(os.path.join(work, f"preset_1B_8K_cp{cp}_{rotate}.jsonl"))
             if sorted(got) != sorted(one):
                 print(f"context_check: cp {cp} {rotate}: steps {sorted(got)}, the one rank's {sorted(one)}")

@@ -139,6 +139,7 @@ struct RuntimeConfig {  // [runtime]
   double device_memory_gb = 0;  // one device's memory for the fit check; 0: from the GPU's name
   std::string sdpa_backend = "auto";  // scaled_dot_product_attention's kernel (model/attention.h)
   std::string varlen_kernel = "flash";  // document attention's kernel on a GPU (model/attention.h)
+  bool cp_varlen = false;  // CP (allgather) through the variable-length kernel on a GPU (model/context_parallel.h)
   bool fused_kernels = true;  // our fused operators and CUDA kernels (model/layers.h); false: none
   std::string unfused;        // those of them to leave to ATen, comma-separated (model/layers.h's names)
   std::string backend = "auto";  // collectives: "auto" | "nccl" | "gloo" (dist/placement.h)

@@ -215,6 +215,10 @@ const std::vector<Field>& schema() {
                 "(cuDNN's forward over the same cumulative lengths, flash's backward; the metrics name the one "
                 "that ran)",
                 "flash", "cudnn"),
+      ZB_FIELD("runtime.cp_varlen", Bool, bool, runtime.cp_varlen,
+               "context parallelism (allgather) on a GPU through the variable-length flash kernel, each piece of a "
+               "rank's queries with its document's gathered keys, no mask (not yet measured on a GPU: off by "
+               "default, the mask through SDPA)"),
       ZB_FIELD("runtime.fused_kernels", Bool, bool, runtime.fused_kernels,
                "our fused operators: SwiGLU's gate as one autograd node, and on CUDA in bf16 our kernels for "
                "it, RoPE, RMSNorm's backward, the loss's log-sum-exp and logit gradient, q/k/v's input "

@@ -181,6 +181,10 @@ void validate(const Config& c, int64_t world_size) {
     fail("profiling.nvtx", "profiling.nvtx and profiling.enable_profiling are two uses of the one profiler of a "
                            "process: choose one (nvtx for Nsight Systems, enable_profiling for traces)");
 
+  if (c.runtime.cp_varlen && (c.parallel.cp == 1 || c.parallel.cp_rotate != "allgather" || c.runtime.device == "cpu"))
+    fail("runtime.cp_varlen", "runtime.cp_varlen is context parallelism's variable-length kernel: it needs "
+                              "parallel.cp above 1, parallel.cp_rotate = \"allgather\" and a GPU");
+
   // Float8 linears: the other keys mean nothing without enable_float8_linear. Without emulate the
   // GEMMs are the GPU's (the device is checked when it is known, train/build.cpp).
   if (!c.float8.enable_float8_linear) {

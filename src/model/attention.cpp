@@ -8,6 +8,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/_flash_attention_backward.h>
 #include <ATen/ops/_flash_attention_forward.h>
+#include <ATen/ops/index_select.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/zeros.h>
@@ -142,6 +143,7 @@ struct VarlenAttention : torch::autograd::Function<VarlenAttention> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
                                                 const at::Tensor& k, const at::Tensor& v,
                                                 const at::Tensor& cu_seqlens, int64_t max_len,
+                                                const at::Tensor& cu_seqlens_k, int64_t max_len_k,
                                                 const at::Tensor& cudnn_cu_seqlens, int64_t cudnn_max_len) {
     at::Tensor out, logsumexp, rng_state, unused;
     if (cudnn_max_len > 0) {
@@ -153,22 +155,23 @@ struct VarlenAttention : torch::autograd::Function<VarlenAttention> {
       rng_state = at::empty({2}, u64), unused = at::empty({}, u64);
     } else {
       auto [o, lse, rng, u, debug_mask] =
-          at::_flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len, /*dropout_p=*/0.0,
+          at::_flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens_k, max_len, max_len_k, /*dropout_p=*/0.0,
                                        /*is_causal=*/true, /*return_debug_mask=*/false);
       out = o, logsumexp = lse, rng_state = rng, unused = u;
     }
-    ctx->save_for_backward({q, k, v, out, logsumexp, cu_seqlens, rng_state, unused});
+    ctx->save_for_backward({q, k, v, out, logsumexp, cu_seqlens, cu_seqlens_k, rng_state, unused});
     ctx->saved_data["max_len"] = max_len;
+    ctx->saved_data["max_len_k"] = max_len_k;
     return {out};
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto s = ctx->get_saved_variables();
-    const int64_t max_len = ctx->saved_data["max_len"].toInt();
+    const int64_t max_len = ctx->saved_data["max_len"].toInt(), max_len_k = ctx->saved_data["max_len_k"].toInt();
     const at::Tensor dout = grads[0].contiguous();
-    auto [dq, dk, dv] = at::_flash_attention_backward(dout, s[0], s[1], s[2], s[3], s[4], s[5], s[5], max_len, max_len,
-                                                      /*dropout_p=*/0.0, /*is_causal=*/true, s[6], s[7]);
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    auto [dq, dk, dv] = at::_flash_attention_backward(dout, s[0], s[1], s[2], s[3], s[4], s[5], s[6], max_len,
+                                                      max_len_k, /*dropout_p=*/0.0, /*is_causal=*/true, s[7], s[8]);
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -176,12 +179,24 @@ struct VarlenAttention : torch::autograd::Function<VarlenAttention> {
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Documents& documents) {
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dh = q.size(3);
+  if (documents.key_index.defined()) {
+    // Context parallelism (cp_varlen_documents): this rank's pieces of queries, each with its keys
+    // packed from the gathered ones (index_select: their gradients added back where they came from).
+    const at::Tensor qf = q.reshape({B * T, H, Dh}).contiguous();
+    const at::Tensor kf = k.reshape({-1, k.size(2), Dh}).index_select(0, documents.key_index);
+    const at::Tensor vf = v.reshape({-1, v.size(2), Dh}).index_select(0, documents.key_index);
+    const at::Tensor out = VarlenAttention::apply(qf, kf, vf, documents.cu_seqlens, documents.max_len,
+                                                  documents.cu_seqlens_k, documents.max_len_k, documents.cu_seqlens,
+                                                  0)[0];
+    return out.view({B, T, H * Dh});
+  }
   if (documents.cu_seqlens.defined()) {
     const at::Tensor qf = q.reshape({B * T, H, Dh}).contiguous(), kf = k.reshape({B * T, k.size(2), Dh}).contiguous(),
                      vf = v.reshape({B * T, v.size(2), Dh}).contiguous();
     // An autograd function takes no undefined tensor: flash's lengths stand in for cuDNN's.
     const bool cudnn = documents.cudnn_cu_seqlens.defined();
     const at::Tensor out = VarlenAttention::apply(qf, kf, vf, documents.cu_seqlens, documents.max_len,
+                                                  documents.cu_seqlens, documents.max_len,
                                                   cudnn ? documents.cudnn_cu_seqlens : documents.cu_seqlens,
                                                   cudnn ? T : 0)[0];
     return out.view({B, T, H * Dh});

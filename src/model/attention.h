@@ -34,6 +34,12 @@ struct Documents {
   // Under context parallelism (model/context_parallel.h): the positions in the row of the tokens
   // this rank holds, int64 [T / cp], for RoPE; undefined otherwise.
   at::Tensor positions;
+  // Context parallelism through the variable-length kernel (cp_varlen_documents): the keys each
+  // piece of queries reads, packed from the gathered ones (int64 indices into their flattened
+  // [B * T]), with their own cumulative lengths (int32) and longest piece. cu_seqlens and max_len
+  // are then the queries'.
+  at::Tensor key_index, cu_seqlens_k;
+  int64_t max_len_k = 0;
   bool any() const { return cu_seqlens.defined() || mask.defined(); }
 };
 

@@ -11,10 +11,12 @@
 #include <ATen/ops/logaddexp.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/ones.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/ops/where.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -51,6 +53,55 @@ Documents cp_documents(const at::Tensor& cu_seqlens, int64_t B, int64_t T, int64
                .masked_fill_(allowed.unsqueeze(1).logical_not(), -std::numeric_limits<double>::infinity());
   d.max_len = T;
   d.positions = mine;
+  return d;
+}
+
+Documents cp_varlen_documents(const at::Tensor& cu_seqlens, int64_t B, int64_t T, int64_t rank, int64_t size,
+                              const c10::Device& device) {
+  TORCH_CHECK(T % (2 * size) == 0, "cp_varlen_documents: ", T, " tokens do not divide into 2 x ", size, " chunks");
+  const int64_t C = T / (2 * size);
+  // Where each position of the row sits among the gathered keys (every rank's pair of chunks in turn).
+  std::vector<int64_t> gathered_at(static_cast<size_t>(T));
+  for (int64_t r = 0, i = 0; r < size; ++r)
+    for (const int64_t chunk : {r, 2 * size - 1 - r})
+      for (int64_t p = chunk * C; p < (chunk + 1) * C; ++p) gathered_at[static_cast<size_t>(p)] = i++;
+  // Each row's document starts, in its own positions (every row starts one).
+  std::vector<std::vector<int64_t>> starts(static_cast<size_t>(B), std::vector<int64_t>{0});
+  if (cu_seqlens.defined()) {
+    const at::Tensor cu = cu_seqlens.to(at::kCPU).to(at::kLong).contiguous();
+    const int64_t* c = cu.const_data_ptr<int64_t>();
+    for (int64_t i = 0; i < cu.numel(); ++i) {
+      const int64_t b = c[i] / T, p = c[i] % T;
+      if (b < B && p > 0) starts[static_cast<size_t>(b)].push_back(p);
+    }
+  }
+  std::vector<int32_t> cu_q{0}, cu_k{0};
+  std::vector<int64_t> keys;
+  int64_t max_q = 0, max_k = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const std::vector<int64_t>& s = starts[static_cast<size_t>(b)];
+    for (const int64_t chunk : {rank, 2 * size - 1 - rank}) {
+      // The chunk [chunk C, (chunk + 1) C) cut where documents start inside it.
+      for (int64_t a = chunk * C; a < (chunk + 1) * C;) {
+        const auto next = std::upper_bound(s.begin(), s.end(), a);
+        const int64_t doc_start = *(next - 1), e = std::min<int64_t>((chunk + 1) * C, next == s.end() ? T : *next);
+        for (int64_t p = doc_start; p < e; ++p) keys.push_back(b * T + gathered_at[static_cast<size_t>(p)]);
+        cu_q.push_back(static_cast<int32_t>(cu_q.back() + (e - a)));
+        cu_k.push_back(static_cast<int32_t>(cu_k.back() + (e - doc_start)));
+        max_q = std::max(max_q, e - a);
+        max_k = std::max(max_k, e - doc_start);
+        a = e;
+      }
+    }
+  }
+  const auto i32 = at::TensorOptions().dtype(at::kInt), i64 = at::TensorOptions().dtype(at::kLong);
+  Documents d;
+  d.cu_seqlens = at::tensor(cu_q, i32).to(device);
+  d.cu_seqlens_k = at::tensor(cu_k, i32).to(device);
+  d.key_index = at::tensor(keys, i64).to(device);
+  d.max_len = max_q;
+  d.max_len_k = max_k;
+  d.positions = cp_positions(rank, size, T, device);
   return d;
 }
 

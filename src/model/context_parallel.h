@@ -36,6 +36,15 @@ at::Tensor cp_gathered_positions(int64_t size, int64_t T, const c10::Device& dev
 Documents cp_documents(const at::Tensor& cu_seqlens, int64_t B, int64_t T, int64_t rank, int64_t size,
                        const c10::Device& device, at::ScalarType dtype);
 
+// The same for the variable-length flash kernel (runtime.cp_varlen; on a GPU), with no mask: this
+// rank's queries cut into pieces at its chunks' edges and at document boundaries, each piece
+// reading its document's keys from the document's start (the row's start without `cu_seqlens`:
+// the causal mask) to the piece's last token, packed from the gathered keys (Documents::key_index,
+// into their flattened [B * T] in the group's order). The kernel's causal mask aligns a piece's n
+// queries with the last n of its keys, so that each query sees its document up to itself.
+Documents cp_varlen_documents(const at::Tensor& cu_seqlens, int64_t B, int64_t T, int64_t rank, int64_t size,
+                              const c10::Device& device);
+
 // Attention of this rank's queries over the whole row without gathering it (parallel.cp_rotate =
 // "ring"): the keys and values travel around the group, one rank's block per step, while the
 // current block is computed; the partial outputs combine through their log-sum-exps. `mask` is

@@ -176,7 +176,9 @@ MemoryReplay::MemoryReplay(const Config& c, const StepPlan& plan, at::ScalarType
   // compute dtype, made once per micro-batch and shared by every block (attention.h).
   const bool flash = varlen_flash_supported(device, compute_dtype, a_.head_dim());
   // Under context parallelism the mask is always made, for this rank's queries [B, 1, T/cp, T].
-  mask_ = (c.model.attention == "document" && !flash) || plan.cp > 1 ? e_ * c.data.seq_length * N_ : 0;
+  mask_ = (c.model.attention == "document" && !flash) || (plan.cp > 1 && !(c.runtime.cp_varlen && flash))
+              ? e_ * c.data.seq_length * N_
+              : 0;
 
   units_.resize(static_cast<size_t>(L_ + 1));
   specs_ = param_specs(a_, tp_);  // this rank's slices under TP

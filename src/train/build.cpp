@@ -104,17 +104,21 @@ RunData build_data(const Config& config, const TrainingParts& parts) {
   DataSources sources = make_data_sources(config, parts.model->args().vocab_size);
   d.validation = sources.validation;
   d.documents = sources.documents;
-  // Under context parallelism attention always reads a mask (model/context_parallel.h).
+  // Under context parallelism attention reads a mask (model/context_parallel.h), or with
+  // runtime.cp_varlen the variable-length kernel (cp_varlen_documents), which must run here.
   const int64_t cp = parts.mesh.shape().cp;
-  d.flash_documents =
-      cp == 1 && varlen_flash_supported(parts.device, parts.compute_dtype, parts.model->args().head_dim());
+  const bool flash = varlen_flash_supported(parts.device, parts.compute_dtype, parts.model->args().head_dim());
+  if (cp > 1 && config.runtime.cp_varlen && !flash)
+    throw ConfigError(config.origin("runtime.cp_varlen") + ": runtime.cp_varlen needs the variable-length flash "
+                      "kernel: a GPU, bf16 and a head size it takes");
+  d.flash_documents = flash && (cp == 1 || config.runtime.cp_varlen);
   // Asked for this rank's heads: under TP each rank attends with its share of them.
   const ModelArgs& shape = parts.model->args();
   const TpShare heads = tp_share(shape, parts.mesh.shape().tp);
   d.attention_kernel =
-      cp > 1 && config.parallel.cp_rotate == "ring"
-          ? "ring_fp32_blocks"
-          : attention_kernel(parts.device, parts.compute_dtype, config.data.seq_length / cp, heads.heads,
+      cp > 1 && config.parallel.cp_rotate == "ring" ? "ring_fp32_blocks"
+      : cp > 1 && d.flash_documents                  ? "flash_varlen"
+                                                     : attention_kernel(parts.device, parts.compute_dtype, config.data.seq_length / cp, heads.heads,
                              heads.kv_heads, shape.head_dim(), d.documents.has_value() || cp > 1, d.flash_documents,
                              parts.kernels.cudnn_varlen);
   const ParallelMesh& mesh = parts.mesh;

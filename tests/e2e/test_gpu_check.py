@@ -84,7 +84,8 @@ def test_cpu_only(tree):
     assert list(s) == ["build", "cuda_tests", "preset_150M", "preset_1B", "profile_1B", "ranks",
                        "preset_1B_deterministic", "preset_150M_det_a", "preset_150M_det_b", "preset_150M_det_resumed",
                        "deterministic_check", "preset_1B_8K_cp1", "preset_1B_8K_cp2_allgather", "preset_1B_8K_cp2_ring",
-                       "preset_1B_8K_cp4_allgather", "preset_1B_8K_cp4_ring", "context_check", "preset_1B_8K_speed",
+                       "preset_1B_8K_cp2_varlen", "preset_1B_8K_cp4_allgather", "preset_1B_8K_cp4_ring",
+                       "preset_1B_8K_cp4_varlen", "context_check", "preset_1B_8K_speed",
                        "preset_1B_16K_speed", "preset_1B_32K_speed", "preset_1B_float8_off",
                        "preset_1B_float8_tensorwise", "preset_1B_float8_rowwise", "float8_gemms",
                        "preset_7B4_float8_off", "preset_7B4_float8_tensorwise", "float8_quick_bf16",
@@ -326,11 +327,11 @@ def test_context_check(tmp_path):
     write = lambda name, by_step: write_losses(tmp_path / f"preset_1B_8K_{name}.jsonl", by_step)  # noqa: E731
     check = lambda: report_check(tmp_path, "--check-context")  # noqa: E731
     write("cp1", losses)
-    for name in ("cp2_allgather", "cp2_ring", "cp4_allgather"):
+    for name in ("cp2_allgather", "cp2_ring", "cp2_varlen", "cp4_allgather", "cp4_varlen"):
         write(name, {s: v * (1 + 1e-3) for s, v in losses.items()})
     write("cp4_ring", {s: v * (1 - 4e-3) for s, v in losses.items()})
     rc, out = check()
-    assert rc == 0 and out.count("PASS") == 4, out
+    assert rc == 0 and out.count("PASS") == 6, out
     write("cp4_ring", {s: v * (1 + 6e-3) for s, v in losses.items()})
     rc, out = check()
     assert rc == 1 and "cp 4 ring: largest relative loss difference 6.00e-03 (tolerance 0.005) FAIL" in out, out

@@ -175,7 +175,7 @@ TEST(Float8, GatheredWeightsCastBackToTheirOwnBytes) {
   // very bytes and scale that travelled, in fp32 and in bf16.
   at::manual_seed(3);
   const at::Tensor w = spread(48, 64);
-  const at::Tensor scale = float8_power_of_two_scale(w.abs().amax());
+  const at::Tensor scale = float8_scale(w.abs().amax(), at::kFloat8_e4m3fn, /*power_of_two=*/true);
   EXPECT_EQ(scale.item<float>(), std::ldexp(1.0f, static_cast<int>(std::floor(std::log2(448.0 / w.abs().amax().item<double>())))));
   const at::Tensor sent = to_float8_with_scale(w, scale, at::kFloat8_e4m3fn);
   for (const auto dtype : {at::kFloat, at::kBFloat16}) {

@@ -76,7 +76,7 @@ void all_gather_copy_out_bytes(const std::vector<FSDPParam*>& params, const std:
     if (p->float8_gather) {
       // Dequantised exactly: a power-of-two scale, and at most 4 significant bits a value.
       const at::Tensor fp8 = rows.narrow(1, offsets[i], n).contiguous().view(at::kFloat8_e4m3fn);
-      p->padded_blocks().copy_(fp8.to(at::kFloat).mul_(p->float8_scale.reciprocal()));
+      p->padded_blocks().copy_(Float8Tensor{fp8, p->float8_scale.reciprocal()}.dequantised());
     } else {
       const int64_t size = static_cast<int64_t>(c10::elementSize(p->compute_dtype()));
       p->padded_blocks().copy_(rows.narrow(1, offsets[i], n * size).contiguous().view(p->compute_dtype()));
@@ -87,8 +87,8 @@ void all_gather_copy_out_bytes(const std::vector<FSDPParam*>& params, const std:
 void float8_round_trip(FSDPParam& p) {
   at::NoGradGuard no_grad;
   const at::Tensor rows = p.sharded.detach().view({1, -1});
-  p.padded_blocks().copy_(
-      to_float8_with_scale(rows, p.float8_scale, at::kFloat8_e4m3fn).to(at::kFloat).mul_(p.float8_scale.reciprocal()));
+  const Float8Tensor sent{to_float8_with_scale(rows, p.float8_scale, at::kFloat8_e4m3fn), p.float8_scale.reciprocal()};
+  p.padded_blocks().copy_(sent.dequantised());
 }
 
 at::Tensor reduce_scatter_input(const std::vector<FSDPParam*>& params, const std::vector<at::Tensor>& grads,

@@ -39,10 +39,7 @@ FSDPEngine::FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& opti
     params_.push_back(std::make_unique<FSDPParam>(np.name, np.slot, full, comm.rank(), comm.size(),
                                                   options.compute_dtype));
     FSDPParam* p = params_.back().get();
-    if (options.float8_all_gather && np.layer >= 0) {
-      const std::string module = np.name.substr(0, np.name.rfind('.'));
-      p->float8_gather = model.in_float8(np.layer, module.substr(module.rfind('.') + 1));
-    }
+    if (options.float8_all_gather && np.layer >= 0) p->float8_gather = model.in_float8(np.layer, float8_projection(np.name));
     (np.layer >= 0 ? block_params[np.layer] : root_params).push_back(p);
     *np.slot = at::Tensor();  // the full copy is no longer needed
   }
@@ -164,7 +161,7 @@ void FSDPEngine::update_float8_scales() {
     comm_.all_gather(all, local).wait();
     global = all.view({comm_.size(), -1}).amax(0);
   }
-  const at::Tensor scales = float8_power_of_two_scale(global);
+  const at::Tensor scales = float8_scale(global, at::kFloat8_e4m3fn, /*power_of_two=*/true);
   for (size_t i = 0; i < fp8.size(); ++i) fp8[i]->float8_scale = scales[static_cast<int64_t>(i)].clone();
   float8_scales_stale_ = false;
 }

@@ -54,8 +54,10 @@ namespace {
 at::Tensor power_of_two_below(const at::Tensor& s) { return at::ldexp(at::ones_like(s), std::get<1>(at::frexp(s)) - 1); }
 }  // namespace
 
-at::Tensor float8_power_of_two_scale(const at::Tensor& amax) {
-  return power_of_two_below(float8_max(at::kFloat8_e4m3fn) / at::clamp(amax.to(at::kFloat), 1e-12));
+at::Tensor float8_scale(const at::Tensor& amax, at::ScalarType fp8, bool power_of_two) {
+  const at::Tensor scale = float8_max(fp8) / at::clamp(amax.to(at::kFloat), 1e-12);
+  // A power of two makes x * scale exact: the only rounding is the FP8 cast's.
+  return power_of_two ? power_of_two_below(scale) : scale;
 }
 
 at::Tensor to_float8_with_scale(const at::Tensor& x, const at::Tensor& scale, at::ScalarType fp8) {
@@ -73,16 +75,11 @@ Float8Tensor to_float8(const at::Tensor& x, at::ScalarType fp8, bool rowwise, bo
 #else
   (void)our_kernel;
 #endif
-  const double max = float8_max(fp8);
-  // One fp32 copy of x, scaled and saturated in place (the infinity norm reads |x| without
-  // writing it): x's bytes twice over at most, for the time of the cast.
-  at::Tensor xf = x.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
-  const at::Tensor amax = rowwise ? at::linalg_vector_norm(xf, INFINITY, {1}, /*keepdim=*/true)
-                                  : at::linalg_vector_norm(xf, INFINITY);
-  at::Tensor scale = max / at::clamp(amax, 1e-12);
-  // A power of two makes x * scale exact: the only rounding is the FP8 cast's.
-  if (power_of_two) scale = power_of_two_below(scale);
-  return {xf.mul_(scale).clamp_(-max, max).to(fp8), scale.reciprocal()};
+  // The infinity norm reads |x| without writing it; the cast takes one fp32 copy of x.
+  const at::Tensor amax = rowwise ? at::linalg_vector_norm(x, INFINITY, {1}, /*keepdim=*/true)
+                                  : at::linalg_vector_norm(x, INFINITY);
+  const at::Tensor scale = float8_scale(amax, fp8, power_of_two);
+  return {to_float8_with_scale(x, scale, fp8), scale.reciprocal()};
 }
 
 at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarType out_dtype, bool emulate,
@@ -206,16 +203,22 @@ bool float8_takes(int64_t in_features, int64_t out_features, int64_t tokens) {
   return in_features % 16 == 0 && out_features % 16 == 0 && tokens % 16 == 0;
 }
 
-bool Float8Linears::takes(const std::string& param_name, int64_t out, int64_t in, int64_t tokens,
-                          bool* shape_refused) const {
-  if (shape_refused) *shape_refused = false;
+std::string float8_projection(const std::string& param_name) {
   const std::string suffix = ".weight";
-  if (!enabled || param_name.rfind("layers.", 0) != 0 || param_name.size() <= suffix.size()) return false;
+  if (param_name.rfind("layers.", 0) != 0 || param_name.size() <= suffix.size() ||
+      param_name.compare(param_name.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return "";
   const std::string module = param_name.substr(0, param_name.size() - suffix.size());
   const std::string leaf = module.substr(module.rfind('.') + 1);
   static const char* kProjections[] = {"wq", "wk", "wv", "wo", "w1", "w2", "w3"};
-  if (std::find(std::begin(kProjections), std::end(kProjections), leaf) == std::end(kProjections)) return false;
-  if (filtered(module)) return false;
+  return std::find(std::begin(kProjections), std::end(kProjections), leaf) == std::end(kProjections) ? "" : leaf;
+}
+
+bool Float8Linears::takes(const std::string& param_name, int64_t out, int64_t in, int64_t tokens,
+                          bool* shape_refused) const {
+  if (shape_refused) *shape_refused = false;
+  if (!enabled || float8_projection(param_name).empty()) return false;
+  if (filtered(param_name.substr(0, param_name.rfind('.')))) return false;
   if (!float8_takes(in, out, tokens)) {
     if (shape_refused) *shape_refused = true;
     return false;

@@ -87,7 +87,11 @@ struct Float8Linears {
 
 // x cast to `fp8` with the given scale (fp32, 0-d): saturated, rounded to nearest.
 at::Tensor to_float8_with_scale(const at::Tensor& x, const at::Tensor& scale, at::ScalarType fp8);
-// The tensorwise power-of-two scale for an amax (fp32 tensor): 2^floor(log2(448 / max(amax, 1e-12))).
-at::Tensor float8_power_of_two_scale(const at::Tensor& amax);
+// The scale that takes `amax` (a tensor of them) to the top of `fp8`'s range: max / max(amax,
+// 1e-12) in fp32, rounded down to a power of two when `power_of_two`.
+at::Tensor float8_scale(const at::Tensor& amax, at::ScalarType fp8, bool power_of_two);
+// Which block projection ("wq" .. "w3") the parameter `param_name` ("layers.3.attention.wq.weight")
+// is the weight of; "" for any other parameter.
+std::string float8_projection(const std::string& param_name);
 
 }  // namespace zb

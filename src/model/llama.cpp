@@ -185,17 +185,17 @@ std::vector<std::string> Llama::set_float8(const Float8Linears& float8, int64_t 
   float8_names_.assign(args_.n_layers, {});
   std::vector<std::string> cannot;
   for (const NamedParameter& p : params_) {
-    if (p.layer < 0) continue;
+    const std::string leaf = float8_projection(p.name);
+    if (leaf.empty()) continue;
     // This rank's GEMM: its slice under TP; shared key/value heads read kv_heads_ of them.
-    const std::string module = p.name.substr(0, p.name.rfind('.'));
-    const std::string leaf = module.substr(module.rfind('.') + 1);
     int64_t out = p.slot->size(0);
     if (kv_replicated_ && (leaf == "wk" || leaf == "wv")) out = kv_heads_ * args_.head_dim();
     bool shape_refused = false;
-    if (float8.takes(p.name, out, p.slot->dim() == 2 ? p.slot->size(1) : 0, tokens, &shape_refused))
+    if (float8.takes(p.name, out, p.slot->size(1), tokens, &shape_refused))
       float8_names_[p.layer].push_back(leaf);
     else if (shape_refused)
-      cannot.push_back(module + " [" + std::to_string(out) + " x " + std::to_string(p.slot->size(1)) + "]");
+      cannot.push_back(p.name.substr(0, p.name.rfind('.')) + " [" + std::to_string(out) + " x " +
+                       std::to_string(p.slot->size(1)) + "]");
   }
   return cannot;
 }

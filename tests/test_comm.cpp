@@ -11,10 +11,13 @@
 #include <map>
 #include <memory>
 #include <thread>
+#include <tuple>
 #include <numeric>
 #include <utility>
 
 #include "dist/comm.h"
+#include "dist/row_moves.h"
+#include "parallel/row_shard.h"
 #include "dist/world.h"
 #include "multiprocess.h"
 
@@ -312,5 +315,84 @@ TEST(Comm, AWriteToADeadPeerIsAnErrorNotTheEndOfTheProcess) {
     EXPECT_EQ(::write(ends[0], &byte, 1), -1);
     EXPECT_EQ(errno, EPIPE);
     ::close(ends[0]);
+  });
+}
+
+// Rows between layouts (dist/row_moves.h), as elastic DiLoCo's mixed generations move them: 5 ranks,
+// a replica sharded over 2 of them (ranks 0-1) and one over 3 (ranks 2-4), two tensors of 7 and 2
+// rows. Each rank sends every owner of 1/5 of the rows its own rows there, and every owner receives
+// each of its rows once from each replica, with that replica's values; then the owners' rows go back
+// into the 3-rank replica's layout, each row from its one owner.
+TEST(RowMoves, RowsReachTheirOwnersOnceFromEachReplica) {
+  multiprocess::run_ranks(5, [](int rank) {
+    Communicator comm(detect_world(), c10::Device(c10::kCPU), std::chrono::seconds(60));
+    const int64_t replica = rank < 2 ? 0 : 1, shards = rank < 2 ? 2 : 3, shard_rank = rank < 2 ? rank : rank - 2;
+    const std::vector<std::vector<int64_t>> shapes = {{7, 3}, {2}};
+    // The value of tensor t's element (row, col) in `replica`: all distinct.
+    const auto value = [](int64_t t, int64_t replica, int64_t row, int64_t col) {
+      return static_cast<float>(1000 * t + 100 * replica + 10 * row + col);
+    };
+    std::vector<RowSpan> held, owned;
+    std::vector<int64_t> row_numel;
+    std::vector<at::Tensor> local;
+    for (size_t t = 0; t < shapes.size(); ++t) {
+      const RowShard mine = RowShard::of(shapes[t], shards), owners = RowShard::of(shapes[t], 5);
+      held.push_back({mine.first_row(shard_rank), mine.rows_of(shard_rank)});
+      owned.push_back({owners.first_row(rank), owners.rows_of(rank)});
+      row_numel.push_back(mine.row_numel);
+      at::Tensor rows = at::empty({held.back().rows, mine.row_numel}, at::kFloat);
+      for (int64_t r = 0; r < held.back().rows; ++r)
+        for (int64_t c = 0; c < mine.row_numel; ++c)
+          rows[r][c] = value(static_cast<int64_t>(t), replica, held.back().first + r, c);
+      local.push_back(rows);
+    }
+    const RowMoves there = RowMoves::plan(comm, held, owned, row_numel);
+    const at::Tensor got = there.exchange(comm, local, at::TensorOptions().dtype(at::kFloat));
+    // How often each (tensor, replica, row) arrived, and with the right values.
+    std::map<std::tuple<size_t, int64_t, int64_t>, int> seen;
+    for (int64_t k = 0; k < 5; ++k) {
+      const std::vector<at::Tensor> pieces = there.unpack(k, there.part(k, got));
+      ASSERT_EQ(pieces.size(), there.receives(k).size());
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        const RowMoves::Run& run = there.receives(k)[i];
+        for (int64_t r = 0; r < run.rows.rows; ++r)
+          for (int64_t c = 0; c < row_numel[run.tensor]; ++c)
+            ASSERT_EQ(pieces[i][r][c].item<float>(),
+                      value(static_cast<int64_t>(run.tensor), k < 2 ? 0 : 1, run.rows.first + r, c));
+        for (int64_t r = 0; r < run.rows.rows; ++r) ++seen[{run.tensor, k < 2 ? 0 : 1, run.rows.first + r}];
+      }
+    }
+    size_t expected = 0;
+    for (size_t t = 0; t < shapes.size(); ++t) {
+      expected += 2 * static_cast<size_t>(owned[t].rows);
+      for (int64_t r = owned[t].first; r < owned[t].end(); ++r)
+        for (int64_t rep = 0; rep < 2; ++rep) EXPECT_EQ((seen[{t, rep, r}]), 1) << "tensor " << t << " row " << r;
+    }
+    EXPECT_EQ(seen.size(), expected);
+    // Back: the owners' rows (the 3-rank replica's values) into the 3-rank layout on every rank.
+    std::vector<at::Tensor> owner_rows;
+    std::vector<RowSpan> wanted;
+    for (size_t t = 0; t < shapes.size(); ++t) {
+      at::Tensor rows = at::empty({owned[t].rows, row_numel[t]}, at::kFloat);
+      for (int64_t r = 0; r < owned[t].rows; ++r)
+        for (int64_t c = 0; c < row_numel[t]; ++c) rows[r][c] = value(static_cast<int64_t>(t), 1, owned[t].first + r, c);
+      owner_rows.push_back(rows);
+      const RowShard three = RowShard::of(shapes[t], 3);
+      wanted.push_back({three.first_row(rank % 3), three.rows_of(rank % 3)});
+    }
+    const RowMoves back = RowMoves::plan(comm, owned, wanted, row_numel);
+    const at::Tensor returned = back.exchange(comm, owner_rows, at::TensorOptions().dtype(at::kFloat));
+    int64_t rows_back = 0;
+    for (int64_t k = 0; k < 5; ++k) {
+      const std::vector<at::Tensor> pieces = back.unpack(k, back.part(k, returned));
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        const RowMoves::Run& run = back.receives(k)[i];
+        rows_back += run.rows.rows;
+        for (int64_t r = 0; r < run.rows.rows; ++r)
+          for (int64_t c = 0; c < row_numel[run.tensor]; ++c)
+            ASSERT_EQ(pieces[i][r][c].item<float>(), value(static_cast<int64_t>(run.tensor), 1, run.rows.first + r, c));
+      }
+    }
+    EXPECT_EQ(rows_back, wanted[0].rows + wanted[1].rows);
   });
 }

@@ -10,10 +10,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <numeric>
 #include <thread>
 
 #include <unistd.h>
 
+#include "dist/row_moves.h"
+#include "parallel/row_shard.h"
 #include "util/log.h"
 #include "util/phase.h"
 
@@ -157,13 +160,17 @@ void DiLoCo::begin(Fragment& f, int64_t step, int64_t total_steps, OuterSyncStat
   std::vector<at::Tensor> flat;
   for (const at::Tensor& d : f.outer.pseudo_gradients(f.inner())) flat.push_back(d.reshape({-1}));
   const at::Tensor delta = at::cat(flat);
-  if (!replicas_ || f.numel == 0) {
+  // A mixed generation's ranks hold different rows: one without any still owns some.
+  const bool mixed = replicas_ && membership_ && !membership_->mixed_shards().empty();
+  if (!replicas_ || (f.numel == 0 && !mixed)) {
     f.mean = delta;
     return;
   }
   const int64_t R = replicas_->size(), n = f.numel;
   const CommStats before = replicas_->stats();
-  switch (compression_) {
+  if (mixed) {
+    f.mean = mixed_mean(f, delta);  // at once: finish() has nothing left to wait for
+  } else switch (compression_) {
     case Compression::None:
       f.received = delta;
       f.first = replicas_->all_reduce_sum(f.received);
@@ -187,6 +194,89 @@ void DiLoCo::begin(Fragment& f, int64_t step, int64_t total_steps, OuterSyncStat
   }
   const CommStats after = replicas_->stats();
   for (size_t k = 0; k < after.bytes.size(); ++k) stats.bytes_across_replicas += after.bytes[k] - before.bytes[k];
+}
+
+at::Tensor DiLoCo::mixed_mean(Fragment& f, const at::Tensor& delta) {
+  // A mixed generation (diloco/membership.h): the members' rows of a parameter do not line up rank
+  // for rank. Each of the group's S ranks owns 1/S of every parameter's rows (RowShard over S);
+  // every rank sends each owner its Δ's rows there, compressed as configured, and the owner sums
+  // the members' values (in member order, in fp32) and divides. The mean goes back in fp32 to the
+  // ranks holding those rows, so that every member takes the same bits.
+  Communicator& group = *replicas_;
+  const int64_t S = group.size(), members = static_cast<int64_t>(membership_->mixed_shards().size());
+  std::vector<RowSpan> held, owned;
+  std::vector<int64_t> row_numel;
+  for (const ShardedParameter& p : f.params) {
+    const std::vector<int64_t>& whole = p.slice_shape.empty() ? p.global_shape : p.slice_shape;
+    const RowShard rows = RowShard::of(whole, 1), owners = RowShard::of(whole, S);
+    held.push_back({p.row_start, p.tensor->dim() == 0 ? 1 : p.tensor->size(0)});
+    owned.push_back({owners.first_row(group.rank()), owners.rows_of(group.rank())});
+    row_numel.push_back(rows.row_numel);
+  }
+  const at::TensorOptions fp32 = delta.options().dtype(at::kFloat);
+  const RowMoves there = RowMoves::plan(group, held, owned, row_numel);
+  std::vector<at::Tensor> from(static_cast<size_t>(S));  // each peer's rows for this owner, fp32
+  if (compression_ == Compression::UInt8) {
+    // Each peer's pack quantized by itself: one all-to-all of codes, one of their tables.
+    const auto tables_of = [](int64_t n) { return (n + kUint8Chunk - 1) / kUint8Chunk * kUint8Buckets; };
+    std::vector<at::Tensor> codes, tables;
+    std::vector<int64_t> code_out, code_in, table_out, table_in;
+    for (int64_t q = 0; q < S; ++q) {
+      if (const at::Tensor pack = there.pack(q, f.split(delta)); pack.defined()) {
+        const Uint8Code code = quantize_uint8(pack, kUint8Chunk);
+        codes.push_back(code.codes);
+        tables.push_back(code.tables.reshape({-1}));
+      }
+      code_out.push_back(there.send_numel(q));
+      table_out.push_back(tables_of(code_out.back()));
+      code_in.push_back(there.receive_numel(q));
+      table_in.push_back(tables_of(code_in.back()));
+    }
+    const auto sum = [](const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); };
+    const at::Tensor sent_codes = codes.empty() ? at::empty({0}, fp32.dtype(at::kByte)) : at::cat(codes);
+    const at::Tensor sent_tables = tables.empty() ? at::empty({0}, fp32) : at::cat(tables);
+    at::Tensor got_codes = at::empty({sum(code_in)}, sent_codes.options());
+    at::Tensor got_tables = at::empty({sum(table_in)}, fp32);
+    PendingCollective a = group.all_to_all(got_codes, sent_codes, code_in, code_out);
+    PendingCollective b = group.all_to_all(got_tables, sent_tables, table_in, table_out);
+    a.wait();
+    b.wait();
+    for (int64_t k = 0, c = 0, t = 0; k < S; c += code_in[k], t += table_in[k], ++k)
+      from[k] = code_in[k] == 0 ? at::empty({0}, fp32)
+                                : dequantize_uint8({got_codes.narrow(0, c, code_in[k]),
+                                                    got_tables.narrow(0, t, table_in[k]).view({-1, kUint8Buckets}),
+                                                    kUint8Chunk});
+  } else {
+    const bool bf16 = compression_ == Compression::BF16;
+    const at::Tensor sent = bf16 ? delta.to(at::kBFloat16) : delta;
+    const at::Tensor got = there.exchange(group, f.split(sent), sent.options());
+    for (int64_t k = 0; k < S; ++k) from[k] = there.part(k, got).to(at::kFloat);
+  }
+  // The owner's sums: one value from each member for each of its rows.
+  std::vector<at::Tensor> sums;
+  for (size_t t = 0; t < owned.size(); ++t) sums.push_back(at::zeros({owned[t].rows, row_numel[t]}, fp32));
+  for (int64_t k = 0; k < S; ++k) {
+    const std::vector<at::Tensor> pieces = there.unpack(k, from[k]);
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const RowMoves::Run& run = there.receives(k)[i];
+      sums[run.tensor].narrow(0, run.rows.first - owned[run.tensor].first, run.rows.rows) += pieces[i];
+    }
+  }
+  for (at::Tensor& s : sums) s.div_(static_cast<double>(members));
+  // And back: each held row from its one owner.
+  const RowMoves back = RowMoves::plan(group, owned, held, row_numel);
+  const at::Tensor got = back.exchange(group, sums, fp32);
+  at::Tensor mean = at::empty({f.numel}, fp32);
+  const std::vector<at::Tensor> mine = f.split(mean);
+  for (int64_t k = 0; k < S; ++k) {
+    const std::vector<at::Tensor> pieces = back.unpack(k, back.part(k, got));
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const RowMoves::Run& run = back.receives(k)[i];
+      mine[run.tensor].reshape({held[run.tensor].rows, row_numel[run.tensor]})
+          .narrow(0, run.rows.first - held[run.tensor].first, run.rows.rows).copy_(pieces[i]);
+    }
+  }
+  return mean;
 }
 
 void DiLoCo::finish(Fragment& f, OuterSyncStats* stats) {

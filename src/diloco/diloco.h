@@ -108,6 +108,8 @@ class DiLoCo {
   // Waits for the exchange (once) and leaves Δ̄ in f.mean.
   void finish(Fragment& f, OuterSyncStats* stats);
   void apply(Fragment& f, OuterSyncStats& stats);
+  // Elastic, a mixed generation (members with different shard counts): Δ̄ from this rank's Δ.
+  at::Tensor mixed_mean(Fragment& f, const at::Tensor& delta);
   // Elastic: begin and finish f's exchange in a membership round (retried over fewer members if a
   // member fails in it).
   void exchange_in_round(Fragment& f, int64_t step, int64_t total_steps, int64_t stream_rows, OuterSyncStats& stats);

@@ -3,6 +3,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <csignal>
 #include <sstream>
@@ -37,10 +38,14 @@ std::string decision(int64_t round, int64_t attempt) {
 std::string group_prefix(int64_t generation, int64_t position) {
   return "peers/generation/" + std::to_string(generation) + "/position/" + std::to_string(position);
 }
-std::string transfer_prefix(int64_t generation, int64_t position) {
-  return group_prefix(generation, position) + "/transfer";
+std::string mixed_group_prefix(int64_t generation, int64_t tp_rank) {
+  return "peers/generation/" + std::to_string(generation) + "/tp/" + std::to_string(tp_rank);
+}
+std::string transfer_prefix(int64_t generation, int64_t tp_rank) {
+  return mixed_group_prefix(generation, tp_rank) + "/transfer";
 }
 std::string hello(int64_t id) { return "peers/replica/" + std::to_string(id) + "/hello"; }
+std::string shards(int64_t id) { return "peers/replica/" + std::to_string(id) + "/shards"; }
 std::string admitted(int64_t id) { return "peers/replica/" + std::to_string(id) + "/admitted"; }
 std::string over() { return "peers/over"; }
 std::string liveness_port() { return "peers/liveness_port"; }
@@ -80,8 +85,8 @@ Quorum Quorum::decode(const std::string& text) {
 }
 
 ReplicaMembership::ReplicaMembership(const std::string& peers, std::chrono::seconds timeout, Communicator& world,
-                                     const std::string& fingerprint, const std::string& join)
-    : world_(world), where_(peers), timeout_(timeout), leader_(world.rank() == 0), join_(join) {
+                                     ReplicaPlace place, const std::string& fingerprint, const std::string& join)
+    : world_(world), place_(place), where_(peers), timeout_(timeout), leader_(world.rank() == 0), join_(join) {
   const size_t colon = where_.rfind(':');
   const std::string host = where_.substr(0, colon);
   const int64_t port = std::stoll(where_.substr(colon + 1));
@@ -108,6 +113,7 @@ ReplicaMembership::ReplicaMembership(const std::string& peers, std::chrono::seco
     id_ = store_->add(peer_keys::registered(), 1) - 1;
     store_->add(peer_keys::heartbeat(id_), 1);
     connect_liveness(host);
+    store_->set(peer_keys::shards(id_), store_bytes(std::to_string(place_.shards)));
     store_->set(peer_keys::hello(id_), store_bytes(join_.empty() ? "start" : "join " + join_));
     // Its own connection: a wait on the main one must not hold the heartbeat back.
     heartbeat_ = std::thread([this, beat = store_->clone()] {
@@ -188,13 +194,33 @@ std::string ReplicaMembership::wait_for(const std::string& key, const std::strin
   return store_text(store_->get(key));
 }
 
+int64_t ReplicaMembership::shards_of(int64_t id) {
+  if (!shards_.count(id)) shards_[id] = std::stoll(store_text(store_->get(peer_keys::shards(id))));
+  return shards_[id];
+}
+
 void ReplicaMembership::make_groups(const Quorum& q, int64_t index) {
   group_.reset();
+  mixed_shards_.clear();
   group_generation_ = q.generation;
   if (q.members.size() == 1) return;
+  std::vector<int64_t> shards;
+  for (int64_t id : q.members) shards.push_back(shards_of(id));
+  const bool uniform = std::all_of(shards.begin(), shards.end(), [&](int64_t s) { return s == place_.shards; });
   try {
-    group_ = group_over(peer_keys::group_prefix(q.generation, world_.rank()), index,
-                        static_cast<int64_t>(q.members.size()));
+    if (uniform) {  // rank for rank: the members' ranks at this world position
+      group_ = group_over(peer_keys::group_prefix(q.generation, world_.rank()), index,
+                          static_cast<int64_t>(q.members.size()));
+    } else {  // every member's ranks at this TP position, member after member
+      int64_t before = 0, size = 0;
+      for (size_t m = 0; m < shards.size(); ++m) {
+        if (static_cast<int64_t>(m) < index) before += shards[m];
+        size += shards[m];
+      }
+      group_ = group_over(peer_keys::mixed_group_prefix(q.generation, place_.tp_rank), before + place_.shard_rank,
+                          size);
+      mixed_shards_ = shards;
+    }
   } catch (const std::exception&) {
     broken_generation_ = q.generation;  // its prefix is spent: its rounds fail until a retry makes a new one
     throw;
@@ -215,10 +241,13 @@ std::unique_ptr<Communicator> ReplicaMembership::transfer_group(const RoundRepor
   const Quorum& q = round.membership();
   std::vector<int64_t> ids = {q.members.at(static_cast<size_t>(round.source_index()))};
   ids.insert(ids.end(), round.joined.begin(), round.joined.end());
-  const auto me = std::find(ids.begin(), ids.end(), id_);
-  if (me == ids.end()) return nullptr;
-  return group_over(peer_keys::transfer_prefix(q.generation, world_.rank()), me - ids.begin(),
-                    static_cast<int64_t>(ids.size()));
+  if (std::find(ids.begin(), ids.end(), id_) == ids.end()) return nullptr;
+  int64_t before = 0, size = 0;
+  for (int64_t id : ids) {
+    if (id == id_) before = size;
+    size += shards_of(id);
+  }
+  return group_over(peer_keys::transfer_prefix(q.generation, place_.tp_rank), before + place_.shard_rank, size);
 }
 
 RoundReport ReplicaMembership::await_admission() {

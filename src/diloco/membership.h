@@ -29,6 +29,13 @@
 // "join peer"); the service reads it only once written, so that a joiner is never counted among
 // those the run starts with.
 //
+// Shard counts: a replica's ranks hold each parameter's rows split over its shard count (its world
+// over its TP degree), which may differ between replicas; the TP degree may not (the fingerprint
+// says so). A generation whose members all have one shard count exchanges rank for rank, a group
+// per world position. Otherwise (a mixed generation) one group per TP position spans every member's
+// ranks, member after member, and the exchange moves rows to owners and back (dist/row_moves.h,
+// DiLoCo::mixed_mean). A joiner's state travels the same way, from the source's layout into its own.
+//
 // The data (DataLoader::reposition): the run reads one stream of rows. In a generation of m
 // members that began after step t0 at stream row P, member k reads rows
 // P + (t - t0 - 1)·m·B + k·B + [0, B) in step t (B = optim.batch_size, each replica's batch). The next
@@ -40,6 +47,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -68,8 +76,10 @@ std::string result(int64_t round, int64_t attempt, int64_t id);  // "ok" | "fail
 // generation's Quorum (the joiners take the optimizer state too when one of them asked for it).
 std::string decision(int64_t round, int64_t attempt);
 std::string group_prefix(int64_t generation, int64_t position);
-std::string transfer_prefix(int64_t generation, int64_t position);
+std::string mixed_group_prefix(int64_t generation, int64_t tp_rank);  // a mixed generation's
+std::string transfer_prefix(int64_t generation, int64_t tp_rank);
 std::string hello(int64_t id);     // "start" | "join fresh" | "join peer"
+std::string shards(int64_t id);    // the replica's shard count, written before its hello
 // A joiner's admission: "<round>;<step>;<with optimizer 0|1>;<id of the member sending the state>;<the
 // joiners' ids, comma-separated>;" + Quorum
 std::string admitted(int64_t id);
@@ -112,6 +122,12 @@ struct RoundReport {
   int64_t source_index() const;
 };
 
+// Where a rank sits in its replica: the replica's shard count, this rank's place among them, and
+// its TP rank (parallel/mesh.h).
+struct ReplicaPlace {
+  int64_t shards = 1, shard_rank = 0, tp_rank = 0;
+};
+
 class ReplicaMembership {
  public:
   // Connects to `peers` (diloco.peers; throws naming the address when nothing answers within
@@ -119,7 +135,7 @@ class ReplicaMembership {
   // fingerprint (model, batch, DiLoCo settings: a replica that differs is refused) and keeps
   // its heartbeat.
   // `join`: "" to start with the run, "fresh" or "peer" to join it (diloco.join_state).
-  ReplicaMembership(const std::string& peers, std::chrono::seconds timeout, Communicator& world,
+  ReplicaMembership(const std::string& peers, std::chrono::seconds timeout, Communicator& world, ReplicaPlace place,
                     const std::string& fingerprint, const std::string& join = "");
   ~ReplicaMembership();
 
@@ -133,8 +149,12 @@ class ReplicaMembership {
   RoundReport await_admission();
   // The current generation's replicate group for this rank's position (null with one member).
   Communicator* group() const { return group_.get(); }
-  // A round that admitted joiners: the group of its source and its joiners at this rank's position
-  // (the source's rank 0), over which the joiners take their state; null for the other members.
+  // A mixed generation's members' shard counts, in member order (their ranks' order in group());
+  // empty when every member has this replica's.
+  const std::vector<int64_t>& mixed_shards() const { return mixed_shards_; }
+  // A round that admitted joiners: the group of its source's ranks and then its joiners' at this
+  // rank's TP position (the source's first shard rank first), over which the joiners take their
+  // state; null for the other members.
   std::unique_ptr<Communicator> transfer_group(const RoundReport& round);
   // Outer step `round` after step `step`, with `rows` the stream rows read by then. `exchange`
   // runs the exchange over the generation's replicate group (null with a single member) and
@@ -152,6 +172,7 @@ class ReplicaMembership {
   // down meanwhile and set to `phase` after.
   std::string wait_for(const std::string& key, const std::string& phase, const std::string& what, bool bounded = true);
   void make_groups(const Quorum& q, int64_t index);
+  int64_t shards_of(int64_t id);  // a replica's shard count, read once from the store
   // A Gloo group of `size` replicas' ranks at this rank's world position, this one `rank` of them,
   // meeting under `prefix` of the peers' store. Gloo (through host memory for a GPU's tensors):
   // NCCL would abort the process on a lost peer. Its collectives fail after runtime.timeout_s by
@@ -160,6 +181,7 @@ class ReplicaMembership {
   void connect_liveness(const std::string& host);
 
   Communicator& world_;
+  ReplicaPlace place_;
   std::string where_;  // host:port
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Store> store_;
@@ -170,6 +192,8 @@ class ReplicaMembership {
   int64_t group_generation_ = 0;  // the one group_ was made for
   int64_t broken_generation_ = -1;  // one whose groups failed at their making: its rounds fail
   std::unique_ptr<Communicator> group_;  // the replicate group of this position in the world
+  std::vector<int64_t> mixed_shards_;    // its members' shard counts, when they differ
+  std::map<int64_t, int64_t> shards_;    // replica id -> shard count
   int liveness_fd_ = -1;  // the leader's connection to the service: closed when its process ends
   std::atomic<bool> stopping_{false};
   std::thread heartbeat_;

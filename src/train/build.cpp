@@ -89,10 +89,10 @@ void place_muon(Muon& muon, const Config& config, const ParallelMesh& mesh) {
   if (mesh.tp_group()) make_muon_tensor_parallel(muon, *mesh.tp_group(), config.parallel.muon_tp);
 }
 
-std::string replica_fingerprint(const Config& c, const ModelArgs& a, int64_t world_size) {
-  return strf("world %ld; model dim %ld layers %ld heads %ld/%ld ffn %ld vocab %ld; seq %ld batch %ld; data %s seed "
+std::string replica_fingerprint(const Config& c, const ModelArgs& a, int64_t tp) {
+  return strf("tp %ld; model dim %ld layers %ld heads %ld/%ld ffn %ld vocab %ld; seq %ld batch %ld; data %s seed "
               "%ld shuffle %d; steps %ld; optimizer %s; diloco inner %ld lr %g momentum %g compression %s",
-              world_size, a.dim, a.n_layers, a.n_heads, a.n_kv_heads, a.ffn_hidden(), a.vocab_size, c.data.seq_length,
+              tp, a.dim, a.n_layers, a.n_heads, a.n_kv_heads, a.ffn_hidden(), a.vocab_size, c.data.seq_length,
               c.optim.batch_size, c.data.dataset_name_or_paths.c_str(), c.runtime.seed, c.data.shuffle ? 1 : 0,
               c.optim.total_steps, c.optim.optim.type.c_str(), c.diloco.inner_steps, c.diloco.outer_lr,
               c.diloco.outer_momentum, c.diloco.compression.c_str());
@@ -149,7 +149,8 @@ TrainingParts build_training(const Config& config, ParallelMesh mesh, c10::Devic
   if (p.diloco && !config.diloco.peers.empty())
     p.diloco->set_membership(std::make_unique<ReplicaMembership>(
         config.diloco.peers, std::chrono::seconds(config.runtime.timeout_s), p.mesh.world(),
-        replica_fingerprint(config, p.model->args(), p.mesh.world_size()),
+        ReplicaPlace{p.mesh.shard_group().size(), p.mesh.shard_rank(), p.mesh.tp_rank()},
+        replica_fingerprint(config, p.model->args(), p.mesh.shape().tp),
         config.diloco.join ? config.diloco.join_state : ""));
   p.data = build_data(config, p);
   p.accum = grad_accum_steps(config, p.mesh.world_size());

@@ -69,8 +69,9 @@ std::unique_ptr<ParallelModel> build_engine(const Config& config, const Training
 // group completes each matrix.
 void place_muon(Muon& muon, const Config& config, const ParallelMesh& mesh);
 RunData build_data(const Config& config, const TrainingParts& parts);
-// Elastic DiLoCo: what every replica of a run must share (the world of each replica, the model, the
-// data and batch, the schedule, the optimizers), as one line; a replica that differs is refused.
-std::string replica_fingerprint(const Config& config, const ModelArgs& args, int64_t world_size);
+// Elastic DiLoCo: what every replica of a run must share (its TP degree, the model, the data and
+// batch, the schedule, the optimizers), as one line; a replica that differs is refused. Shard
+// counts may differ (diloco/membership.h).
+std::string replica_fingerprint(const Config& config, const ModelArgs& args, int64_t tp);
 
 }  // namespace zb

@@ -13,9 +13,11 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <utility>
 
 #include "checkpoint/state.h"
+#include "dist/row_moves.h"
 #include "model/context_parallel.h"
 #include "observe/metrics_logger.h"
 #include "util/log.h"
@@ -151,24 +153,53 @@ int64_t Trainer::share_state(const RoundReport& round) {
   // time out each). The loop's phase again after (apps/training_program.cpp).
   Communicator& world = parts_.mesh.world();
   world.set_phase("");
-  const bool taking = group->rank() != 0;  // the source is rank 0
-  int64_t bytes = 0;
-  const auto share = [&](const at::Tensor& t) {
-    group->broadcast(t, 0).wait();
-    if (taking) bytes += t.numel() * static_cast<int64_t>(t.element_size());
-  };
+  const bool taking = round.member_index != round.source_index();
   at::Tensor counters = at::empty({2}, at::TensorOptions().dtype(at::kLong));
   counters.data_ptr<int64_t>()[0] = step_;
   counters.data_ptr<int64_t>()[1] = skipped_;
-  share(counters);
+  group->broadcast(counters, 0).wait();  // rank 0: the source's first shard rank
   step_ = counters[0].item<int64_t>();
   skipped_ = counters[1].item<int64_t>();
+  int64_t bytes = taking ? counters.numel() * 8 : 0;
   at::NoGradGuard no_grad;
   std::vector<StateTensor> state = training_state(*parts_.engine, *parts_.optimizer);
   for (StateTensor& t : parts_.diloco->state()) state.push_back(std::move(t));
   // Not the parameters: right after the outer step they equal the outer copies on every member.
-  for (const StateTensor& t : state)
-    if (t.name.rfind("model/", 0) != 0 && (round.with_optimizer || t.name.rfind("optim/", 0) != 0)) share(t.local);
+  std::vector<StateTensor> shared;
+  for (StateTensor& t : state)
+    if (t.name.rfind("model/", 0) != 0 && (round.with_optimizer || t.name.rfind("optim/", 0) != 0))
+      shared.push_back(std::move(t));
+  // The source's rows of each tensor go to the joiners' ranks that hold them in their own layout
+  // (their shard counts may differ; dist/row_moves.h), a dtype at a time. A tensor every rank
+  // holds whole (a scalar, replicated rows) comes from the source's rank 0.
+  std::map<at::ScalarType, std::vector<size_t>> by_dtype;
+  for (size_t i = 0; i < shared.size(); ++i) by_dtype[shared[i].local.scalar_type()].push_back(i);
+  for (const auto& [dtype, indices] : by_dtype) {
+    std::vector<RowSpan> held, wanted;
+    std::vector<int64_t> row_numel;
+    std::vector<at::Tensor> local;
+    for (size_t i : indices) {
+      const StateTensor& t = shared[i];
+      const bool whole = t.global_shape.empty() || t.replicated;
+      const int64_t rows = t.local.dim() == 0 ? 1 : t.local.size(0);
+      const RowSpan mine{whole ? 0 : t.row_start, rows};
+      held.push_back(taking || (whole && group->rank() != 0) ? RowSpan{} : mine);
+      wanted.push_back(taking ? mine : RowSpan{});
+      row_numel.push_back(rows == 0 ? 1 : t.local.numel() / rows);
+      local.push_back(t.local);
+    }
+    const RowMoves moves = RowMoves::plan(*group, held, wanted, row_numel);
+    const at::Tensor got = moves.exchange(*group, local, local.front().options());
+    bytes += got.numel() * static_cast<int64_t>(got.element_size());
+    for (int64_t k = 0; k < group->size(); ++k) {
+      const std::vector<at::Tensor> pieces = moves.unpack(k, moves.part(k, got));
+      for (size_t p = 0; p < pieces.size(); ++p) {
+        const RowMoves::Run& run = moves.receives(k)[p];
+        local[run.tensor].view({wanted[run.tensor].rows, row_numel[run.tensor]})
+            .narrow(0, run.rows.first - wanted[run.tensor].first, run.rows.rows).copy_(pieces[p]);
+      }
+    }
+  }
   group->settle();
   if (taking) parts_.diloco->take_outer();
   world.set_phase(strf("step %ld", step_));

@@ -17,7 +17,8 @@ step 4's on, with the data rule of src/diloco/membership.h, within 1e-5; their f
 equal the reference's within 1e-4 (test_diloco.py says why), and their outer copies and momenta
 each other's bit for bit (read from the checkpoints' files). Then: the survivor of 2 replicas of 2
 ranks resumes exactly; joiners (one fresh, two at once with a peer's optimizer state) and a replica
-restarted from its own checkpoint join and equal the reference; refusals.
+restarted from its own checkpoint join and equal the reference; replicas sharded over different
+numbers of ranks train together and take in a joiner of yet another layout; refusals.
 """
 import glob
 import json
@@ -52,16 +53,20 @@ def d():
 
 
 def outer_state(step_dir):
-    """A checkpoint's outer copies and momenta as its files hold them (every rank's rows, by name and
-    first row): what replicas that agree share bit for bit, read without a process of export_hf."""
-    out = {}
+    """A checkpoint's outer copies and momenta as its files hold them, each tensor's rows from every
+    rank in row order: what replicas that agree share bit for bit, whatever their shard counts, read
+    without a process of export_hf."""
+    rows = {}
     for index in sorted(glob.glob(f"{step_dir}/rank_*.json")):
         data = open(index[:-len(".json")] + ".bin", "rb").read()
         for t in json.load(open(index)):
             if t["name"].startswith("diloco/"):  # fp32
-                out[(t["name"], t["row_start"])] = data[t["offset"]:t["offset"] + 4 * t["numel"]]
-    if not out:
+                rows[(t["name"], t["row_start"])] = data[t["offset"]:t["offset"] + 4 * t["numel"]]
+    if not rows:
         pytest.fail(f"{step_dir} holds no outer state")
+    out = {}
+    for name, _ in sorted(rows):
+        out[name] = out.get(name, b"") + rows.pop((name, _))
     return out
 
 
@@ -327,3 +332,58 @@ def test_rejoin_from_own_checkpoint(d):
         pytest.fail("the replicas differ from the reference")
     if outer_state(f"{tmp}/rejoin_0_ckpt/step_{STEPS:08d}") != outer_state(f"{tmp}/rejoin_2_ckpt/step_{STEPS:08d}"):
         pytest.fail("the replicas end on different models")
+
+
+def test_replicas_of_different_shard_counts(d):
+    """Replicas sharded over different numbers of ranks (a mixed generation, src/diloco/membership.h):
+    replica 1 of one rank and replica 2 of two start; replica 0, of two ranks, joins after step 2 with
+    replica 1's optimizer state ("peer"), resharded from one rank to two on the way. Every replica's
+    losses equal the reference's within 1e-5, after each outer step all three hold the same outer
+    copies and momenta bit for bit (each tensor's rows put together), and the final parameters equal
+    the reference's within 1e-4. Then replicas 1 and 2 alone with uint8 pseudo-gradients (each
+    owner's rows quantized apart): one model at the end, losses within 2e-2 of the reference's."""
+    runs, tokens, cfg, hf_config, init = d
+    tmp = runs.tmp
+    layouts = {0: 2, 1: 1, 2: 2}  # replica id -> ranks
+    for compression in ("none", "uint8"):
+        name = f"mixed_{compression}"
+        replicas = [0, 1, 2] if compression == "none" else [1, 2]
+        joined = {0: INNER} if compression == "none" else None
+        ref = reference(cfg, hf_config, init, tokens, len(replicas), "muon", 0.7, 0.9, rows=ROWS, joined=joined,
+                        join_state="peer")
+        port = free_port()
+        peers = start([PEERS, "--port", port, "--replicas", 2, "--timeout_s", TIMEOUT_S], f"{tmp}/{name}_peers.log")
+        args = ["--diloco.inner_steps", INNER, "--diloco.peers", f"127.0.0.1:{port}", "--runtime.timeout_s",
+                TIMEOUT_S, "--optim.batch_size", ROWS, "--ckpt.interval", INNER, "--diloco.compression", compression]
+        launches = []
+        for q, r in enumerate(replicas):
+            join = ["--diloco.join", "true", "--diloco.join_state", "peer"] if joined and r in joined else []
+            launches.append(runs.launch(f"{name}_{r}", layouts[r], *map(str, args), "--train.micro_bs",
+                                        str(ROWS // layouts[r]), *join))
+            if not wait_for(lambda: f"DiLoCo: replica {q} of the run" in runs.log(f"{name}_{r}"), 60, 0.02):
+                pytest.fail(f"{name}: launch {r} did not register as replica {q}:\n{runs.log(f'{name}_{r}')[-3000:]}")
+        codes = [p.wait_or_stop() if layouts[r] > 1 else p.wait() for p, r in zip(launches, replicas)]
+        peers_code = peers.wait(timeout=60)
+        peers_log = open(f"{tmp}/{name}_peers.log").read()
+        took = [line for line in runs.log(f"{name}_0").splitlines() if "bytes of state" in line] if joined else []
+        print(f"{name}: {took}\n{peers_log}")
+        if codes != [0] * len(replicas) or peers_code != 0:
+            print("\n".join(runs.log(f"{name}_{r}")[-3000:] for r in replicas))
+            pytest.fail(f"{name}: exit codes {codes}, diloco_peers' {peers_code}")
+        records = {r: runs.records(f"{name}_{r}") for r in replicas}
+        if joined and ([r["step"] for r in records[0]] != list(range(INNER + 1, STEPS + 1)) or
+                       records[0][0]["membership"]["joined"] != [0]):
+            pytest.fail(f"{name}: the joiner did not join after step {INNER} as recorded")
+        worst = max(abs(rec["loss"] - ref[0][rec["step"] - 1][q]) for q, r in enumerate(replicas) for rec in records[r])
+        print(f"{name}: losses {[[round(r['loss'], 5) for r in rec] for rec in records.values()]}; largest "
+              f"difference from the reference {worst:.2e}")
+        if worst > (1e-5 if compression == "none" else 2e-2):
+            pytest.fail(f"{name}: the replicas differ from the reference")
+        for step in range(2 * INNER if joined else STEPS, STEPS + 1, INNER):
+            outer = [outer_state(f"{tmp}/{name}_{r}_ckpt/step_{step:08d}") for r in replicas]
+            if any(o != outer[0] for o in outer):
+                pytest.fail(f"{name}: the replicas' outer state differs after the outer step of step {step}")
+        if compression == "none":
+            params = exported(f"{tmp}/{name}_2_ckpt/step_{STEPS:08d}")
+            if max((params[k] - v).abs().max().item() for k, v in ref[2].items()) > 1e-4:
+                pytest.fail(f"{name}: the final parameters differ from the reference's")

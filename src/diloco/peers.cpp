@@ -153,6 +153,13 @@ int serve_peers(const PeersOptions& options, const std::function<void(const std:
     return yes;
   };
 
+  // A generation's members as the log names them, with their shard counts where those differ.
+  const auto members_text = [&](const std::vector<int64_t>& ids) {
+    std::vector<int64_t> shards;
+    for (int64_t id : ids) shards.push_back(std::stoll(store_text(store->get(peer_keys::shards(id)))));
+    const bool mixed = std::any_of(shards.begin(), shards.end(), [&](int64_t s) { return s != shards.front(); });
+    return id_list(ids) + (mixed ? " of " + id_list(shards) + " shards" : "");
+  };
   // Registrations by kind (a replica's hello says it), each read once written.
   std::map<int64_t, std::string> hellos;
   std::vector<int64_t> admitted;  // joiners already let in
@@ -209,7 +216,7 @@ int serve_peers(const PeersOptions& options, const std::function<void(const std:
   generation_members = members;
   store->set(peer_keys::quorum(0, 0),
              store_bytes(Quorum{generation, members, start.stream_rows, "the run starts"}.encode()));
-  say(strf("generation 1: replicas %s%s", id_list(members).c_str(),
+  say(strf("generation 1: replicas %s%s", members_text(members).c_str(),
            start.outer_steps_done > 0 ? strf(" (resumed after %ld outer steps)", start.outer_steps_done).c_str() : ""));
 
   for (int64_t round = start.outer_steps_done + 1;; ++round) {
@@ -242,7 +249,7 @@ int serve_peers(const PeersOptions& options, const std::function<void(const std:
       if (changed) {
         ++generation;
         generation_members = present;
-        say(strf("generation %ld at outer step %ld: replicas %s (%s)", generation, round, id_list(present).c_str(),
+        say(strf("generation %ld at outer step %ld: replicas %s (%s)", generation, round, members_text(present).c_str(),
                  change.c_str()));
       }
       const std::string why = changed ? change : "";
@@ -289,7 +296,7 @@ int serve_peers(const PeersOptions& options, const std::function<void(const std:
           admitted.insert(admitted.end(), joiners.begin(), joiners.end());
           members = generation_members = next;
           change.clear();
-          say(strf("generation %ld after outer step %ld: replicas %s (%s)", generation, round, id_list(next).c_str(),
+          say(strf("generation %ld after outer step %ld: replicas %s (%s)", generation, round, members_text(next).c_str(),
                    q.change.c_str()));
         }
         store->set(peer_keys::decision(round, attempt), store_bytes(decision));

@@ -370,6 +370,9 @@ def test_replicas_of_different_shard_counts(d):
         if codes != [0] * len(replicas) or peers_code != 0:
             print("\n".join(runs.log(f"{name}_{r}")[-3000:] for r in replicas))
             pytest.fail(f"{name}: exit codes {codes}, diloco_peers' {peers_code}")
+        first = [q for q, r in enumerate(replicas) if not (joined and r in joined)]
+        if f"generation 1: replicas {','.join(map(str, first))} of 1,2 shards" not in peers_log:
+            pytest.fail(f"{name}: diloco_peers' log does not give the replicas' shard counts")
         records = {r: runs.records(f"{name}_{r}") for r in replicas}
         if joined and ([r["step"] for r in records[0]] != list(range(INNER + 1, STEPS + 1)) or
                        records[0][0]["membership"]["joined"] != [0]):

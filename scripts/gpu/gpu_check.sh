@@ -130,8 +130,9 @@ gpu_steps=(build cuda_tests preset_150M preset_1B profile_1B ranks preset_1B_det
            reference_check nvtx bench)
 if [ "${ZB_SKIP_BUILD:-0}" = 1 ]; then
   build_how=prebuilt
-  [ -x "$ROOT/build/apps/train_fsdp" ] || { build_how=none; not_run "nothing to build with" "${gpu_steps[@]}";
-    stop 4 "no build" "ZB_SKIP_BUILD=1 but there is no build/apps/train_fsdp to use"; }
+  [ -x "$ROOT/build/apps/train_fsdp" ] && [ -f "$ROOT/build/src/libzb_cuda.so" ] || { build_how=none;
+    not_run "nothing to build with" "${gpu_steps[@]}";
+    stop 4 "no build" "ZB_SKIP_BUILD=1 but there is no build/apps/train_fsdp with its GPU side build/src/libzb_cuda.so to use"; }
 elif compgen -G "$ROOT/.gpukit/debs/*.deb" >/dev/null; then
   build_how=kit
 elif debian_packages; then

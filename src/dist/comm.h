@@ -202,5 +202,17 @@ c10::intrusive_ptr<c10d::Backend> split_nccl_backend(const c10::intrusive_ptr<c1
                                                      const c10::intrusive_ptr<c10d::Store>& store,
                                                      const std::vector<int64_t>& ranks,
                                                      std::chrono::milliseconds timeout);
+// Both live in the GPU plugin (util/cuda_plugin.h; dist/nccl_backend.cpp) and are called through
+// this table (dist/nccl_calls.cpp).
+struct NcclFunctions {
+  c10::intrusive_ptr<c10d::Backend> (*make)(const c10::intrusive_ptr<c10d::Store>& store, const World& world,
+                                            const c10::Device& device, std::chrono::milliseconds timeout);
+  c10::intrusive_ptr<c10d::Backend> (*split)(const c10::intrusive_ptr<c10d::Backend>& parent,
+                                             const c10::intrusive_ptr<c10d::Store>& store,
+                                             const std::vector<int64_t>& ranks, std::chrono::milliseconds timeout);
+};
 
 }  // namespace zb
+
+// The plugin's entry for this table.
+extern "C" const zb::NcclFunctions* zb_nccl_functions();

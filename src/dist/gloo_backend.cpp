@@ -33,12 +33,4 @@ c10::intrusive_ptr<c10d::Backend> make_gloo_backend(const c10::intrusive_ptr<c10
                                                      static_cast<int>(world.size), opts);
 }
 
-#ifndef ZB_WITH_CUDA
-c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>&,
-                                                    const World&, const c10::Device&,
-                                                    std::chrono::milliseconds) {
-  throw std::runtime_error("this build has no CUDA: NCCL is not available");
-}
-#endif
-
 }  // namespace zb

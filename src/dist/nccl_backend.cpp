@@ -1,4 +1,4 @@
-// NCCL for CUDA tensors (compiled when LibTorch has CUDA). The only translation unit that
+// NCCL for CUDA tensors, in the GPU plugin (util/cuda_plugin.h). The only translation unit that
 // includes ProcessGroupNCCL.hpp (it pulls in CUDA and nccl.h). nccl.h comes from the NCCL that
 // torch links (the nvidia-nccl wheel next to torch; src/CMakeLists.txt), and the version it
 // declares must be the one running: structures such as ncclConfig_t change between releases, and
@@ -14,7 +14,7 @@
 
 #include "dist/comm.h"
 
-namespace zb {
+namespace zb::gpu {
 
 void check_nccl_version() {
   const auto [major, minor, patch] = c10d::getNcclVersionTuple();  // the library loaded now
@@ -46,10 +46,6 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10
   return backend;
 }
 
-}  // namespace zb
-
-namespace zb {
-
 c10::intrusive_ptr<c10d::Backend> split_nccl_backend(const c10::intrusive_ptr<c10d::Backend>& parent,
                                                      const c10::intrusive_ptr<c10d::Store>& store,
                                                      const std::vector<int64_t>& ranks,
@@ -65,4 +61,9 @@ c10::intrusive_ptr<c10d::Backend> split_nccl_backend(const c10::intrusive_ptr<c1
   return backend;
 }
 
-}  // namespace zb
+}  // namespace zb::gpu
+
+extern "C" const zb::NcclFunctions* zb_nccl_functions() {
+  static const zb::NcclFunctions table{zb::gpu::make_nccl_backend, zb::gpu::split_nccl_backend};
+  return &table;
+}

@@ -22,7 +22,7 @@
 #include <stdexcept>
 #include <type_traits>
 
-namespace zb {
+namespace zb::gpu {
 
 namespace {
 
@@ -402,4 +402,17 @@ at::Tensor gemm_add_cuda(const at::Tensor& c, const at::Tensor& a, const at::Ten
   return out;
 }
 
-}  // namespace zb
+}  // namespace zb::gpu
+
+extern "C" const zb::CudaKernelFunctions* zb_cuda_kernel_functions() {
+  using namespace zb::gpu;
+  static const zb::CudaKernelFunctions table{
+      cuda_kernels_run_on,          rope_cuda_bf16_applies,       apply_rope_cuda_bf16,
+      silu_mul_cuda_bf16_applies,   silu_mul_cuda_bf16,           silu_mul_backward_cuda_bf16,
+      rms_norm_backward_cuda_bf16_applies, rms_norm_backward_cuda_bf16,
+      row_logsumexp_cuda_applies,   row_logsumexp_cuda,           softmax_grad_cuda_bf16_applies,
+      softmax_grad_cuda_bf16,       scale_add_cuda_applies,       scale_add_cuda_,
+      momentum_cuda_applies,        momentum_cuda_,               float8_cast_cuda_applies,
+      float8_cast_cuda,             gemm_add_cuda_applies,        gemm_add_cuda};
+  return &table;
+}

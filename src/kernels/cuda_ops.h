@@ -2,7 +2,9 @@
 // The project's own CUDA kernels (kernels/cuda_kernels.h) as LibTorch operators, each the same
 // numbers as the ATen operators it replaces (but for the rounding of fused multiply-adds), in
 // fewer passes over memory. Compiled only where LibTorch has CUDA (ZB_WITH_CUDA); model/layers.cpp
-// chooses them.
+// chooses them. They live in the GPU plugin (util/cuda_plugin.h): kernels/cuda_ops.cpp there fills
+// CudaKernelFunctions below, and the functions declared here call through it
+// (kernels/cuda_ops_calls.cpp). Only a GPU tensor reaches them, and only where the plugin is loaded.
 #include <ATen/core/Tensor.h>
 
 #include <utility>
@@ -76,4 +78,37 @@ std::pair<at::Tensor, at::Tensor> float8_cast_cuda(const at::Tensor& x, at::Scal
 bool gemm_add_cuda_applies(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b);
 at::Tensor gemm_add_cuda(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double beta, double alpha);
 
+struct CudaKernelFunctions {
+  bool (*cuda_kernels_run_on)(const c10::Device& device);
+  bool (*rope_cuda_bf16_applies)(const at::Tensor& x, const at::Tensor& cis);
+  at::Tensor (*apply_rope_cuda_bf16)(const at::Tensor& x, const at::Tensor& cis);
+  bool (*silu_mul_cuda_bf16_applies)(const at::Tensor& a, const at::Tensor& b);
+  at::Tensor (*silu_mul_cuda_bf16)(const at::Tensor& a, const at::Tensor& b);
+  std::pair<at::Tensor, at::Tensor> (*silu_mul_backward_cuda_bf16)(const at::Tensor& g, const at::Tensor& a,
+                                                                   const at::Tensor& b);
+  bool (*rms_norm_backward_cuda_bf16_applies)(const at::Tensor& dy, const at::Tensor& h, const at::Tensor& w,
+                                              const at::Tensor& rstd);
+  std::pair<at::Tensor, at::Tensor> (*rms_norm_backward_cuda_bf16)(const at::Tensor& dy, const at::Tensor& h,
+                                                                   const at::Tensor& w, const at::Tensor& rstd,
+                                                                   const at::Tensor& residual);
+  bool (*row_logsumexp_cuda_applies)(const at::Tensor& z);
+  at::Tensor (*row_logsumexp_cuda)(const at::Tensor& z);
+  bool (*softmax_grad_cuda_bf16_applies)(const at::Tensor& z, const at::Tensor& lse, const at::Tensor& targets);
+  at::Tensor (*softmax_grad_cuda_bf16)(const at::Tensor& z, const at::Tensor& lse, const at::Tensor& targets,
+                                       int64_t vocab_start);
+  bool (*scale_add_cuda_applies)(const at::Tensor& dst, const at::Tensor& src);
+  void (*scale_add_cuda_)(const at::Tensor& dst, float keep, const at::Tensor& src, float alpha, bool read);
+  bool (*momentum_cuda_applies)(const at::Tensor& buf, const at::Tensor& g);
+  void (*momentum_cuda_)(const at::Tensor& buf, const at::Tensor& g, const at::Tensor& out, float w_buf, float w_out);
+  bool (*float8_cast_cuda_applies)(const at::Tensor& x);
+  std::pair<at::Tensor, at::Tensor> (*float8_cast_cuda)(const at::Tensor& x, at::ScalarType fp8, bool rowwise,
+                                                        bool power_of_two);
+  bool (*gemm_add_cuda_applies)(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b);
+  at::Tensor (*gemm_add_cuda)(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b, double beta,
+                              double alpha);
+};
+
 }  // namespace zb
+
+// The plugin's entry for this table.
+extern "C" const zb::CudaKernelFunctions* zb_cuda_kernel_functions();

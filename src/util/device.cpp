@@ -19,24 +19,22 @@
 
 #include <stdexcept>
 
+#include "util/cuda_plugin.h"
+#include "util/device_cuda.h"
 #include "util/log.h"
 
 namespace zb {
 
 #ifdef ZB_WITH_CUDA
-// device_cuda.cpp: the only translation unit that includes CUDA headers.
-std::string cuda_device_name(int index);
-std::string cuda_pci_bus_id(int index);
-int cuda_compute_capability(int index);
-int64_t cuda_peak_memory_bytes(int index);
-void cuda_reset_peak_memory(int index);
-void configure_cuda_allocator();
-void* cuda_event_create();
-void cuda_event_record(void* event);
-double cuda_event_seconds(void* from, void* to);
-void cuda_event_synchronize(void* event);
-DeviceMemory cuda_device_memory(int index);
-void cuda_event_destroy(void* event);
+namespace {
+// The GPU side, from the GPU plugin: only ever asked about a CUDA device, which exists only where
+// the plugin is loaded.
+const CudaDeviceFunctions& gpu() {
+  static const CudaDeviceFunctions* const table = cuda_plugin_table<CudaDeviceFunctions>("zb_cuda_device_functions");
+  if (!table) throw std::logic_error("a CUDA device without the GPU plugin (util/cuda_plugin.h)");
+  return *table;
+}
+}  // namespace
 #endif
 
 namespace {
@@ -61,7 +59,11 @@ std::vector<std::pair<std::string, std::string>> deterministic_settings() {
           {"fill_uninitialized_memory", "false"}};
 }
 
-bool cuda_available() { return at::hasCUDA() && at::detail::getCUDAHooks().deviceCount() > 0; }
+bool cuda_available() {
+  // Where the GPU plugin is not loaded, ATen has no CUDA.
+  return cuda_plugin_symbol("zb_cuda_device_functions") && at::hasCUDA() &&
+         at::detail::getCUDAHooks().deviceCount() > 0;
+}
 
 // Why GPUs look present to a process that cannot use CUDA ("" when nothing says so): a launcher
 // that set CUDA_VISIBLE_DEVICES, or the driver's device files.
@@ -83,8 +85,10 @@ c10::Device select_device(const std::string& requested, int64_t local_rank) {
   if (requested == "auto" && !cuda_available() && !visible_gpus_hint().empty())
     throw std::runtime_error(std::string("runtime.device = \"auto\": GPUs should be visible (") + visible_gpus_hint() +
                              ") but CUDA cannot use any (" +
-                             (at::hasCUDA() ? "no device the driver lets this process use"
-                                            : "this LibTorch has no CUDA") +
+                             (!cuda_plugin_symbol("zb_cuda_device_functions")
+                                  ? "no NVIDIA driver library, libcuda.so.1, here"
+                              : at::hasCUDA() ? "no device the driver lets this process use"
+                                              : "this LibTorch has no CUDA") +
                              "); set runtime.device = \"cpu\" to train on the CPU");
   if (requested == "cuda" || (requested == "auto" && cuda_available())) {
     const int64_t n = at::detail::getCUDAHooks().deviceCount();
@@ -99,7 +103,7 @@ void use_device(const c10::Device& device) {
 
 void configure_allocator(const c10::Device& device) {
 #ifdef ZB_WITH_CUDA
-  if (device.is_cuda()) return configure_cuda_allocator();
+  if (device.is_cuda()) return gpu().configure_allocator();
 #endif
   // CPU tensors come from glibc's malloc, which by default serves the step's large, short-lived
   // buffers (activations, gathered parameters, gradients; several MB each) with fresh mmaps and
@@ -114,21 +118,21 @@ void configure_allocator(const c10::Device& device) {
 
 std::string device_name(const c10::Device& device) {
 #ifdef ZB_WITH_CUDA
-  if (device.is_cuda()) return cuda_device_name(device.index());
+  if (device.is_cuda()) return gpu().device_name(device.index());
 #endif
   return device.str();
 }
 
 int device_compute_capability(const c10::Device& device) {
 #ifdef ZB_WITH_CUDA
-  if (device.is_cuda()) return cuda_compute_capability(device.index());
+  if (device.is_cuda()) return gpu().compute_capability(device.index());
 #endif
   return 0;
 }
 
 std::string device_pci_bus_id(const c10::Device& device) {
 #ifdef ZB_WITH_CUDA
-  if (device.is_cuda()) return cuda_pci_bus_id(device.index());
+  if (device.is_cuda()) return gpu().pci_bus_id(device.index());
 #endif
   return "";
 }
@@ -205,7 +209,7 @@ void count_cpu_tensor_memory() {
 
 int64_t peak_memory_bytes(const c10::Device& device) {
 #ifdef ZB_WITH_CUDA
-  if (device.is_cuda()) return cuda_peak_memory_bytes(device.index());
+  if (device.is_cuda()) return gpu().peak_memory_bytes(device.index());
 #endif
   if (counting) return counting->peak();
   // VmHWM rather than getrusage's ru_maxrss: only the former can be reset (clear_refs).
@@ -219,14 +223,14 @@ int64_t peak_memory_bytes(const c10::Device& device) {
 
 DeviceMemory device_memory(const c10::Device& device) {
 #ifdef ZB_WITH_CUDA
-  if (device.is_cuda()) return cuda_device_memory(device.index());
+  if (device.is_cuda()) return gpu().device_memory(device.index());
 #endif
   return {};
 }
 
 void reset_peak_memory(const c10::Device& device) {
 #ifdef ZB_WITH_CUDA
-  if (device.is_cuda()) return cuda_reset_peak_memory(device.index());
+  if (device.is_cuda()) return gpu().reset_peak_memory(device.index());
 #endif
   if (counting) counting->reset_peak();
   std::ofstream("/proc/self/clear_refs") << "5";  // 5: high-water mark := current resident size
@@ -240,15 +244,15 @@ StepClock::StepClock(const c10::Device& device) : cuda_(device.is_cuda()) {}
 
 StepClock::~StepClock() {
 #ifdef ZB_WITH_CUDA
-  for (void* e : events_) cuda_event_destroy(e);
+  for (void* e : events_) gpu().event_destroy(e);
 #endif
 }
 
 int StepClock::mark() {
 #ifdef ZB_WITH_CUDA
   if (cuda_) {
-    if (used_ == events_.size()) events_.push_back(cuda_event_create());
-    cuda_event_record(events_[used_]);
+    if (used_ == events_.size()) events_.push_back(gpu().event_create());
+    gpu().event_record(events_[used_]);
     return static_cast<int>(used_++);
   }
 #endif
@@ -259,7 +263,7 @@ int StepClock::mark() {
 void StepClock::synchronize() {
 #ifdef ZB_WITH_CUDA
   // Marks are recorded on one stream in order: the last one complete means all are.
-  if (cuda_ && used_ > 0) cuda_event_synchronize(events_[used_ - 1]);
+  if (cuda_ && used_ > 0) gpu().event_synchronize(events_[used_ - 1]);
 #endif
   complete_ = marks();
 }
@@ -270,7 +274,7 @@ double StepClock::seconds(int from, int to) {
                            " read before synchronize() (a device event is not ready until the host has "
                            "waited for it)");
 #ifdef ZB_WITH_CUDA
-  if (cuda_) return cuda_event_seconds(events_[from], events_[to]);
+  if (cuda_) return gpu().event_seconds(events_[from], events_[to]);
 #endif
   return std::chrono::duration<double>(host_[to] - host_[from]).count();
 }

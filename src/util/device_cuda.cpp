@@ -1,4 +1,4 @@
-// CUDA-only helpers, compiled when LibTorch has CUDA.
+// util/device.h's GPU side, in the GPU plugin (util/cuda_plugin.h).
 #include <ATen/Context.h>
 #include <c10/core/AllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -11,9 +11,10 @@
 #include <cstdlib>
 #include <string>
 
-#include "util/device.h"
+#include "util/device_cuda.h"
 
 namespace zb {
+namespace {
 
 std::string cuda_device_name(int index) {
   cudaDeviceProp prop{};
@@ -36,7 +37,7 @@ std::string cuda_pci_bus_id(int index) {
 // The caching allocator exists only once LibTorch has initialised CUDA (lazily, at the first CUDA
 // tensor): before that its statistics throw "Invalid device argument". The memory check asks
 // before anything is on the device.
-static void initialise_cuda() { at::globalContext().lazyInitDevice(at::kCUDA); }
+void initialise_cuda() { at::globalContext().lazyInitDevice(at::kCUDA); }
 
 void cuda_reset_peak_memory(int index) {
   initialise_cuda();
@@ -89,4 +90,14 @@ void cuda_event_synchronize(void* event) { C10_CUDA_CHECK(cudaEventSynchronize(s
 
 void cuda_event_destroy(void* event) { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
 
+}  // namespace
 }  // namespace zb
+
+extern "C" const zb::CudaDeviceFunctions* zb_cuda_device_functions() {
+  using namespace zb;
+  static const CudaDeviceFunctions table{cuda_device_name,       cuda_pci_bus_id,          cuda_compute_capability,
+                                         cuda_peak_memory_bytes, cuda_reset_peak_memory,   cuda_device_memory,
+                                         configure_cuda_allocator, cuda_event_create,      cuda_event_record,
+                                         cuda_event_seconds,     cuda_event_synchronize,   cuda_event_destroy};
+  return &table;
+}

@@ -96,9 +96,14 @@ def test_cpu_only(tree):
                        "preset_1B_unfused_momentum", "preset_1B_unfused_residual", "preset_1B_unfused_newton_schulz",
                        "reference_cpu", "reference_gpu_fp32", "reference_gpu_bf16", "reference_check", "nvtx",
                        "bench"] and r["bench"] is None, list(s)
-    # A build to use as it is (ZB_SKIP_BUILD=1): "prebuilt".
+    # A build to use as it is (ZB_SKIP_BUILD=1): "prebuilt", once its GPU side is there too.
     (tree.root / "build/apps").mkdir(parents=True)
     tree.script("train_fsdp", "exit 1\n", tree.root / "build/apps")
+    rc, _, err = tree.check("--cpu-only", tree.out, ZB_SKIP_BUILD="1")
+    assert rc == 4 and "with its GPU side build/src/libzb_cuda.so to use" in err, \
+        f"a build without its GPU plugin: exit {rc}\n{err}"
+    (tree.root / "build/src").mkdir(parents=True)
+    (tree.root / "build/src/libzb_cuda.so").write_bytes(b"")
     rc, _, err = tree.check("--cpu-only", tree.out, ZB_SKIP_BUILD="1")
     assert rc == 0, f"--cpu-only with ZB_SKIP_BUILD=1: exit {rc}\n{err}"
     assert tree.report()[0]["build"] == "prebuilt"

@@ -207,11 +207,16 @@ at::Tensor DiLoCo::mixed_mean(Fragment& f, const at::Tensor& delta) {
   std::vector<RowSpan> held, owned;
   std::vector<int64_t> row_numel;
   for (const ShardedParameter& p : f.params) {
-    const std::vector<int64_t>& whole = p.slice_shape.empty() ? p.global_shape : p.slice_shape;
-    const RowShard rows = RowShard::of(whole, 1), owners = RowShard::of(whole, S);
-    held.push_back({p.row_start, p.tensor->dim() == 0 ? 1 : p.tensor->size(0)});
-    owned.push_back({owners.first_row(group.rank()), owners.rows_of(group.rank())});
-    row_numel.push_back(rows.row_numel);
+    // Rows of the tensor the shards divide (under TP a slice, the same on every rank of the group:
+    // one TP position), counted from the whole's first row as row_start is.
+    const std::vector<int64_t>& sliced = p.slice_shape.empty() ? p.global_shape : p.slice_shape;
+    const RowShard mine = RowShard::of(sliced, shard_.size()), owners = RowShard::of(sliced, S);
+    const int64_t rows = p.tensor->dim() == 0 ? 1 : p.tensor->size(0);
+    TORCH_CHECK(rows == mine.rows_of(shard_.rank()), p.name, ": rows not as the shard layout says");
+    const int64_t origin = p.row_start - mine.first_row(shard_.rank());
+    held.push_back({p.row_start, rows});
+    owned.push_back({origin + owners.first_row(group.rank()), owners.rows_of(group.rank())});
+    row_numel.push_back(mine.row_numel);
   }
   const at::TensorOptions fp32 = delta.options().dtype(at::kFloat);
   const RowMoves there = RowMoves::plan(group, held, owned, row_numel);

@@ -149,7 +149,7 @@ TrainingParts build_training(const Config& config, ParallelMesh mesh, c10::Devic
   if (p.diloco && !config.diloco.peers.empty())
     p.diloco->set_membership(std::make_unique<ReplicaMembership>(
         config.diloco.peers, std::chrono::seconds(config.runtime.timeout_s), p.mesh.world(),
-        ReplicaPlace{p.mesh.shard_group().size(), p.mesh.shard_rank(), p.mesh.tp_rank()},
+        ReplicaPlace{p.mesh.shard_group().size(), p.mesh.shard_group().rank(), p.mesh.tp_rank()},
         replica_fingerprint(config, p.model->args(), p.mesh.shape().tp),
         config.diloco.join ? config.diloco.join_state : ""));
   p.data = build_data(config, p);

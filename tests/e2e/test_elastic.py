@@ -341,25 +341,29 @@ def test_replicas_of_different_shard_counts(d):
     losses equal the reference's within 1e-5, after each outer step all three hold the same outer
     copies and momenta bit for bit (each tensor's rows put together), and the final parameters equal
     the reference's within 1e-4. Then replicas 1 and 2 alone with uint8 pseudo-gradients (each
-    owner's rows quantized apart): one model at the end, losses within 2e-2 of the reference's."""
+    owner's rows quantized apart): one model at the end, losses within 2e-2 of the reference's. And
+    under TP 2, replicas of 2 and 4 ranks (shard counts 1 and 2, each TP slice's rows moved among the
+    ranks holding that slice) as the reference within 1e-5."""
     runs, tokens, cfg, hf_config, init = d
     tmp = runs.tmp
-    layouts = {0: 2, 1: 1, 2: 2}  # replica id -> ranks
-    for compression in ("none", "uint8"):
-        name = f"mixed_{compression}"
-        replicas = [0, 1, 2] if compression == "none" else [1, 2]
-        joined = {0: INNER} if compression == "none" else None
+    for compression, tp in (("none", 1), ("uint8", 1), ("none", 2)):
+        name = f"mixed_{compression}" + (f"_tp{tp}" if tp > 1 else "")
+        # replica launch -> its ranks; under TP 2 the shard counts are 1 and 2
+        layouts = {0: 2, 1: 1, 2: 2} if tp == 1 else {1: 2, 2: 4}
+        replicas = [0, 1, 2] if compression == "none" and tp == 1 else [1, 2]
+        joined = {0: INNER} if replicas[0] == 0 else None
         ref = reference(cfg, hf_config, init, tokens, len(replicas), "muon", 0.7, 0.9, rows=ROWS, joined=joined,
                         join_state="peer")
         port = free_port()
         peers = start([PEERS, "--port", port, "--replicas", 2, "--timeout_s", TIMEOUT_S], f"{tmp}/{name}_peers.log")
         args = ["--diloco.inner_steps", INNER, "--diloco.peers", f"127.0.0.1:{port}", "--runtime.timeout_s",
-                TIMEOUT_S, "--optim.batch_size", ROWS, "--ckpt.interval", INNER, "--diloco.compression", compression]
+                TIMEOUT_S, "--optim.batch_size", ROWS, "--ckpt.interval", INNER, "--diloco.compression", compression,
+                "--parallel.tp", tp]
         launches = []
         for q, r in enumerate(replicas):
             join = ["--diloco.join", "true", "--diloco.join_state", "peer"] if joined and r in joined else []
             launches.append(runs.launch(f"{name}_{r}", layouts[r], *map(str, args), "--train.micro_bs",
-                                        str(ROWS // layouts[r]), *join))
+                                        str(ROWS * tp // layouts[r]), *join))
             if not wait_for(lambda: f"DiLoCo: replica {q} of the run" in runs.log(f"{name}_{r}"), 60, 0.02):
                 pytest.fail(f"{name}: launch {r} did not register as replica {q}:\n{runs.log(f'{name}_{r}')[-3000:]}")
         codes = [p.wait_or_stop() if layouts[r] > 1 else p.wait() for p, r in zip(launches, replicas)]

@@ -467,6 +467,22 @@ TEST(ConfigErrors, Float8) {
             "weight with one scale: it needs float8.recipe_name = \"tensorwise\", not \"rowwise\"");
   apply_override(c, "float8.recipe_name", "tensorwise");
   EXPECT_NO_THROW(validate(c, 1));
+  // torchtitan's precomputed scales: what the FP8 gather always does; false is refused.
+  apply_override(c, "float8.precompute_float8_dynamic_scale_for_fsdp", "true");
+  EXPECT_NO_THROW(validate(c, 1));
+  apply_override(c, "float8.precompute_float8_dynamic_scale_for_fsdp", "false");
+  EXPECT_EQ(error_of([&] { validate(c, 1); }),
+            "command line (--float8.precompute_float8_dynamic_scale_for_fsdp): "
+            "float8.precompute_float8_dynamic_scale_for_fsdp = false is not offered: the FP8 all-gather always "
+            "computes the whole model's scales in one collective a step, the same scales as weight by weight (leave "
+            "it out, or true)");
+  apply_override(c, "float8.precompute_float8_dynamic_scale_for_fsdp", "true");
+  apply_override(c, "float8.enable_fsdp_float8_all_gather", "false");
+  EXPECT_EQ(error_of([&] { validate(c, 1); }),
+            "command line (--float8.precompute_float8_dynamic_scale_for_fsdp): "
+            "float8.precompute_float8_dynamic_scale_for_fsdp is about the FP8 all-gather's scales, but "
+            "float8.enable_fsdp_float8_all_gather is false");
+  apply_override(c, "float8.enable_fsdp_float8_all_gather", "true");
   apply_override(c, "float8.recipe_name", "blockwise");
   EXPECT_EQ(error_of([&] { validate(c, 1); }),
             "command line (--float8.recipe_name): float8.recipe_name = \"blockwise\" is not one of tensorwise | "

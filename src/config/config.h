@@ -200,6 +200,9 @@ struct Float8Config {  // [float8], torchtitan's names: FP8 linears (model/float
   std::string recipe_name = "tensorwise";  // "tensorwise" | "rowwise" | "rowwise_with_gw_hp"
   std::vector<std::string> filter_fqns = {"output"};  // projections left in the compute dtype, by name part
   bool enable_fsdp_float8_all_gather = false;  // FSDP gathers those weights in FP8 (tensorwise): half the bytes
+  // torchtitan's batching of the FP8 gather's amaxes into one collective a step: ours always does
+  // it, so true is accepted (with the FP8 gather) and false refused.
+  bool precompute_float8_dynamic_scale_for_fsdp = true;
   bool emulate = false;  // the same FP8 values multiplied in fp32, on any device (for tests)
 };
 

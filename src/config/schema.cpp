@@ -299,6 +299,10 @@ const std::vector<Field>& schema() {
       ZB_FIELD("float8.enable_fsdp_float8_all_gather", Bool, bool, float8.enable_fsdp_float8_all_gather,
                "the sharding engine gathers the FP8 projections' weights in FP8, half the bytes of bf16 (tensorwise; "
                "their scales from one all-gather of amaxes a step, rounded to powers of two)"),
+      ZB_FIELD("float8.precompute_float8_dynamic_scale_for_fsdp", Bool, bool,
+               float8.precompute_float8_dynamic_scale_for_fsdp,
+               "the FP8 all-gather's scales for the whole model from one collective a step, computed before the "
+               "gathers (always so here: false is refused)"),
       ZB_FIELD("float8.emulate", Bool, bool, float8.emulate,
                "FP8 emulated: the same scaled and rounded values multiplied in fp32, on any device (for tests)"),
   };

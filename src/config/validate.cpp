@@ -195,6 +195,13 @@ void validate(const Config& c, int64_t world_size) {
     fail("float8.enable_fsdp_float8_all_gather", "float8.enable_fsdp_float8_all_gather casts each weight with one "
                                                  "scale: it needs float8.recipe_name = \"tensorwise\", not " +
                                                      show(c.float8.recipe_name));
+  } else if (c.origins.count("float8.precompute_float8_dynamic_scale_for_fsdp")) {
+    const std::string key = "float8.precompute_float8_dynamic_scale_for_fsdp";
+    if (!c.float8.enable_fsdp_float8_all_gather)
+      fail(key, key + " is about the FP8 all-gather's scales, but float8.enable_fsdp_float8_all_gather is false");
+    if (!c.float8.precompute_float8_dynamic_scale_for_fsdp)
+      fail(key, key + " = false is not offered: the FP8 all-gather always computes the whole model's scales in one "
+                      "collective a step, the same scales as weight by weight (leave it out, or true)");
   }
   if (c.float8.enable_float8_linear && !c.float8.emulate) {
     if (c.runtime.device == "cpu")

@@ -185,7 +185,9 @@ int64_t Trainer::share_state(const RoundReport& round) {
       const RowSpan mine{whole ? 0 : t.row_start, rows};
       held.push_back(taking || (whole && group->rank() != 0) ? RowSpan{} : mine);
       wanted.push_back(taking ? mine : RowSpan{});
-      row_numel.push_back(rows == 0 ? 1 : t.local.numel() / rows);
+      int64_t per_row = 1;  // from the shape: a rank may hold no rows
+      for (int64_t d = 1; d < t.local.dim(); ++d) per_row *= t.local.size(d);
+      row_numel.push_back(per_row);
       local.push_back(t.local);
     }
     const RowMoves moves = RowMoves::plan(*group, held, wanted, row_numel);

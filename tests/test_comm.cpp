@@ -394,5 +394,13 @@ TEST(RowMoves, RowsReachTheirOwnersOnceFromEachReplica) {
       }
     }
     EXPECT_EQ(rows_back, wanted[0].rows + wanted[1].rows);
+    // take() puts the same rows in place: each rank's wanted rows, whole.
+    std::vector<at::Tensor> placed;
+    for (size_t t = 0; t < shapes.size(); ++t) placed.push_back(at::full({wanted[t].rows, row_numel[t]}, -1.0f));
+    back.take(returned, placed);
+    for (size_t t = 0; t < shapes.size(); ++t)
+      for (int64_t r = 0; r < wanted[t].rows; ++r)
+        for (int64_t c = 0; c < row_numel[t]; ++c)
+          ASSERT_EQ(placed[t][r][c].item<float>(), value(static_cast<int64_t>(t), 1, wanted[t].first + r, c));
   });
 }

@@ -226,8 +226,9 @@ at::Tensor DiLoCo::mixed_mean(Fragment& f, const at::Tensor& delta) {
     const auto tables_of = [](int64_t n) { return (n + kUint8Chunk - 1) / kUint8Chunk * kUint8Buckets; };
     std::vector<at::Tensor> codes, tables;
     std::vector<int64_t> code_out, code_in, table_out, table_in;
+    const std::vector<at::Tensor> parts = f.split(delta);
     for (int64_t q = 0; q < S; ++q) {
-      if (const at::Tensor pack = there.pack(q, f.split(delta)); pack.defined()) {
+      if (const at::Tensor pack = there.pack(q, parts); pack.defined()) {
         const Uint8Code code = quantize_uint8(pack, kUint8Chunk);
         codes.push_back(code.codes);
         tables.push_back(code.tables.reshape({-1}));
@@ -270,17 +271,8 @@ at::Tensor DiLoCo::mixed_mean(Fragment& f, const at::Tensor& delta) {
   for (at::Tensor& s : sums) s.div_(static_cast<double>(members));
   // And back: each held row from its one owner.
   const RowMoves back = RowMoves::plan(group, owned, held, row_numel);
-  const at::Tensor got = back.exchange(group, sums, fp32);
   at::Tensor mean = at::empty({f.numel}, fp32);
-  const std::vector<at::Tensor> mine = f.split(mean);
-  for (int64_t k = 0; k < S; ++k) {
-    const std::vector<at::Tensor> pieces = back.unpack(k, back.part(k, got));
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      const RowMoves::Run& run = back.receives(k)[i];
-      mine[run.tensor].reshape({held[run.tensor].rows, row_numel[run.tensor]})
-          .narrow(0, run.rows.first - held[run.tensor].first, run.rows.rows).copy_(pieces[i]);
-    }
-  }
+  back.take(back.exchange(group, sums, fp32), f.split(mean));
   return mean;
 }
 

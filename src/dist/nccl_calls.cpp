@@ -2,8 +2,6 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include <stdexcept>
-
 #include "dist/comm.h"
 #include "util/cuda_plugin.h"
 
@@ -11,11 +9,10 @@ namespace zb {
 
 namespace {
 const NcclFunctions& nccl() {
-  static const NcclFunctions* const table = cuda_plugin_table<NcclFunctions>("zb_nccl_functions");
-  if (!table)
-    throw std::runtime_error("NCCL needs the GPU side of the programs (libzb_cuda.so), which is not loaded here: no "
-                             "NVIDIA driver, or a LibTorch without CUDA");
-  return *table;
+  static const NcclFunctions& table = required_cuda_plugin_table<NcclFunctions>(
+      "zb_nccl_functions", "NCCL needs the GPU side of the programs (libzb_cuda.so), which is not loaded here: no "
+                           "NVIDIA driver, or a LibTorch without CUDA");
+  return table;
 }
 }  // namespace
 

@@ -38,6 +38,7 @@ RowMoves RowMoves::plan(Communicator& group, const std::vector<RowSpan>& held, c
 
   RowMoves moves;
   moves.held_ = held;
+  moves.wanted_ = wanted;
   moves.row_numel_ = row_numel;
   moves.send_.resize(static_cast<size_t>(G));
   moves.receive_.resize(static_cast<size_t>(G));
@@ -98,6 +99,19 @@ std::vector<at::Tensor> RowMoves::unpack(int64_t q, const at::Tensor& from_q) co
     offset += n;
   }
   return out;
+}
+
+void RowMoves::take(const at::Tensor& received, const std::vector<at::Tensor>& local) const {
+  for (int64_t q = 0; q < peers(); ++q) {
+    const std::vector<at::Tensor> pieces = unpack(q, part(q, received));
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const Run& run = receives(q)[i];
+      const RowSpan& mine = wanted_[run.tensor];
+      local[run.tensor].view({mine.rows, row_numel_[run.tensor]})
+          .narrow(0, run.rows.first - mine.first, run.rows.rows)
+          .copy_(pieces[i]);
+    }
+  }
 }
 
 }  // namespace zb

@@ -53,11 +53,15 @@ class RowMoves {
   at::Tensor part(int64_t q, const at::Tensor& received) const;
   // The runs of peer q's part of a received buffer as [rows, row_numel] views, in receives(q)'s order.
   std::vector<at::Tensor> unpack(int64_t q, const at::Tensor& from_q) const;
+  // Every run of exchange()'s result copied into place: `local[t]` holds rows wanted[t] of tensor t
+  // (any shape). For layouts where each wanted row has one holder; a caller that receives several
+  // copies of a row (one per replica) sums them from unpack() instead.
+  void take(const at::Tensor& received, const std::vector<at::Tensor>& local) const;
 
  private:
   int64_t numel(const std::vector<Run>& runs) const;
   std::vector<std::vector<Run>> send_, receive_;
-  std::vector<RowSpan> held_;
+  std::vector<RowSpan> held_, wanted_;
   std::vector<int64_t> row_numel_;
 };
 

@@ -1,17 +1,15 @@
 // kernels/cuda_ops.h's functions, called through the GPU plugin's table (util/cuda_plugin.h).
 #include "kernels/cuda_ops.h"
 
-#include <stdexcept>
-
 #include "util/cuda_plugin.h"
 
 namespace zb {
 
 namespace {
 const CudaKernelFunctions& gpu() {
-  static const CudaKernelFunctions* const table = cuda_plugin_table<CudaKernelFunctions>("zb_cuda_kernel_functions");
-  if (!table) throw std::logic_error("our CUDA kernels asked for without the GPU plugin (util/cuda_plugin.h)");
-  return *table;
+  static const CudaKernelFunctions& table = required_cuda_plugin_table<CudaKernelFunctions>(
+      "zb_cuda_kernel_functions", "our CUDA kernels asked for without the GPU plugin (util/cuda_plugin.h)");
+  return table;
 }
 }  // namespace
 

@@ -193,14 +193,7 @@ int64_t Trainer::share_state(const RoundReport& round) {
     const RowMoves moves = RowMoves::plan(*group, held, wanted, row_numel);
     const at::Tensor got = moves.exchange(*group, local, local.front().options());
     bytes += got.numel() * static_cast<int64_t>(got.element_size());
-    for (int64_t k = 0; k < group->size(); ++k) {
-      const std::vector<at::Tensor> pieces = moves.unpack(k, moves.part(k, got));
-      for (size_t p = 0; p < pieces.size(); ++p) {
-        const RowMoves::Run& run = moves.receives(k)[p];
-        local[run.tensor].view({wanted[run.tensor].rows, row_numel[run.tensor]})
-            .narrow(0, run.rows.first - wanted[run.tensor].first, run.rows.rows).copy_(pieces[p]);
-      }
-    }
+    moves.take(got, local);
   }
   group->settle();
   if (taking) parts_.diloco->take_outer();

@@ -30,9 +30,9 @@ namespace {
 // The GPU side, from the GPU plugin: only ever asked about a CUDA device, which exists only where
 // the plugin is loaded.
 const CudaDeviceFunctions& gpu() {
-  static const CudaDeviceFunctions* const table = cuda_plugin_table<CudaDeviceFunctions>("zb_cuda_device_functions");
-  if (!table) throw std::logic_error("a CUDA device without the GPU plugin (util/cuda_plugin.h)");
-  return *table;
+  static const CudaDeviceFunctions& table = required_cuda_plugin_table<CudaDeviceFunctions>(
+      "zb_cuda_device_functions", "a CUDA device without the GPU plugin (util/cuda_plugin.h)");
+  return table;
 }
 }  // namespace
 #endif

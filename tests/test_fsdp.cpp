@@ -483,7 +483,9 @@ TEST(FSDP, OneFiftyMPeakMemoryOnFourRanksStaysWithinTheShardingBound) {
     EXPECT_LT(setup_peak, 4 * N);
     const double before = proc_status_kib("VmRSS") * 1024.0;  // libraries, shards, AdamW moments
     std::ofstream("/proc/self/clear_refs") << "5";               // reset the peak RSS
-    for (int s = 0; s < 2; ++s) trainer.train_step();
+    // One step: the moments exist from set-up, so a second step peaks where the first does (1669
+    // against 1665 MiB, measured) and would only add 13 s.
+    trainer.train_step();
     const double peak = proc_status_kib("VmHWM") * 1024.0;
     // What a step may add on top, in fp32 bytes: sharded gradients and the reduce-scatter outputs
     // (N/W each); the root gathered, its gradient accumulator and its reduce input (3 x root); two

@@ -4,9 +4,11 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,16 @@ TEST(CudaPlugin, LoadsAndHandsOverEveryFunction) {
   EXPECT_TRUE(complete(device));
   EXPECT_TRUE(complete(kernels));
   EXPECT_TRUE(complete(nccl));
+  // A program whose table differs from the plugin's (another build's plugin) gets none, and is told.
+  const auto entry = reinterpret_cast<const void* (*)(std::size_t)>(cuda_plugin_symbol("zb_nccl_functions"));
+  EXPECT_EQ(entry(sizeof(NcclFunctions) + sizeof(void*)), nullptr);
+  try {
+    cuda_plugin_mismatch("zb_nccl_functions");
+    ADD_FAILURE() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("zb_nccl_functions table differs): rebuild the two together"),
+              std::string::npos) << e.what();
+  }
   // ATen answers with its CUDA library (the stub it has without one throws here).
   EXPECT_GT(at::detail::getCUDAHooks().versionCUDART(), 0);
 }

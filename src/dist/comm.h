@@ -10,6 +10,7 @@
 
 #include <array>
 #include <chrono>
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -215,4 +216,4 @@ struct NcclFunctions {
 }  // namespace zb
 
 // The plugin's entry for this table.
-extern "C" const zb::NcclFunctions* zb_nccl_functions();
+extern "C" const zb::NcclFunctions* zb_nccl_functions(std::size_t table_bytes);

@@ -63,7 +63,8 @@ c10::intrusive_ptr<c10d::Backend> split_nccl_backend(const c10::intrusive_ptr<c1
 
 }  // namespace zb::gpu
 
-extern "C" const zb::NcclFunctions* zb_nccl_functions() {
+extern "C" const zb::NcclFunctions* zb_nccl_functions(std::size_t table_bytes) {
+  if (table_bytes != sizeof(zb::NcclFunctions)) return nullptr;
   static const zb::NcclFunctions table{zb::gpu::make_nccl_backend, zb::gpu::split_nccl_backend};
   return &table;
 }

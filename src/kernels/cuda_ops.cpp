@@ -404,8 +404,9 @@ at::Tensor gemm_add_cuda(const at::Tensor& c, const at::Tensor& a, const at::Ten
 
 }  // namespace zb::gpu
 
-extern "C" const zb::CudaKernelFunctions* zb_cuda_kernel_functions() {
+extern "C" const zb::CudaKernelFunctions* zb_cuda_kernel_functions(std::size_t table_bytes) {
   using namespace zb::gpu;
+  if (table_bytes != sizeof(zb::CudaKernelFunctions)) return nullptr;
   static const zb::CudaKernelFunctions table{
       cuda_kernels_run_on,          rope_cuda_bf16_applies,       apply_rope_cuda_bf16,
       silu_mul_cuda_bf16_applies,   silu_mul_cuda_bf16,           silu_mul_backward_cuda_bf16,

@@ -7,6 +7,7 @@
 // (kernels/cuda_ops_calls.cpp). Only a GPU tensor reaches them, and only where the plugin is loaded.
 #include <ATen/core/Tensor.h>
 
+#include <cstddef>
 #include <utility>
 
 namespace zb {
@@ -111,4 +112,4 @@ struct CudaKernelFunctions {
 }  // namespace zb
 
 // The plugin's entry for this table.
-extern "C" const zb::CudaKernelFunctions* zb_cuda_kernel_functions();
+extern "C" const zb::CudaKernelFunctions* zb_cuda_kernel_functions(std::size_t table_bytes);

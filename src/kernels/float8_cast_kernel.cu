@@ -26,7 +26,9 @@ struct alignas(8) Bytes8 {
 // scale = max / max(amax, 1e-12), rounded down to a power of two where asked (from the exponent
 // alone: frexp's s = m 2^e, m in [0.5, 1)).
 ZB_HD float float8_scale(float amax, float max, bool power_of_two) {
-  float s = max / (amax != amax ? amax : fmaxf(amax, 1e-12f));  // a NaN stays NaN, as ATen's clamp keeps it
+  // A NaN amax gives a NaN scale, as ATen's clamp keeps it (rounded to a power of two it becomes a
+  // finite one in both, and the NaN values themselves stay NaN).
+  float s = max / (amax != amax ? amax : fmaxf(amax, 1e-12f));
   if (power_of_two) {
     int e = 0;
     frexpf(s, &e);

@@ -87,4 +87,9 @@ void* cuda_plugin_symbol(const char* name) {
   return entry;
 }
 
+void cuda_plugin_mismatch(const char* name) {
+  throw std::runtime_error("the GPU plugin " + loaded.path + " was built from other sources than this program (its " +
+                           name + " table differs): rebuild the two together");
+}
+
 }  // namespace zb

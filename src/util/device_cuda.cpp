@@ -93,8 +93,9 @@ void cuda_event_destroy(void* event) { cudaEventDestroy(static_cast<cudaEvent_t>
 }  // namespace
 }  // namespace zb
 
-extern "C" const zb::CudaDeviceFunctions* zb_cuda_device_functions() {
+extern "C" const zb::CudaDeviceFunctions* zb_cuda_device_functions(std::size_t table_bytes) {
   using namespace zb;
+  if (table_bytes != sizeof(CudaDeviceFunctions)) return nullptr;
   static const CudaDeviceFunctions table{cuda_device_name,       cuda_pci_bus_id,          cuda_compute_capability,
                                          cuda_peak_memory_bytes, cuda_reset_peak_memory,   cuda_device_memory,
                                          configure_cuda_allocator, cuda_event_create,      cuda_event_record,

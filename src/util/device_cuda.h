@@ -1,6 +1,7 @@
 #pragma once
 // util/device.h's GPU side, in the GPU plugin (util/cuda_plugin.h): util/device_cuda.cpp fills the
 // table, util/device.cpp calls through it.
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -26,4 +27,4 @@ struct CudaDeviceFunctions {
 }  // namespace zb
 
 // The plugin's entry for this table.
-extern "C" const zb::CudaDeviceFunctions* zb_cuda_device_functions();
+extern "C" const zb::CudaDeviceFunctions* zb_cuda_device_functions(std::size_t table_bytes);

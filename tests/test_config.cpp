@@ -404,6 +404,11 @@ TEST(ConfigErrors, ElasticReplicas) {
             "command line (--diloco.fragments): elastic replicas (diloco.peers) take whole outer steps: "
             "diloco.fragments must be 1");
   apply_override(c, "diloco.fragments", "1");
+  apply_override(c, "diloco.fragment_delay", "1");
+  EXPECT_EQ(error_of([&] { validate(c, 2); }),
+            "command line (--diloco.fragment_delay): elastic replicas (diloco.peers) apply each outer step in "
+            "its own round: diloco.fragment_delay must be 0");
+  apply_override(c, "diloco.fragment_delay", "0");
   apply_override(c, "ckpt.path", "checkpoints");
   apply_override(c, "ckpt.resume", "latest");  // a resumed replica: with others resumed, or as a joiner
   EXPECT_NO_THROW(validate(c, 2));

@@ -246,6 +246,11 @@ void validate(const Config& c, int64_t world_size) {
                                       "got " + show(c.parallel.dp_replicate) + " (start one launch per replica)");
       if (c.diloco.fragments != 1)
         fail("diloco.fragments", "elastic replicas (diloco.peers) take whole outer steps: diloco.fragments must be 1");
+      // A step still in flight would outlive its round: a resume, a joiner or a lost peer would
+      // find the replicas' outer state and round numbers apart.
+      if (c.diloco.fragment_delay != 0)
+        fail("diloco.fragment_delay", "elastic replicas (diloco.peers) apply each outer step in its own round: "
+                                      "diloco.fragment_delay must be 0");
     } else {
       for (const char* key : {"diloco.join", "diloco.join_state"})
         if (c.origins.count(key)) fail(key, std::string(key) + " is for elastic replicas: set diloco.peers");

@@ -64,11 +64,6 @@ std::string Quorum::encode() const {
   return std::to_string(generation) + ";" + id_list(members) + ";" + std::to_string(stream_rows) + ";" + change;
 }
 
-int64_t RoundReport::source_index() const {
-  const auto& m = membership().members;
-  return std::find(m.begin(), m.end(), quorum.members.front()) - m.begin();
-}
-
 Quorum Quorum::decode(const std::string& text) {
   Quorum q;
   std::istringstream in(text);
@@ -83,6 +78,38 @@ Quorum Quorum::decode(const std::string& text) {
   for (std::string id; std::getline(list, id, ',');) q.members.push_back(std::stoll(id));
   return q;
 }
+
+namespace {
+
+// For tests (tests/e2e/test_elastic.py), at outer step n's exchange: this replica's ranks come 2 s
+// late to it (ZB_TEST_LATE_TO_EXCHANGE=n: a slow pack of a large model); its first rank dies or stops
+// (a machine frozen) inside it, its group made (ZB_TEST_KILL_IN_EXCHANGE, ZB_TEST_STOP_IN_EXCHANGE),
+// or dies after it, before its result is reported (ZB_TEST_KILL_AFTER_EXCHANGE).
+void exchange_test_faults(int64_t n, bool leader, bool done) {
+  const auto asked = [n](const char* variable) {
+    const char* at = std::getenv(variable);
+    return at && std::to_string(n) == at;
+  };
+  if (!done && asked("ZB_TEST_LATE_TO_EXCHANGE")) {
+    log::warn(strf("outer step %ld: 2 s late to the exchange (ZB_TEST_LATE_TO_EXCHANGE)", n));
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+  }
+  struct Fault {
+    const char* variable;
+    int signal;
+    bool after;
+  };
+  for (const Fault& f : {Fault{"ZB_TEST_KILL_IN_EXCHANGE", SIGKILL, false}, Fault{"ZB_TEST_STOP_IN_EXCHANGE", SIGSTOP, false},
+                         Fault{"ZB_TEST_KILL_AFTER_EXCHANGE", SIGKILL, true}}) {
+    if (!leader || f.after != done || !asked(f.variable)) continue;
+    log::warn(strf("outer step %ld: process %d %s %s its exchange (%s)", n, static_cast<int>(::getpid()),
+                   f.signal == SIGKILL ? "dies" : "stops", done ? "after" : "in", f.variable));
+    if (done) std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the peers' last bytes leave first
+    std::raise(f.signal);
+  }
+}
+
+}  // namespace
 
 ReplicaMembership::ReplicaMembership(const std::string& peers, std::chrono::seconds timeout, Communicator& world,
                                      ReplicaPlace place, const std::string& fingerprint, const std::string& join)
@@ -116,11 +143,11 @@ ReplicaMembership::ReplicaMembership(const std::string& peers, std::chrono::seco
     store_->set(peer_keys::shards(id_), store_bytes(std::to_string(place_.shards)));
     store_->set(peer_keys::hello(id_), store_bytes(join_.empty() ? "start" : "join " + join_));
     // Its own connection: a wait on the main one must not hold the heartbeat back.
-    heartbeat_ = std::thread([this, beat = store_->clone()] {
+    heartbeat_ = std::thread([this, beat = store_->clone(), id = id_] {
       const auto period = std::max<std::chrono::milliseconds>(std::chrono::milliseconds(50), timeout_ / 20);
       while (!stopping_.load()) {
         try {
-          beat->add(peer_keys::heartbeat(id_), 1);
+          beat->add(peer_keys::heartbeat(id), 1);
         } catch (const std::exception&) {  // the service is gone: the next round says so
         }
         for (auto slept = std::chrono::milliseconds(0); slept < period && !stopping_.load();
@@ -129,16 +156,25 @@ ReplicaMembership::ReplicaMembership(const std::string& peers, std::chrono::seco
       }
     });
   }
-  // Every rank of the replica learns its id (the rendezvous' store is the replica's own).
-  id_ = std::stoll(world.rendezvous().exchange("diloco_replica_id", std::to_string(id_)).front());
+  // Every rank of the replica learns its id (the rendezvous' store is the replica's own). A rank
+  // lost meanwhile throws here, and the destructor does not run: the heartbeat stops first.
+  try {
+    id_ = std::stoll(world.rendezvous().exchange("diloco_replica_id", std::to_string(id_)).front());
+  } catch (...) {
+    stop_heartbeat();
+    throw;
+  }
   log::info(strf("DiLoCo: replica %ld of the run at diloco.peers %s%s", id_, where_.c_str(),
                  join_.empty() ? "" : ", joining it at its next outer step"));
 }
 
-ReplicaMembership::~ReplicaMembership() {
+ReplicaMembership::~ReplicaMembership() { stop_heartbeat(); }
+
+void ReplicaMembership::stop_heartbeat() {
   stopping_ = true;
   if (heartbeat_.joinable()) heartbeat_.join();
   if (liveness_fd_ >= 0) ::close(liveness_fd_);
+  liveness_fd_ = -1;
 }
 
 void ReplicaMembership::connect_liveness(const std::string& host) {
@@ -239,7 +275,7 @@ std::unique_ptr<Communicator> ReplicaMembership::group_over(const std::string& p
 
 std::unique_ptr<Communicator> ReplicaMembership::transfer_group(const RoundReport& round) {
   const Quorum& q = round.membership();
-  std::vector<int64_t> ids = {q.members.at(static_cast<size_t>(round.source_index()))};
+  std::vector<int64_t> ids = {round.source};
   ids.insert(ids.end(), round.joined.begin(), round.joined.end());
   if (std::find(ids.begin(), ids.end(), id_) == ids.end()) return nullptr;
   int64_t before = 0, size = 0;
@@ -268,7 +304,7 @@ RoundReport ReplicaMembership::await_admission() {
   report.changed = true;
   std::istringstream ids(joiners);
   for (std::string id; std::getline(ids, id, ',');) report.joined.push_back(std::stoll(id));
-  report.quorum.members = {std::stoll(source)};  // for source_index(): the rest of the round is not the joiner's
+  report.source = std::stoll(source);
   const auto& members = report.next->members;
   report.member_index = std::find(members.begin(), members.end(), id_) - members.begin();
   generation_ = report.next->generation;
@@ -320,24 +356,27 @@ RoundReport ReplicaMembership::round(int64_t n, int64_t step, int64_t stream_row
       generation_ = report.quorum.generation;
     }
     if (!exchange) return report;  // round 0: nothing to exchange
+    // The exchange waits on the peers, over groups whose own timeouts (runtime.timeout_s, from each
+    // collective's start) turn a lost peer into an error here, a failed round and a retry. The
+    // replica's watchdog stands down meanwhile: its clock, started at the quorum, would otherwise end
+    // this replica first, for the peer's loss. (A rank of this replica stuck in there is still
+    // caught: its own ranks wait for it below.)
+    world_.set_phase("");
     bool ok = true;
     std::string error;
     try {
       if (broken_generation_ == generation_)
         throw std::runtime_error(strf("the groups of generation %ld failed at their making", generation_));
       if (group_generation_ != generation_) make_groups(report.quorum, report.member_index);
-      // For tests: the replica's first rank dies inside the exchange, its group made.
-      if (const char* at = std::getenv("ZB_TEST_KILL_IN_EXCHANGE"); at && std::to_string(n) == at && leader_) {
-        log::warn(strf("outer step %ld: process %d dies in its exchange (ZB_TEST_KILL_IN_EXCHANGE)", n,
-                       static_cast<int>(::getpid())));
-        std::raise(SIGKILL);
-      }
+      exchange_test_faults(n, leader_, /*done=*/false);
       (*exchange)(group_.get());
+      exchange_test_faults(n, leader_, /*done=*/true);
     } catch (const std::exception& e) {
       ok = false;
       error = e.what();
     }
     // The replica's ranks agree (their own world is whole), then its leader reports.
+    world_.set_phase(phase);
     const bool replica_ok = world_.count_over_ranks({!ok}).front() == 0;
     if (!ok) log::warn(strf("outer step %ld, generation %ld: the exchange failed here: %s", n, report.quorum.generation,
                             error.c_str()));
@@ -345,20 +384,27 @@ RoundReport ReplicaMembership::round(int64_t n, int64_t step, int64_t stream_row
     const std::string decided =
         wait_for(peer_keys::decision(n, attempt), phase, strf("decision on outer step %ld", n));
     if (decided == "commit") return report;
-    if (decided.rfind("commit ", 0) == 0) {  // joiners admitted: the next generation includes them
-      report.with_optimizer = decided.at(7) == '1';
-      report.next = Quorum::decode(decided.substr(9));
+    if (decided.rfind("commit ", 0) == 0) {  // joiners admitted: "commit <with optimizer> <source> <generation>"
+      std::istringstream in(decided.substr(7));
+      std::string optimizer, source, generation;
+      in >> optimizer >> source;
+      std::getline(in >> std::ws, generation);
+      report.with_optimizer = optimizer == "1";
+      report.source = std::stoll(source);
+      report.next = Quorum::decode(generation);
       for (int64_t id : report.next->members)
         if (std::find(members.begin(), members.end(), id) == members.end()) report.joined.push_back(id);
       const auto& next = report.next->members;
       report.member_index = std::find(next.begin(), next.end(), id_) - next.begin();
       report.changed = true;
       generation_ = report.next->generation;
+      world_.set_phase("");  // waits on the joiners, bounded by the groups' own timeouts
       try {
         make_groups(*report.next, report.member_index);
       } catch (const std::exception& e) {  // the joiner's problem, most likely: the next round settles it
         log::warn(strf("generation %ld: its groups failed at their making: %s", generation_, e.what()));
       }
+      world_.set_phase(phase);
       return report;
     }
     // A member failed: the retry comes with a new generation, and new groups.

@@ -115,11 +115,12 @@ struct RoundReport {
   std::vector<int64_t> joined;   // the joiners admitted (in next)
   bool with_optimizer = false;   // they take the optimizer state too
   int64_t step = 0;              // the step the round came after
+  int64_t source = -1;           // who sends the joiners their state (the service names it)
 
   // The generation this replica trains in from the next step.
   const Quorum& membership() const { return next ? *next : quorum; }
-  // Who sends joiners their state: the member with the lowest id of those who took part.
-  int64_t source_index() const;
+  // Whether this replica sends the joiners their state.
+  bool sends_state() const { return membership().members.at(static_cast<size_t>(member_index)) == source; }
 };
 
 // Where a rank sits in its replica: the replica's shard count, this rank's place among them, and
@@ -179,6 +180,8 @@ class ReplicaMembership {
   // themselves (a dead member's closed connection sooner).
   std::unique_ptr<Communicator> group_over(const std::string& prefix, int64_t rank, int64_t size);
   void connect_liveness(const std::string& host);
+  // Ends the heartbeat and closes the liveness connection (the destructor; a constructor that throws).
+  void stop_heartbeat();
 
   Communicator& world_;
   ReplicaPlace place_;

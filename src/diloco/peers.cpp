@@ -228,12 +228,14 @@ int serve_peers(const PeersOptions& options, const std::function<void(const std:
           return store->check({peer_keys::arrived(round, id)}) ? Answer::Yes : Answer::None;
         },
         strf("before outer step %ld", round), change);
-    const bool any_finished = std::any_of(members.begin(), members.end(),
-                                          [&](int64_t id) { return store->check({peer_keys::finished(id)}); });
+    std::vector<int64_t> finished;
+    for (int64_t id : members)
+      if (store->check({peer_keys::finished(id)})) finished.push_back(id);
     if (present.empty()) {
       store->set(peer_keys::over(), store_bytes("1"));
-      if (any_finished && change.empty()) {
-        say(strf("the run is over: replicas %s finished", id_list(members).c_str()));
+      if (!finished.empty()) {  // one lost after its last outer step does not undo the others' finish
+        say(strf("the run is over: replicas %s finished%s", id_list(finished).c_str(),
+                 change.empty() ? "" : (" (" + change + ")").c_str()));
         // Joiners still waiting read that the run is over before the store goes.
         if (!waiting_joiners().empty()) std::this_thread::sleep_for(std::chrono::seconds(2));
         return 0;
@@ -292,7 +294,7 @@ int serve_peers(const PeersOptions& options, const std::function<void(const std:
                        store_bytes(strf("%ld;%ld;%d;%ld;%s;", round, at.step, with_optimizer ? 1 : 0, members.front(),
                                      id_list(joiners).c_str()) +
                                 q.encode()));
-          decision = strf("commit %d ", with_optimizer ? 1 : 0) + q.encode();
+          decision = strf("commit %d %ld ", with_optimizer ? 1 : 0, members.front()) + q.encode();
           admitted.insert(admitted.end(), joiners.begin(), joiners.end());
           members = generation_members = next;
           change.clear();

@@ -139,7 +139,7 @@ void Trainer::join_run() {
   follow(round);
   log::info(strf("DiLoCo: took %s bytes of state (%s) from replica %ld in %.2f s; training on after step %ld",
                  with_commas(bytes).c_str(), round.with_optimizer ? "with its optimizer state" : "outer state only",
-                 round.membership().members.at(static_cast<size_t>(round.source_index())),
+                 round.source,
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), step_));
   new_membership_ = round;
 }
@@ -153,7 +153,7 @@ int64_t Trainer::share_state(const RoundReport& round) {
   // time out each). The loop's phase again after (apps/training_program.cpp).
   Communicator& world = parts_.mesh.world();
   world.set_phase("");
-  const bool taking = round.member_index != round.source_index();
+  const bool taking = !round.sends_state();
   at::Tensor counters = at::empty({2}, at::TensorOptions().dtype(at::kLong));
   counters.data_ptr<int64_t>()[0] = step_;
   counters.data_ptr<int64_t>()[1] = skipped_;

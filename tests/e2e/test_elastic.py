@@ -11,7 +11,11 @@ replica is lost in one of three ways:
                       connection stays open ("hung", after the timeout)
   killed_in_exchange  its first rank sends itself SIGKILL inside outer step 2's exchange, its group
                       made (ZB_TEST_KILL_IN_EXCHANGE): the others' exchange fails
-(the three at once). In each, the survivors finish every step, and their per-step losses equal
+  hung_in_exchange    the same with SIGSTOP (ZB_TEST_STOP_IN_EXCHANGE), a machine frozen there, while
+                      the others come 2 s late to that exchange (ZB_TEST_LATE_TO_EXCHANGE): their
+                      exchange times out runtime.timeout_s after it began, which is more than that
+                      since their outer step began, and their own ranks' watchdog must not end them
+(the first three at once, with replicas of one rank; the first and the last with two ranks). In each, the survivors finish every step, and their per-step losses equal
 test_diloco.py's PyTorch reference in which the lost replica takes no part in the outer steps from
 step 4's on, with the data rule of src/diloco/membership.h, within 1e-5; their final parameters
 equal the reference's within 1e-4 (test_diloco.py says why), and their outer copies and momenta
@@ -76,19 +80,19 @@ def stopped(pid):
         return f.read().rsplit(")", 1)[1].split()[0] == "T"
 
 
-def start_run(runs, name, replicas, ranks, lose):
-    """diloco_peers and `replicas` launches of `ranks` ranks, the last to be lost as `lose` says
-    (finish_run does the rest): (peers, launches)."""
+def start_run(runs, name, replicas, ranks, lose, others_env=None):
+    """diloco_peers and `replicas` launches of `ranks` ranks, the last to be lost as `lose` says,
+    the others with `others_env` (finish_run does the rest): (peers, launches)."""
     port = free_port()
     peers = start([PEERS, "--port", port, "--replicas", replicas, "--timeout_s", TIMEOUT_S],
                   f"{runs.tmp}/{name}_peers.log")
     hook = {"killed": {"ZB_TEST_KILL_AFTER_STEP": 3}, "hung": {"ZB_TEST_STOP_AFTER_STEP": 3},
-            "killed_in_exchange": {"ZB_TEST_KILL_IN_EXCHANGE": 2}}[lose]
+            "killed_in_exchange": {"ZB_TEST_KILL_IN_EXCHANGE": 2}, "hung_in_exchange": {"ZB_TEST_STOP_IN_EXCHANGE": 2}}[lose]
     args = ["--diloco.inner_steps", INNER, "--diloco.peers", f"127.0.0.1:{port}", "--runtime.timeout_s", TIMEOUT_S,
             "--optim.batch_size", ROWS, "--train.micro_bs", ROWS // ranks, "--ckpt.interval", INNER]
     launches = []
     for r in range(replicas):
-        launches.append(runs.launch(f"{name}_{r}", ranks, *map(str, args), env=hook if r == replicas - 1 else None))
+        launches.append(runs.launch(f"{name}_{r}", ranks, *map(str, args), env=hook if r == replicas - 1 else others_env))
         if not wait_for(lambda: f"DiLoCo: replica {r} of the run" in runs.log(f"{name}_{r}"), 60, 0.02):
             pytest.fail(f"{name}: launch {r} did not register as replica {r}:\n{runs.log(f'{name}_{r}')[-3000:]}")
     return peers, launches
@@ -97,7 +101,7 @@ def start_run(runs, name, replicas, ranks, lose):
 def lose_replica(runs, name, replicas, ranks, lose, launches):
     """Waits until the last replica has stopped itself ("hung") or killed itself."""
     victim = launches[-1].procs[0] if ranks > 1 else launches[-1]
-    lost = (lambda: stopped(victim.pid)) if lose == "hung" else (lambda: victim.poll() is not None)
+    lost = (lambda: stopped(victim.pid)) if lose.startswith("hung") else (lambda: victim.poll() is not None)
     if not wait_for(lost, 120, 0.02):
         pytest.fail(f"{name}: the last replica was never lost:\n{runs.log(f'{name}_{replicas - 1}')[-3000:]}")
 
@@ -169,13 +173,23 @@ def test_three_replicas_lose_one(d):
 
 
 def test_two_replicas_of_two_ranks_lose_one(d):
-    """2 replicas of 2 ranks, the second's first rank killed mid-period: the first trains on alone.
-    Its checkpoint of step 4 then resumes (a new diloco_peers, the run's stream where the checkpoint
-    left it) to the same losses and final parameters, bit for bit."""
+    """2 replicas of 2 ranks, the second's first rank killed mid-period, or frozen inside an
+    exchange: the first trains on alone. The first run's checkpoint of step 4 then resumes (a new
+    diloco_peers, the run's stream where the checkpoint left it) to the same losses and final
+    parameters, bit for bit."""
     runs, tokens, cfg, hf_config, init = d
     ref = reference(cfg, hf_config, init, tokens, 2, "muon", 0.7, 0.9, rows=ROWS, lost={1: LOST_AT})
-    records, params, outer, _ = elastic_run(runs, "two_ranks", 2, 2, "killed")
-    check_survivors("two_ranks", records, params, outer, ref, 2, "died")
+    cases = {"two_ranks": "killed", "two_ranks_hung_in_exchange": "hung_in_exchange"}
+    late = {"two_ranks_hung_in_exchange": {"ZB_TEST_LATE_TO_EXCHANGE": 2}}
+    started = {name: start_run(runs, name, 2, 2, lose, late.get(name)) for name, lose in cases.items()}
+    for name, lose in cases.items():
+        lose_replica(runs, name, 2, 2, lose, started[name][1])
+    for name, lose in cases.items():
+        records, params, outer, _ = finish_run(runs, name, 2, 2, lose, *started[name])
+        check_survivors(name, records, params, outer, ref, 2, "died" if lose == "killed" else "hung")
+        if name == "two_ranks":
+            first = records, outer
+    records, outer = first
 
     port = free_port()
     peers = start([PEERS, "--port", port, "--replicas", 1, "--timeout_s", TIMEOUT_S], f"{runs.tmp}/resumed_peers.log")
@@ -289,6 +303,42 @@ def test_joiner(d):
         params = exported(f"{tmp}/{name}_0_ckpt/step_{STEPS:08d}")
         if max((params[k] - v).abs().max().item() for k, v in ref[2].items()) > 1e-4:
             pytest.fail(f"{name}: the final parameters differ from the reference's")
+
+
+def test_source_lost_after_its_exchange(d):
+    """A joiner (0) waits while replicas 1-3 start; replica 1, the lowest-numbered member and so the
+    joiner's source, dies after outer step 1's exchange, before its result is reported. The service
+    commits the step with 2 and 3 and names replica 2 the source, and the members and the joiner all
+    follow that: they hold the same outer state after each later outer step. Replica 3 dies the same
+    way in the last outer step: 0 and 2 finish, and so does the service, without an error."""
+    runs = d[0]
+    tmp = runs.tmp
+    port = free_port()
+    peers = start([PEERS, "--port", port, "--replicas", 3, "--timeout_s", TIMEOUT_S], f"{tmp}/source_peers.log")
+    args = ["--diloco.inner_steps", str(INNER), "--diloco.peers", f"127.0.0.1:{port}", "--runtime.timeout_s",
+            str(TIMEOUT_S), "--optim.batch_size", str(ROWS), "--ckpt.interval", str(INNER)]
+    launches = []
+    for r in range(4):
+        extra = ["--diloco.join", "true"] if r == 0 else []
+        launches.append(runs.launch(f"source_{r}", 1, *args, *extra,
+                                    env={1: {"ZB_TEST_KILL_AFTER_EXCHANGE": 1},
+                                         3: {"ZB_TEST_KILL_AFTER_EXCHANGE": STEPS // INNER}}.get(r)))
+        if not wait_for(lambda: f"DiLoCo: replica {r} of the run" in runs.log(f"source_{r}"), 60, 0.02):
+            pytest.fail(f"launch {r} did not register as replica {r}:\n{runs.log(f'source_{r}')[-3000:]}")
+    codes = [p.wait() for p in launches]
+    peers_code = peers.wait(timeout=60)
+    peers_log = open(f"{tmp}/source_peers.log").read()
+    took = [line for line in runs.log("source_0").splitlines() if "bytes of state" in line]
+    print(f"{took}\n{peers_log}")
+    if codes[0] != 0 or codes[2] != 0 or codes[1] == 0 or codes[3] == 0 or peers_code != 0:
+        print("\n".join(runs.log(f"source_{r}")[-2000:] for r in (0, 2)))
+        pytest.fail(f"exit codes {codes}, diloco_peers' {peers_code}")
+    if len(took) != 1 or "from replica 2 " not in took[0]:
+        pytest.fail(f"the joiner did not take its state from replica 2: {took}")
+    for step in range(2 * INNER, STEPS + 1, INNER):
+        outer = [outer_state(f"{tmp}/source_{r}_ckpt/step_{step:08d}") for r in ((0, 2, 3) if step < STEPS else (0, 2))]
+        if any(o != outer[0] for o in outer):
+            pytest.fail(f"the replicas' outer state differs after the outer step of step {step}")
 
 
 def test_rejoin_from_own_checkpoint(d):

@@ -84,7 +84,8 @@ namespace {
 // For tests (tests/e2e/test_elastic.py), at outer step n's exchange: this replica's ranks come 2 s
 // late to it (ZB_TEST_LATE_TO_EXCHANGE=n: a slow pack of a large model); its first rank dies or stops
 // (a machine frozen) inside it, its group made (ZB_TEST_KILL_IN_EXCHANGE, ZB_TEST_STOP_IN_EXCHANGE),
-// or dies after it, before its result is reported (ZB_TEST_KILL_AFTER_EXCHANGE).
+// or dies after it, before its result is reported (ZB_TEST_KILL_AFTER_EXCHANGE); or it fails after
+// it, at every attempt (ZB_TEST_FAIL_EXCHANGE: an error that repeats).
 void exchange_test_faults(int64_t n, bool leader, bool done) {
   const auto asked = [n](const char* variable) {
     const char* at = std::getenv(variable);
@@ -94,6 +95,8 @@ void exchange_test_faults(int64_t n, bool leader, bool done) {
     log::warn(strf("outer step %ld: 2 s late to the exchange (ZB_TEST_LATE_TO_EXCHANGE)", n));
     std::this_thread::sleep_for(std::chrono::seconds(2));
   }
+  if (done && asked("ZB_TEST_FAIL_EXCHANGE"))
+    throw std::runtime_error(strf("outer step %ld: a failure for tests (ZB_TEST_FAIL_EXCHANGE)", n));
   struct Fault {
     const char* variable;
     int signal;
@@ -407,6 +410,8 @@ RoundReport ReplicaMembership::round(int64_t n, int64_t step, int64_t stream_row
       world_.set_phase(phase);
       return report;
     }
+    if (decided.rfind("stop ", 0) == 0)
+      throw std::runtime_error("diloco.peers " + where_ + ": " + decided.substr(5));
     // A member failed: the retry comes with a new generation, and new groups.
   }
 }

@@ -19,12 +19,14 @@
 //   4. the replica agrees on its outcome over its own world, and its leader reports it;
 //   5. every rank reads the decision: "commit" when every member that reported succeeded (they
 //      then hold the same average, the lost member's sent values included), else "retry" over the
-//      members that reported. Nobody applies an exchange the others discard.
+//      members that reported, up to 5 attempts, then "stop". Nobody applies an exchange the others
+//      discard.
 //
 // Joining (diloco.join = true): a replica that registers as a joiner waits while the others train.
 // At the next outer step they commit, the service admits it: the decision carries the next
 // generation (the members and the joiners), every one of them makes its groups, and the member
-// with the lowest id sends the joiner its state (Trainer::share_state). The joiner trains on from
+// with the lowest id of those that reported (the decision names it) sends the joiner its state
+// (Trainer::share_state). The joiner trains on from
 // the step after. A replica's registration says how it takes part ("start", "join fresh",
 // "join peer"); the service reads it only once written, so that a joiner is never counted among
 // those the run starts with.
@@ -72,8 +74,9 @@ std::string finished(int64_t id);                          // the replica traine
 std::string arrived(int64_t round, int64_t id);
 std::string quorum(int64_t round, int64_t attempt);        // value: Quorum::encode()
 std::string result(int64_t round, int64_t attempt, int64_t id);  // "ok" | "failed"
-// "commit", "retry", or a commit that admits joiners: "commit <with optimizer 0|1> " + the next
-// generation's Quorum (the joiners take the optimizer state too when one of them asked for it).
+// "commit", "retry", "stop <why>" (the service gave up on the round), or a commit that admits
+// joiners: "commit <with optimizer 0|1> <source id> " + the next generation's Quorum (the joiners
+// take the optimizer state too when one of them asked for it; the source sends them their state).
 std::string decision(int64_t round, int64_t attempt);
 std::string group_prefix(int64_t generation, int64_t position);
 std::string mixed_group_prefix(int64_t generation, int64_t tp_rank);  // a mixed generation's

@@ -26,6 +26,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Attempts at one outer step before the run stops: a lost peer costs one, so more in a row is an
+// error that repeats (a bug, a disk, a link that never carries the exchange).
+constexpr int64_t kMaxAttempts = 5;
+
 enum class Answer { None, Yes, Left, Lost };
 
 // A replica's arrival at a round (peer_keys::arrived).
@@ -274,7 +278,17 @@ int serve_peers(const PeersOptions& options, const std::function<void(const std:
         say("every replica is lost (" + change + "): nothing left to coordinate");
         return 1;
       }
-      // Those who reported success all hold the same average; one failure means some may not.
+      // Those who reported success all hold the same average; one failure means some may not. A
+      // failure that comes back attempt after attempt is no lost peer: the run stops, naming it.
+      if (!failed.empty() && attempt + 1 >= kMaxAttempts) {
+        const std::string why = strf("outer step %ld failed %ld times in a row (last: %s): the run stops (see the "
+                                     "replicas' logs for the error)", round, kMaxAttempts, change.c_str());
+        store->set(peer_keys::decision(round, attempt), store_bytes("stop " + why));
+        store->set(peer_keys::over(), store_bytes("1"));
+        say(why);
+        std::this_thread::sleep_for(std::chrono::seconds(2));  // for the replicas to read it
+        return 1;
+      }
       if (!failed.empty()) {
         store->set(peer_keys::decision(round, attempt), store_bytes("retry"));
       } else {

@@ -7,7 +7,8 @@
 //     connection to the service closed (died, seen at once) or whose heartbeat has not moved for
 //     `timeout` (hung);
 //   - a round's decision is "commit" when every quorum member that reported succeeded, else
-//     "retry" with those that reported, as a new generation.
+//     "retry" with those that reported, as a new generation; the fifth failed attempt at one
+//     round stops the run, naming it.
 // It ends when every member has finished, or when none is left.
 #include <chrono>
 #include <cstdint>
@@ -23,7 +24,7 @@ struct PeersOptions {
 };
 
 // Serves and decides until the run ends; returns the process's exit code (0: every member
-// finished; 1: none left). `say` receives each line worth logging.
+// finished; 1: none left, or a round that kept failing). `say` receives each line worth logging.
 int serve_peers(const PeersOptions& options, const std::function<void(const std::string&)>& say);
 
 }  // namespace zb

@@ -305,6 +305,29 @@ def test_joiner(d):
             pytest.fail(f"{name}: the final parameters differ from the reference's")
 
 
+def test_exchange_that_keeps_failing(d):
+    """2 replicas, the second failing after each attempt at outer step 1's exchange (an error that
+    repeats, not a lost peer): the service stops the run at the fifth attempt, and every replica
+    stops with its reason."""
+    runs = d[0]
+    port = free_port()
+    peers = start([PEERS, "--port", port, "--replicas", 2, "--timeout_s", TIMEOUT_S], f"{runs.tmp}/failing_peers.log")
+    args = ["--diloco.inner_steps", str(INNER), "--diloco.peers", f"127.0.0.1:{port}", "--runtime.timeout_s",
+            str(TIMEOUT_S), "--optim.batch_size", str(ROWS), "--ckpt.path", ""]
+    launches = [runs.launch(f"failing_{r}", 1, *args, env={"ZB_TEST_FAIL_EXCHANGE": 1} if r == 1 else None)
+                for r in range(2)]
+    codes = [p.wait() for p in launches]
+    peers_code = peers.wait(timeout=60)
+    peers_log = open(f"{runs.tmp}/failing_peers.log").read()
+    print(peers_log)
+    why = "outer step 1 failed 5 times in a row (last: the exchange failed on replica(s) 1): the run stops"
+    if peers_code != 1 or why not in peers_log or peers_log.count("retried without the failed exchange") != 4:
+        pytest.fail(f"diloco_peers (exit {peers_code}) did not stop the run after 5 attempts")
+    for r in range(2):
+        if codes[r] == 0 or why not in runs.log(f"failing_{r}"):
+            pytest.fail(f"replica {r} (exit {codes[r]}) did not stop with the reason:\n{runs.log(f'failing_{r}')[-2000:]}")
+
+
 def test_source_lost_after_its_exchange(d):
     """A joiner (0) waits while replicas 1-3 start; replica 1, the lowest-numbered member and so the
     joiner's source, dies after outer step 1's exchange, before its result is reported. The service

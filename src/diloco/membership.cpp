@@ -49,6 +49,7 @@ std::string shards(int64_t id) { return "peers/replica/" + std::to_string(id) + 
 std::string admitted(int64_t id) { return "peers/replica/" + std::to_string(id) + "/admitted"; }
 std::string over() { return "peers/over"; }
 std::string liveness_port() { return "peers/liveness_port"; }
+std::string waiting() { return "peers/waiting"; }
 }  // namespace peer_keys
 
 std::vector<uint8_t> store_bytes(const std::string& text) { return {text.begin(), text.end()}; }
@@ -223,10 +224,16 @@ std::string ReplicaMembership::wait_for(const std::string& key, const std::strin
       throw std::runtime_error("diloco.peers " + where_ + " stopped answering while waiting for " + what + ": " +
                                e.what_without_backtrace());
     }
-    if (bounded && std::chrono::steady_clock::now() > deadline)
-      throw std::runtime_error(strf("diloco.peers %s decided no %s within %ld s (is diloco_peers still running?)",
-                                    where_.c_str(), what.c_str(),
-                                    static_cast<long>(std::chrono::duration_cast<std::chrono::seconds>(limit).count())));
+    if (bounded && std::chrono::steady_clock::now() > deadline) {
+      std::string doing = "is diloco_peers stuck?";
+      try {  // what it waits for, in its own words: often a replica alive but not arriving
+        if (store_->check({peer_keys::waiting()})) doing = "it is " + store_text(store_->get(peer_keys::waiting()));
+      } catch (const c10::Error&) {
+      }
+      throw std::runtime_error(strf("diloco.peers %s decided no %s within %ld s (%s)", where_.c_str(), what.c_str(),
+                                    static_cast<long>(std::chrono::duration_cast<std::chrono::seconds>(limit).count()),
+                                    doing.c_str()));
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   world_.set_phase(phase);

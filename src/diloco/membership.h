@@ -88,6 +88,7 @@ std::string shards(int64_t id);    // the replica's shard count, written before 
 std::string admitted(int64_t id);
 std::string over();                // the run has ended
 std::string liveness_port();       // where each leader keeps a connection open (diloco/peers.cpp)
+std::string waiting();             // what the service waits for now, in words
 }  // namespace peer_keys
 
 // The store holds bytes; the protocol's values are text. Replica ids as the protocol and the log

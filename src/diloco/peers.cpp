@@ -137,7 +137,13 @@ int serve_peers(const PeersOptions& options, const std::function<void(const std:
   const auto await = [&](const std::vector<int64_t>& ids, const std::function<Answer(int64_t)>& answer,
                          const std::string& when, std::string& change) {
     std::map<int64_t, Answer> answers;
+    std::string said;  // what the replicas read while they wait (peer_keys::waiting)
     while (answers.size() < ids.size()) {
+      std::vector<int64_t> missing;
+      for (int64_t id : ids)
+        if (!answers.count(id)) missing.push_back(id);
+      if (const std::string now = "waiting " + when + " for replica(s) " + id_list(missing); now != said)
+        store->set(peer_keys::waiting(), store_bytes(said = now));
       for (int64_t id : ids) {
         if (answers.count(id)) continue;
         const Answer a = answer(id);
@@ -192,7 +198,10 @@ int serve_peers(const PeersOptions& options, const std::function<void(const std:
 
   // Round 0: the first generation, once the expected replicas have registered and arrived. A
   // resumed run's replicas bring where their checkpoints left the stream and the outer steps.
-  while (read_hellos(), static_cast<int64_t>(starting().size()) < options.replicas) nap();
+  for (int64_t said = -1; read_hellos(), static_cast<int64_t>(starting().size()) < options.replicas; nap())
+    if (const int64_t n = static_cast<int64_t>(starting().size()); n != said)
+      store->set(peer_keys::waiting(), store_bytes(strf("waiting for the run's replicas to register: %ld of %ld so far",
+                                                        said = n, options.replicas)));
   std::vector<int64_t> members = starting(), generation_members;
   members.resize(static_cast<size_t>(options.replicas));
   std::string change;  // why the next generation differs

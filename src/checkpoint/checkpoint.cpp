@@ -131,9 +131,9 @@ void rotate(const std::string& root, const std::string& newest, int64_t keep) {
   }
 }
 
-// Rank 0, once every rank's files are complete: metadata, rename into place, latest, rotation.
+// Rank 0, once every rank's files are complete: metadata, rename into place, latest (prune() after).
 void publish(const std::string& root, int64_t step, const std::string& tmp_dir,
-             const std::string& final_dir, const json& meta, int64_t keep) {
+             const std::string& final_dir, const json& meta) {
   write_all(tmp_dir + "/meta.json", meta.dump(1));
   // The tokenizer the run's data were made with: samples and the HF export decode with it. One
   // gone since the start costs the checkpoint its tokenizer, not the run.
@@ -146,7 +146,10 @@ void publish(const std::string& root, int64_t step, const std::string& tmp_dir,
     }
     if (!tokenizer.empty()) write_all(tmp_dir + "/tokenizer.json", tokenizer);
   }
-  // Into place: an older checkpoint of the same step moves aside first and goes only after.
+  // Into place: an older checkpoint of the same step moves aside first and goes only after. Each
+  // directory is synced before the next move, so that after a crash (power lost included) the disk
+  // holds the new checkpoint whole before `latest` names it, and `latest` before older ones go.
+  sync_directory(tmp_dir);
   const std::string aside = root + "/.old-" + step_name(step);
   if (path_exists(final_dir)) {
     remove_tree(aside);
@@ -155,11 +158,21 @@ void publish(const std::string& root, int64_t step, const std::string& tmp_dir,
   }
   if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0)
     throw std::runtime_error("cannot rename " + tmp_dir + " to " + final_dir + ": " + std::strerror(errno));
-  remove_tree(aside);
   write_all(root + "/latest.tmp", step_name(step) + "\n");
   if (::rename((root + "/latest.tmp").c_str(), (root + "/latest").c_str()) != 0)
     throw std::runtime_error("cannot rename " + root + "/latest.tmp to latest: " + std::strerror(errno));
-  rotate(root, step_name(step), keep);
+  sync_directory(root);
+}
+
+// Rank 0, once the checkpoint of `step` is published and the other ranks told: the copy moved
+// aside and the checkpoints beyond `keep`. What fails here costs disk space, not the checkpoint.
+void prune(const std::string& root, int64_t step, int64_t keep) {
+  try {
+    remove_tree(root + "/.old-" + step_name(step));
+    rotate(root, step_name(step), keep);
+  } catch (const std::exception& e) {
+    log::warn(strf("checkpoint of step %ld saved, but removing older ones failed: %s", step, e.what()));
+  }
 }
 
 }  // namespace
@@ -283,6 +296,8 @@ std::string CheckpointWriter::save(TrainingState& run) {
         {"shapes", shapes},
         {"model_args", model_args_to_json(run.model_args())},
         {"data_rows_consumed_per_rank", run.data_rows_consumed()},
+        {"data", {{"stream_rows", run.stream_rows()}, {"batch_size", config_.optim.batch_size},
+                  {"seq_length", config_.data.seq_length}}},
     };
     if (config_.diloco.inner_steps > 0)
       meta["diloco"] = {{"inner_steps", config_.diloco.inner_steps},
@@ -339,7 +354,7 @@ std::string CheckpointWriter::save(TrainingState& run) {
     }
     if (rank == 0) {
       try {
-        if (error.empty()) publish(root, step, tmp_dir, final_dir, meta, keep);
+        if (error.empty()) publish(root, step, tmp_dir, final_dir, meta);
       } catch (const std::exception& e) {
         error = strf("rank 0: %s", e.what());
       }
@@ -368,6 +383,7 @@ std::string CheckpointWriter::save(TrainingState& run) {
         if (error.empty()) error = strf("rank %ld: lost rank 0 while it put the checkpoint in place: %s", rank, e.what());
       }
     }
+    if (rank == 0 && error.empty()) prune(root, step, keep);
     if (!error.empty()) failed_ = true;
     error_ = error;
     if (store) {
@@ -390,6 +406,39 @@ std::optional<std::string> CheckpointWriter::save_if_due(TrainingState& run, boo
   if (!(stopping || step == config_.optim.total_steps || (c.interval > 0 && step % c.interval == 0)))
     return std::nullopt;
   return save(run);
+}
+
+// Saved weights against the model that reads them, for what the shapes do not show: the heads
+// split the same matrices differently (refused, naming both); RoPE's base and the norms' epsilon
+// change what the weights compute, as a long-context phase may mean to (said, not refused).
+void check_same_model(const ModelArgs& saved, const ModelArgs& run, const std::string& where) {
+  if (saved.n_heads != run.n_heads || saved.n_kv_heads != run.n_kv_heads)
+    throw std::runtime_error(strf("%s: its model has %ld heads and %ld key/value heads, this run's %ld and %ld: the "
+                                  "attention weights would be read as other heads (another model?)",
+                                  where.c_str(), saved.n_heads, saved.n_kv_heads, run.n_heads, run.n_kv_heads));
+  if (saved.rope_theta != run.rope_theta)
+    log::warn(strf("%s: its model has rope_theta %g, this run's %g: positions are encoded anew from here", where.c_str(),
+                   saved.rope_theta, run.rope_theta));
+  if (saved.norm_eps != run.norm_eps)
+    log::warn(strf("%s: its model has norm_eps %g, this run's %g", where.c_str(), saved.norm_eps, run.norm_eps));
+}
+
+// A rank index's entry against the whole tensor's shape, before any read it steers: its rows (and
+// column block) inside the tensor, and its value count theirs, so that a damaged index is an error
+// and not a read past a buffer. What is wrong, or "".
+std::string entry_problem(const json& e, const std::vector<int64_t>& shape, const std::string& file) {
+  const int64_t a = e["row_start"], n = e["rows"], numel = e["numel"], offset = e["offset"];
+  int64_t row_numel = 1;
+  for (size_t d = 1; d < shape.size(); ++d) row_numel *= shape[d];
+  if (const int64_t cols = e.value("cols", int64_t{-1}); cols >= 0) {
+    const int64_t c = e.value("col_start", int64_t{0});
+    if (shape.size() != 2 || c < 0 || cols > shape[1] - c) row_numel = -1;
+    else row_numel = cols;
+  }
+  if (offset < 0 || a < 0 || n < 0 || n > shape.at(0) - a || row_numel < 0 || numel != n * row_numel)
+    return file + ": " + e["name"].get<std::string>() + "'s entry " + e.dump() + " does not fit its shape " +
+           json(shape).dump() + " (damaged?)";
+  return "";
 }
 
 std::string resolve_checkpoint(const Config& config, const std::string& spec) {
@@ -425,6 +474,13 @@ void load_checkpoint(const std::string& dir, TrainingState& run, Communicator& c
   if (shapes.size() != params.size())
     throw fail("it holds " + std::to_string(shapes.size()) + " parameters, this model " +
                std::to_string(params.size()));
+  ModelArgs saved_args;
+  try {
+    saved_args = model_args_from_json(meta.at("model_args"));
+  } catch (const std::exception& e) {
+    throw fail(std::string("damaged meta.json: ") + e.what());
+  }
+  check_same_model(saved_args, run.model_args(), "checkpoint " + dir);
 
   // Every saved rank's index, and its file checked against it.
   const int64_t saved_world = meta["world_size"];
@@ -442,7 +498,12 @@ void load_checkpoint(const std::string& dir, TrainingState& run, Communicator& c
     struct stat st {};
     if (::stat(bin_path.c_str(), &st) != 0) throw fail("cannot stat " + rank_name(s, "bin") + ": " + std::strerror(errno));
     int64_t expected = 0;
-    for (const auto& e : indices[s]) expected = std::max<int64_t>(expected, e["offset"].get<int64_t>() + 4 * e["numel"].get<int64_t>());
+    try {
+      for (const auto& e : indices[s])
+        expected = std::max<int64_t>(expected, e.at("offset").get<int64_t>() + 4 * e.at("numel").get<int64_t>());
+    } catch (const json::exception& e) {
+      throw fail("damaged " + rank_name(s, "json") + ": " + e.what());
+    }
     if (st.st_size != expected)
       throw fail(rank_name(s, "bin") + " has " + std::to_string(st.st_size) + " bytes, its index " +
                  std::to_string(expected) + " (truncated?)");
@@ -452,62 +513,73 @@ void load_checkpoint(const std::string& dir, TrainingState& run, Communicator& c
   // Read everything first (nothing is modified if anything is missing), then copy in.
   std::vector<std::pair<at::Tensor, at::Tensor>> assignments;  // (destination, loaded value)
   run.prepare_restore(meta["step"].get<int64_t>());
-  for (const StateTensor& t : run.state()) {
-    at::Tensor value = at::empty(t.local.sizes(), at::kFloat);
-    char* out = static_cast<char*>(value.data_ptr());
-    const bool scalar = t.global_shape.empty();
-    // This rank needs rows [b, b + m) of the whole (columns [c, c + w) of a column block); every
-    // saved rank's overlapping rows (and columns) are read.
-    const int64_t b = t.row_start, m = scalar ? 0 : t.local.size(0);
-    const bool block = column_block(t);
-    const int64_t c = block ? t.col_start : 0, w = block ? t.local.size(1) : (t.global_shape.size() == 2 ? t.global_shape[1] : 0);
-    int64_t values_read = 0;
-    bool found = false;
-    for (int64_t s = 0; s < saved_world && !(found && scalar); ++s) {
-      for (const auto& ie : indices[s]) {
-        if (ie["name"] != t.name) continue;
-        found = true;
-        const int64_t offset = ie["offset"];
-        if (scalar) {  // any rank's copy
-          read_exact(files[s], out, 4, offset);
-        } else {
-          // Overlap of the saved rows [a, a+n) with mine [b, b+m).
-          const int64_t a = ie["row_start"], n = ie["rows"];
-          const int64_t lo = std::max(a, b), hi = std::min(a + n, b + m);
-          const int64_t saved_cols = ie.value("cols", int64_t{-1});
-          if (hi > lo && saved_cols < 0 && !block) {  // whole rows on both sides: one read
-            const int64_t rn = ie["numel"].get<int64_t>() / std::max<int64_t>(1, n);
-            read_exact(files[s], out + (lo - b) * rn * 4, (hi - lo) * rn * 4, offset + (lo - a) * rn * 4);
-            values_read += (hi - lo) * rn;
-          } else if (hi > lo) {  // a matrix split by columns on either side: row by row, the common columns
-            const int64_t sc = saved_cols < 0 ? 0 : ie.value("col_start", int64_t{0});
-            const int64_t sw = saved_cols < 0 ? t.global_shape.at(1) : saved_cols;
-            const int64_t clo = std::max(sc, c), chi = std::min(sc + sw, c + w);
-            for (int64_t row = lo; row < hi && chi > clo; ++row)
-              read_exact(files[s], out + ((row - b) * w + (clo - c)) * 4, (chi - clo) * 4,
-                         offset + ((row - a) * sw + (clo - sc)) * 4);
-            if (chi > clo) values_read += (hi - lo) * (chi - clo);
+  try {  // an index entry without a field it needs: named, not a raw JSON error
+    for (const StateTensor& t : run.state()) {
+      at::Tensor value = at::empty(t.local.sizes(), at::kFloat);
+      char* out = static_cast<char*>(value.data_ptr());
+      const bool scalar = t.global_shape.empty();
+      // This rank needs rows [b, b + m) of the whole (columns [c, c + w) of a column block); every
+      // saved rank's overlapping rows (and columns) are read.
+      const int64_t b = t.row_start, m = scalar ? 0 : t.local.size(0);
+      const bool block = column_block(t);
+      const int64_t c = block ? t.col_start : 0, w = block ? t.local.size(1) : (t.global_shape.size() == 2 ? t.global_shape[1] : 0);
+      int64_t values_read = 0;
+      bool found = false;
+      for (int64_t s = 0; s < saved_world && !(found && scalar); ++s) {
+        for (const auto& ie : indices[s]) {
+          if (ie["name"] != t.name) continue;
+          found = true;
+          const int64_t offset = ie["offset"];
+          if (scalar) {  // any rank's copy
+            if (offset < 0 || ie["numel"] != 1)
+              throw fail(rank_name(s, "json") + ": " + t.name + "'s entry " + ie.dump() + " is not a scalar's (damaged?)");
+            read_exact(files[s], out, 4, offset);
+          } else {
+            // Overlap of the saved rows [a, a+n) with mine [b, b+m).
+            const int64_t a = ie["row_start"], n = ie["rows"];
+            const int64_t lo = std::max(a, b), hi = std::min(a + n, b + m);
+            const int64_t saved_cols = ie.value("cols", int64_t{-1});
+            if (const std::string problem = entry_problem(ie, t.global_shape, rank_name(s, "json")); !problem.empty())
+              throw fail(problem);
+            if (hi > lo && saved_cols < 0 && !block) {  // whole rows on both sides: one read
+              const int64_t rn = ie["numel"].get<int64_t>() / std::max<int64_t>(1, n);
+              read_exact(files[s], out + (lo - b) * rn * 4, (hi - lo) * rn * 4, offset + (lo - a) * rn * 4);
+              values_read += (hi - lo) * rn;
+            } else if (hi > lo) {  // a matrix split by columns on either side: row by row, the common columns
+              const int64_t sc = saved_cols < 0 ? 0 : ie.value("col_start", int64_t{0});
+              const int64_t sw = saved_cols < 0 ? t.global_shape.at(1) : saved_cols;
+              const int64_t clo = std::max(sc, c), chi = std::min(sc + sw, c + w);
+              for (int64_t row = lo; row < hi && chi > clo; ++row)
+                read_exact(files[s], out + ((row - b) * w + (clo - c)) * 4, (chi - clo) * 4,
+                           offset + ((row - a) * sw + (clo - sc)) * 4);
+              if (chi > clo) values_read += (hi - lo) * (chi - clo);
+            }
           }
+          break;
         }
-        break;
       }
+      if (!found) {
+        const bool diloco = t.per_replica || t.name.rfind("diloco/", 0) == 0;
+        throw fail("it holds no " + t.name +
+                   (diloco ? " (saved without DiLoCo, or with fewer replicas?)" : " (saved with another optimizer, or with DiLoCo?)"));
+      }
+      if (!scalar && values_read != t.local.numel())
+        throw fail(strf("%s: found %ld of the %ld values this rank needs", t.name.c_str(), values_read,
+                        static_cast<int64_t>(t.local.numel())));
+      assignments.emplace_back(t.local, value);
     }
-    if (!found) {
-      const bool diloco = t.per_replica || t.name.rfind("diloco/", 0) == 0;
-      throw fail("it holds no " + t.name +
-                 (diloco ? " (saved without DiLoCo, or with fewer replicas?)" : " (saved with another optimizer, or with DiLoCo?)"));
-    }
-    if (!scalar && values_read != t.local.numel())
-      throw fail(strf("%s: found %ld of the %ld values this rank needs", t.name.c_str(), values_read,
-                      static_cast<int64_t>(t.local.numel())));
-    assignments.emplace_back(t.local, value);
+  } catch (const json::exception& e) {
+    throw fail(std::string("damaged rank index: ") + e.what());
   }
   at::NoGradGuard no_grad;
   for (auto& [dst, value] : assignments) dst.copy_(value.to(dst.device()).view(dst.sizes()));
 
   const int64_t step = meta["step"];
-  run.restore_position(step, meta.value("skipped_steps", int64_t{0}),
-                           static_cast<uint64_t>(meta["seed"].get<int64_t>()));
+  std::optional<DataPosition> data;
+  if (meta.contains("data"))
+    data = DataPosition{meta["data"].at("stream_rows"), meta["data"].at("batch_size"), meta["data"].at("seq_length")};
+  run.restore_position(step, meta.value("skipped_steps", int64_t{0}), static_cast<uint64_t>(meta["seed"].get<int64_t>()),
+                       data);
   if (meta.contains("diloco") && meta["diloco"].contains("stream_rows"))
     run.restore_stream_rows(meta["diloco"]["stream_rows"].get<int64_t>());
   run.parallel().parameters_changed();
@@ -518,6 +590,7 @@ void load_checkpoint(const std::string& dir, TrainingState& run, Communicator& c
 void init_from_hf(const std::string& dir, TrainingState& run) {
   ModelArgs args;
   const TensorMap full = read_hf_model(dir, &args);
+  check_same_model(args, run.model_args(), "model " + dir);
   std::vector<std::pair<at::Tensor, at::Tensor>> assignments;
   for (const ShardedParameter& p : run.parallel().parameters()) {
     const auto it = full.find(p.name);

@@ -21,6 +21,13 @@
 namespace zb {
 namespace {
 
+// Closes a file written through a stream and throws naming it if any write failed (a full disk
+// shows up at the last flush, which only the close makes).
+void close_written(std::ofstream& f, const std::string& path) {
+  f.close();
+  if (!f) throw std::runtime_error("cannot write " + path + " (disk full?)");
+}
+
 using json = nlohmann::json;
 
 // Our name -> Hugging Face's.
@@ -156,7 +163,7 @@ void write_hf_model(const std::string& out_dir, const ModelArgs& a, const Tensor
   f.write(reinterpret_cast<const char*>(&n), 8);
   f.write(head.data(), static_cast<std::streamsize>(head.size()));
   for (const auto& [name, t] : hf) f.write(static_cast<const char*>(t.data_ptr()), t.numel() * 4);
-  if (!f) throw std::runtime_error("cannot write " + out_dir + "/model.safetensors");
+  close_written(f, out_dir + "/model.safetensors");
 
   const json config = {
       {"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
@@ -169,7 +176,9 @@ void write_hf_model(const std::string& out_dir, const ModelArgs& a, const Tensor
       {"torch_dtype", "float32"},
       // Ours, to rebuild ModelArgs exactly on import:
       {"zeroband_multiple_of", a.multiple_of}, {"zeroband_ffn_dim_multiplier", a.ffn_dim_multiplier}};
-  std::ofstream(out_dir + "/config.json") << config.dump(1) << "\n";
+  std::ofstream c(out_dir + "/config.json");
+  c << config.dump(1) << "\n";
+  close_written(c, out_dir + "/config.json");
 }
 
 void write_hf_tokenizer(const std::string& tokenizer_json, const std::string& out_dir, int64_t max_length) {
@@ -180,7 +189,9 @@ void write_hf_tokenizer(const std::string& tokenizer_json, const std::string& ou
   } catch (const json::exception& e) {
     throw std::runtime_error(tokenizer_json + ": not valid JSON (" + e.what() + ")");
   }
-  std::ofstream(out_dir + "/tokenizer.json", std::ios::binary) << text;
+  std::ofstream t(out_dir + "/tokenizer.json", std::ios::binary);
+  t << text;
+  close_written(t, out_dir + "/tokenizer.json");
   // The special tokens, looked for under the names make_shards knows, in its order.
   auto special = [&](std::initializer_list<const char*> names) -> json {
     for (const char* name : names)
@@ -195,7 +206,7 @@ void write_hf_tokenizer(const std::string& tokenizer_json, const std::string& ou
                        {"clean_up_tokenization_spaces", false}};
   std::ofstream f(out_dir + "/tokenizer_config.json");
   f << config.dump(1) << "\n";
-  if (!f) throw std::runtime_error("cannot write " + out_dir + "/tokenizer_config.json");
+  close_written(f, out_dir + "/tokenizer_config.json");
 }
 
 TensorMap read_hf_model(const std::string& dir, ModelArgs* out_args) {

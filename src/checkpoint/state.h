@@ -5,6 +5,7 @@
 // or the trainer: the Trainer (train/trainer.h) implements TrainingState.
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,12 @@ StateTensor state_tensor(const std::string& name, const at::Tensor& local, const
 std::vector<StateTensor> training_state(ParallelModel& parallel, const Optimizer& optimizer);
 
 // A run as checkpoints see it: what they save and what they restore.
+// Where a checkpoint left the training data: rows of the run's data stream read (data/loader.h's
+// stream_rows_read), at its batch size and row length.
+struct DataPosition {
+  int64_t stream_rows = 0, batch_size = 0, seq_length = 0;
+};
+
 class TrainingState {
  public:
   virtual ~TrainingState() = default;
@@ -61,8 +68,9 @@ class TrainingState {
   // Before a checkpoint of `step` steps is loaded into state(): what it holds may depend on the
   // step (DiLoCo's exchanges in flight).
   virtual void prepare_restore(int64_t /*step*/) {}
-  // Continue after `step` steps, `skipped` of them not applied, with the data seeded by `seed`.
-  virtual void restore_position(int64_t step, int64_t skipped, uint64_t seed) = 0;
+  // Continue after `step` steps, `skipped` of them not applied, with the data seeded by `seed`;
+  // `data`: where the checkpoint left the data stream (absent in older checkpoints).
+  virtual void restore_position(int64_t step, int64_t skipped, uint64_t seed, std::optional<DataPosition> data) = 0;
   // Elastic DiLoCo: the rows of the run's data stream read by then (data/loader.h), saved with the
   // checkpoint and handed back on a resume.
   virtual int64_t stream_rows() const { return 0; }

@@ -26,8 +26,8 @@ class TrainerCheckpointState : public TrainingState {
   int64_t data_rows_consumed() const override { return trainer_.data_rows_consumed(); }
   // DiLoCo's exchanges in flight at `step` take room in state() before the load.
   void prepare_restore(int64_t step) override;
-  void restore_position(int64_t step, int64_t skipped, uint64_t seed) override {
-    trainer_.restore_position(step, skipped, seed);
+  void restore_position(int64_t step, int64_t skipped, uint64_t seed, std::optional<DataPosition> data) override {
+    trainer_.restore_position(step, skipped, seed, data);
   }
   int64_t stream_rows() const override { return trainer_.stream_rows_read(); }
   void restore_stream_rows(int64_t rows) override { trainer_.restore_stream_rows(rows); }

@@ -57,7 +57,7 @@ class Trainer {
   // After loading a checkpoint: continue after `step` steps (`skipped` of them not applied), the
   // data at the next global batch (the loader's position follows from the step, whatever the
   // world size).
-  void restore_position(int64_t step, int64_t skipped, uint64_t seed);
+  void restore_position(int64_t step, int64_t skipped, uint64_t seed, std::optional<DataPosition> data);
   int64_t grad_accum_steps() const { return parts_.accum; }
   // Elastic DiLoCo (diloco.join): waits for the running run's next outer step, takes its state
   // from a live replica and continues after that step (step() says which).

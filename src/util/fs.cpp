@@ -1,9 +1,12 @@
 #include "util/fs.h"
 
+#include <fcntl.h>
+#include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -50,8 +53,22 @@ std::string read_file(const std::string& path) {
 }
 
 void remove_tree(const std::string& path) {
-  if (path_exists(path) && std::system(("rm -rf '" + path + "'").c_str()) != 0)
-    throw std::runtime_error("cannot remove " + path);
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return;
+  // Depth first, not following links: each entry after what it holds.
+  const auto remove_entry = [](const char* entry, const struct stat*, int, FTW*) { return ::remove(entry); };
+  if (::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+    throw std::runtime_error("cannot remove " + path + ": " + std::strerror(errno));
+}
+
+void sync_directory(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) throw std::runtime_error("cannot open the directory " + path + ": " + std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int error = errno;
+  ::close(fd);
+  if (rc != 0 && error != EINVAL && error != ENOTSUP)
+    throw std::runtime_error("cannot sync the directory " + path + ": " + std::strerror(error));
 }
 
 std::string project_file(const std::string& relative) {

@@ -14,8 +14,11 @@ bool path_exists(const std::string& path);
 bool is_directory(const std::string& path);
 // The whole file; throws std::runtime_error naming it when it cannot be read.
 std::string read_file(const std::string& path);
-// rm -rf (no-op for a missing path); throws on failure.
+// rm -rf (no-op for a missing path; symbolic links removed, not followed); throws on failure.
 void remove_tree(const std::string& path);
+// Makes a directory's entries (files created, renamed or removed in it) durable: fsync of the
+// directory itself. Throws naming it; a file system that cannot sync directories is left as it is.
+void sync_directory(const std::string& path);
 
 // A file the project ships beside its programs ("scripts/watch/follow_metrics.py", "configs/..."): from
 // an installed tree (`cmake --install`, wherever it was moved since), <prefix>/share/zeroband-cpp/

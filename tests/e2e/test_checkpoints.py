@@ -36,6 +36,14 @@ def test_other_world_size(work):
                   work / "a/step_00000004", "--logging.metrics_file", work / f"r{w}.jsonl")
         # fp32, different summation order only.
         compare_losses(work / "a.jsonl", work / f"r{w}.jsonl", 1e-4, f"saved on 4 ranks, resumed on {w}")
+    # At half the batch (24 rows a step, then 12): the data go on from the checkpoint's stream row
+    # (4 x 24), not from the step count at the new batch (4 x 12), as the next checkpoint records.
+    run_ranks(2, work / "half.log", *SMALL, "--optim.batch_size", "12", "--ckpt.path", work / "half", "--ckpt.resume",
+              work / "a/step_00000004")
+    data = json.loads((work / "half/step_00000008/meta.json").read_text())["data"]
+    print("resumed at half the batch:", data)
+    assert data == {"stream_rows": 4 * 24 + 4 * 12, "batch_size": 12, "seq_length": 64}, data
+    assert "reading on from stream row 96" in text_of(work / "half.log.0")
 
 
 def test_signal(work):
@@ -157,6 +165,19 @@ def test_bad_checkpoint(work):
     rc, out = run(TRAIN_FSDP, *SMALL, "--model.dim", "64", "--ckpt.resume", ck)
     refused(rc, out, re.escape(f"checkpoint {ck}: tok_embeddings.weight has shape [1024,128] there but [1024,64] "
                                "in this model"), "other model")
+    # The same shapes, split into other heads.
+    rc, out = run(TRAIN_FSDP, *SMALL, "--model.n_heads", "4", "--model.n_kv_heads", "4", "--ckpt.resume", ck)
+    refused(rc, out, re.escape(f"checkpoint {ck}: its model has 8 heads and 8 key/value heads, this run's 4 and 4"),
+            "other heads")
+    # Damaged: an index entry that claims more values than its rows hold (a read past its buffer).
+    shutil.copytree(ck, work / "bad_index")
+    index = json.loads((work / "bad_index/rank_00000.json").read_text())
+    entry = next(e for e in index if e["name"] == "model/layers.0.attention.wq.weight")
+    entry["numel"] *= 2
+    (work / "bad_index/rank_00000.json").write_text(json.dumps(index))
+    rc, out = run(TRAIN_FSDP, *SMALL, "--ckpt.resume", work / "bad_index")
+    refused(rc, out, r"rank_00000.json: model/layers.0.attention.wq.weight's entry .* does not fit its shape "
+                     r"\[128,128\] \(damaged\?\)", "damaged index")
     # Damaged: a truncated rank file, on a copy.
     shutil.copytree(ck, work / "damaged")
     os.truncate(work / "damaged/rank_00001.bin", 1000)
@@ -168,7 +189,8 @@ def test_bad_checkpoint(work):
     rc, out = run(TRAIN_FSDP, *SMALL, "--ckpt.resume", work / "partial")
     refused(rc, out, re.escape("not a complete checkpoint (no meta.json)"), "partial")
     assert digest(ck) == before, "the checkpoint changed"
-    print("other model, damaged and partial checkpoints refused; the checkpoint is untouched")
+    print("other model, other heads, damaged checkpoints and indices, partial checkpoints refused; the checkpoint "
+          "is untouched")
 
 
 def test_hf_export(work):

@@ -38,6 +38,7 @@ from test_diloco import INNER, STEPS, Runs, exported, reference
 
 PEERS = BUILD / "apps" / "diloco_peers"
 TIMEOUT_S = 3  # a replica without a heartbeat for this long is lost (diloco_peers and runtime.timeout_s)
+SLACK_S = 20   # the same where no replica hangs: only a starved machine could reach it
 ROWS = 2       # each replica's rows a step (optim.batch_size)
 LOST_AT = 4    # the lost replica takes no part in the outer steps after this step and later
 
@@ -264,9 +265,9 @@ def test_joiner(d):
         ref = reference(cfg, hf_config, init, tokens, n, "muon", 0.7, 0.9, rows=ROWS,
                         joined={q: INNER for q in range(joiners)}, join_state=join_state)
         port = free_port()
-        peers = start([PEERS, "--port", port, "--replicas", 2, "--timeout_s", TIMEOUT_S], f"{tmp}/{name}_peers.log")
+        peers = start([PEERS, "--port", port, "--replicas", 2, "--timeout_s", SLACK_S], f"{tmp}/{name}_peers.log")
         args = ["--diloco.inner_steps", str(INNER), "--diloco.peers", f"127.0.0.1:{port}", "--runtime.timeout_s",
-                str(TIMEOUT_S), "--optim.batch_size", str(ROWS), "--ckpt.interval", str(INNER)]
+                str(SLACK_S), "--optim.batch_size", str(ROWS), "--ckpt.interval", str(INNER)]
         # The joiners first, so that they wait for the run's first outer step: replicas 0 (and 1).
         launches = []
         for r in range(n):
@@ -311,11 +312,14 @@ def test_exchange_that_keeps_failing(d):
     stops with its reason."""
     runs = d[0]
     port = free_port()
-    peers = start([PEERS, "--port", port, "--replicas", 2, "--timeout_s", TIMEOUT_S], f"{runs.tmp}/failing_peers.log")
+    peers = start([PEERS, "--port", port, "--replicas", 2, "--timeout_s", SLACK_S], f"{runs.tmp}/failing_peers.log")
     args = ["--diloco.inner_steps", str(INNER), "--diloco.peers", f"127.0.0.1:{port}", "--runtime.timeout_s",
-            str(TIMEOUT_S), "--optim.batch_size", str(ROWS), "--ckpt.path", ""]
-    launches = [runs.launch(f"failing_{r}", 1, *args, env={"ZB_TEST_FAIL_EXCHANGE": 1} if r == 1 else None)
-                for r in range(2)]
+            str(SLACK_S), "--optim.batch_size", str(ROWS), "--ckpt.path", ""]
+    launches = []
+    for r in range(2):  # one after the other, so that launch r registers as replica r
+        launches.append(runs.launch(f"failing_{r}", 1, *args, env={"ZB_TEST_FAIL_EXCHANGE": 1} if r == 1 else None))
+        if not wait_for(lambda: f"DiLoCo: replica {r} of the run" in runs.log(f"failing_{r}"), 60, 0.02):
+            pytest.fail(f"launch {r} did not register as replica {r}:\n{runs.log(f'failing_{r}')[-3000:]}")
     codes = [p.wait() for p in launches]
     peers_code = peers.wait(timeout=60)
     peers_log = open(f"{runs.tmp}/failing_peers.log").read()
@@ -337,9 +341,9 @@ def test_source_lost_after_its_exchange(d):
     runs = d[0]
     tmp = runs.tmp
     port = free_port()
-    peers = start([PEERS, "--port", port, "--replicas", 3, "--timeout_s", TIMEOUT_S], f"{tmp}/source_peers.log")
+    peers = start([PEERS, "--port", port, "--replicas", 3, "--timeout_s", SLACK_S], f"{tmp}/source_peers.log")
     args = ["--diloco.inner_steps", str(INNER), "--diloco.peers", f"127.0.0.1:{port}", "--runtime.timeout_s",
-            str(TIMEOUT_S), "--optim.batch_size", str(ROWS), "--ckpt.interval", str(INNER)]
+            str(SLACK_S), "--optim.batch_size", str(ROWS), "--ckpt.interval", str(INNER)]
     launches = []
     for r in range(4):
         extra = ["--diloco.join", "true"] if r == 0 else []
@@ -428,9 +432,9 @@ def test_replicas_of_different_shard_counts(d):
         ref = reference(cfg, hf_config, init, tokens, len(replicas), "muon", 0.7, 0.9, rows=ROWS, joined=joined,
                         join_state="peer")
         port = free_port()
-        peers = start([PEERS, "--port", port, "--replicas", 2, "--timeout_s", TIMEOUT_S], f"{tmp}/{name}_peers.log")
+        peers = start([PEERS, "--port", port, "--replicas", 2, "--timeout_s", SLACK_S], f"{tmp}/{name}_peers.log")
         args = ["--diloco.inner_steps", INNER, "--diloco.peers", f"127.0.0.1:{port}", "--runtime.timeout_s",
-                TIMEOUT_S, "--optim.batch_size", ROWS, "--ckpt.interval", INNER, "--diloco.compression", compression,
+                SLACK_S, "--optim.batch_size", ROWS, "--ckpt.interval", INNER, "--diloco.compression", compression,
                 "--parallel.tp", tp]
         launches = []
         for q, r in enumerate(replicas):

@@ -76,7 +76,7 @@ TEST(ContextParallel, AttentionOverTheGroupEqualsTheWholeRowInFloat64) {
         SCOPED_TRACE(ring ? "ring" : "allgather");
         const at::Tensor ql = q.index_select(1, mine).requires_grad_(), kl = k.index_select(1, mine).requires_grad_(),
                          vl = v.index_select(1, mine).requires_grad_();
-        const at::Tensor out = ring ? ring_attention(ql, kl, vl, docs.mask, group)
+        const at::Tensor out = ring ? ring_attention(ql, kl, vl, docs, group)
                                     : attention(ql, gather_sequence(kl, group), gather_sequence(vl, group), docs);
         (out * dout.index_select(1, mine)).sum().backward();
         EXPECT_LT(close(out, out_whole.index_select(1, mine)), 1e-12);

@@ -60,6 +60,31 @@ namespace {
 // the block's input (and the micro-batch's documents); backward (after the unit was gathered
 // again by the hook on the output) recomputes the block with a graph and back-propagates through
 // it, which also hands the parameter gradients to the unit.
+// The micro-batch's documents, every field, kept for a recomputation.
+void save_documents(torch::autograd::AutogradContext* ctx, const Documents& d) {
+  const std::pair<const char*, const at::Tensor*> tensors[] = {
+      {"cu_seqlens", &d.cu_seqlens}, {"cudnn_cu_seqlens", &d.cudnn_cu_seqlens}, {"mask", &d.mask},
+      {"positions", &d.positions},   {"key_index", &d.key_index},               {"cu_seqlens_k", &d.cu_seqlens_k}};
+  for (const auto& [name, t] : tensors)
+    if (t->defined()) ctx->saved_data[name] = *t;
+  ctx->saved_data["max_len"] = d.max_len;
+  ctx->saved_data["max_len_k"] = d.max_len_k;
+  ctx->saved_data["visible_blocks"] = std::vector<int64_t>(d.visible_blocks.begin(), d.visible_blocks.end());
+}
+
+Documents saved_documents(torch::autograd::AutogradContext* ctx) {
+  Documents d;
+  const std::pair<const char*, at::Tensor*> tensors[] = {
+      {"cu_seqlens", &d.cu_seqlens}, {"cudnn_cu_seqlens", &d.cudnn_cu_seqlens}, {"mask", &d.mask},
+      {"positions", &d.positions},   {"key_index", &d.key_index},               {"cu_seqlens_k", &d.cu_seqlens_k}};
+  for (const auto& [name, t] : tensors)
+    if (ctx->saved_data.count(name)) *t = ctx->saved_data[name].toTensor();
+  d.max_len = ctx->saved_data["max_len"].toInt();
+  d.max_len_k = ctx->saved_data["max_len_k"].toInt();
+  for (int64_t v : ctx->saved_data["visible_blocks"].toIntVector()) d.visible_blocks.push_back(v != 0);
+  return d;
+}
+
 struct CheckpointedBlock : torch::autograd::Function<CheckpointedBlock> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 FSDPEngine* engine, FSDPUnit* unit, int64_t layer,
@@ -67,10 +92,7 @@ struct CheckpointedBlock : torch::autograd::Function<CheckpointedBlock> {
     ctx->saved_data["engine"] = reinterpret_cast<int64_t>(engine);
     ctx->saved_data["unit"] = reinterpret_cast<int64_t>(unit);
     ctx->saved_data["layer"] = layer;
-    if (documents->cu_seqlens.defined()) ctx->saved_data["cu_seqlens"] = documents->cu_seqlens;
-    if (documents->mask.defined()) ctx->saved_data["mask"] = documents->mask;
-    if (documents->positions.defined()) ctx->saved_data["positions"] = documents->positions;
-    ctx->saved_data["max_len"] = documents->max_len;
+    save_documents(ctx, *documents);
     ctx->save_for_backward({h});
     return {engine->model().block_forward(layer, h, *documents)};
   }
@@ -79,11 +101,7 @@ struct CheckpointedBlock : torch::autograd::Function<CheckpointedBlock> {
     auto* engine = reinterpret_cast<FSDPEngine*>(ctx->saved_data["engine"].toInt());
     auto* unit = reinterpret_cast<FSDPUnit*>(ctx->saved_data["unit"].toInt());
     const int64_t layer = ctx->saved_data["layer"].toInt();
-    Documents documents;
-    if (ctx->saved_data.count("cu_seqlens")) documents.cu_seqlens = ctx->saved_data["cu_seqlens"].toTensor();
-    if (ctx->saved_data.count("mask")) documents.mask = ctx->saved_data["mask"].toTensor();
-    if (ctx->saved_data.count("positions")) documents.positions = ctx->saved_data["positions"].toTensor();
-    documents.max_len = ctx->saved_data["max_len"].toInt();
+    const Documents documents = saved_documents(ctx);
     at::Tensor input = ctx->get_saved_variables()[0].detach().requires_grad_(true);
     at::AutoGradMode grad_mode(true);
     unit->pre_backward();

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace zb {
 
@@ -40,6 +41,9 @@ struct Documents {
   // are then the queries'.
   at::Tensor key_index, cu_seqlens_k;
   int64_t max_len_k = 0;
+  // Under context parallelism (cp_documents): for each rank's block of keys, whether this rank's
+  // queries see any of it, read once a micro-batch (the ring skips the others in every layer).
+  std::vector<bool> visible_blocks;
   bool any() const { return cu_seqlens.defined() || mask.defined(); }
 };
 

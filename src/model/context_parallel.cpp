@@ -51,6 +51,9 @@ Documents cp_documents(const at::Tensor& cu_seqlens, int64_t B, int64_t T, int64
   Documents d;
   d.mask = at::zeros({B, 1, mine.numel(), T}, at::TensorOptions().dtype(dtype).device(device))
                .masked_fill_(allowed.unsqueeze(1).logical_not(), -std::numeric_limits<double>::infinity());
+  const int64_t t = mine.numel();
+  const at::Tensor any = allowed.reshape({B, t, size, t}).any(3).any(1).any(0).cpu();  // one host read
+  for (int64_t j = 0; j < size; ++j) d.visible_blocks.push_back(any[j].item<bool>());
   d.max_len = T;
   d.positions = mine;
   return d;
@@ -135,23 +138,14 @@ std::pair<at::Tensor, at::Tensor> unpack(const at::Tensor& held, const at::Tenso
           heads_first(held.narrow(0, k.numel(), v.numel()).view(v.sizes()), H, work)};
 }
 
-// The blocks this rank's queries see anything of, as the mask says (one host read).
-std::vector<bool> visible_blocks(const at::Tensor& mask, int64_t n) {
-  const int64_t B = mask.size(0), t = mask.size(2);
-  const at::Tensor any = mask.view({B, t, n, t}).eq(0).any(3).any(1).any(0).cpu();
-  std::vector<bool> out;
-  for (int64_t j = 0; j < n; ++j) out.push_back(any[j].item<bool>());
-  return out;
-}
-
 struct RingAttention : torch::autograd::Function<RingAttention> {
+  // visible: Documents::visible_blocks, as 0/1.
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               const at::Tensor& mask, TensorParallelGroup* group) {
+                               const at::Tensor& mask, const std::vector<int64_t>& visible, TensorParallelGroup* group) {
     const int64_t n = group->size(), me = group->rank();
     const int64_t B = q.size(0), t = q.size(1), H = q.size(2), Dh = q.size(3);
     const auto work = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
-    const std::vector<bool> visible = visible_blocks(mask, n);
     const at::Tensor qh = heads_first(q, H, work);
     at::Tensor out = at::zeros({B, H, t, Dh}, qh.options());
     at::Tensor lse = at::full({B, H, t, 1}, -std::numeric_limits<double>::infinity(), qh.options());
@@ -188,6 +182,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       }
     }
     ctx->save_for_backward({q, k, v, mask, out, lse});
+    ctx->saved_data["visible"] = visible;
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
     return {out.transpose(1, 2).reshape({B, t, H * Dh}).to(q.scalar_type())};
   }
@@ -200,7 +195,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     const int64_t B = q.size(0), t = q.size(1), H = q.size(2), Dh = q.size(3), Hkv = k.size(2);
     const auto work = out.scalar_type();
     const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
-    const std::vector<bool> visible = visible_blocks(mask, n);
+    const std::vector<int64_t> visible = ctx->saved_data["visible"].toIntVector();
     const at::Tensor qh = heads_first(q, H, work);
     const at::Tensor dout = grads[0].view({B, t, H, Dh}).transpose(1, 2).to(work);
     const at::Tensor delta = (dout * out).sum(3, /*keepdim=*/true);  // rowsum(dO o O)
@@ -239,17 +234,20 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     // After n steps the gradient held is of this rank's own keys and values.
     const at::Tensor dk = held_grad.narrow(0, 0, k.numel()).view(k.sizes()).to(k.scalar_type());
     const at::Tensor dv = held_grad.narrow(0, k.numel(), v.numel()).view(v.sizes()).to(v.scalar_type());
-    return {dq.transpose(1, 2).to(q.scalar_type()), dk, dv, at::Tensor(), at::Tensor()};
+    return {dq.transpose(1, 2).to(q.scalar_type()), dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
-at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Documents& documents,
                           TensorParallelGroup& group) {
-  TORCH_CHECK(mask.defined() && mask.dim() == 4 && mask.size(2) == q.size(1) && mask.size(3) == q.size(1) * group.size(),
-              "ring_attention: the mask must be cp_documents' [B, 1, T/cp, T]");
-  return RingAttention::apply(q, k, v, mask, &group)[0];
+  const at::Tensor& mask = documents.mask;
+  TORCH_CHECK(mask.defined() && mask.dim() == 4 && mask.size(2) == q.size(1) && mask.size(3) == q.size(1) * group.size() &&
+                  static_cast<int64_t>(documents.visible_blocks.size()) == group.size(),
+              "ring_attention: the documents must be cp_documents' (a [B, 1, T/cp, T] mask and its visible blocks)");
+  const std::vector<int64_t> visible(documents.visible_blocks.begin(), documents.visible_blocks.end());
+  return RingAttention::apply(q, k, v, mask, visible, &group)[0];
 }
 
 }  // namespace zb

@@ -47,13 +47,13 @@ Documents cp_varlen_documents(const at::Tensor& cu_seqlens, int64_t B, int64_t T
 
 // Attention of this rank's queries over the whole row without gathering it (parallel.cp_rotate =
 // "ring"): the keys and values travel around the group, one rank's block per step, while the
-// current block is computed; the partial outputs combine through their log-sum-exps. `mask` is
-// cp_documents' (its columns in the group's order: block j is columns [j T/cp, (j+1) T/cp));
-// blocks with no visible pair are skipped. The backward sends the blocks around again, each with
+// current block is computed; the partial outputs combine through their log-sum-exps. `documents`
+// are cp_documents' (the mask's columns in the group's order: block j is columns [j T/cp, (j+1)
+// T/cp)); blocks with no visible pair are skipped. The backward sends the blocks around again, each with
 // the gradient of its keys and values accumulating as it goes, and a last step home. q [B, T/cp,
 // H, Dh], k and v [B, T/cp, Hkv, Dh] with Hkv dividing H; returns [B, T/cp, H*Dh], scale 1/sqrt(Dh);
 // computed in fp32 (float64 for float64 inputs).
-at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Documents& documents,
                           TensorParallelGroup& group);
 
 }  // namespace zb

@@ -157,7 +157,7 @@ at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h, const Docume
   k = apply_rope(k, rope, kernels_);
   at::Tensor attn;
   if (cp_ && cp_ring_) {
-    attn = ring_attention(q, k, v, documents.mask, *cp_);
+    attn = ring_attention(q, k, v, documents, *cp_);
   } else {
     if (cp_) {
       k = gather_sequence(k, *cp_);
@@ -226,7 +226,7 @@ std::vector<at::Tensor> Llama::project(int64_t layer, const std::vector<const ch
 }
 
 ForwardSaves forward_saves(const ModelArgs& a, at::ScalarType compute_dtype, bool cuda, int64_t tp,
-                           bool fused_kernels, int64_t cp, bool cp_ring) {
+                           bool fused_kernels, int64_t cp, bool cp_ring, bool cp_packed) {
   const int64_t e = at::elementSize(compute_dtype), D = a.dim, hd = a.head_dim();
   const TpShare share = tp_share(a, tp);  // this rank's heads and FFN columns (all without TP)
   const int64_t H = share.heads, F = share.ffn, Q = H * hd, K = share.kv_heads * hd;
@@ -244,10 +244,12 @@ ForwardSaves forward_saves(const ModelArgs& a, at::ScalarType compute_dtype, boo
   // (w2's input): 3 F, or 4.
   // Under context parallelism (per token of this rank's share of the row) attention keeps the
   // keys and values gathered whole, cp times this rank's; around a ring its own, and its output
-  // in fp32 beside the one wo reads.
+  // in fp32 beside the one wo reads; packed for the variable-length kernel, what its pieces read:
+  // rank r's chunks r and 2cp-1-r of a causal row read (r+1) and (2cp-r) chunks of keys, 2cp+1
+  // chunks in all, cp + 1/2 times its own (documents read fewer).
   const int64_t mlp = (fused_kernels ? 3 : 4) * F;
-  const int64_t kv_kept = cp > 1 && !cp_ring ? cp : 1;
-  s.block = {2 * s.norm + 2 * e * D, e * (2 * D + 2 * Q + 2 * kv_kept * K + mlp) + 4 * H + (cp_ring ? 4 * Q : 0)};
+  const int64_t kv_kept_twice = cp == 1 || cp_ring ? 2 : cp_packed ? 2 * cp + 1 : 2 * cp;  // both k and v
+  s.block = {2 * s.norm + 2 * e * D, e * (2 * D + 2 * Q + kv_kept_twice * K + mlp) + 4 * H + (cp_ring ? 4 * Q : 0)};
   s.checkpointed = {e * D, 0};  // its input is the block before's output
   // head_loss: the final norm at the rank's positions; the normed x [N, D] (gathered whole under
   // TP) and the gradient the chunked loss makes in the forward, dx [N, D]; the head's fp32 rows.

@@ -60,9 +60,10 @@ struct ForwardSaves {
 // one node (runtime.fused_kernels, model/layers.h: it keeps one hidden-sized tensor less); `cp`:
 // the context-parallel degree (model/context_parallel.h: the tokens are this rank's share of the
 // rows, and attention keeps the keys and values of the whole rows, or with `cp_ring` its own and
-// its output in fp32).
+// its output in fp32, or with `cp_packed` (runtime.cp_varlen) those its pieces of queries read,
+// packed: under the causal mask half a chunk more than the whole row's).
 ForwardSaves forward_saves(const ModelArgs& args, at::ScalarType compute_dtype, bool cuda, int64_t tp = 1,
-                           bool fused_kernels = true, int64_t cp = 1, bool cp_ring = false);
+                           bool fused_kernels = true, int64_t cp = 1, bool cp_ring = false, bool cp_packed = false);
 
 class Llama {
  public:

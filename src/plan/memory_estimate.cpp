@@ -200,7 +200,7 @@ MemoryReplay::MemoryReplay(const Config& c, const StepPlan& plan, at::ScalarType
 
   // What the forward keeps for backward (defined beside it: model/llama.h's forward_saves).
   saves_ = forward_saves(a_, compute_dtype, cuda, tp_, resolve_kernel_choices(c).on(Fused::Gate), plan.cp,
-                         c.parallel.cp_rotate == "ring");
+                         c.parallel.cp_rotate == "ring", plan.cp > 1 && c.runtime.cp_varlen && flash);
   if (plan.cp > 1 && c.parallel.cp_rotate == "ring") {
     // A block of the ring is this rank's t = T/cp queries against one rank's t keys, in fp32: the
     // scores turned into probabilities in place ([B, H, t, t]), the block's keys and values at

@@ -175,6 +175,13 @@ TEST(ConfigErrors, UnknownFusedOperatorIsNamed) {
             "momentum, residual, newton_schulz");
 }
 
+TEST(ConfigErrors, FakeDataNeedsFourTokens) {
+  Config c = load_config_file(kConfigs + "debug/normal.toml");  // fake data
+  apply_override(c, "model.vocab_size", "3");
+  EXPECT_EQ(error_of([&] { validate(c, 1); }),
+            "command line (--model.vocab_size): data.fake needs a vocabulary of at least 4 tokens, got 3");
+}
+
 TEST(ConfigErrors, MissingTrainSection) {
   auto msg = error_of([] { load_config_string("name_model = \"1B\"\n", "x.toml"); });
   EXPECT_EQ(msg, "x.toml: missing required section [train]");
@@ -248,6 +255,8 @@ TEST(ConfigErrors, DatasetRatioMatchesThePaths) {
             "x.toml:6: dataset_ratio \"1:1:1\" has 3 parts for 2 datasets");
   EXPECT_EQ(error_of([&] { validate(with_ratio("70:x"), 1); }),
             "x.toml:6: dataset_ratio \"70:x\": 'x' is not a positive number");
+  EXPECT_EQ(error_of([&] { validate(with_ratio("inf:1"), 1); }),
+            "x.toml:6: dataset_ratio \"inf:1\": 'inf' is not a positive number");
   // From the command line, the origin is the override.
   Config c = load_config_string(two, "x.toml");
   apply_override(c, "data.dataset_ratio", "70");
@@ -328,6 +337,11 @@ TEST(CommandLine, OverridesInOrderAndForms) {
   EXPECT_EQ(cl.config.optim.total_steps, 1000);
   EXPECT_EQ(cl.config.runtime.device, "cpu");
   EXPECT_EQ(cl.config.origin("train.micro_bs"), "command line (--train.micro_bs)");
+  // Negative numbers as values, not as short options.
+  const std::string cfg = kConfigs + "debug/normal.toml";
+  EXPECT_DOUBLE_EQ(parse({"--config", cfg, "--optim.optim.lr", "-1e-3"}).config.optim.optim.lr, -1e-3);
+  EXPECT_DOUBLE_EQ(parse({"--config", cfg, "--optim.optim.lr", "-0.5"}).config.optim.optim.lr, -0.5);
+  EXPECT_EQ(parse({"--config", cfg, "--optim.total_steps", "-2"}).config.optim.total_steps, -2);
 }
 
 TEST(Config, ReduceEveryMicroBatchIsABooleanOrAuto) {
@@ -366,6 +380,9 @@ TEST(CommandLine, Errors) {
             "command line: no config file given (use --config FILE or @ FILE)");
   EXPECT_EQ(error_of([&] { parse({"--config", cfg, "stray"}); }),
             "command line: unexpected argument 'stray'");
+  // --no- sets false: for a string it would be a path named "false".
+  EXPECT_EQ(error_of([&] { parse({"--config", cfg, "--no-ckpt.path"}); }),
+            "command line (--no-ckpt.path): --no- is for booleans, and ckpt.path is not one");
 }
 
 TEST(CommandLine, HelpListsEveryKey) {

@@ -4,11 +4,12 @@
     make_shards.py OUT INPUT... [--tokenizer tokenizer.json | --train-vocab N]
                    [--val-fraction 0.01] [--shard-tokens 10000000] [--bos]
 
-INPUT: files or directories (searched recursively), as datasets are kept: by extension, .jsonl/
-.json are JSON lines with a "text" field (one document per line); .parquet has a "text" column
-(fineweb-edu's layout: a directory of parquet files); anything else is plain text, one document
-per file. A directory that a Hugging Face `datasets` dataset was saved to (save_to_disk) is read
-with datasets.load_from_disk: its "text" column, every split in turn.
+INPUT: files or directories (searched recursively, hidden ones left out), as datasets are kept: by
+extension, .jsonl/.json are JSON lines with a "text" field (one document per line); .parquet has a
+"text" column (fineweb-edu's layout: a directory of parquet files); anything else is UTF-8 text,
+one document per file (a file with NUL bytes or much that is not UTF-8, compressed or binary, is
+refused, named). A directory that a Hugging Face `datasets` dataset was saved to (save_to_disk) is
+read with datasets.load_from_disk: its "text" column, every split in turn.
 
 Tokenizer: a Hugging Face tokenizer.json (e.g. the Mistral/Llama-2 one), or, with --train-vocab,
 a byte-level BPE of that vocabulary size trained on the inputs themselves; either way it is kept
@@ -48,13 +49,15 @@ def iter_files(inputs):
     for item in inputs:
         if os.path.isdir(item):
             for root, dirs, files in os.walk(item):
-                dirs.sort()
+                # Hidden ones (.git, .cache, .gitattributes: a download's bookkeeping) hold no text.
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
                 if is_saved_dataset(root):
                     dirs[:] = []  # its files are the dataset's, read as one
                     yield root
                     continue
                 for name in sorted(files):
-                    yield os.path.join(root, name)
+                    if not name.startswith("."):
+                        yield os.path.join(root, name)
         elif os.path.exists(item):
             yield item
         else:
@@ -85,19 +88,33 @@ def iter_documents(inputs):
                 for n, line in enumerate(f, 1):
                     if line.strip():
                         try:
-                            yield json.loads(line)["text"]
-                        except (ValueError, KeyError) as e:
-                            sys.exit(f"make_shards: {path}:{n}: not a JSON object with \"text\" ({e})")
+                            text = json.loads(line)["text"]
+                        except (ValueError, KeyError, TypeError) as e:
+                            sys.exit(f"make_shards: {path}:{n}: not a JSON object with \"text\" ({e!r})")
+                        if not isinstance(text, str):
+                            sys.exit(f"make_shards: {path}:{n}: \"text\" is {type(text).__name__}, not a string")
+                        yield text
         elif path.endswith(".parquet"):
             try:
                 import pyarrow.parquet as pq
             except ImportError:
                 sys.exit("make_shards: reading parquet needs pyarrow (pip install pyarrow)")
-            for text in pq.read_table(path, columns=["text"]).column("text").to_pylist():
-                yield text
+            # A batch of rows at a time: a parquet file may hold gigabytes of text.
+            for batch in pq.ParquetFile(path).iter_batches(columns=["text"], batch_size=10_000):
+                yield from batch.column("text").to_pylist()
         else:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                yield f.read()
+            yield plain_text(path)
+
+
+def plain_text(path):
+    """A text file's contents; a file that is not text (NUL bytes, or more than 1% of it not UTF-8:
+    compressed or binary) ends the run, named, rather than going into the shards as garbage."""
+    with open(path, "rb") as f:
+        data = f.read()
+    text = data.decode("utf-8", errors="replace")
+    if b"\x00" in data or text.count("\ufffd") > max(8, len(text) // 100):
+        sys.exit(f"make_shards: {path} is not UTF-8 text (compressed or binary?): decompress it, or leave it out")
+    return text
 
 
 def train_tokenizer(documents, vocab_size):
@@ -162,6 +179,12 @@ def main():
     args = ap.parse_args()
     if bool(args.tokenizer) == bool(args.train_vocab):
         sys.exit("make_shards: give exactly one of --tokenizer and --train-vocab")
+    if not 1 <= args.shard_tokens < 2**31:  # the header's count is an int32
+        sys.exit(f"make_shards: --shard-tokens must be in [1, 2^31), got {args.shard_tokens}")
+    if not 0 <= args.val_fraction < 1:
+        sys.exit(f"make_shards: --val-fraction must be in [0, 1), got {args.val_fraction}")
+    if args.batch < 1:
+        sys.exit(f"make_shards: --batch must be at least 1, got {args.batch}")
 
     os.makedirs(args.out, exist_ok=True)
     if args.train_vocab:
@@ -215,6 +238,12 @@ def main():
             "document_token": eos, "document_token_position": "closes",
             "documents": counts, "tokens": {s: w.tokens for s, w in writers.items()},
             "shards": {s: w.files for s, w in writers.items()}}
+    if writers["train"].tokens == 0:
+        sys.exit(f"make_shards: no training text in {' '.join(args.inputs)} ({counts['train']} documents): nothing "
+                 "to train on")
+    if writers["val"].tokens == 0 and args.val_fraction > 0:
+        print(f"make_shards: warning: none of the {sum(counts.values())} documents fell in val (--val-fraction "
+              f"{args.val_fraction}): OUT/val is empty, which train_fsdp refuses as a held-out set", file=sys.stderr)
     with open(os.path.join(args.out, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
     print(f"make_shards: {json.dumps(meta)}")

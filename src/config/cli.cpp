@@ -2,6 +2,7 @@
 
 #include <cxxopts.hpp>
 
+#include <cstdlib>
 #include <map>
 #include <sstream>
 
@@ -33,6 +34,14 @@ bool starts_with(const std::string& s, const std::string& prefix) {
   return s.rfind(prefix, 0) == 0;
 }
 
+// "-0.5", "-1e-3", "-2": a value, not an option.
+bool negative_number(const std::string& s) {
+  if (s.size() < 2 || s[0] != '-') return false;
+  char* end = nullptr;
+  std::strtod(s.c_str(), &end);
+  return *end == '\0';
+}
+
 }  // namespace
 
 CommandLine parse_command_line(int argc, const char* const* argv) {
@@ -47,6 +56,9 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
     } else if (starts_with(a, "@")) {
       args.push_back("--config");
       args.push_back(a.substr(1));
+    } else if (starts_with(a, "--") && a.find('=') == std::string::npos && i + 1 < argc &&
+               negative_number(argv[i + 1])) {
+      args.push_back(a + "=" + argv[++i]);  // "--key -0.5": cxxopts would read "-0.5" as short options
     } else {
       args.push_back(a);
     }
@@ -93,6 +105,9 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
     } else if (starts_with(key, "no-")) {
       key = key.substr(3);
       value = "false";
+      // Unknown keys are apply_override's to name; a string set to "false" would be a path.
+      if (const Field* f = find_field(key); f && f->kind != Kind::Bool && f->kind != Kind::BoolOrInt && f->kind != Kind::BoolOrAuto)
+        throw ConfigError("command line (" + a + "): --no- is for booleans, and " + key + " is not one");
     } else if (i + 1 < rest.size() && !starts_with(rest[i + 1], "--")) {
       value = rest[++i];
     }  // else: a bare boolean flag; "" means true

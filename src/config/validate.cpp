@@ -1,6 +1,7 @@
 // validate(): everything about a run that can be checked before any work starts, so that a bad
 // configuration fails at once with the key and where it was set, not minutes into a launch.
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -50,6 +51,8 @@ void validate(const Config& c, int64_t world_size) {
   positive("model.n_heads", a.n_heads);
   positive("model.n_kv_heads", a.n_kv_heads);
   positive("model.vocab_size", a.vocab_size);
+  if (c.data.fake && a.vocab_size < 4)  // fake rows draw tokens from [3, vocab) after the end token 1
+    fail("model.vocab_size", "data.fake needs a vocabulary of at least 4 tokens, got " + show(a.vocab_size));
   positive("model.multiple_of", a.multiple_of);
   non_negative("model.ffn_dim_multiplier", a.ffn_dim_multiplier);  // 0: none
   positive("model.norm_eps", a.norm_eps);
@@ -281,7 +284,7 @@ std::vector<double> parse_ratio(const std::string& ratio, size_t expected_count)
     const std::string part = ratio.substr(start, colon - start);
     char* end = nullptr;
     const double w = std::strtod(part.c_str(), &end);
-    if (part.empty() || *end != '\0' || !(w > 0))
+    if (part.empty() || *end != '\0' || !(w > 0) || !std::isfinite(w))
       throw std::invalid_argument("dataset_ratio \"" + ratio + "\": '" + part + "' is not a positive number");
     out.push_back(w);
     start = colon + 1;

@@ -16,6 +16,8 @@ shards    make_shards on a directory of parquet files and on a saved `datasets` 
           make_shards command.
 """
 import filecmp
+import gzip
+import json
 import shutil
 import subprocess
 
@@ -141,3 +143,23 @@ def test_shards(work):
     print("\n".join(out.splitlines()[-4:]))
     assert f"scripts/data/make_shards.py {work}/in/parquet-shards {work}/in/parquet --tokenizer" in out, \
         "no make_shards command in the error"
+    # What is not text stays out of the shards: hidden files are left out, a compressed one refused;
+    # and so are settings and inputs that would make no dataset.
+    bad = work / "bad"
+    (bad / "dir/.cache").mkdir(parents=True)
+    (bad / "dir/doc.txt").write_text("one document\n")
+    (bad / "dir/.gitattributes").write_text("*.parquet filter=lfs\n")
+    (bad / "dir/.cache/state").write_bytes(b"\x00\x01")
+    (bad / "docs.jsonl.gz").write_bytes(gzip.compress(b'{"text": "compressed"}\n' * 50))
+    (bad / "empty.jsonl").write_text("")
+    (bad / "null.jsonl").write_text('{"text": null}\n')
+    shards = [PYTHON, SOURCE / "scripts/data/make_shards.py"]
+    tokenizer = ["--tokenizer", DATA / "tokenizer.json"]
+    rc, out = run(*shards, bad / "out", bad / "dir", *tokenizer, "--val-fraction", "0")
+    assert rc == 0 and json.loads((bad / "out/meta.json").read_text())["documents"] == {"train": 1, "val": 0}, out
+    for args, error in (((bad / "docs.jsonl.gz",), "docs.jsonl.gz is not UTF-8 text (compressed or binary?)"),
+                        ((bad / "dir", "--shard-tokens", "0"), "--shard-tokens must be in [1, 2^31), got 0"),
+                        ((bad / "empty.jsonl",), "no training text in"),
+                        ((bad / "null.jsonl",), 'null.jsonl:1: "text" is NoneType, not a string')):
+        rc, out = run(*shards, bad / "refused", *args, *tokenizer)
+        assert rc != 0 and error in out, f"make_shards {args}: exit {rc}: {out[-1000:]}"

@@ -71,7 +71,9 @@ struct ReplicatedWeight : torch::autograd::Function<ReplicatedWeight> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto* group = reinterpret_cast<TensorParallelGroup*>(ctx->saved_data["group"].toInt());
-    at::Tensor g = grads[0].contiguous().clone();  // summed in place
+    // Summed in place, in fp32 as every other gradient sum: in bf16 a ring would round at each hop.
+    // Autograd casts it back to w's dtype once.
+    at::Tensor g = grads[0].to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
     group->all_reduce_sum(g);
     return {g, at::Tensor()};
   }

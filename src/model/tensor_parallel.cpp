@@ -71,9 +71,10 @@ struct ReplicatedWeight : torch::autograd::Function<ReplicatedWeight> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto* group = reinterpret_cast<TensorParallelGroup*>(ctx->saved_data["group"].toInt());
-    // Summed in place, in fp32 as every other gradient sum: in bf16 a ring would round at each hop.
-    // Autograd casts it back to w's dtype once.
-    at::Tensor g = grads[0].to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
+    // Summed in place, in fp32 at least, as every other gradient sum: in bf16 a ring would round at
+    // each hop. Autograd casts it back to w's dtype once.
+    const at::ScalarType sum_dtype = at::promote_types(grads[0].scalar_type(), at::kFloat);
+    at::Tensor g = grads[0].to(sum_dtype, /*non_blocking=*/false, /*copy=*/true).contiguous();
     group->all_reduce_sum(g);
     return {g, at::Tensor()};
   }

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -258,21 +259,50 @@ TEST(TokenData, PrefetchingChangesNothingAndResumes) {
   for (int i = 0; i < 5; ++i) EXPECT_TRUE(at::equal(plain.next().inputs, resumed.next().inputs)) << i;
 }
 
+// Sample i of source `id` is the row (id, i, i, i, i).
+struct NumberedSource : SampleSource {
+  NumberedSource(int64_t id, int64_t n) : id(id), n(n) {}
+  int64_t id, n;
+  int64_t num_samples() const override { return n; }
+  int64_t seq_len() const override { return 4; }
+  void sample(int64_t index, int64_t* row) const override {
+    row[0] = id;
+    std::fill(row + 1, row + 5, index);
+  }
+};
+
 TEST(TokenData, MixingByRatio) {
-  auto a = std::make_shared<ConstantSource>(1), b = std::make_shared<ConstantSource>(2);
+  // 70:30 over sources of 3001 and 997 samples (neither divides a block of 4096 positions).
+  auto a = std::make_shared<NumberedSource>(0, 3001), b = std::make_shared<NumberedSource>(1, 997);
   MixedSource mix({a, b}, parse_ratio("70:30", 2), 5);
-  int64_t from_a = 0;
-  const int64_t n = 20000;
+  const int64_t n = 3 * MixedSource::kBlock + 123;
+  std::vector<std::vector<int64_t>> read(2);  // each source's samples in the order read
   std::vector<int64_t> row(5);
   for (int64_t i = 0; i < n; ++i) {
     mix.sample(i, row.data());
-    EXPECT_EQ(row[0], mix.source_of(i) == 0 ? 1 : 2);
-    from_a += row[0] == 1;
+    const auto [s, k] = mix.source_of(i);
+    ASSERT_EQ(row[0], static_cast<int64_t>(s)) << i;
+    ASSERT_EQ(k, static_cast<int64_t>(read[s].size())) << i;  // a source's reads counted in order
+    read[s].push_back(row[1]);
+    // Exact shares at every block's end: floor(N x 0.7) of the first N positions from a.
+    if ((i + 1) % MixedSource::kBlock == 0)
+      EXPECT_EQ(static_cast<int64_t>(read[0].size()), static_cast<int64_t>(std::floor((i + 1) * 0.7))) << i;
   }
-  // Binomial(20000, 0.7): standard deviation 65 samples; allow 5 of them.
-  EXPECT_NEAR(static_cast<double>(from_a), 0.7 * n, 5 * 65.0);
+  // Without replacement: each pass over a source reads every sample once, in an order of its own.
+  for (size_t s = 0; s < 2; ++s) {
+    const int64_t size = s == 0 ? 3001 : 997;
+    ASSERT_GE(static_cast<int64_t>(read[s].size()), size + 2);
+    std::vector<int64_t> first(read[s].begin(), read[s].begin() + size);
+    std::sort(first.begin(), first.end());
+    for (int64_t i = 0; i < size; ++i) ASSERT_EQ(first[static_cast<size_t>(i)], i) << "source " << s;
+    EXPECT_NE(std::vector<int64_t>(read[s].begin(), read[s].begin() + 2),
+              std::vector<int64_t>(read[s].begin() + size, read[s].begin() + size + 2));  // a new order
+  }
+  // The same from the seed alone, read in any order (a resumed or repositioned loader).
   MixedSource again({a, b}, parse_ratio("70:30", 2), 5);
-  for (int64_t i = 0; i < 100; ++i) EXPECT_EQ(again.source_of(i), mix.source_of(i));
+  for (int64_t i = n - 1; i >= n - 200; --i) EXPECT_EQ(again.source_of(i), mix.source_of(i)) << i;
+  EXPECT_EQ(error_of([] { parse_ratio("4096:1", 2); }),
+            "dataset_ratio \"4096:1\": a part below 1/2048 of the total (1 of 4097)");
   EXPECT_EQ(error_of([] { parse_ratio("70:x", 2); }), "dataset_ratio \"70:x\": 'x' is not a positive number");
   EXPECT_EQ(error_of([] { parse_ratio("1:1:1", 2); }), "dataset_ratio \"1:1:1\" has 3 parts for 2 datasets");
 }

@@ -292,6 +292,14 @@ std::vector<double> parse_ratio(const std::string& ratio, size_t expected_count)
   if (out.size() != expected_count)
     throw std::invalid_argument("dataset_ratio \"" + ratio + "\" has " + std::to_string(out.size()) +
                                 " parts for " + std::to_string(expected_count) + " datasets");
+  // The mix holds each dataset's share of every 4096 rows (data/loader.h's MixedSource): a share
+  // must come to 2 rows of them at least.
+  double total = 0;
+  for (double w : out) total += w;
+  for (double w : out)
+    if (w / total < 2.0 / 4096)
+      throw std::invalid_argument("dataset_ratio \"" + ratio + "\": a part below 1/2048 of the total (" + show(w) +
+                                  " of " + show(total) + ")");
   return out;
 }
 

@@ -3,6 +3,7 @@
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <random>
 #include <cstdlib>
@@ -159,34 +160,69 @@ void DataLoader::load_state(const LoaderState& state) {
 
 MixedSource::MixedSource(std::vector<std::shared_ptr<const SampleSource>> sources,
                          std::vector<double> weights, uint64_t seed)
-    : sources_(std::move(sources)), seed_(seed) {
+    : sources_(std::move(sources)), seed_(seed), pass_of_(sources_.size(), -1), pass_order_(sources_.size()) {
   double total = 0;
   for (double w : weights) total += w;
   double acc = 0;
-  for (double w : weights) cumulative_.push_back(acc += w / total);
+  for (double w : weights) {
+    TORCH_CHECK(w / total >= 2.0 / kBlock, "MixedSource: a weight below 2/", kBlock, " of the total");
+    cumulative_.push_back(acc += w / total);
+  }
   cumulative_.back() = 1.0;
 }
 
-namespace {
-// Two independent uniform draws from (seed, index, stream).
-uint64_t mix_hash(uint64_t seed, int64_t index, uint64_t stream) {
-  std::seed_seq seq{seed, static_cast<uint64_t>(index), stream};
-  std::mt19937_64 rng(seq);
-  return rng();
+int64_t MixedSource::before_block(size_t s, int64_t block) const {
+  // Positions [0, N) hold floor(N c_s) - floor(N c_{s-1}) of source s: the counts add up to N, and
+  // a block adds K w_s - 2 or more of each, never a negative number (the weights are >= 2/K).
+  const double N = static_cast<double>(block * kBlock);
+  const auto below = [&](size_t i) { return i == 0 ? int64_t{0} : static_cast<int64_t>(std::floor(N * cumulative_[i - 1])); };
+  return (s + 1 == cumulative_.size() ? block * kBlock : static_cast<int64_t>(std::floor(N * cumulative_[s]))) -
+         below(s);
 }
-}  // namespace
 
-size_t MixedSource::source_of(int64_t index) const {
-  const double u = static_cast<double>(mix_hash(seed_, index, 1) >> 11) * 0x1.0p-53;
-  size_t i = 0;
-  while (i + 1 < cumulative_.size() && u >= cumulative_[i]) ++i;
-  return i;
+std::pair<size_t, int64_t> MixedSource::source_of(int64_t index) const {
+  const int64_t block = index / kBlock, at = index % kBlock;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (block != cached_block_) {
+    // The block's sources, each as often as its share, shuffled; then each position's rank among
+    // its source's positions in the block.
+    block_sources_.clear();
+    for (size_t s = 0; s < sources_.size(); ++s)
+      block_sources_.insert(block_sources_.end(), before_block(s, block + 1) - before_block(s, block),
+                            static_cast<uint32_t>(s));
+    std::seed_seq seq{seed_, static_cast<uint64_t>(block), uint64_t{0x6d1c}};
+    std::mt19937_64 rng(seq);
+    std::shuffle(block_sources_.begin(), block_sources_.end(), rng);
+    std::vector<uint32_t> seen(sources_.size(), 0);
+    block_ranks_.resize(block_sources_.size());
+    for (size_t i = 0; i < block_sources_.size(); ++i) block_ranks_[i] = seen[block_sources_[i]]++;
+    cached_block_ = block;
+  }
+  const size_t s = block_sources_[static_cast<size_t>(at)];
+  return {s, before_block(s, block) + block_ranks_[static_cast<size_t>(at)]};
 }
 
 void MixedSource::sample(int64_t index, int64_t* row) const {
-  const auto& src = sources_[source_of(index)];
-  const uint64_t n = static_cast<uint64_t>(src->num_samples());
-  src->sample(n > 0 ? static_cast<int64_t>(mix_hash(seed_, index, 2) % n) : index, row);
+  const auto [s, k] = source_of(index);  // the k-th read of source s
+  const SampleSource& src = *sources_[s];
+  const int64_t n = src.num_samples();
+  if (n <= 0) return src.sample(k, row);  // endless: its own order
+  const int64_t pass = k / n;
+  int64_t sample = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<int64_t>& order = pass_order_[s];
+    if (pass_of_[s] != pass) {  // every sample once a pass, in an order of its own
+      order.resize(static_cast<size_t>(n));
+      std::iota(order.begin(), order.end(), 0);
+      std::seed_seq seq{seed_, static_cast<uint64_t>(s), static_cast<uint64_t>(pass), uint64_t{0x5a3e}};
+      std::mt19937_64 rng(seq);
+      std::shuffle(order.begin(), order.end(), rng);
+      pass_of_[s] = pass;
+    }
+    sample = order[static_cast<size_t>(k % n)];
+  }
+  src.sample(sample, row);
 }
 
 }  // namespace zb

@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "data/documents.h"
@@ -41,23 +42,37 @@ class SampleSource {
   virtual void sample(int64_t index, int64_t* row) const = 0;
 };
 
-// Several sources mixed by ratio (ZeroBand's dataset_ratio): position p draws its source with
-// probabilities proportional to `weights` and a sample of that source uniformly, both from
-// (seed, p) alone. Endless, and the same on every rank and world size.
+// Several sources mixed by ratio (ZeroBand's dataset_ratio), each read without replacement: every
+// block of kBlock positions holds each source's share of them (its cumulative share rounded down,
+// so that over the first N positions source s has floor(N c_s) - floor(N c_{s-1}) of them, c the
+// cumulative weights), in an order shuffled from (seed, block). A source's k-th position reads its
+// sample k in a shuffled order of its own, a new one each pass over it. Endless, the same on every
+// rank and world size; a weight must be at least 2 / kBlock of the total (parse_ratio checks).
 class MixedSource : public SampleSource {
  public:
+  static constexpr int64_t kBlock = 4096;
   MixedSource(std::vector<std::shared_ptr<const SampleSource>> sources, std::vector<double> weights,
               uint64_t seed);
   int64_t num_samples() const override { return -1; }
   int64_t seq_len() const override { return sources_.front()->seq_len(); }
   void sample(int64_t index, int64_t* row) const override;
-  // Which source position `index` draws from (for tests).
-  size_t source_of(int64_t index) const;
+  // Which source position `index` draws from, and which of its samples (for tests).
+  std::pair<size_t, int64_t> source_of(int64_t index) const;
 
  private:
+  int64_t before_block(size_t s, int64_t block) const;  // source s's positions in blocks [0, block)
+
   std::vector<std::shared_ptr<const SampleSource>> sources_;
   std::vector<double> cumulative_;  // normalised, ending at 1
   uint64_t seed_;
+  // The block read last (its sources in order, and for each position how many of its source's
+  // came before it in the block) and each source's order for its pass read last: reads are mostly
+  // in order, from the loader's one producer thread.
+  mutable std::mutex mutex_;
+  mutable int64_t cached_block_ = -1;
+  mutable std::vector<uint32_t> block_sources_, block_ranks_;
+  mutable std::vector<int64_t> pass_of_;
+  mutable std::vector<std::vector<int64_t>> pass_order_;
 };
 
 struct LoaderState {

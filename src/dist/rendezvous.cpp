@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
@@ -75,6 +76,11 @@ Rendezvous::Rendezvous(const World& world, std::chrono::milliseconds timeout) : 
   } catch (const std::exception& e) {
     throw std::runtime_error(failed + ": " + e.what());
   }
+  // The agent's store outlives a restart of its workers (torchrun --max-restarts): each attempt
+  // keeps its keys apart, or a restarted rank would find the last attempt's there.
+  if (!opts.isServer && agent_store && std::string(agent_store) == "True")
+    if (const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT"))
+      store_ = c10::make_intrusive<c10d::PrefixStore>(std::string("zb/attempt_") + attempt, store_);
   check_world_sizes(opts.isServer);
 }
 

@@ -2,9 +2,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <climits>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
+#include <string>
 
 extern char** environ;
 
@@ -21,13 +27,41 @@ struct Env {
   int64_t num(const char* name, int64_t fallback) const {
     auto it = vars.find(name);
     if (it == vars.end()) return fallback;
+    const std::string& s = it->second;
     char* end = nullptr;
-    const long long v = std::strtoll(it->second.c_str(), &end, 10);
-    if (it->second.empty() || *end != '\0')
-      throw std::invalid_argument(std::string(name) + "='" + it->second + "' is not an integer");
+    errno = 0;
+    const long long v = std::strtoll(s.c_str(), &end, 10);
+    // Digits, a minus sign at most: no spaces, no '+', nothing after, nothing out of range.
+    if (s.empty() || !(std::isdigit(static_cast<unsigned char>(s[0])) || s[0] == '-') || *end != '\0' ||
+        errno == ERANGE || v > INT32_MAX || v < INT32_MIN)
+      throw std::invalid_argument(std::string(name) + "='" + s + "' is not an integer");
     return v;
   }
 };
+
+// An srun step's tasks on this node: SLURM_STEP_TASKS_PER_NODE ("2(x3),1": 2 on each of the first
+// three nodes, 1 on the fourth) at SLURM_NODEID. Without them, the whole step (one node).
+int64_t slurm_tasks_on_this_node(const Env& env, int64_t step_tasks) {
+  if (!env.has("SLURM_STEP_TASKS_PER_NODE") || !env.has("SLURM_NODEID")) return step_tasks;
+  const std::string spec = env.str("SLURM_STEP_TASKS_PER_NODE", "");
+  const int64_t node = env.num("SLURM_NODEID", 0);
+  int64_t first = 0;  // the first node of the current group
+  size_t at = 0;
+  while (at < spec.size()) {
+    const size_t comma = std::min(spec.find(',', at), spec.size());
+    const std::string group = spec.substr(at, comma - at);
+    int tasks = 0, repeat = 1;
+    char tail = 0;
+    const int read = std::sscanf(group.c_str(), "%d(x%d)%c", &tasks, &repeat, &tail);
+    if (!(read == 1 || read == 2) || tasks < 1 || repeat < 1 || (read == 1 && group.find('(') != std::string::npos))
+      throw std::invalid_argument("SLURM_STEP_TASKS_PER_NODE='" + spec + "' is not a list like 2(x3),1");
+    if (node < first + repeat) return tasks;
+    first += repeat;
+    at = comma + 1;
+  }
+  throw std::invalid_argument("SLURM_NODEID=" + std::to_string(node) + " is beyond SLURM_STEP_TASKS_PER_NODE='" +
+                              spec + "'");
+}
 
 }  // namespace
 
@@ -43,21 +77,26 @@ World detect_world(const std::map<std::string, std::string>& vars) {
       {"OpenMPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
        "OMPI_COMM_WORLD_LOCAL_SIZE"},
       {"MPICH/PMI", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
-      {"SLURM", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+      // An srun step's (SLURM_STEP_NUM_TASKS): a batch script's own process also has SLURM_PROCID
+      // and SLURM_NTASKS, and is one process, not rank 0 of the allocation's tasks.
+      {"SLURM", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", nullptr},
   };
+  std::string names = "";  // the variables the values came from, for the messages
   for (const Launcher& l : launchers) {
     if (!env.has(l.rank) || !env.has(l.size)) continue;
     w.launcher = l.name;
     w.rank = env.num(l.rank, 0);
     w.size = env.num(l.size, 1);
     w.local_rank = env.num(l.local_rank, w.rank);
-    w.local_size = env.num(l.local_size, w.size);
+    w.local_size = l.local_size ? env.num(l.local_size, w.size) : slurm_tasks_on_this_node(env, w.size);
+    names = std::string(l.rank) + ", " + l.size + ", " + l.local_rank + ", " +
+            (l.local_size ? l.local_size : "SLURM_STEP_TASKS_PER_NODE");
     break;
   }
   w.master_addr = env.str("MASTER_ADDR", w.master_addr);
   w.master_port = env.num("MASTER_PORT", w.master_port);
 
-  const std::string who = " (from " + w.launcher + ")";
+  const std::string who = " (from " + w.launcher + (names.empty() ? "" : ": " + names) + ")";
   if (w.size < 1) throw std::invalid_argument("world size " + std::to_string(w.size) + " must be >= 1" + who);
   if (w.rank < 0 || w.rank >= w.size)
     throw std::invalid_argument("rank " + std::to_string(w.rank) + " is outside [0, " +

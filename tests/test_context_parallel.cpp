@@ -70,7 +70,7 @@ TEST(ContextParallel, AttentionOverTheGroupEqualsTheWholeRowInFloat64) {
       (out_whole * dout).sum().backward();
       // This rank's share.
       const at::Tensor mine = cp_positions(rank, W, T);
-      const Documents docs = cp_documents(cu, B, T, rank, W, c10::kCPU, at::kDouble);
+      const Documents docs = cp_documents(cu, B, T, rank, W, c10::kCPU, at::kDouble, /*ring=*/true);
       auto close = [](const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); };
       for (const bool ring : {false, true}) {
         SCOPED_TRACE(ring ? "ring" : "allgather");

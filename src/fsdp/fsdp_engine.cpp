@@ -69,7 +69,7 @@ void save_documents(torch::autograd::AutogradContext* ctx, const Documents& d) {
     if (t->defined()) ctx->saved_data[name] = *t;
   ctx->saved_data["max_len"] = d.max_len;
   ctx->saved_data["max_len_k"] = d.max_len_k;
-  ctx->saved_data["visible_blocks"] = std::vector<int64_t>(d.visible_blocks.begin(), d.visible_blocks.end());
+  ctx->saved_data["visible_blocks"] = d.visible_blocks;
 }
 
 Documents saved_documents(torch::autograd::AutogradContext* ctx) {
@@ -81,7 +81,7 @@ Documents saved_documents(torch::autograd::AutogradContext* ctx) {
     if (ctx->saved_data.count(name)) *t = ctx->saved_data[name].toTensor();
   d.max_len = ctx->saved_data["max_len"].toInt();
   d.max_len_k = ctx->saved_data["max_len_k"].toInt();
-  for (int64_t v : ctx->saved_data["visible_blocks"].toIntVector()) d.visible_blocks.push_back(v != 0);
+  d.visible_blocks = ctx->saved_data["visible_blocks"].toIntVector();
   return d;
 }
 

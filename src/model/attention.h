@@ -41,9 +41,9 @@ struct Documents {
   // are then the queries'.
   at::Tensor key_index, cu_seqlens_k;
   int64_t max_len_k = 0;
-  // Under context parallelism (cp_documents): for each rank's block of keys, whether this rank's
+  // Around the ring (cp_documents with `ring`): for each rank's block of keys, 1 where this rank's
   // queries see any of it, read once a micro-batch (the ring skips the others in every layer).
-  std::vector<bool> visible_blocks;
+  std::vector<int64_t> visible_blocks;
   bool any() const { return cu_seqlens.defined() || mask.defined(); }
 };
 

@@ -39,7 +39,7 @@ at::Tensor cp_gathered_positions(int64_t size, int64_t T, const c10::Device& dev
 }
 
 Documents cp_documents(const at::Tensor& cu_seqlens, int64_t B, int64_t T, int64_t rank, int64_t size,
-                       const c10::Device& device, at::ScalarType dtype) {
+                       const c10::Device& device, at::ScalarType dtype, bool ring) {
   const at::Tensor mine = cp_positions(rank, size, T, device), keys = cp_gathered_positions(size, T, device);
   at::Tensor allowed = keys.unsqueeze(0).le(mine.unsqueeze(1)).unsqueeze(0).expand({B, mine.numel(), T});  // causal
   if (cu_seqlens.defined()) {
@@ -51,9 +51,11 @@ Documents cp_documents(const at::Tensor& cu_seqlens, int64_t B, int64_t T, int64
   Documents d;
   d.mask = at::zeros({B, 1, mine.numel(), T}, at::TensorOptions().dtype(dtype).device(device))
                .masked_fill_(allowed.unsqueeze(1).logical_not(), -std::numeric_limits<double>::infinity());
-  const int64_t t = mine.numel();
-  const at::Tensor any = allowed.reshape({B, t, size, t}).any(3).any(1).any(0).cpu();  // one host read
-  for (int64_t j = 0; j < size; ++j) d.visible_blocks.push_back(any[j].item<bool>());
+  if (ring) {
+    const int64_t t = mine.numel();
+    const at::Tensor any = allowed.reshape({B, t, size, t}).any(3).any(1).any(0).to(at::kLong).cpu();
+    d.visible_blocks.assign(any.data_ptr<int64_t>(), any.data_ptr<int64_t>() + size);
+  }
   d.max_len = T;
   d.positions = mine;
   return d;
@@ -245,9 +247,9 @@ at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   const at::Tensor& mask = documents.mask;
   TORCH_CHECK(mask.defined() && mask.dim() == 4 && mask.size(2) == q.size(1) && mask.size(3) == q.size(1) * group.size() &&
                   static_cast<int64_t>(documents.visible_blocks.size()) == group.size(),
-              "ring_attention: the documents must be cp_documents' (a [B, 1, T/cp, T] mask and its visible blocks)");
-  const std::vector<int64_t> visible(documents.visible_blocks.begin(), documents.visible_blocks.end());
-  return RingAttention::apply(q, k, v, mask, visible, &group)[0];
+              "ring_attention: the documents must be cp_documents' with ring (a [B, 1, T/cp, T] mask and its visible "
+              "blocks)");
+  return RingAttention::apply(q, k, v, mask, documents.visible_blocks, &group)[0];
 }
 
 }  // namespace zb

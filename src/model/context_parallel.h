@@ -32,9 +32,10 @@ at::Tensor cp_gathered_positions(int64_t size, int64_t T, const c10::Device& dev
 // tokens: an additive mask [B, 1, T / size, T] in `dtype` (0: attend, -inf: not), causal in the
 // row's order and, where `cu_seqlens` is given (the loader's cumulative document lengths over the
 // flattened rows, as make_documents takes them), within documents; with the rank's positions
-// (cp_positions) for RoPE and for taking its tokens of the rows.
+// (cp_positions) for RoPE and for taking its tokens of the rows; with `ring` (ring_attention's) also
+// the blocks of keys those queries see (one host read).
 Documents cp_documents(const at::Tensor& cu_seqlens, int64_t B, int64_t T, int64_t rank, int64_t size,
-                       const c10::Device& device, at::ScalarType dtype);
+                       const c10::Device& device, at::ScalarType dtype, bool ring = false);
 
 // The same for the variable-length flash kernel (runtime.cp_varlen; on a GPU), with no mask: this
 // rank's queries cut into pieces at its chunks' edges and at document boundaries, each piece

@@ -58,7 +58,7 @@ Trainer::EngineInput Trainer::engine_input(const Batch& batch) const {
   in.documents = parts_.data.flash_documents  // runtime.cp_varlen
                      ? cp_varlen_documents(batch.cu_seqlens, B, T, parts_.mesh.cp_rank(), cp, parts_.device)
                      : cp_documents(batch.cu_seqlens, B, T, parts_.mesh.cp_rank(), cp, parts_.device,
-                                    parts_.compute_dtype);
+                                    parts_.compute_dtype, config_.parallel.cp_rotate == "ring");
   in.inputs = in.inputs.index_select(1, in.documents.positions);
   in.targets = in.targets.index_select(1, in.documents.positions);
   return in;

@@ -8,7 +8,9 @@
 // model's logits on a fixed token sequence, for comparing with transformers; and the same with
 // attention within documents: check_documents.bin (int32 cumulative lengths, as the loader's)
 // and check_logits_documents.bin.
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/core/grad_mode.h>
 
 #include <cstdio>

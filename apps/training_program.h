@@ -6,7 +6,7 @@
 
 namespace zb {
 // What a test program may do to a run's parts between building and training (wrap the engine to
-// put a fault in it: tests/nonfinite_train.cpp). The training programs pass none.
+// put a fault in it: tests/faulty_train.cpp). The training programs pass none.
 using AdjustParts = std::function<void(TrainingParts& parts)>;
 // The whole program: command line, launch, training loop, logs, metrics, checkpoints.
 // `over_nodes` (train_hsdp): hybrid sharding with a shard group per node (its LOCAL_WORLD_SIZE

@@ -4,7 +4,7 @@
 # writes (scripts/watch/sample.py on its checkpoint); every argument goes to train_fsdp.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-"$ROOT/scripts/build.sh" >/dev/null
+"$ROOT/scripts/build.sh" programs >/dev/null
 args=("$@")
 quickstart=0
 if [[ " ${args[*]-} " != *" --config "* && " ${args[*]-} " != *" @"* && " ${args[*]-} " != *" --help "* ]]; then

@@ -29,10 +29,10 @@ LAYERS = {
     "ddp": ["parallel"],
     "optim": ["config", "parallel", "(util)"],
     "checkpoint": ["config", "optim", "(data)", "(util)"],
-    "diloco": ["checkpoint", "config", "optim", "parallel", "(util)"],
+    "diloco": ["checkpoint", "config", "optim", "parallel", "(data)", "(util)"],
     "observe": ["config", "diloco", "dist", "(util)"],
     "plan": ["diloco", "observe", "optim", "parallel", "(ddp)", "(util)"],
-    "train": ["checkpoint", "data", "diloco", "observe", "optim", "util", "(fsdp)", "(ddp)"],
+    "train": ["checkpoint", "data", "diloco", "observe", "optim", "util", "(fsdp)", "(ddp)", "(plan)"],
     "launch": ["plan", "train", "(util)"],
 }
 # One header of each component, to probe with.
@@ -68,7 +68,8 @@ def flags_of(entry):
     while i < len(args):
         a = args[i]
         if a in ("-I", "-isystem", "-D", "-include"):
-            out += [a, args[i + 1]]
+            if not args[i + 1].endswith("cmake_pch.hxx"):  # the precompiled header: LibTorch's, no layer
+                out += [a, args[i + 1]]
             i += 2
             continue
         if a.startswith(("-I", "-D", "-isystem", "-std=")):

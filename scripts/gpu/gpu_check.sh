@@ -206,7 +206,7 @@ if ! "$python" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.pat
 fi
 case $build_how in
   # What the steps run, unless the whole suite is wanted (ZB_BUILD_TARGETS set, even empty, wins).
-  kit) targets="train_fsdp zb_cuda_tests zb_comm_bytes"; wanted ranks && targets+=" train_ddp export_hf"
+  kit) targets="train_fsdp zb_cuda zb_cuda_tests zb_comm_bytes"; wanted ranks && targets+=" train_ddp export_hf"
        wanted suite && targets=""
        step build 360 env JOBS="${JOBS:-$(nproc)}" ZB_BUILD_TARGETS="${ZB_BUILD_TARGETS-$targets}" \
          "$ROOT/scripts/gpu/gpu_kit.sh" build ;;

@@ -27,6 +27,7 @@
 #include "parallel/mesh.h"
 #include "parallel/row_shard.h"
 #include "model/model_args_json.h"
+#include "util/fault_points.h"
 #include "util/fs.h"
 #include "util/log.h"
 #include "util/phase.h"
@@ -311,18 +312,11 @@ std::string CheckpointWriter::save(TrainingState& run) {
   const int64_t rank = comm_.rank(), world = comm_.size(), keep = config_.ckpt.keep;
   const std::string key = "zb/ckpt/" + std::to_string(step);
   const std::chrono::seconds timeout(config_.runtime.timeout_s);
-  // For tests: the writer of this step's save stops for good after its data file, so that a
-  // test can kill the run inside a save on purpose.
-  const char* pause_at = std::getenv("ZB_TEST_PAUSE_SAVE_AT_STEP");
-  const bool pause = pause_at && std::to_string(step) == pause_at;
   writer_ = std::thread([=] {
     std::string error;
     try {
       write_all(tmp_dir + "/" + rank_name(rank, "bin"), *bytes);
-      if (pause) {
-        log::warn(strf("checkpoint: writer paused inside the save of step %ld (ZB_TEST_PAUSE_SAVE_AT_STEP)", step));
-        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-      }
+      fault_point({FaultPoint::InSave, step, /*chosen=*/true, {}});  // tests: a save cut off here
       write_all(tmp_dir + "/" + rank_name(rank, "json"), index.dump());
     } catch (const std::exception& e) {
       error = strf("rank %ld: %s", rank, e.what());

@@ -9,14 +9,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <numeric>
-#include <thread>
-
-#include <unistd.h>
 
 #include "dist/row_moves.h"
 #include "parallel/row_shard.h"
+#include "util/fault_points.h"
 #include "util/log.h"
 #include "util/phase.h"
 
@@ -143,16 +140,10 @@ int64_t DiLoCo::applies_at(int64_t start, int64_t total_steps) const {
 }
 
 void DiLoCo::begin(Fragment& f, int64_t step, int64_t total_steps, OuterSyncStats& stats) {
-  // For tests: the last replica's first rank stops at the start of this outer step (its
-  // checkpoint writer goes on) for the test to kill it there, as a machine lost mid-exchange
-  // would leave the others.
-  if (const char* hang = std::getenv("ZB_TEST_HANG_IN_OUTER_STEP");
-      hang && std::to_string(outer_steps_ + 1) == hang && replicas_ && replicas_->rank() == replicas_->size() - 1 &&
-      shard_.rank() == 0) {
-    log::warn(strf("outer step %ld: process %d stops here (ZB_TEST_HANG_IN_OUTER_STEP)", outer_steps_ + 1,
-                   static_cast<int>(::getpid())));
-    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-  }
+  // Tests: the last replica's first rank frozen here (its checkpoint writer goes on), for the test
+  // to kill it, as a machine lost mid-exchange would leave the others.
+  fault_point({FaultPoint::OuterStep, outer_steps_ + 1,
+               replicas_ && replicas_->rank() == replicas_->size() - 1 && shard_.rank() == 0, {}});
   f.in_flight = true;
   f.apply_at = applies_at(step, total_steps);
   if (f.apply_at > step) f.start = f.flat_inner();  // the inner steps until then are kept

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <csignal>
 #include <sstream>
 #include <stdexcept>
 
@@ -14,6 +13,7 @@
 #include <unistd.h>
 
 #include "dist/rendezvous.h"
+#include "util/fault_points.h"
 #include "util/log.h"
 
 namespace zb {
@@ -80,40 +80,6 @@ Quorum Quorum::decode(const std::string& text) {
   return q;
 }
 
-namespace {
-
-// For tests (tests/e2e/test_elastic.py), at outer step n's exchange: this replica's ranks come 2 s
-// late to it (ZB_TEST_LATE_TO_EXCHANGE=n: a slow pack of a large model); its first rank dies or stops
-// (a machine frozen) inside it, its group made (ZB_TEST_KILL_IN_EXCHANGE, ZB_TEST_STOP_IN_EXCHANGE),
-// or dies after it, before its result is reported (ZB_TEST_KILL_AFTER_EXCHANGE); or it fails after
-// it, at every attempt (ZB_TEST_FAIL_EXCHANGE: an error that repeats).
-void exchange_test_faults(int64_t n, bool leader, bool done) {
-  const auto asked = [n](const char* variable) {
-    const char* at = std::getenv(variable);
-    return at && std::to_string(n) == at;
-  };
-  if (!done && asked("ZB_TEST_LATE_TO_EXCHANGE")) {
-    log::warn(strf("outer step %ld: 2 s late to the exchange (ZB_TEST_LATE_TO_EXCHANGE)", n));
-    std::this_thread::sleep_for(std::chrono::seconds(2));
-  }
-  if (done && asked("ZB_TEST_FAIL_EXCHANGE"))
-    throw std::runtime_error(strf("outer step %ld: a failure for tests (ZB_TEST_FAIL_EXCHANGE)", n));
-  struct Fault {
-    const char* variable;
-    int signal;
-    bool after;
-  };
-  for (const Fault& f : {Fault{"ZB_TEST_KILL_IN_EXCHANGE", SIGKILL, false}, Fault{"ZB_TEST_STOP_IN_EXCHANGE", SIGSTOP, false},
-                         Fault{"ZB_TEST_KILL_AFTER_EXCHANGE", SIGKILL, true}}) {
-    if (!leader || f.after != done || !asked(f.variable)) continue;
-    log::warn(strf("outer step %ld: process %d %s %s its exchange (%s)", n, static_cast<int>(::getpid()),
-                   f.signal == SIGKILL ? "dies" : "stops", done ? "after" : "in", f.variable));
-    if (done) std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the peers' last bytes leave first
-    std::raise(f.signal);
-  }
-}
-
-}  // namespace
 
 ReplicaMembership::ReplicaMembership(const std::string& peers, std::chrono::seconds timeout, Communicator& world,
                                      ReplicaPlace place, const std::string& fingerprint, const std::string& join)
@@ -378,9 +344,9 @@ RoundReport ReplicaMembership::round(int64_t n, int64_t step, int64_t stream_row
       if (broken_generation_ == generation_)
         throw std::runtime_error(strf("the groups of generation %ld failed at their making", generation_));
       if (group_generation_ != generation_) make_groups(report.quorum, report.member_index);
-      exchange_test_faults(n, leader_, /*done=*/false);
+      fault_point({FaultPoint::ExchangeStart, n, leader_, {}});  // tests: late, lost or frozen here
       (*exchange)(group_.get());
-      exchange_test_faults(n, leader_, /*done=*/true);
+      fault_point({FaultPoint::ExchangeDone, n, leader_, {}});  // tests: lost here, or a failure
     } catch (const std::exception& e) {
       ok = false;
       error = e.what();

@@ -1,10 +1,11 @@
 #pragma once
 // The project's own CUDA kernels (kernels/cuda_kernels.h) as LibTorch operators, each the same
 // numbers as the ATen operators it replaces (but for the rounding of fused multiply-adds), in
-// fewer passes over memory. Compiled only where LibTorch has CUDA (ZB_WITH_CUDA); model/layers.cpp
-// chooses them. They live in the GPU plugin (util/cuda_plugin.h): kernels/cuda_ops.cpp there fills
-// CudaKernelFunctions below, and the functions declared here call through it
-// (kernels/cuda_ops_calls.cpp). Only a GPU tensor reaches them, and only where the plugin is loaded.
+// fewer passes over memory. The model asks each whether it applies and takes ATen's path where it
+// does not (a tensor off the GPU, another dtype, a build without CUDA). They live in the GPU plugin
+// (util/cuda_plugin.h): kernels/cuda_ops.cpp there fills CudaKernelFunctions below, and the
+// functions declared here call through it (kernels/cuda_ops_calls.cpp, in every build). Only a GPU
+// tensor reaches them, and only where the plugin is loaded.
 #include <ATen/core/Tensor.h>
 
 #include <cstddef>

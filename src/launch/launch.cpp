@@ -6,20 +6,23 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdlib>
-#include <fstream>
 #include <optional>
 
+#include "dist/rendezvous.h"
 #include "model/layers.h"
-#include "observe/metrics_follower.h"
+#include "model/llama.h"
 #include "observe/metrics_logger.h"
 #include "util/device.h"
 #include "util/log.h"
 
 namespace zb {
 
+namespace {
+
+// This rank's process for a run: its device, allocator and CPU threads. A file-size limit (ulimit
+// -f, some quotas) would kill the process in the middle of a write; ignored, the write fails with
+// EFBIG and the error names the file.
 c10::Device prepare_process(const Config& config, const World& world) {
-  // A file-size limit (ulimit -f, some quotas) would kill the process in the middle of a write;
-  // ignored, the write fails with EFBIG and the error names the file.
   std::signal(SIGXFSZ, SIG_IGN);
   if (config.runtime.deterministic) use_deterministic_algorithms();  // before any GPU work
   const c10::Device device = select_device(config.runtime.device, world.local_rank);
@@ -33,6 +36,58 @@ c10::Device prepare_process(const Config& config, const World& world) {
     at::set_num_threads(std::max<int>(1, at::get_num_threads() / static_cast<int>(world.local_size)));
   }
   return device;
+}
+
+void log_placement(const Communicator& comm, const c10::Device& device) {
+  const World& w = comm.world();
+  const std::string gpu =
+      device.is_cuda() ? strf(", %s, PCI %s", device_name(device).c_str(), device_pci_bus_id(device).c_str()) : "";
+  const auto placement = comm.rendezvous().exchange(
+      "placement", strf("rank %ld (local %ld) on %s: %s%s", w.rank, w.local_rank, host_name().c_str(),
+                        device.str().c_str(), gpu.c_str()));
+  if (w.rank == 0)
+    for (const auto& line : placement) log::info("placement: " + line);
+}
+
+}  // namespace
+
+void check_engine(const Config& config, Parallelism parallelism) {
+  if (parallelism != Parallelism::DDP) return;
+  const auto refuse = [&](const char* key, const std::string& why) { throw ConfigError(config.origin(key) + ": " + why); };
+  if (config.parallel.cp > 1)
+    refuse("parallel.cp", "context parallelism composes with the sharding engine (train_fsdp, train_hsdp), not train_ddp");
+  if (config.parallel.tp > 1)
+    refuse("parallel.tp", "tensor parallelism composes with the sharding engine (train_fsdp, train_hsdp), not train_ddp");
+  if (config.diloco.inner_steps > 0)
+    refuse("diloco.inner_steps", "DiLoCo trains the replicas of train_fsdp or train_hsdp apart (parallel.dp_replicate "
+                                 "shard groups); train_ddp has none");
+}
+
+void dry_run(const Config& config, const ModelArgs& args, int64_t world_size, Parallelism parallelism, bool force) {
+  Llama model(args, at::TensorOptions().device(c10::kMeta));
+  log::info(strf("dry run: built %s parameters on the meta device", with_commas(model.num_params()).c_str()));
+  if (parallelism != Parallelism::FSDP) {
+    log::info("memory estimate: train_fsdp only");
+    return;
+  }
+  const c10::Device planned = planned_device(config);
+  check_memory(config, world_size, planned, memory_budget(config, planned, /*dry_run=*/true), force, /*dry_run=*/true);
+}
+
+RunProcess join_world(const Config& config, const World& world) {
+  const c10::Device device = prepare_process(config, world);
+  const auto rendezvous = connect_rendezvous(world, std::chrono::seconds(config.runtime.timeout_s));
+  // Which ranks share a GPU decides how the collectives travel (runtime.backend).
+  const Placement placement = exchange_placement(*rendezvous, device);
+  const BackendChoice backend = choose_backend(config.runtime.backend, device, placement);
+  auto comm = std::make_unique<Communicator>(rendezvous, device, backend.transport);
+  log::info(strf("world: %ld process(es) via %s, rendezvous %s:%ld, collectives over %s; this is rank %ld (local %ld)",
+                 world.size, world.launcher.c_str(), world.master_addr.c_str(), world.master_port,
+                 world.distributed() ? transport_name(comm->transport()) : "none (one process)", world.rank,
+                 world.local_rank));
+  if (!backend.why.empty() && world.rank == 0 && world.distributed()) log::info("collectives: " + backend.why);
+  log_placement(*comm, device);
+  return {device, placement, std::move(comm)};
 }
 
 std::vector<std::string> describe_run(const Config& c, const ModelArgs& a, int64_t world_size,
@@ -129,17 +184,6 @@ std::vector<std::string> describe_trainer(Trainer& trainer, const Config& c, con
   return lines;
 }
 
-void log_placement(const Communicator& comm, const c10::Device& device) {
-  const World& w = comm.world();
-  const std::string gpu =
-      device.is_cuda() ? strf(", %s, PCI %s", device_name(device).c_str(), device_pci_bus_id(device).c_str()) : "";
-  const auto placement = comm.rendezvous().exchange(
-      "placement", strf("rank %ld (local %ld) on %s: %s%s", w.rank, w.local_rank, host_name().c_str(),
-                        device.str().c_str(), gpu.c_str()));
-  if (w.rank == 0)
-    for (const auto& line : placement) log::info("placement: " + line);
-}
-
 MemoryVerdict check_memory(const Config& config, int64_t world_size, const c10::Device& device,
                            const MemoryBudget& budget, bool force, bool dry_run) {
   const MemoryVerdict v = judge_memory(config, world_size, device, budget);
@@ -162,16 +206,6 @@ MemoryVerdict check_memory(const Config& config, int64_t world_size, const c10::
           : std::string("in one device's memory (");
   throw ConfigError("the run is predicted not to fit " + where +
                     "smaller train.micro_bs, train.ac_ckpt, more ranks; --force to try anyway):" + table);
-}
-
-void record_run(const Config& config, const Trainer& trainer, const std::string& metrics_path, bool resumed) {
-  if (const std::string path = run_config_path(metrics_path); !path.empty()) {
-    nlohmann::json run = resolved_run(config);
-    run["resolved_reduce_every_micro_batch"] = trainer.reduces_every_micro_batch();
-    run["resolved_keep_unsharded"] = trainer.keeps_unsharded();
-    std::ofstream(path) << run.dump(2) << "\n";
-  }
-  start_metrics_follower(config, metrics_path, resumed);
 }
 
 nlohmann::json plan_report(const CommandLine& cl, Parallelism parallelism, bool over_nodes) {

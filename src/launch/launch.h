@@ -1,9 +1,10 @@
 #pragma once
-// What a training program does around the Trainer, so that the program itself is only its loop:
-// the process's device and threads, the run described in the log, the memory check that may
-// refuse it, and the resolved run written beside its metrics.
+// What a training program does before the loop (train/training_loop.h): the refusals of its
+// engine, the dry run, the process joined to the others, the run described in the log, and the
+// memory check that may refuse it.
 #include <c10/core/Device.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "config/cli.h"
 #include "config/config.h"
 #include "dist/comm.h"
+#include "dist/placement.h"
 #include "dist/world.h"
 #include "model/model_args.h"
 #include "plan/run_policy.h"
@@ -19,10 +21,24 @@
 
 namespace zb {
 
-// Sets this rank's process up for a run: the device it trains on (runtime.device, the local rank's
-// GPU), its allocator, LibTorch's CPU threads (ranks sharing a machine's cores divide them), and a
-// file-size limit turned into a write error instead of a kill.
-c10::Device prepare_process(const Config& config, const World& world);
+// What train_ddp cannot take: context and tensor parallelism and DiLoCo need the sharding
+// engine's groups (train_fsdp, train_hsdp). A ConfigError naming the key.
+void check_engine(const Config& config, Parallelism parallelism);
+
+// --dry-run: the model built on the meta device (every shape, no memory) and, for the sharding
+// engine, the memory table for `world_size` ranks with its verdict.
+void dry_run(const Config& config, const ModelArgs& args, int64_t world_size, Parallelism parallelism, bool force);
+
+// This rank joined to the run: its process set up (the device it trains on, the local rank's GPU
+// under runtime.device; its allocator; LibTorch's CPU threads, divided between ranks sharing a
+// machine's cores), the rendezvous, and the communicator over every rank, whose collectives travel
+// as the ranks' sharing of GPUs decides (runtime.backend). Rank 0 logs where every rank runs.
+struct RunProcess {
+  c10::Device device;
+  Placement placement;
+  std::unique_ptr<Communicator> world;
+};
+RunProcess join_world(const Config& config, const World& world);
 
 // The run as the log describes it before it starts: model, parameters, FLOPs per token, batch and,
 // for hybrid sharding, the layout.
@@ -30,10 +46,6 @@ std::vector<std::string> describe_run(const Config& config, const ModelArgs& arg
                                       Parallelism parallelism);
 // What the trainer resolved: device and dtype, attention, optimizer groups, gradient reduction.
 std::vector<std::string> describe_trainer(Trainer& trainer, const Config& config, const c10::Device& device);
-// Where every rank runs (host, device, GPU and its PCI bus), logged by rank 0: a wrong binding
-// shows here. Every rank calls it.
-void log_placement(const Communicator& comm, const c10::Device& device);
-
 // The memory verdict for a run of the sharding engine (run_policy.h), logged; a run that will not
 // fit throws ConfigError with the estimate's table, unless `force` or a dry run.
 MemoryVerdict check_memory(const Config& config, int64_t world_size, const c10::Device& device,
@@ -44,9 +56,5 @@ MemoryVerdict check_memory(const Config& config, int64_t world_size, const c10::
 // the usable bytes, 0 where no budget is known; null under DDP, which is not estimated).
 // `over_nodes`: train_hsdp's layout (shard_by_node).
 nlohmann::json plan_report(const CommandLine& cl, Parallelism parallelism, bool over_nodes);
-
-// Rank 0: the resolved run beside the metrics file (<stem>.config.json, the W&B run's config), and
-// the metrics follower started when W&B or TensorBoard is on.
-void record_run(const Config& config, const Trainer& trainer, const std::string& metrics_path, bool resumed);
 
 }  // namespace zb

@@ -1,9 +1,7 @@
 #include "model/chunked_loss.h"
 #include "model/layers.h"
 #include "util/phase.h"
-#ifdef ZB_WITH_CUDA
 #include "kernels/cuda_ops.h"
-#endif
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
@@ -58,9 +56,7 @@ struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
       at::Tensor tc = chunk_targets.unsqueeze(1);
       at::Tensor z = fp32_gemm ? at::mm(xc, wt, logits_dtype) : at::mm(xc, wt).to(logits_dtype);  // [n, V]
       at::Tensor lse;  // [n, 1]: on a GPU our kernel in one pass over z, else ATen's four
-#ifdef ZB_WITH_CUDA
       if (fused_loss && row_logsumexp_cuda_applies(z)) lse = row_logsumexp_cuda(z);
-#endif
       if (!lse.defined()) lse = at::logsumexp(z, {1}, /*keepdim=*/true);
       at::Tensor target_logit, here;  // here: the target is one of this rank's words (vocab_group)
       if (!vocab_group) {
@@ -84,10 +80,8 @@ struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
       // d(summed loss)/dz = softmax(z) - onehot(target), cast to x's dtype as the unchunked graph
       // casts it back: on a GPU in bf16 our kernel in one pass, else in z's memory.
       at::Tensor g;
-#ifdef ZB_WITH_CUDA
       if (x.scalar_type() == at::kBFloat16 && fused_loss && softmax_grad_cuda_bf16_applies(z, lse, chunk_targets))
         g = softmax_grad_cuda_bf16(z, lse, chunk_targets, vocab_group ? vocab_start : 0);
-#endif
       if (!g.defined()) {
         z.sub_(lse).exp_();
         at::Tensor one = at::full_like(tc, -1, z.options());  // the one-hot's entry, negated

@@ -1,7 +1,5 @@
 #include "model/float8.h"
-#ifdef ZB_WITH_CUDA
 #include "kernels/cuda_ops.h"
-#endif
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/_scaled_mm.h>
@@ -67,14 +65,10 @@ at::Tensor to_float8_with_scale(const at::Tensor& x, const at::Tensor& scale, at
 
 Float8Tensor to_float8(const at::Tensor& x, at::ScalarType fp8, bool rowwise, bool power_of_two, bool our_kernel) {
   TORCH_CHECK(x.dim() == 2, "to_float8: a matrix, got ", x.sizes());
-#ifdef ZB_WITH_CUDA
   if (our_kernel && float8_cast_cuda_applies(x)) {  // the same values in one pass (kernels/cuda_ops.h)
     auto [data, inverse_scale] = float8_cast_cuda(x, fp8, rowwise, power_of_two);
     return {data, inverse_scale};
   }
-#else
-  (void)our_kernel;
-#endif
   // The infinity norm reads |x| without writing it; the cast takes one fp32 copy of x.
   const at::Tensor amax = rowwise ? at::linalg_vector_norm(x, INFINITY, {1}, /*keepdim=*/true)
                                   : at::linalg_vector_norm(x, INFINITY);

@@ -1,8 +1,6 @@
 #include "model/layers.h"
 #include "kernels/gemm_add.h"
-#ifdef ZB_WITH_CUDA
 #include "kernels/cuda_ops.h"
-#endif
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
@@ -53,13 +51,11 @@ struct RmsNormResidual : torch::autograd::Function<RmsNormResidual> {
     const at::Tensor &h = saved[0], &w = saved[1], &rstd = saved[2];
     const at::Tensor &residual = grads[0], &dy = grads[1];
     if (!dy.defined()) return {residual, at::Tensor(), at::Tensor()};
-#ifdef ZB_WITH_CUDA
     if (rms_norm_backward_cuda_bf16_applies(dy, h, w, rstd) &&
         (!residual.defined() || residual.scalar_type() == at::kBFloat16)) {
       auto [dh, dw] = rms_norm_backward_cuda_bf16(dy, h, w, rstd, residual);
       return {dh, dw, at::Tensor()};
     }
-#endif
     // The kernel's formula in fp32: x_hat = h * rstd, wg = w * dy,
     // dh = rstd * (wg - x_hat * mean(wg * x_hat)), dw = the sum over rows of dy * x_hat.
     const auto work = h.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -155,12 +151,8 @@ RopeTables rope_tables(int64_t head_dim, int64_t max_positions, double theta,
 }
 
 at::Tensor apply_rope(const at::Tensor& x, const RopeTables& rope, const KernelChoices& kernels) {
-#ifdef ZB_WITH_CUDA
   // The unfused path moves about five times the bytes of q and k through memory (fp32 copies).
   if (kernels.on(Fused::Rope) && rope_cuda_bf16_applies(x, rope.cis)) return apply_rope_cuda_bf16(x, rope.cis);
-#else
-  (void)kernels;
-#endif
   return apply_rope_unfused(x, rope);
 }
 
@@ -186,9 +178,7 @@ struct SiluMul : torch::autograd::Function<SiluMul> {
                 "silu_mul: a and b must have one shape and dtype, got ", a.sizes(), " ", a.scalar_type(), " and ",
                 b.sizes(), " ", b.scalar_type());
     ctx->save_for_backward({a, b});
-#ifdef ZB_WITH_CUDA
     if (silu_mul_cuda_bf16_applies(a, b)) return silu_mul_cuda_bf16(a, b);
-#endif
     return at::silu(a) * b;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -196,12 +186,10 @@ struct SiluMul : torch::autograd::Function<SiluMul> {
     TORCH_CHECK(!at::GradMode::is_enabled(), "silu_mul has no second derivative (backward with create_graph)");
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     const at::Tensor &a = saved[0], &b = saved[1], &g = grads[0];
-#ifdef ZB_WITH_CUDA
     if (silu_mul_cuda_bf16_applies(g, a)) {
       auto [ga, gb] = silu_mul_backward_cuda_bf16(g, a, b);
       return {ga, gb};
     }
-#endif
     // The product's rule (g * b for silu(a), g * silu(a) for b), then SiLU's backward, written
     // over their own temporaries: no more memory at once than g and the two gradients.
     at::Tensor gb = at::silu(a).mul_(g);

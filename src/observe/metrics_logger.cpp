@@ -21,12 +21,6 @@ std::string default_metrics_path(const Config& c) {
 }
 }  // namespace
 
-std::string with_commas(int64_t n) {
-  std::string s = std::to_string(n);
-  for (int i = static_cast<int>(s.size()) - 3; i > (n < 0 ? 1 : 0); i -= 3) s.insert(i, ",");
-  return s;
-}
-
 MetricsLogger::MetricsLogger(const Config& c, const ModelArgs& args, const Communicator& world,
                              std::vector<std::pair<std::string, Communicator*>> groups, c10::Device device,
                              bool resumed)

@@ -59,8 +59,4 @@ class MetricsLogger {
   std::vector<std::pair<std::string, int64_t>> numbers_;
 };
 
-
-// 1234567 -> "1,234,567".
-std::string with_commas(int64_t n);
-
 }  // namespace zb

@@ -2,7 +2,7 @@
 // A run's parts, built from its config on its mesh: the model, the engine that spreads it over the
 // ranks, the optimizer with Muon placed on the mesh, DiLoCo's outer optimizer and the data. Each
 // part owns its state; the Trainer (train/trainer.h) wires them into one step. A program may look
-// at or wrap a part between building and training (tests/nonfinite_train.cpp wraps the engine).
+// at or wrap a part between building and training (tests/faulty_train.cpp wraps the engine).
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 

@@ -3,7 +3,6 @@
 #include <ATen/Context.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
-#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
 #include <ATen/ops/cat.h>
@@ -13,11 +12,8 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
-#include <map>
 #include <utility>
 
-#include "checkpoint/state.h"
-#include "dist/row_moves.h"
 #include "model/context_parallel.h"
 #include "observe/metrics_logger.h"
 #include "util/log.h"
@@ -29,6 +25,9 @@ Trainer::Trainer(const Config& config, TrainingParts parts)
     : config_(config), parts_(std::move(parts)), clock_(parts_.device) {
   schedule_ = {config.optim.sched_type, config.optim.warmup_steps, config.optim.stable_steps,
                config.optim.total_steps};
+  if (parts_.diloco)  // over the parts as the program left them (a test may wrap the engine)
+    diloco_ = std::make_unique<DiLoCoHook>(*parts_.diloco, *parts_.engine, *parts_.optimizer, *parts_.data.train,
+                                           parts_.mesh.world(), config.optim.total_steps);
 }
 
 Trainer::Trainer(const Config& config, ParallelMesh mesh, c10::Device device,
@@ -65,17 +64,8 @@ Trainer::EngineInput Trainer::engine_input(const Batch& batch) const {
 }
 
 StepStats Trainer::train_step(const StepFlagSource& flags) {
-  ++step_;
-  // DiLoCo's outer copies start from the parameters the run begins with (initial weights loaded
-  // after construction included), unless a checkpoint restored them.
-  if (parts_.diloco && !outer_restored_) {
-    parts_.diloco->start();
-    outer_restored_ = true;
-  }
-  if (parts_.diloco && parts_.diloco->elastic() && !in_membership_) {  // round 0, at the run's (or resume's) start
-    new_membership_ = follow(parts_.diloco->join(resumed_stream_rows_, step_ - 1));
-    in_membership_ = true;
-  }
+  ++counters_.step;
+  if (diloco_) diloco_->before_step(counters_);
   // Phase boundaries on the device's timeline (CUDA events on a GPU): read once the device has
   // finished the step, so timing adds no synchronisation.
   clock_.clear();
@@ -101,110 +91,28 @@ StepStats Trainer::train_step(const StepFlagSource& flags) {
   clock_.synchronize();
   parts_.mesh.world().settle();
   for (const ShardedParameter& p : parts_.engine->parameters()) p.tensor->mutable_grad().reset();
-  // Elastic DiLoCo: the membership it began the step in, when new (round 0, a joiner's admission);
-  // one this step's outer round changes to replaces it.
-  stats.membership = std::exchange(new_membership_, std::nullopt);
-  // DiLoCo's outer steps due after this step, once the gradients are freed (its temporaries take
-  // their place).
-  if (parts_.diloco) {
-    stats.outer = parts_.diloco->after_step(step_, config_.optim.total_steps, parts_.data.train->stream_rows_read());
-    parts_.engine->parameters_changed();
-    if (stats.outer && stats.outer->round && stats.outer->round->changed) {
-      stats.membership = follow(*stats.outer->round);
-      if (!stats.outer->round->joined.empty()) {
-        try {
-          share_state(*stats.outer->round);
-        } catch (const std::exception& e) {  // the joiner's loss: the next round leaves it out
-          log::warn(strf("DiLoCo: sending the joiners their state failed: %s", e.what()));
-        }
-      }
-    }
+  if (diloco_) {  // the outer steps due, once the gradients are freed (its temporaries take their place)
+    DiLoCoStepReport outer = diloco_->after_step(counters_);
+    stats.outer = std::move(outer.outer);
+    stats.membership = std::move(outer.membership);
   }
   stats.learning_rates = parts_.optimizer->learning_rates(lr_multiplier);
-  for (const auto& [start, forward_done, backward_done] : micro_marks) {
+  record_times(stats, micro_marks, optimizer_start, optimizer_done);
+  return stats;
+}
+
+void Trainer::record_times(StepStats& stats, const std::vector<std::array<int, 3>>& marks, int optimizer_start,
+                           int optimizer_done) {
+  for (const auto& [start, forward_done, backward_done] : marks) {
     stats.forward_seconds += clock_.seconds(start, forward_done);
     stats.backward_seconds += clock_.seconds(forward_done, backward_done);
   }
   stats.optimizer_seconds = clock_.seconds(optimizer_start, optimizer_done);
-  return stats;
 }
 
 void Trainer::join_run() {
-  TORCH_CHECK(parts_.diloco && parts_.diloco->elastic(), "joining a run needs diloco.peers");
-  RoundReport round = parts_.diloco->await_admission(config_.optim.total_steps);
-  const auto start = std::chrono::steady_clock::now();
-  const int64_t bytes = share_state(round);
-  outer_restored_ = in_membership_ = true;  // the outer copies came with the state
-  parts_.engine->parameters_changed();
-  follow(round);
-  log::info(strf("DiLoCo: took %s bytes of state (%s) from replica %ld in %.2f s; training on after step %ld",
-                 with_commas(bytes).c_str(), round.with_optimizer ? "with its optimizer state" : "outer state only",
-                 round.source,
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), step_));
-  new_membership_ = round;
-}
-
-int64_t Trainer::share_state(const RoundReport& round) {
-  // Only the source and the joiners: the other members' links stay free.
-  const std::unique_ptr<Communicator> group = parts_.diloco->transfer_group(round);
-  if (!group) return 0;
-  // A large state over a slow link takes longer than runtime.timeout_s; no collective of this
-  // replica's world completes meanwhile, so its watchdog stands down (the group's own collectives
-  // time out each). The loop's phase again after (apps/training_program.cpp).
-  Communicator& world = parts_.mesh.world();
-  world.set_phase("");
-  const bool taking = !round.sends_state();
-  at::Tensor counters = at::empty({2}, at::TensorOptions().dtype(at::kLong));
-  counters.data_ptr<int64_t>()[0] = step_;
-  counters.data_ptr<int64_t>()[1] = skipped_;
-  group->broadcast(counters, 0).wait();  // rank 0: the source's first shard rank
-  step_ = counters[0].item<int64_t>();
-  skipped_ = counters[1].item<int64_t>();
-  int64_t bytes = taking ? counters.numel() * 8 : 0;
-  at::NoGradGuard no_grad;
-  std::vector<StateTensor> state = training_state(*parts_.engine, *parts_.optimizer);
-  for (StateTensor& t : parts_.diloco->state()) state.push_back(std::move(t));
-  // Not the parameters: right after the outer step they equal the outer copies on every member.
-  std::vector<StateTensor> shared;
-  for (StateTensor& t : state)
-    if (t.name.rfind("model/", 0) != 0 && (round.with_optimizer || t.name.rfind("optim/", 0) != 0))
-      shared.push_back(std::move(t));
-  // The source's rows of each tensor go to the joiners' ranks that hold them in their own layout
-  // (their shard counts may differ; dist/row_moves.h), a dtype at a time. A tensor every rank
-  // holds whole (a scalar, replicated rows) comes from the source's rank 0.
-  std::map<at::ScalarType, std::vector<size_t>> by_dtype;
-  for (size_t i = 0; i < shared.size(); ++i) by_dtype[shared[i].local.scalar_type()].push_back(i);
-  for (const auto& [dtype, indices] : by_dtype) {
-    std::vector<RowSpan> held, wanted;
-    std::vector<int64_t> row_numel;
-    std::vector<at::Tensor> local;
-    for (size_t i : indices) {
-      const StateTensor& t = shared[i];
-      const bool whole = t.global_shape.empty() || t.replicated;
-      const int64_t rows = t.local.dim() == 0 ? 1 : t.local.size(0);
-      const RowSpan mine{whole ? 0 : t.row_start, rows};
-      held.push_back(taking || (whole && group->rank() != 0) ? RowSpan{} : mine);
-      wanted.push_back(taking ? mine : RowSpan{});
-      int64_t per_row = 1;  // from the shape: a rank may hold no rows
-      for (int64_t d = 1; d < t.local.dim(); ++d) per_row *= t.local.size(d);
-      row_numel.push_back(per_row);
-      local.push_back(t.local);
-    }
-    const RowMoves moves = RowMoves::plan(*group, held, wanted, row_numel);
-    const at::Tensor got = moves.exchange(*group, local, local.front().options());
-    bytes += got.numel() * static_cast<int64_t>(got.element_size());
-    moves.take(got, local);
-  }
-  group->settle();
-  if (taking) parts_.diloco->take_outer();
-  world.set_phase(strf("step %ld", step_));
-  return bytes;
-}
-
-RoundReport Trainer::follow(const RoundReport& round) {
-  const Quorum& q = round.membership();
-  parts_.data.train->reposition(q.stream_rows, round.member_index, static_cast<int64_t>(q.members.size()));
-  return round;
+  TORCH_CHECK(diloco_, "joining a run needs DiLoCo (diloco.inner_steps, diloco.peers)");
+  diloco_->join_run(counters_);
 }
 
 at::Tensor Trainer::run_micro_batches(std::vector<std::array<int, 3>>& marks) {
@@ -265,7 +173,7 @@ StepStats Trainer::agree_on_step(const at::Tensor& loss_sum, const at::Tensor& g
   // The host reads the result before the optimizer: whether to apply the step depends on it.
   const at::Tensor host = at::cat({reduced, norm}).cpu();
   StepStats stats;
-  stats.step = step_;
+  stats.step = counters_.step;
   for (int64_t r = 0; r < replicas; ++r) stats.loss += host[r].item<double>() / static_cast<double>(replicas);
   if (replicas > 1)
     for (int64_t r = 0; r < replicas; ++r) stats.replica_losses.push_back(host[r].item<double>());
@@ -278,7 +186,7 @@ StepStats Trainer::agree_on_step(const at::Tensor& loss_sum, const at::Tensor& g
 }
 
 double Trainer::apply_or_skip(StepStats& stats) {
-  const double lr_multiplier = schedule_.multiplier(step_ - skipped_);  // skipped steps do not count
+  const double lr_multiplier = schedule_.multiplier(counters_.step - counters_.skipped);  // skipped steps do not count
   if (std::isfinite(stats.loss) && std::isfinite(stats.grad_norm)) {
     Phase phase("zb.optimizer");
     parts_.optimizer->step(lr_multiplier);
@@ -286,11 +194,11 @@ double Trainer::apply_or_skip(StepStats& stats) {
   } else {  // not applied: parameters, momentum and Adam state stay as they are
     stats.nonfinite = !std::isfinite(stats.loss) ? (std::isfinite(stats.grad_norm) ? "loss" : "loss and gradient norm")
                                                  : "gradient norm";
-    ++skipped_;
+    ++counters_.skipped;
     ++skipped_in_a_row_;
   }
   stats.skipped_in_a_row = skipped_in_a_row_;
-  stats.skipped_total = skipped_;
+  stats.skipped_total = counters_.skipped;
   return lr_multiplier;
 }
 
@@ -320,12 +228,8 @@ double Trainer::evaluate() {
 }
 
 void Trainer::restore_position(int64_t step, int64_t skipped, uint64_t seed, std::optional<DataPosition> data) {
-  if (parts_.diloco) {  // the checkpoint held the outer copies and the exchanges in flight
-    outer_restored_ = true;
-    parts_.diloco->restore(step, config_.optim.total_steps);
-  }
-  step_ = step;
-  skipped_ = skipped;
+  if (diloco_) diloco_->restore(step);  // the checkpoint held the outer copies and the exchanges in flight
+  counters_ = {step, skipped};
   skipped_in_a_row_ = 0;
   const int64_t rows = step * parts_.accum * config_.train.micro_bs;  // this rank's rows per step
   parts_.data.train->load_state({rows, seed, parts_.mesh.data_parallel_size()});

@@ -1,10 +1,11 @@
 #pragma once
 // One training run's parts (train/build.h) wired together, torchtitan style: the model, the
 // parallel engine that owns its parameters (sharded under FSDP, replicated under DDP), the
-// optimizer on this rank's tensors, DiLoCo's outer optimizer, the data and the schedule.
-// train_step() is one optimizer step over the global batch, and reads as its three parts:
-// run_micro_batches, agree_on_step (the step's one all-reduce) and apply_or_skip. Checkpoints see
-// it through an adapter (train/checkpoint_state.h).
+// optimizer on this rank's tensors, the data and the schedule; DiLoCo's outer optimizer is a hook
+// around the steps (diloco/step_hook.h). train_step() is one optimizer step over the global batch,
+// and reads as its parts: run_micro_batches, clipping, agree_on_step (the step's one all-reduce)
+// and apply_or_skip. The loop of steps is train/training_loop.h's; checkpoints see the Trainer
+// through an adapter (train/checkpoint_state.h).
 #include <ATen/core/Tensor.h>
 
 #include <array>
@@ -20,6 +21,7 @@
 #include "parallel/mesh.h"
 #include "train/build.h"
 #include "diloco/diloco.h"
+#include "diloco/step_hook.h"
 #include "observe/step_stats.h"
 #include "util/device.h"
 
@@ -51,9 +53,9 @@ class Trainer {
   bool has_validation() const { return static_cast<bool>(parts_.data.validation); }
 
   // Steps taken, skipped ones included: the data's position and the checkpoint cadence follow it.
-  int64_t step() const { return step_; }
+  int64_t step() const { return counters_.step; }
   // Steps not applied because they were not finite; the schedule is at step() - skipped_steps().
-  int64_t skipped_steps() const { return skipped_; }
+  int64_t skipped_steps() const { return counters_.skipped; }
   // After loading a checkpoint: continue after `step` steps (`skipped` of them not applied), the
   // data at the next global batch (the loader's position follows from the step, whatever the
   // world size).
@@ -71,6 +73,7 @@ class Trainer {
   const ModelArgs& model_args() const { return parts_.model->args(); }
   at::ScalarType compute_dtype() const { return parts_.compute_dtype; }
   const ParallelMesh& mesh() const { return parts_.mesh; }
+  c10::Device device() const { return parts_.device; }
   // The token documents are cut at (model.attention = "document"), and whether the flash kernel
   // computes attention within them.
   const std::optional<DocumentDelimiter>& documents() const { return parts_.data.documents; }
@@ -83,7 +86,9 @@ class Trainer {
   int64_t data_rows_consumed() const { return parts_.data.train->state().rows_consumed; }
   // Elastic DiLoCo: where the run's data stream stands (data/loader.h), and where a checkpoint left it.
   int64_t stream_rows_read() const { return parts_.data.train->stream_rows_read(); }
-  void restore_stream_rows(int64_t rows) { resumed_stream_rows_ = rows; }
+  void restore_stream_rows(int64_t rows) {
+    if (diloco_) diloco_->restore_stream_rows(rows);
+  }
   Optimizer& optimizer() { return *parts_.optimizer; }
   // Records every step's events into `trace` from now on (the engine's, the collectives of every
   // communicator the step uses, and the micro-batch and optimizer marks), for comparison with
@@ -109,26 +114,16 @@ class Trainer {
     Documents documents;
   };
   EngineInput engine_input(const Batch& batch) const;
-  // Elastic DiLoCo: this replica's rows of the run's stream follow its new membership.
-  RoundReport follow(const RoundReport& round);
-  // Elastic DiLoCo, a round that admitted joiners: the round's source sends and the joiners take
-  // the step counters, DiLoCo's outer copies (the parameters equal them then) and momentum, and
-  // the optimizer state when round.with_optimizer; the other members take no part. Returns the
-  // bytes this rank took.
-  int64_t share_state(const RoundReport& round);
-
+  // The step's times on the device, read from clock_: each micro-batch's forward and backward
+  // (`marks`), the optimizer's from clipping on.
+  void record_times(StepStats& stats, const std::vector<std::array<int, 3>>& marks, int optimizer_start,
+                    int optimizer_done);
   Config config_;
   TrainingParts parts_;
-  // DiLoCo: the outer copies start from the first step's parameters unless a checkpoint set them.
-  bool outer_restored_ = false;
-  // Elastic: whether this replica has its membership (round 0, or a joiner's admission), and the
-  // stream position a checkpoint restored, which round 0 continues from.
-  bool in_membership_ = false;
-  int64_t resumed_stream_rows_ = 0;
-  std::optional<RoundReport> new_membership_;  // for the next step's record
+  std::unique_ptr<DiLoCoHook> diloco_;  // diloco.inner_steps > 0 only
   LrSchedule schedule_;
-  int64_t step_ = 0;
-  int64_t skipped_ = 0, skipped_in_a_row_ = 0;
+  StepCounters counters_;
+  int64_t skipped_in_a_row_ = 0;
   StepClock clock_;  // the phases of the current step
   StepTrace* trace_ = nullptr;
 };

@@ -22,6 +22,12 @@ std::string strf(const char* fmt, ...) {
   return std::string(buf.data(), static_cast<size_t>(n));
 }
 
+std::string with_commas(int64_t n) {
+  std::string s = std::to_string(n);
+  for (int i = static_cast<int>(s.size()) - 3; i > (n < 0 ? 1 : 0); i -= 3) s.insert(i, ",");
+  return s;
+}
+
 namespace log {
 namespace {
 std::shared_ptr<spdlog::logger>& logger() {

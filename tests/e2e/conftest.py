@@ -33,7 +33,7 @@ TRAIN_FSDP = BUILD / "apps" / "train_fsdp"
 TRAIN_DDP = BUILD / "apps" / "train_ddp"
 TRAIN_HSDP = BUILD / "apps" / "train_hsdp"
 EXPORT_HF = BUILD / "apps" / "export_hf"
-NONFINITE_TRAIN = BUILD / "tests" / "zb_nonfinite_train"  # tests/nonfinite_train.cpp
+FAULTY_TRAIN = BUILD / "tests" / "zb_faulty_train"  # tests/faulty_train.cpp: train_fsdp with faults
 # The project's environment (ctest runs pytest with it): torchrun, transformers, the tools.
 PYTHON = sys.executable
 TORCHRUN = Path(PYTHON).parent / "torchrun"
@@ -106,9 +106,20 @@ def free_port():
         return port
 
 
+def with_faults(cmd, env):
+    """A train_fsdp run given faults (ZB_TEST_* variables) runs the test program that puts them in
+    (tests/faulty_train.cpp); the training programs read no such variable."""
+    if not any(k.startswith("ZB_TEST_") for k in (env or {})):
+        return cmd
+    assert Path(cmd[0]) in (TRAIN_FSDP, FAULTY_TRAIN), f"faults go into train_fsdp runs only, not {cmd[0]}"
+    return [FAULTY_TRAIN, *cmd[1:]]
+
+
 def start(cmd, log, env=None, file_limit_kb=None, cwd=None):
     """Starts a program in the background, its stdout and stderr into the file `log`. env adds to
-    the environment; file_limit_kb is `ulimit -f` (a disk that fills up, as the process sees it)."""
+    the environment (ZB_TEST_* faults: with_faults); file_limit_kb is `ulimit -f` (a disk that fills
+    up, as the process sees it)."""
+    cmd = with_faults(cmd, env)
     def limit():  # in the child, before the program starts
         resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit_kb * 1024, file_limit_kb * 1024))
     with open(log, "w") as out:
@@ -121,6 +132,7 @@ def start(cmd, log, env=None, file_limit_kb=None, cwd=None):
 
 def run(*cmd, env=None, cwd=None):
     """Runs a program to its end: (exit code, stdout and stderr together)."""
+    cmd = with_faults(cmd, env)
     p = subprocess.run([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
                        env={**os.environ, **{k: str(v) for k, v in (env or {}).items()}})
     return p.returncode, p.stdout

@@ -1,6 +1,6 @@
 """Runs that go wrong, with real processes (2 Gloo ranks): they stop cleanly, every rank with a
 non-zero exit code, and no good checkpoint is lost. Non-finite gradients come from a test program
-with a fault (tests/nonfinite_train.cpp), not from the training programs."""
+with a fault (tests/faulty_train.cpp), not from the training programs."""
 import array
 import filecmp
 import glob
@@ -8,7 +8,7 @@ import math
 import os
 import re
 
-from conftest import NONFINITE_TRAIN, SMALL, by_step, compare_losses, digest, metrics, run_ranks, start_ranks
+from conftest import FAULTY_TRAIN, SMALL, by_step, compare_losses, digest, metrics, run_ranks, start_ranks
 
 
 def all_finite(folder):
@@ -62,7 +62,7 @@ def test_nonfinite_skip(work):
     it exactly."""
     s = work / "s"
     ranks = run_ranks(2, work / "s.log", *SMALL, "--train.nonfinite", "skip", "--ckpt.path", s, "--ckpt.interval", "1",
-                      "--ckpt.keep", "0", "--logging.metrics_file", work / "s.jsonl", program=NONFINITE_TRAIN,
+                      "--ckpt.keep", "0", "--logging.metrics_file", work / "s.jsonl", program=FAULTY_TRAIN,
                       env={"ZB_TEST_NONFINITE_GRAD_STEPS": "3"})
     for r in (0, 1):
         assert re.search(r"step 3: the gradient norm is not finite \(loss [0-9.]*, gradient norm nan\), the step was "
@@ -82,7 +82,7 @@ def test_nonfinite_skip(work):
     # all-reduce carries whether any rank found it non-finite.
     ddp = work / "ddp"
     run_ranks(2, work / "ddp.log", *SMALL, "--train.nonfinite", "skip", "--ckpt.path", ddp, "--ckpt.interval", "1",
-              "--optim.total_steps", "3", program=NONFINITE_TRAIN,
+              "--optim.total_steps", "3", program=FAULTY_TRAIN,
               env={"ZB_TEST_PARALLELISM": "ddp", "ZB_TEST_NONFINITE_GRAD_STEPS": "3"})
     for r in (0, 1):
         assert filecmp.cmp(ddp / f"step_00000002/rank_0000{r}.bin", ddp / f"step_00000003/rank_0000{r}.bin",
@@ -90,7 +90,7 @@ def test_nonfinite_skip(work):
     # Too many in a row: train.max_skipped_steps = 2, non-finite at steps 3 and 4.
     m = work / "m"
     ranks = failing_ranks(2, work / "m.log", *SMALL, "--train.nonfinite", "skip", "--train.max_skipped_steps", "2",
-                          "--ckpt.path", m, "--ckpt.interval", "1", program=NONFINITE_TRAIN,
+                          "--ckpt.path", m, "--ckpt.interval", "1", program=FAULTY_TRAIN,
                           env={"ZB_TEST_NONFINITE_GRAD_STEPS": "3,4"})
     for r in (0, 1):
         assert re.search(r"error: step 4: the gradient norm is not finite .*; 2 such steps in a row "

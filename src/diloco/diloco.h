@@ -78,7 +78,7 @@ class DiLoCo {
   // `stream_rows`, `step`: where a resumed replica's checkpoint left the stream and the steps.
   RoundReport join(int64_t stream_rows, int64_t step);
   // A joiner (diloco.join): waits for the outer step that admits it; the schedule then continues
-  // after the step the report names. The others' part is Trainer::share_state.
+  // after the step the report names. The others' part is DiLoCoHook::share_state.
   RoundReport await_admission(int64_t total_steps);
   // Elastic, a round that admitted joiners: the group its source sends their state over (null for
   // the members that take no part; ReplicaMembership::transfer_group).

@@ -26,7 +26,7 @@
 // At the next outer step they commit, the service admits it: the decision carries the next
 // generation (the members and the joiners), every one of them makes its groups, and the member
 // with the lowest id of those that reported (the decision names it) sends the joiner its state
-// (Trainer::share_state). The joiner trains on from the step after. A replica's registration says
+// (DiLoCoHook::share_state). The joiner trains on from the step after. A replica's registration says
 // how it takes part ("start", "join fresh", "join peer"); the service reads it only once written,
 // so that a joiner is never counted among those the run starts with.
 //

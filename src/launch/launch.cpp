@@ -61,6 +61,9 @@ void check_engine(const Config& config, Parallelism parallelism) {
   if (config.diloco.inner_steps > 0)
     refuse("diloco.inner_steps", "DiLoCo trains the replicas of train_fsdp or train_hsdp apart (parallel.dp_replicate "
                                  "shard groups); train_ddp has none");
+  if (config.train.ac_ckpt > 0)
+    refuse("train.ac_ckpt", "activation checkpointing is the sharding engine's (train_fsdp, train_hsdp); train_ddp "
+                            "keeps every block's activations");
 }
 
 void dry_run(const Config& config, const ModelArgs& args, int64_t world_size, Parallelism parallelism, bool force) {

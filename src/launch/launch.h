@@ -22,7 +22,8 @@
 namespace zb {
 
 // What train_ddp cannot take: context and tensor parallelism and DiLoCo need the sharding
-// engine's groups (train_fsdp, train_hsdp). A ConfigError naming the key.
+// engine's groups (train_fsdp, train_hsdp), and activation checkpointing is the sharding engine's
+// (a key it would ignore). A ConfigError naming the key.
 void check_engine(const Config& config, Parallelism parallelism);
 
 // --dry-run: the model built on the meta device (every shape, no memory) and, for the sharding

@@ -3,5 +3,5 @@
 #include "training_program.h"
 
 int main(int argc, char** argv) {
-  return zb::training_main(argc, argv, zb::Parallelism::DDP, "train_ddp");
+  return zb::training_main(argc, argv, zb::EngineKind::Replicated, "train_ddp");
 }

@@ -2,5 +2,5 @@
 #include "training_program.h"
 
 int main(int argc, char** argv) {
-  return zb::training_main(argc, argv, zb::Parallelism::FSDP, "train_fsdp");
+  return zb::training_main(argc, argv, zb::EngineKind::Sharded, "train_fsdp");
 }

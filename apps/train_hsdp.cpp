@@ -4,5 +4,5 @@
 #include "training_program.h"
 
 int main(int argc, char** argv) {
-  return zb::training_main(argc, argv, zb::Parallelism::FSDP, "train_hsdp", /*over_nodes=*/true);
+  return zb::training_main(argc, argv, zb::EngineKind::Sharded, "train_hsdp", /*over_nodes=*/true);
 }

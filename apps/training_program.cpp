@@ -30,20 +30,20 @@ namespace zb {
 
 namespace {
 
-int run(const CommandLine& cl, Parallelism parallelism, bool over_nodes, const AdjustParts& adjust_parts) {
+int run(const CommandLine& cl, EngineKind engine, bool over_nodes, const AdjustParts& adjust_parts) {
   Config cfg = cl.config;  // train_hsdp fills in the layout
   const World world = detect_world();
   if (over_nodes) shard_by_node(cfg, world, cl.dry_run);
   const int64_t planned_world = cl.dry_run && cl.world_size > 0 ? cl.world_size : world.size;
-  check_engine(cfg, parallelism);
+  check_engine(cfg, engine);
   validate(cfg, planned_world);
   log::init(static_cast<int>(world.rank), cfg.logging.level);
   if (const std::string w = tp_across_nodes_warning(cfg, world); !w.empty() && world.rank == 0) log::warn(w);
   const ModelArgs args = resolve_model_args(cfg);
   log::info("config: " + cfg.source);
-  for (const auto& line : describe_run(cfg, args, planned_world, parallelism)) log::info(line);
+  for (const auto& line : describe_run(cfg, args, planned_world, engine)) log::info(line);
   if (cl.dry_run) {
-    dry_run(cfg, args, planned_world, parallelism, cl.force);
+    dry_run(cfg, args, planned_world, engine, cl.force);
     return 0;
   }
 
@@ -51,9 +51,9 @@ int run(const CommandLine& cl, Parallelism parallelism, bool over_nodes, const A
   const RunProcess process = join_world(cfg, world);
   Communicator& comm = *process.world;
   // The mesh's groups first: on a GPU their NCCL communicators hold memory the budget must see.
-  ParallelMesh mesh(cfg, comm, parallelism);
+  ParallelMesh mesh(cfg, comm, engine);
   std::optional<MemoryVerdict> memory;
-  if (parallelism == Parallelism::FSDP)
+  if (engine == EngineKind::Sharded)
     memory = check_memory(cfg, world.size, process.device,
                           memory_budget(cfg, process.device, /*dry_run=*/false, process.placement.sharing_mine()),
                           cl.force, /*dry_run=*/false);
@@ -77,7 +77,7 @@ int run(const CommandLine& cl, Parallelism parallelism, bool over_nodes, const A
   return 0;
 }
 
-int program_main(int argc, char** argv, Parallelism parallelism, const char* program, bool over_nodes,
+int program_main(int argc, char** argv, EngineKind engine, const char* program, bool over_nodes,
                  const AdjustParts& adjust_parts) {
   log::init(0, "info");
   // Before any tensor exists: the measurement of live tensor bytes (util/device.h).
@@ -96,10 +96,10 @@ int program_main(int argc, char** argv, Parallelism parallelism, const char* pro
       return 0;
     }
     if (cl.print_plan_rank >= 0) {
-      std::cout << plan_report(cl, parallelism, over_nodes).dump(1) << "\n";
+      std::cout << plan_report(cl, engine, over_nodes).dump(1) << "\n";
       return 0;
     }
-    return run(cl, parallelism, over_nodes, adjust_parts);
+    return run(cl, engine, over_nodes, adjust_parts);
   } catch (const ConfigError& e) {
     log::error(std::string("config error: ") + e.what());
     return 2;
@@ -111,9 +111,9 @@ int program_main(int argc, char** argv, Parallelism parallelism, const char* pro
 
 }  // namespace
 
-int training_main(int argc, char** argv, Parallelism parallelism, const char* program, bool over_nodes,
+int training_main(int argc, char** argv, EngineKind engine, const char* program, bool over_nodes,
                   const AdjustParts& adjust_parts) {
-  return end_process(program_main(argc, argv, parallelism, program, over_nodes, adjust_parts));
+  return end_process(program_main(argc, argv, engine, program, over_nodes, adjust_parts));
 }
 
 }  // namespace zb

@@ -12,6 +12,6 @@ using AdjustParts = std::function<void(TrainingParts& parts)>;
 // `over_nodes` (train_hsdp): hybrid sharding with a shard group per node (its LOCAL_WORLD_SIZE
 // ranks) replicated across the nodes, unless the config's [parallel] says otherwise. Ends the
 // process with its exit code where no CUDA context exists (util/device.h's end_process).
-int training_main(int argc, char** argv, Parallelism parallelism, const char* program, bool over_nodes = false,
+int training_main(int argc, char** argv, EngineKind engine, const char* program, bool over_nodes = false,
                   const AdjustParts& adjust_parts = {});
 }  // namespace zb

@@ -48,7 +48,7 @@ class PoisonedEngine : public zb::ParallelModel {
   void finish_backward() override { inner_->finish_backward(); }
   void reshard() override { inner_->reshard(); }
   void parameters_changed() override { inner_->parameters_changed(); }
-  bool keeps_casts() const override { return inner_->keeps_casts(); }
+  bool keeps_unsharded() const override { return inner_->keeps_unsharded(); }
   std::vector<zb::ShardedParameter> parameters() override { return inner_->parameters(); }
   at::Tensor clip_grad_norm_(double max_norm) override {
     if (std::find(steps_.begin(), steps_.end(), ++step_) != steps_.end())
@@ -149,6 +149,6 @@ int main(int argc, char** argv) {
   auto poison = [steps, last_rank](zb::TrainingParts& parts) {
     if (last_rank && !steps.empty()) parts.engine = std::make_unique<PoisonedEngine>(std::move(parts.engine), steps);
   };
-  return zb::training_main(argc, argv, ddp ? zb::Parallelism::DDP : zb::Parallelism::FSDP, "train_fsdp",
+  return zb::training_main(argc, argv, ddp ? zb::EngineKind::Replicated : zb::EngineKind::Sharded, "train_fsdp",
                            /*over_nodes=*/false, poison);
 }

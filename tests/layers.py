@@ -20,8 +20,10 @@ import tempfile
 LAYERS = {
     "util": [],
     "kernels": ["util"],
-    "model": ["kernels", "util"],
-    "config": ["model"],
+    "model_parallel": [],
+    "model": ["kernels", "model_parallel", "util"],
+    "float8": ["model"],
+    "config": ["float8", "model"],
     "data": ["config", "(util)"],
     "dist": ["util"],
     "parallel": ["config", "dist", "model"],
@@ -37,7 +39,7 @@ LAYERS = {
 }
 # One header of each component, to probe with.
 PROBE = {
-    "util": "util/fs.h", "kernels": "kernels/kernel_choices.h", "model": "model/llama.h", "config": "config/config.h",
+    "util": "util/fs.h", "kernels": "kernels/kernel_choices.h", "model_parallel": "model_parallel/group.h", "model": "model/llama.h", "float8": "float8/float8_projections.h", "config": "config/config.h",
     "data": "data/loader.h", "dist": "dist/comm.h", "parallel": "parallel/parallel_model.h",
     "fsdp": "fsdp/fsdp_engine.h", "ddp": "ddp/ddp_engine.h", "optim": "optim/optimizer.h",
     "checkpoint": "checkpoint/checkpoint.h", "diloco": "diloco/diloco.h", "observe": "observe/metrics.h",
@@ -127,7 +129,7 @@ def main():
                                  text=True, check=True).stdout
             got = {line.split()[1] for line in out.splitlines() if line.startswith("reach ")}
             want = reach(component)
-            print(f"{component:10s} reaches {' '.join(sorted(got))}")
+            print(f"{component:14s} reaches {' '.join(sorted(got))}")
             if got != want:
                 extra, missing = sorted(got - want), sorted(want - got)
                 failures.append(f"{component}: reaches {extra} beyond its layer" if extra else

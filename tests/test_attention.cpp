@@ -12,7 +12,7 @@
 
 #include "data/documents.h"
 #include "model/attention.h"
-#include "model/context_parallel.h"
+#include "model_parallel/context_parallel.h"
 #include "util/fs.h"
 
 using namespace zb;

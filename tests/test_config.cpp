@@ -7,6 +7,7 @@
 #include "config/cli.h"
 #include "config/config.h"
 #include "config/model_config.h"
+#include "config/resolved_run.h"
 
 using namespace zb;
 
@@ -531,4 +532,40 @@ TEST(ConfigErrors, CpVarlenNeedsCpAllgatherOnAGpu) {
   apply_override(c, "parallel.cp_rotate", "allgather");
   apply_override(c, "runtime.device", "cpu");
   EXPECT_EQ(error_of([&] { validate(c, 2); }), refused);
+}
+
+TEST(ResolvedRun, DecidesTheMeshAttentionAndStepOnce) {
+  // The debug preset on 8 CPU ranks: 2 replicas x dp_shard -1 (the rest: 2) x cp 2, rows in
+  // documents. Without the flash kernels attention reads a mask; the micro-batches are the batch
+  // over the 4 data-parallel ranks' micro-batches.
+  Config c = load_config_file(kConfigs + "debug/normal.toml");
+  c.parallel.dp_replicate = 2;
+  c.parallel.cp = 2;
+  c.optim.batch_size = 32;
+  c.train.micro_bs = 2;
+  validate(c, 8);
+  ResolvedRun r = resolve_run(c, 8, EngineKind::Sharded, c10::Device(c10::kCPU));
+  EXPECT_EQ(r.mesh.dp_shard_cp, 4);
+  EXPECT_EQ(r.mesh.data_parallel_size(), 4);
+  EXPECT_EQ(data_parallel_size(c, 8), r.mesh.data_parallel_size());
+  EXPECT_EQ(r.micro_batches, 32 / (4 * 2));
+  EXPECT_EQ(r.compute_dtype, at::kFloat);
+  EXPECT_FALSE(r.attention.flash_documents);
+  EXPECT_TRUE(r.attention.mask());
+  EXPECT_FALSE(r.attention.cp_ring());
+  c.parallel.cp_rotate = "ring";
+  EXPECT_TRUE(resolve_run(c, 8, EngineKind::Sharded, c10::Device(c10::kCPU)).attention.cp_ring());
+  // The replicating engine: every rank a replica, whatever the shard keys say.
+  c.parallel.cp = 1;
+  EXPECT_EQ(resolve_run(c, 8, EngineKind::Replicated, c10::Device(c10::kCPU)).mesh.replicate, 8);
+  // Causal attention over whole rows on one rank: no mask at all.
+  c.model.attention = "causal";
+  EXPECT_FALSE(resolve_attention(c, 1, c10::Device(c10::kCPU), at::kFloat).mask());
+  // runtime.cp_varlen where the flash kernels cannot run: refused, named.
+  c.parallel.cp = 2;
+  c.parallel.cp_rotate = "allgather";
+  c.runtime.cp_varlen = true;
+  EXPECT_NE(error_of([&] { resolve_attention(c, 2, c10::Device(c10::kCPU), at::kFloat); })
+                .find("runtime.cp_varlen needs the variable-length flash kernel"),
+            std::string::npos);
 }

@@ -1,4 +1,4 @@
-// Context parallelism (model/context_parallel.h): the split of a row and, on real processes over
+// Context parallelism (model_parallel/context_parallel.h): the split of a row and, on real processes over
 // Gloo in float64, a rank's attention over the gathered keys against attention over the whole row
 // (forward and every input's gradient), with documents shorter than a chunk and crossing chunks.
 #include <ATen/ATen.h>
@@ -8,11 +8,11 @@
 
 #include "dist/comm.h"
 #include "model/attention.h"
-#include "model/context_parallel.h"
-#include "model/tensor_parallel.h"
+#include "model_parallel/context_parallel.h"
+#include "model_parallel/tensor_parallel.h"
 #include "multiprocess.h"
 #include "parallel/mesh.h"
-#include "parallel/tensor_parallel_group.h"
+#include "parallel/model_parallel_group.h"
 
 using namespace zb;
 
@@ -37,7 +37,7 @@ TEST(ContextParallel, MeshPlacesCpInsideTheShardGroup) {
   c.parallel.dp_replicate = 2;
   c.parallel.cp = 2;
   const MeshShape m = mesh_shape(c, 8);
-  EXPECT_EQ(m.shard, 4);
+  EXPECT_EQ(m.dp_shard_cp, 4);
   EXPECT_EQ(m.data_parallel_size(), 4);
   EXPECT_EQ(m.cp_group_ranks(5), (std::vector<int64_t>{4, 5}));
   EXPECT_EQ(m.shard_group_ranks(5), (std::vector<int64_t>{4, 5, 6, 7}));
@@ -55,7 +55,7 @@ TEST(ContextParallel, AttentionOverTheGroupEqualsTheWholeRowInFloat64) {
   for (const int W : {2, 4}) {
     multiprocess::run_ranks(W, [W](int rank) {
       Communicator comm(detect_world(), c10::Device(c10::kCPU), std::chrono::seconds(60));
-      CommTensorParallelGroup group(comm);
+      CommModelParallelGroup group(comm);
       const int64_t B = 2, T = 32, H = 4, Hkv = 2, Dh = 8;
       at::manual_seed(7);  // the same whole rows on every rank
       const auto opts = at::TensorOptions().dtype(at::kDouble);

@@ -1,4 +1,4 @@
-// Float8 linears (model/float8.h), emulated, against float64: the FP8 grid written out here from
+// Float8 linears (float8/float8.h), emulated, against float64: the FP8 grid written out here from
 // its definition (round to nearest even with 3 or 2 mantissa bits, subnormals, saturation), the
 // recipes' scales and GEMMs computed in double.
 #include <ATen/ATen.h>
@@ -9,7 +9,7 @@
 #include <cmath>
 
 #include "config/model_config.h"
-#include "model/float8.h"
+#include "float8/float8_projections.h"
 #include "model/llama.h"
 
 using namespace zb;
@@ -142,30 +142,30 @@ TEST(Float8, ModelRunsItsProjectionsInFp8WhereAsked) {
 
   // Every projection in FP8: a different loss, but close (FP8's rounding, about 2^-4 a value).
   Float8Linears f8{true, Float8Recipe::Tensorwise, true, {"output"}};
-  EXPECT_TRUE(model.set_float8(f8, 64).empty());
+  EXPECT_TRUE(apply_float8(model, f8, 64).empty());
   for (int64_t l = 0; l < a.n_layers; ++l)
-    for (const char* p : {"wq", "wk", "wv", "wo", "w1", "w2", "w3"}) EXPECT_TRUE(model.in_float8(l, p)) << l << p;
+    for (const char* p : {"wq", "wk", "wv", "wo", "w1", "w2", "w3"}) EXPECT_TRUE(model.projected_outside(l, p)) << l << p;
   const double fp8 = model.loss(tokens, targets).item<double>();
   EXPECT_NE(fp8, bf);
   EXPECT_NEAR(fp8, bf, 0.02 * bf);
 
   // Filtered by name: block 0's w2 and all of block 1 stay out.
   f8.filter_fqns = {"layers.0.feed_forward.w2", "layers.1."};
-  EXPECT_TRUE(model.set_float8(f8, 64).empty());
-  EXPECT_FALSE(model.in_float8(0, "w2"));
-  EXPECT_TRUE(model.in_float8(0, "w1"));
-  EXPECT_FALSE(model.in_float8(1, "wq"));
+  EXPECT_TRUE(apply_float8(model, f8, 64).empty());
+  EXPECT_FALSE(model.projected_outside(0, "w2"));
+  EXPECT_TRUE(model.projected_outside(0, "w1"));
+  EXPECT_FALSE(model.projected_outside(1, "wq"));
   // Every block filtered out: the model as without FP8, to the bit.
   f8.filter_fqns = {"layers."};
-  EXPECT_TRUE(model.set_float8(f8, 64).empty());
+  EXPECT_TRUE(apply_float8(model, f8, 64).empty());
   EXPECT_EQ(model.loss(tokens, targets).item<double>(), bf);
 
   // Tokens FP8 GEMMs cannot take: every projection stays out, each named.
   f8.filter_fqns = {};
-  const std::vector<std::string> kept = model.set_float8(f8, 40);
+  const std::vector<std::string> kept = apply_float8(model, f8, 40);
   ASSERT_EQ(kept.size(), static_cast<size_t>(7 * a.n_layers));
   EXPECT_EQ(kept[0], "layers.0.attention.wq [256 x 256]");
-  EXPECT_FALSE(model.in_float8(0, "wq"));
+  EXPECT_FALSE(model.projected_outside(0, "wq"));
 }
 
 TEST(Float8, GatheredWeightsCastBackToTheirOwnBytes) {

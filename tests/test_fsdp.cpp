@@ -95,7 +95,7 @@ Communicator& communicator() {
 // `nodes_anywhere`: the model takes the GPU's fused autograd nodes on the CPU too
 // (KernelChoices::nodes_on_any_device).
 RunResult train_sharded(const Config& c, int steps, bool nodes_anywhere = false) {
-  TrainingParts parts = build_training(c, ParallelMesh(c, communicator(), Parallelism::FSDP), c10::Device(c10::kCPU));
+  TrainingParts parts = build_training(c, ParallelMesh(c, communicator(), EngineKind::Sharded), c10::Device(c10::kCPU));
   KernelChoices kernels = parts.kernels;
   kernels.nodes_on_any_device = nodes_anywhere;
   parts.model->set_kernels(kernels);
@@ -108,7 +108,7 @@ RunResult train_sharded(const Config& c, int steps, bool nodes_anywhere = false)
 }
 
 RunResult train_data_parallel(const Config& c, int steps) {
-  Trainer trainer(c, ParallelMesh(c, communicator(), Parallelism::DDP), c10::Device(c10::kCPU));
+  Trainer trainer(c, ParallelMesh(c, communicator(), EngineKind::Replicated), c10::Device(c10::kCPU));
   RunResult run;
   for (int s = 1; s <= steps; ++s) run.losses.push_back(trainer.train_step().loss);
   for (auto& [name, t] : trainer.parallel().gather_full_parameters()) run.params[name] = t;
@@ -242,7 +242,7 @@ TEST(FSDP, ShardedInitialisationEqualsTheWholeModels) {
   // ranks: uneven shards, and a vocabulary that does not divide).
   Config c = small_config("muon", "[model]\nvocab_size = 1001\n");
   multiprocess::run_ranks(3, [&](int) {
-    Trainer trainer(c, ParallelMesh(c, communicator(), Parallelism::FSDP), c10::Device(c10::kCPU));
+    Trainer trainer(c, ParallelMesh(c, communicator(), EngineKind::Sharded), c10::Device(c10::kCPU));
     std::map<std::string, at::Tensor> sharded;
     for (auto& [name, t] : trainer.parallel().gather_full_parameters()) sharded[name] = t;
     at::manual_seed(static_cast<uint64_t>(c.runtime.seed));
@@ -425,7 +425,7 @@ TEST(FSDP, ActivationCheckpointingChangesNothingButMemory) {
     for (int64_t every : {0, 1}) {
       Config c = longer;
       c.train.ac_ckpt = every;
-      Trainer trainer(c, ParallelMesh(c, communicator(), Parallelism::FSDP), cpu);
+      Trainer trainer(c, ParallelMesh(c, communicator(), EngineKind::Sharded), cpu);
       reset_peak_memory(cpu);
       trainer.train_step();
       measured[every] = peak_memory_bytes(cpu);
@@ -470,7 +470,7 @@ TEST(FSDP, OneFiftyMPeakMemoryOnFourRanksStaysWithinTheShardingBound) {
     Communicator& comm = communicator();
     const double start = proc_status_kib("VmRSS") * 1024.0;
     std::ofstream("/proc/self/clear_refs") << "5";
-    Trainer trainer(c, ParallelMesh(c, comm, Parallelism::FSDP), c10::Device(c10::kCPU));  // parameters created and sharded one by one
+    Trainer trainer(c, ParallelMesh(c, comm, EngineKind::Sharded), c10::Device(c10::kCPU));  // parameters created and sharded one by one
     // Set-up holds the shards (and room for AdamW's two moments) and one whole parameter at a
     // time (the largest is the 32000-row embedding or head), never the whole model (4N bytes).
     const double largest = static_cast<double>(a.vocab_size) * a.dim;

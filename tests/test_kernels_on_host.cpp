@@ -9,7 +9,7 @@
 #include <cmath>
 #include <string>
 
-#include "model/float8.h"
+#include "float8/float8.h"
 #include "model/layers.h"
 
 #ifdef ZB_WITH_CUDA

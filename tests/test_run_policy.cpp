@@ -179,17 +179,17 @@ TEST(RunPolicy, ResolvedRunAndPlanSayWhatAutoBecame) {
 
   Config big = load_config_file(kConfigs + "7B/H100.toml");
   big.runtime.device = "cpu";  // a CPU's memory is not checked, so "auto" stays off
-  EXPECT_FALSE(plan_run(big, 8, 0, Parallelism::FSDP).reduce_every_micro_batch);
+  EXPECT_FALSE(plan_run(big, 8, 0, EngineKind::Sharded).reduce_every_micro_batch);
   // Planned for the GPU the config names, from this machine without one: bf16, and "auto" on
   // where the run fits only so (as a launch there would decide).
   big.runtime.device = "cuda";
   big.runtime.device_memory_gb = 80;
   EXPECT_EQ(resolved_run(big).at("resolved_compute_dtype"), "bfloat16");
-  EXPECT_TRUE(plan_run(big, 8, 0, Parallelism::FSDP).reduce_every_micro_batch);
-  EXPECT_FALSE(plan_run(big, 256, 0, Parallelism::FSDP).reduce_every_micro_batch);  // fits with 256 shards
+  EXPECT_TRUE(plan_run(big, 8, 0, EngineKind::Sharded).reduce_every_micro_batch);
+  EXPECT_FALSE(plan_run(big, 256, 0, EngineKind::Sharded).reduce_every_micro_batch);  // fits with 256 shards
   big.runtime.device = "cpu";
   big.train.reduce_every_micro_batch = "true";
-  EXPECT_TRUE(plan_run(big, 8, 0, Parallelism::FSDP).reduce_every_micro_batch);
+  EXPECT_TRUE(plan_run(big, 8, 0, EngineKind::Sharded).reduce_every_micro_batch);
 }
 
 // The plan of a run carries the verdict a launch would reach (what --print-plan reports and the
@@ -200,15 +200,15 @@ TEST(RunPolicy, PlanReportsTheMemoryVerdictOfTheLaunch) {
   c.runtime.device = "cuda";
   c.runtime.device_memory_gb = 80;
   MemoryVerdict one_node, eight_nodes;
-  plan_run(c, 8, 0, Parallelism::FSDP, &one_node);
-  const StepPlan plan = plan_run(c, 64, 0, Parallelism::FSDP, &eight_nodes);
+  plan_run(c, 8, 0, EngineKind::Sharded, &one_node);
+  const StepPlan plan = plan_run(c, 64, 0, EngineKind::Sharded, &eight_nodes);
   EXPECT_FALSE(one_node.fits);
   EXPECT_GT(one_node.estimate.peak, int64_t{12} * 68'976'648'192 / 8);  // fp32 masters, gradients, momentum
   // Fitting neither way, "auto" takes the smaller: sharded sums (what --force would train with).
   EXPECT_TRUE(one_node.reduce_every_micro_batch);
   c.train.reduce_every_micro_batch = "false";
   MemoryVerdict whole_sums;
-  plan_run(c, 8, 0, Parallelism::FSDP, &whole_sums);
+  plan_run(c, 8, 0, EngineKind::Sharded, &whole_sums);
   EXPECT_GT(whole_sums.estimate.peak, one_node.estimate.peak);
   c.train.reduce_every_micro_batch = "auto";
   EXPECT_TRUE(eight_nodes.fits);
@@ -222,13 +222,13 @@ TEST(RunPolicy, PlanReportsTheMemoryVerdictOfTheLaunch) {
   // Tensor parallelism inside each node, FSDP across: TP 8 x FSDP 8 fits too, with less saved per micro-batch.
   c.parallel.tp = 8;
   MemoryVerdict tp8;
-  plan_run(c, 64, 0, Parallelism::FSDP, &tp8);
+  plan_run(c, 64, 0, EngineKind::Sharded, &tp8);
   EXPECT_TRUE(tp8.fits);
   EXPECT_LT(tp8.estimate.activations_per_micro_batch, eight_nodes.estimate.activations_per_micro_batch);
   // train_ddp's plans leave the verdict alone (the estimate is the sharding engine's).
   MemoryVerdict untouched;
   c.parallel.tp = 1;
-  plan_run(c, 64, 0, Parallelism::DDP, &untouched);
+  plan_run(c, 64, 0, EngineKind::Replicated, &untouched);
   EXPECT_EQ(untouched.estimate.peak, 0);
 }
 

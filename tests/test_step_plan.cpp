@@ -21,7 +21,7 @@ using namespace zb;
 namespace {
 
 struct Layout {
-  Parallelism parallelism;
+  EngineKind engine;
   int64_t shard;  // FSDP: ranks per shard group (the world: plain FSDP)
   std::string name;
   bool diloco = false;  // the shard groups train apart, an outer step every 2 steps
@@ -33,36 +33,36 @@ struct Layout {
 };
 
 std::vector<Layout> layouts(int64_t world) {
-  std::vector<Layout> out{{Parallelism::FSDP, world, "FSDP"}, {Parallelism::DDP, world, "DDP"}};
+  std::vector<Layout> out{{EngineKind::Sharded, world, "FSDP"}, {EngineKind::Replicated, world, "DDP"}};
   for (int64_t s = 1; s < world; ++s)
     if (world % s == 0)
-      out.push_back({Parallelism::FSDP, s, "HSDP " + std::to_string(s) + "x" + std::to_string(world / s)});
+      out.push_back({EngineKind::Sharded, s, "HSDP " + std::to_string(s) + "x" + std::to_string(world / s)});
   for (int64_t s = 1; s <= world; ++s)
     if (world % s == 0)
-      out.push_back({Parallelism::FSDP, s, "DiLoCo " + std::to_string(s) + "x" + std::to_string(world / s), true});
+      out.push_back({EngineKind::Sharded, s, "DiLoCo " + std::to_string(s) + "x" + std::to_string(world / s), true});
   // Tensor parallelism: alone (Muon's Gram mode too), under FSDP, HSDP and DiLoCo, and with key/value
   // heads shared by two ranks each.
   if (world == 2) {
-    out.push_back({Parallelism::FSDP, 1, "TP 2", false, 2});
-    out.push_back({Parallelism::FSDP, 1, "TP 2, Muon by Gram matrices", false, 2, "gram"});
+    out.push_back({EngineKind::Sharded, 1, "TP 2", false, 2});
+    out.push_back({EngineKind::Sharded, 1, "TP 2, Muon by Gram matrices", false, 2, "gram"});
   }
   if (world == 4) {
-    out.push_back({Parallelism::FSDP, 2, "TP 2 x FSDP 2", false, 2});
-    out.push_back({Parallelism::FSDP, 1, "TP 2 x HSDP 1x2", false, 2});
-    out.push_back({Parallelism::FSDP, 1, "TP 2 x DiLoCo 1x2", true, 2});
-    out.push_back({Parallelism::FSDP, 1, "TP 4, shared key/value heads", false, 4, "auto", 2});
+    out.push_back({EngineKind::Sharded, 2, "TP 2 x FSDP 2", false, 2});
+    out.push_back({EngineKind::Sharded, 1, "TP 2 x HSDP 1x2", false, 2});
+    out.push_back({EngineKind::Sharded, 1, "TP 2 x DiLoCo 1x2", true, 2});
+    out.push_back({EngineKind::Sharded, 1, "TP 4, shared key/value heads", false, 4, "auto", 2});
   }
   // Context parallelism: alone, under FSDP, HSDP and DiLoCo, with TP, and around the ring.
   if (world == 2) {
-    out.push_back({Parallelism::FSDP, 1, "CP 2", false, 1, "auto", 0, 2});
-    out.push_back({Parallelism::FSDP, 1, "CP 2, ring", false, 1, "auto", 0, 2, "ring"});
+    out.push_back({EngineKind::Sharded, 1, "CP 2", false, 1, "auto", 0, 2});
+    out.push_back({EngineKind::Sharded, 1, "CP 2, ring", false, 1, "auto", 0, 2, "ring"});
   }
   if (world == 4) {
-    out.push_back({Parallelism::FSDP, 2, "CP 2 x FSDP 2", false, 1, "auto", 0, 2});
-    out.push_back({Parallelism::FSDP, 1, "CP 2 x HSDP 1x2", false, 1, "auto", 0, 2});
-    out.push_back({Parallelism::FSDP, 1, "CP 2 x TP 2", false, 2, "auto", 0, 2});
-    out.push_back({Parallelism::FSDP, 1, "CP 4, ring", false, 1, "auto", 0, 4, "ring"});
-    out.push_back({Parallelism::FSDP, 1, "CP 2 x DiLoCo 1x2", true, 1, "auto", 0, 2});
+    out.push_back({EngineKind::Sharded, 2, "CP 2 x FSDP 2", false, 1, "auto", 0, 2});
+    out.push_back({EngineKind::Sharded, 1, "CP 2 x HSDP 1x2", false, 1, "auto", 0, 2});
+    out.push_back({EngineKind::Sharded, 1, "CP 2 x TP 2", false, 2, "auto", 0, 2});
+    out.push_back({EngineKind::Sharded, 1, "CP 4, ring", false, 1, "auto", 0, 4, "ring"});
+    out.push_back({EngineKind::Sharded, 1, "CP 2 x DiLoCo 1x2", true, 1, "auto", 0, 2});
   }
   return out;
 }
@@ -81,7 +81,7 @@ Config config(const Layout& l, int64_t world, bool reshard, int64_t ac, bool red
        << "[optim]\nbatch_size = " << 2 * world / (l.tp * l.cp) << "\ntotal_steps = 4\n"
        << "[optim.optim]\ntype = \"" << opt << "\"\nns_dtype = \"float32\"\n"
        << "[data]\nfake = true\nseq_length = 16\n[runtime]\ndevice = \"cpu\"\n";
-  if (l.parallelism == Parallelism::FSDP)
+  if (l.engine == EngineKind::Sharded)
     toml << "[parallel]\ndp_shard = " << l.shard << "\ndp_replicate = " << world / (l.shard * l.tp * l.cp)
          << "\ntp = " << l.tp << "\ncp = " << l.cp << "\ncp_rotate = \"" << l.cp_rotate << "\"\nmuon_tp = \""
          << l.muon_tp << "\"\n";
@@ -146,7 +146,7 @@ TEST_P(StepPlanMatchesTheTrace, EveryLayoutAndOption) {
       for (const bool reshard : {true, false})
         for (const int64_t ac : {0, 2})
           for (const bool reduce_every : {false, true}) {
-            if (l.parallelism == Parallelism::DDP && (!reshard || ac > 0)) continue;  // FSDP's options
+            if (l.engine == EngineKind::Replicated && (!reshard || ac > 0)) continue;  // FSDP's options
             if (l.diloco && !(reshard && ac == 0 && reduce_every)) continue;  // the inner step and the outer
             // Under TP or CP: AdamW once, Muon with recompute, and Muon keeping blocks gathered.
             if ((l.tp > 1 || l.cp > 1) && !l.diloco && !((reshard && ac == 0 && !reduce_every) || (reshard && ac > 0 && reduce_every) ||
@@ -159,8 +159,8 @@ TEST_P(StepPlanMatchesTheTrace, EveryLayoutAndOption) {
                                      std::to_string(reshard) + ", ac_ckpt " + std::to_string(ac) +
                                      ", reduce every micro-batch " + std::to_string(reduce_every) + ", " + opt +
                                      ", rank " + std::to_string(rank);
-            Trainer trainer(c, ParallelMesh(c, comm, l.parallelism), c10::Device(c10::kCPU));
-            const StepPlan plan = plan_step(c, ParallelMesh(c, world, rank, l.parallelism), at::kFloat, at::kFloat, reduce_every);
+            Trainer trainer(c, ParallelMesh(c, comm, l.engine), c10::Device(c10::kCPU));
+            const StepPlan plan = plan_step(c, ParallelMesh(c, world, rank, l.engine), at::kFloat, at::kFloat, reduce_every);
             // The first step and one after it.
             expect_steps_as_planned(trainer, plan, l.diloco, 2, /*evaluate_after=*/0, what);
             ++checked;
@@ -188,19 +188,19 @@ TEST_P(StepPlanKeepingCasts, EqualTheTrace) {
     Communicator comm(detect_world(), c10::Device(c10::kCPU), std::chrono::seconds(60));
     int checked = 0;
     for (const Layout& l : layouts(world)) {
-      if (l.parallelism != Parallelism::FSDP || l.shard != 1) continue;
+      if (l.engine != EngineKind::Sharded || l.shard != 1) continue;
       for (const bool reshard : {true, false})
         for (const int64_t ac : {0, 2}) {
           if (l.diloco && !(reshard && ac == 0)) continue;
           const Config c = config(l, world, reshard, ac, false, "muon", /*keep_unsharded=*/true);
-          const StepPlan plan = plan_step(c, ParallelMesh(c, world, rank, l.parallelism), at::kFloat, at::kFloat, false);
+          const StepPlan plan = plan_step(c, ParallelMesh(c, world, rank, l.engine), at::kFloat, at::kFloat, false);
           const bool replicas = world / (l.tp * l.cp) > 1 && !l.diloco;  // HSDP's: the casts are not kept
           // Nor under CP, whose shard group holds the CP group's ranks (dp_shard x cp).
           EXPECT_EQ(plan.keep_unsharded, !replicas && l.cp == 1) << l.name;
           if (!plan.keep_unsharded) continue;
           const std::string what = l.name + " on " + std::to_string(world) + ", reshard " + std::to_string(reshard) +
                                    ", ac_ckpt " + std::to_string(ac) + ", rank " + std::to_string(rank);
-          Trainer trainer(c, ParallelMesh(c, comm, l.parallelism), c10::Device(c10::kCPU));
+          Trainer trainer(c, ParallelMesh(c, comm, l.engine), c10::Device(c10::kCPU));
           EXPECT_TRUE(trainer.keeps_unsharded()) << what;
           expect_steps_as_planned(trainer, plan, l.diloco, 3, /*evaluate_after=*/2, what);
           ++checked;
@@ -218,13 +218,13 @@ INSTANTIATE_TEST_SUITE_P(Ranks, StepPlanKeepingCasts, ::testing::Values(1, 2, 4)
 // steps, bit for bit, as without keeping them.
 TEST(StepPlan, KeptCastsTrainBitForBitAsWithout) {
   Communicator comm(detect_world(), c10::Device(c10::kCPU), std::chrono::seconds(60));
-  const Layout fsdp{Parallelism::FSDP, 1, "FSDP"};
+  const Layout fsdp{EngineKind::Sharded, 1, "FSDP"};
   for (const bool reshard : {true, false})
     for (const int64_t ac : {0, 2}) {
       auto run = [&](bool keep) {
         Config c = config(fsdp, 1, reshard, ac, false, "muon", keep);
         c.data.eval_interval = 0;
-        Trainer trainer(c, ParallelMesh(c, comm, Parallelism::FSDP), c10::Device(c10::kCPU));
+        Trainer trainer(c, ParallelMesh(c, comm, EngineKind::Sharded), c10::Device(c10::kCPU));
         EXPECT_EQ(trainer.keeps_unsharded(), keep);
         std::vector<double> losses;
         for (int step = 1; step <= 3; ++step) {
@@ -249,9 +249,9 @@ TEST(StepPlan, KeptCastsTrainBitForBitAsWithout) {
 // AdamW. Each block is gathered in forward and, but for the last, again in backward, and each
 // unit's gradients reduce-scattered once; the bytes follow comm_bytes.h's convention.
 TEST(StepPlan, CountsOneGatherAndOneReductionPerUnitAndPass) {
-  Config c = config({Parallelism::FSDP, 4, "FSDP"}, 4, true, 0, false, "adamw");
+  Config c = config({EngineKind::Sharded, 4, "FSDP"}, 4, true, 0, false, "adamw");
   c.optim.batch_size = 4;  // one micro-batch each
-  const StepPlan plan = plan_step(c, ParallelMesh(c, 4, 0, Parallelism::FSDP), at::kBFloat16, at::kFloat, false);
+  const StepPlan plan = plan_step(c, ParallelMesh(c, 4, 0, EngineKind::Sharded), at::kBFloat16, at::kFloat, false);
   int64_t gathers = 0, reductions = 0, gathered_bytes = 0;
   for (const StepEvent& e : plan.events) {
     if (e.op != StepEvent::Op::Collective) continue;

@@ -1,4 +1,4 @@
-// Tensor parallelism inside the model (model/tensor_parallel.h), on real processes over Gloo:
+// Tensor parallelism inside the model (model_parallel/tensor_parallel.h), on real processes over Gloo:
 // the vocabulary-parallel loss against PyTorch's cross-entropy of the whole logits, the whole
 // model split over 2 and 4 ranks against the same model on one process, in float64, and against
 // PyTorch's own tensor parallelism (DTensor) on the same weights and batch.
@@ -15,7 +15,7 @@
 #include "model/chunked_loss.h"
 #include "model/llama.h"
 #include "multiprocess.h"
-#include "parallel/tensor_parallel_group.h"
+#include "parallel/model_parallel_group.h"
 #include "reference_data.h"
 
 using namespace zb;
@@ -64,7 +64,7 @@ TEST(TensorParallel, VocabularyParallelLossEqualsTorchCrossEntropy) {
   for (const int world : {2, 3}) {
     multiprocess::run_ranks(world, [world](int rank) {
       Communicator comm = world_group();
-      CommTensorParallelGroup group(comm);
+      CommModelParallelGroup group(comm);
       const int64_t N = 11, D = 8, V = 24, Vr = V / world;
       for (const auto dtype : {at::kDouble, at::kFloat}) {
         const double tol = dtype == at::kDouble ? 1e-12 : 1e-5;
@@ -128,7 +128,7 @@ TEST(TensorParallel, ModelEqualsTheSingleProcess) {
   for (const int world : {2, 4}) {
     multiprocess::run_ranks(world, [world](int rank) {
       Communicator comm = world_group();
-      CommTensorParallelGroup group(comm);
+      CommModelParallelGroup group(comm);
       const auto options = at::TensorOptions().dtype(at::kDouble);
       const int64_t B = 2, T = 8;
       for (const int64_t kv_heads : {4, 2})
@@ -193,7 +193,7 @@ TEST(TensorParallel, EqualsPyTorchsTensorParallelism) {
   ASSERT_EQ(ref.manifest["tp"].get<int>(), 2);
   multiprocess::run_ranks(2, [&ref](int rank) {
     Communicator comm = world_group();
-    CommTensorParallelGroup group(comm);
+    CommModelParallelGroup group(comm);
     for (const std::string c : ref.manifest["cases"]) {
       SCOPED_TRACE(c + ", rank " + std::to_string(rank));
       auto arg = [&](const std::string& field) { return ref.manifest[c + "/args/" + field]; };

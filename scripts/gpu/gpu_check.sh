@@ -295,7 +295,7 @@ if wanted context; then
 else not_run "not in GPU_CHECK_STEPS" preset_1B_8K_cp1 preset_1B_8K_cp2_allgather preset_1B_8K_cp2_ring \
   preset_1B_8K_cp2_varlen preset_1B_8K_cp4_allgather preset_1B_8K_cp4_ring preset_1B_8K_cp4_varlen context_check preset_1B_8K_speed preset_1B_16K_speed preset_1B_32K_speed; fi
 if wanted float8; then
-  # Float8 linears (model/float8.h): the 1B preset in bf16, then with tensorwise and rowwise FP8
+  # Float8 linears (float8/float8.h): the 1B preset in bf16, then with tensorwise and rowwise FP8
   # (tokens/s, MFU in bf16's FLOPs, peak memory: the report's presets); the quick start on real
   # text in bf16 and in tensorwise FP8 on the GPU, the final held-out losses within 1%
   # (gpu_check_report.py --check-float8; it needs data/python-docs carried along). The FP8 GEMMs

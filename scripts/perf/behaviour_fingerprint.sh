@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What a restructuring must leave unchanged, written to OUT_DIR for `diff -r` against another
-# build: twenty steps of the debug preset on five layouts (each step's loss, gradient norm and
+# build: twenty steps of the debug preset on ten layouts (each step's loss, gradient norm and
 # communication bytes by group), and what --print-plan and --dry-run print.
 #   scripts/perf/behaviour_fingerprint.sh OUT_DIR [BUILD_DIR]
 # Runs on the CPU with loopback Gloo; a few minutes on 2 cores.
@@ -55,6 +55,10 @@ run hsdp2x2 4 train_fsdp --parallel.dp_replicate 2
 run tp2_fsdp2 4 train_fsdp --parallel.tp 2
 run diloco2x2 4 train_fsdp --parallel.dp_replicate 2 --diloco.inner_steps 5
 run ddp2 2 train_ddp
+run cp2_fsdp2 4 train_fsdp --parallel.cp 2
+run cp2_ring 2 train_fsdp --parallel.cp 2 --parallel.cp_rotate ring
+run float8_emulated 1 train_fsdp --float8.enable_float8_linear true --float8.emulate true
+run fsdp2_ac 2 train_fsdp --train.ac_ckpt true
 
 # Plans and dry runs of every layout above, and of the presets on eight GPUs.
 plan() {  # NAME PROGRAM ARGS...

@@ -150,7 +150,7 @@ class Llama(nn.Module):
         return self.output(self.norm(h)).float()
 
 
-# --- tensor parallelism: train_fsdp's layout (src/model/tensor_parallel.h) in DTensor's plans ------
+# --- tensor parallelism: train_fsdp's layout (src/model_parallel/tensor_parallel.h) in DTensor's plans ------
 # Megatron's layout with sequence parallelism, as torchtitan applies it: the residual stream holds
 # this rank's part of the sequence [B, T/tp, D]; the norms run on it, the sequence is all-gathered
 # before the column-parallel products (this rank's heads and FFN columns) and the row-parallel

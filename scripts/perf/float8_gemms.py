@@ -4,7 +4,7 @@ cores give each projection before the casts and the rest of a step take their sh
 
 For each projection (wq, wk, wv, wo, w1, w2, w3; shapes from `train_fsdp --print-config`) at a
 micro-batch's tokens, the three GEMMs of a linear (y = x w^T, dx = g w, dw = g^T x), each as
-the float8 recipe runs it (model/float8.h): tensorwise (e4m3, the gradient e5m2, one scale a
+the float8 recipe runs it (float8/float8.h): tensorwise (e4m3, the gradient e5m2, one scale a
 tensor; the forward in cuBLASLt's fast accumulation) and rowwise (all e4m3, a scale a row); bf16
 through torch.mm. The operands are cast before timing: the GEMMs alone. CUDA events, median of
 --repeat runs after --warmup.

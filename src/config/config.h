@@ -54,11 +54,11 @@ struct ParallelConfig {  // [parallel]
   // FSDP: one group of every rank.
   int64_t dp_shard = -1;
   int64_t dp_replicate = 1;
-  // Tensor parallelism (model/tensor_parallel.h): groups of tp consecutive ranks (within a node)
+  // Tensor parallelism (model_parallel/tensor_parallel.h): groups of tp consecutive ranks (within a node)
   // each hold a slice of every matrix and see the same batch; tp x dp_shard x dp_replicate =
   // the world size, and dp_shard = -1 is then world size / (tp x dp_replicate).
   int64_t tp = 1;
-  // Context parallelism (model/context_parallel.h): each row's tokens split over groups of cp
+  // Context parallelism (model_parallel/context_parallel.h): each row's tokens split over groups of cp
   // ranks (inside the TP groups' stride), which read the same rows; FSDP shards over dp_shard x cp
   // ranks. cp x tp x dp_shard x dp_replicate = the world size.
   int64_t cp = 1;
@@ -139,7 +139,7 @@ struct RuntimeConfig {  // [runtime]
   double device_memory_gb = 0;  // one device's memory for the fit check; 0: from the GPU's name
   std::string sdpa_backend = "auto";  // scaled_dot_product_attention's kernel (model/attention.h)
   std::string varlen_kernel = "flash";  // document attention's kernel on a GPU (model/attention.h)
-  bool cp_varlen = false;  // CP (allgather) through the variable-length kernel on a GPU (model/context_parallel.h)
+  bool cp_varlen = false;  // CP (allgather) through the variable-length kernel on a GPU (model_parallel/context_parallel.h)
   bool fused_kernels = true;  // our fused operators and CUDA kernels (model/layers.h); false: none
   std::string unfused;        // those of them to leave to ATen, comma-separated (model/layers.h's names)
   std::string backend = "auto";  // collectives: "auto" | "nccl" | "gloo" (dist/placement.h)
@@ -195,7 +195,7 @@ struct DilocoConfig {  // [diloco], prime's names: DiLoCo over the replicas (dil
   std::string join_state = "fresh";
 };
 
-struct Float8Config {  // [float8], torchtitan's names: FP8 linears (model/float8.h)
+struct Float8Config {  // [float8], torchtitan's names: FP8 linears (float8/float8.h)
   bool enable_float8_linear = false;  // the block projections in FP8 (a GPU with FP8 tensor cores)
   std::string recipe_name = "tensorwise";  // "tensorwise" | "rowwise" | "rowwise_with_gw_hp"
   std::vector<std::string> filter_fqns = {"output"};  // projections left in the compute dtype, by name part

@@ -5,7 +5,7 @@
 
 #include "config/config.h"
 #include "kernels/kernel_choices.h"
-#include "model/float8.h"
+#include "float8/float8.h"
 #include "model/model_args.h"
 
 namespace zb {
@@ -18,7 +18,7 @@ ModelArgs resolve_model_args(const Config& config);
 // the gradient sums and the memory estimate are given (validate() checked the names).
 KernelChoices resolve_kernel_choices(const Config& config);
 
-// [float8] as the model takes it (Llama::set_float8), and the step plan and memory estimate count it.
+// [float8] as the model takes it (apply_float8, float8/float8_projections.h), and the step plan and memory estimate count it.
 Float8Linears resolve_float8(const Config& config);
 // The tokens in one of a rank's GEMMs: a micro-batch's rows, its share of them under CP.
 int64_t gemm_tokens(const Config& config);

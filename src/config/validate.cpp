@@ -7,6 +7,7 @@
 
 #include "config/fields.h"
 #include "config/model_config.h"
+#include "config/resolved_run.h"
 #include "kernels/kernel_choices.h"
 #include "model/llama.h"
 
@@ -35,14 +36,12 @@ void validate(const Config& c, int64_t world_size) {
       fail(f.key, f.key + " = " + value + " is not one of " + join_choices(f.choices));
   }
 
-  // Our fused operators left to ATen, by name.
-  const std::vector<std::string> known = fused_operator_names();
-  for (const std::string& name : split_operator_names(c.runtime.unfused))
-    if (std::find(known.begin(), known.end(), name) == known.end()) {
-      std::string list;
-      for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
-      fail("runtime.unfused", "runtime.unfused names '" + name + "', not one of " + list);
-    }
+  // Our fused operators left to ATen, by name: as KernelChoices reads them.
+  try {
+    resolve_kernel_choices(c);
+  } catch (const std::invalid_argument& e) {
+    fail("runtime.unfused", e.what());
+  }
 
   // Model shapes.
   const ModelArgs a = resolve_model_args(c);
@@ -267,7 +266,7 @@ int64_t resolved_dp_shard(const Config& c, int64_t world_size) {
 }
 
 int64_t data_parallel_size(const Config& c, int64_t world_size) {
-  return world_size / (c.parallel.tp * c.parallel.cp);
+  return data_parallel_size(world_size, c.parallel.tp, c.parallel.cp);
 }
 
 int64_t grad_accum_steps(const Config& c, int64_t world_size) {

@@ -133,20 +133,23 @@ at::Tensor DDPEngine::loss(const at::Tensor& tokens, const at::Tensor& targets, 
   // backward (made all at the start, every bucket would wait for the end of backward). Buckets
   // are in reverse model order: filled from the last, and within a stage the lower index last, so
   // that buckets reduce in their order.
-  size_t next = buckets_.size();
+  buckets_to_fill_ = buckets_.size();
+  return model_.loss(tokens, targets, documents, this);
+}
+
+void DDPEngine::reach_stage(int64_t stage, const at::Tensor& input) {
+  size_t& next = buckets_to_fill_;
+  while (next > 0 && first_stage_[next - 1] <= stage) buckets_[--next]->fill_slots(model_.parameters());
+  if (!trace_) return;
   const int64_t loss_stage = model_.args().n_layers + 1;
-  return model_.loss(tokens, targets, documents, [&](int64_t stage, const at::Tensor& input) {
-    while (next > 0 && first_stage_[next - 1] <= stage) buckets_[--next]->fill_slots(model_.parameters());
-    if (!trace_) return;
-    if (stage == loss_stage) trace_->record(StepEvent::Op::Loss, -1);
-    // A block's backward is done when its input's gradient is: marked there (after the buckets
-    // that backward completed have started their all-reduces).
-    if (stage > 0 && stage < loss_stage && input.requires_grad())
-      input.register_hook([trace = trace_, block = stage - 1](const at::Tensor& grad) {
-        trace->record(StepEvent::Op::Backward, block);
-        return grad;
-      });
-  });
+  if (stage == loss_stage) trace_->record(StepEvent::Op::Loss, -1);
+  // A block's backward is done when its input's gradient is: marked there (after the buckets
+  // that backward completed have started their all-reduces).
+  if (stage > 0 && stage < loss_stage && input.requires_grad())
+    input.register_hook([trace = trace_, block = stage - 1](const at::Tensor& grad) {
+      trace->record(StepEvent::Op::Backward, block);
+      return grad;
+    });
 }
 
 void DDPEngine::finish_backward() {

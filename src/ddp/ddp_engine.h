@@ -30,7 +30,8 @@ struct DDPBucket {
 std::vector<DDPBucket> ddp_buckets(const std::vector<int64_t>& numels, const std::vector<int64_t>& layers,
                                    int64_t n_layers, double bucket_mb);
 
-class DDPEngine : public ParallelModel {
+// The engine follows the model's pass through its stages (StageHooks, model/llama.h).
+class DDPEngine : public ParallelModel, private StageHooks {
  public:
   DDPEngine(Llama& model, Communicator& comm, double bucket_mb);
   ~DDPEngine() override;
@@ -47,12 +48,19 @@ class DDPEngine : public ParallelModel {
 
  private:
   class Bucket;
+  // Stage `stage` (as ddp_buckets numbers them) is about to read `input` (undefined for the
+  // embedding): the buckets it reads first get their nodes, and the trace its marks.
+  void reach_stage(int64_t stage, const at::Tensor& input);
+  void before_embedding() override { reach_stage(0, at::Tensor()); }
+  void before_block(int64_t layer, const at::Tensor& input, bool) override { reach_stage(layer + 1, input); }
+  void before_loss(const at::Tensor& input) override { reach_stage(model_.args().n_layers + 1, input); }
 
   Llama& model_;
   Communicator& comm_;
   std::vector<at::Tensor> replicas_;  // the parameters (fp32 leaves), in model order
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::vector<int64_t> first_stage_;  // each bucket's: where forward first reads a member (loss())
+  size_t buckets_to_fill_ = 0;  // in this forward: buckets_[0, buckets_to_fill_) have no node yet
   bool sync_ = true;
   StepTrace* trace_ = nullptr;
 };

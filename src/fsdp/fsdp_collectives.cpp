@@ -9,7 +9,7 @@
 
 #include <optional>
 
-#include "model/float8.h"
+#include "float8/float8.h"
 
 
 namespace zb {

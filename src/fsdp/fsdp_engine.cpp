@@ -5,11 +5,10 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
-#include <torch/csrc/autograd/autograd.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <optional>
 
+#include "float8/float8.h"
 #include "fsdp/fsdp_collectives.h"
 #include "parallel/clip.h"
 #include "util/phase.h"
@@ -39,7 +38,9 @@ FSDPEngine::FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& opti
     params_.push_back(std::make_unique<FSDPParam>(np.name, np.slot, full, comm.rank(), comm.size(),
                                                   options.compute_dtype));
     FSDPParam* p = params_.back().get();
-    if (options.float8_all_gather && np.layer >= 0) p->float8_gather = model.in_float8(np.layer, float8_projection(np.name));
+    // The projections multiplied outside the model are FP8's (float8/float8_projections.h).
+    if (options.float8_all_gather && np.layer >= 0)
+      p->float8_gather = model.projected_outside(np.layer, float8_projection(np.name));
     (np.layer >= 0 ? block_params[np.layer] : root_params).push_back(p);
     *np.slot = at::Tensor();  // the full copy is no longer needed
   }
@@ -47,113 +48,66 @@ FSDPEngine::FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& opti
   for (int64_t i = 0; i < L; ++i) {
     const bool reshard = options.reshard_after_forward && i != L - 1;
     blocks_.push_back(std::make_unique<FSDPUnit>(i, "layers." + std::to_string(i), std::move(block_params[i]),
-                                                 comm, reshard, context_, replicas, options.keep_cast,
+                                                 comm, reshard, context_, replicas, options.keep_unsharded,
                                                  model.kernels()));
   }
   root_ = std::make_unique<FSDPUnit>(L, "root", std::move(root_params), comm, false, context_, replicas,
-                                     options.keep_cast, model.kernels());
+                                     options.keep_unsharded, model.kernels());
 }
-
-namespace {
-
-// Activation checkpointing of one block: forward runs without recording a graph and keeps only
-// the block's input (and the micro-batch's documents); backward (after the unit was gathered
-// again by the hook on the output) recomputes the block with a graph and back-propagates through
-// it, which also hands the parameter gradients to the unit.
-// The micro-batch's documents, every field, kept for a recomputation.
-void save_documents(torch::autograd::AutogradContext* ctx, const Documents& d) {
-  const std::pair<const char*, const at::Tensor*> tensors[] = {
-      {"cu_seqlens", &d.cu_seqlens}, {"cudnn_cu_seqlens", &d.cudnn_cu_seqlens}, {"mask", &d.mask},
-      {"positions", &d.positions},   {"key_index", &d.key_index},               {"cu_seqlens_k", &d.cu_seqlens_k}};
-  for (const auto& [name, t] : tensors)
-    if (t->defined()) ctx->saved_data[name] = *t;
-  ctx->saved_data["max_len"] = d.max_len;
-  ctx->saved_data["max_len_k"] = d.max_len_k;
-  ctx->saved_data["visible_blocks"] = d.visible_blocks;
-}
-
-Documents saved_documents(torch::autograd::AutogradContext* ctx) {
-  Documents d;
-  const std::pair<const char*, at::Tensor*> tensors[] = {
-      {"cu_seqlens", &d.cu_seqlens}, {"cudnn_cu_seqlens", &d.cudnn_cu_seqlens}, {"mask", &d.mask},
-      {"positions", &d.positions},   {"key_index", &d.key_index},               {"cu_seqlens_k", &d.cu_seqlens_k}};
-  for (const auto& [name, t] : tensors)
-    if (ctx->saved_data.count(name)) *t = ctx->saved_data[name].toTensor();
-  d.max_len = ctx->saved_data["max_len"].toInt();
-  d.max_len_k = ctx->saved_data["max_len_k"].toInt();
-  d.visible_blocks = ctx->saved_data["visible_blocks"].toIntVector();
-  return d;
-}
-
-struct CheckpointedBlock : torch::autograd::Function<CheckpointedBlock> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                FSDPEngine* engine, FSDPUnit* unit, int64_t layer,
-                                                const Documents* documents, const at::Tensor& h) {
-    ctx->saved_data["engine"] = reinterpret_cast<int64_t>(engine);
-    ctx->saved_data["unit"] = reinterpret_cast<int64_t>(unit);
-    ctx->saved_data["layer"] = layer;
-    save_documents(ctx, *documents);
-    ctx->save_for_backward({h});
-    return {engine->model().block_forward(layer, h, *documents)};
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto* engine = reinterpret_cast<FSDPEngine*>(ctx->saved_data["engine"].toInt());
-    auto* unit = reinterpret_cast<FSDPUnit*>(ctx->saved_data["unit"].toInt());
-    const int64_t layer = ctx->saved_data["layer"].toInt();
-    const Documents documents = saved_documents(ctx);
-    at::Tensor input = ctx->get_saved_variables()[0].detach().requires_grad_(true);
-    at::AutoGradMode grad_mode(true);
-    unit->pre_backward();
-    unit->fill_slots();
-    engine->count_recompute(layer);
-    at::Tensor out;
-    {
-      Phase phase("zb.recompute", layer);
-      out = engine->model().block_forward(layer, input, documents);
-    }
-    torch::autograd::backward({out}, {grads[0]});
-    return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), input.grad()};
-  }
-};
-
-}  // namespace
 
 at::Tensor FSDPEngine::loss(const at::Tensor& tokens, const at::Tensor& targets, const Documents& documents) {
-  const int64_t L = static_cast<int64_t>(blocks_.size());
-  if (options_.float8_all_gather) update_float8_scales();  // before any gather: a no-op until the weights change
-  root_->pre_forward();
-  if (L > 0) blocks_[0]->issue_unshard();  // overlaps the embedding
-  at::Tensor h = model_.embed(tokens);
-  for (int64_t i = 0; i < L; ++i) {
-    FSDPUnit& unit = *blocks_[i];
-    const bool checkpoint = options_.checkpoint_every > 0 && i % options_.checkpoint_every == 0 &&
-                            h.requires_grad();
-    {
-      std::optional<at::NoGradGuard> plain;  // checkpointed: plain views, the recompute records the graph
-      if (checkpoint) plain.emplace();
-      unit.pre_forward();
-    }
-    if (i + 1 < L) blocks_[i + 1]->issue_unshard();  // prefetch: gathers while this block computes
-    if (context_.trace) context_.trace->record(StepEvent::Op::Forward, i);
-    h = checkpoint ? CheckpointedBlock::apply(this, &unit, i, &documents, h)[0] : model_.block_forward(i, h, documents);
-    unit.post_forward();
-    if (unit.reshard_after_forward() && h.requires_grad()) {
-      // Gradient w.r.t. this block's output is ready just before the block's backward runs:
-      // gather its parameters back into the storages autograd saved, and prefetch the block
-      // before it.
-      FSDPUnit* previous = i > 0 ? blocks_[i - 1].get() : nullptr;
-      h.register_hook([&unit, previous](const at::Tensor& grad) {
-        unit.pre_backward();
-        if (previous && previous->reshard_after_forward()) previous->issue_unshard();
-        return grad;
-      });
-    }
-  }
-  if (context_.trace) context_.trace->record(StepEvent::Op::Loss, -1);
-  at::Tensor loss = model_.head_loss(h, targets);
+  at::Tensor loss = model_.loss(tokens, targets, documents, this);
   root_->post_forward();  // the root stays gathered until its backward
   return loss;
+}
+
+void FSDPEngine::before_embedding() {
+  if (options_.float8_all_gather) update_float8_scales();  // before any gather: a no-op until the weights change
+  root_->pre_forward();
+  if (!blocks_.empty()) blocks_[0]->issue_unshard();  // overlaps the embedding
+}
+
+void FSDPEngine::before_block(int64_t layer, const at::Tensor& /*input*/, bool checkpointed) {
+  {
+    std::optional<at::NoGradGuard> plain;  // checkpointed: plain views, the recompute records the graph
+    if (checkpointed) plain.emplace();
+    blocks_[layer]->pre_forward();
+  }
+  if (layer + 1 < static_cast<int64_t>(blocks_.size()))
+    blocks_[layer + 1]->issue_unshard();  // prefetch: gathers while this block computes
+  if (context_.trace) context_.trace->record(StepEvent::Op::Forward, layer);
+}
+
+void FSDPEngine::after_block(int64_t layer, const at::Tensor& output) {
+  FSDPUnit& unit = *blocks_[layer];
+  unit.post_forward();
+  if (unit.reshard_after_forward() && output.requires_grad()) {
+    // Gradient w.r.t. this block's output is ready just before the block's backward runs:
+    // gather its parameters back into the storages autograd saved, and prefetch the block
+    // before it.
+    FSDPUnit* previous = layer > 0 ? blocks_[layer - 1].get() : nullptr;
+    output.register_hook([&unit, previous](const at::Tensor& grad) {
+      unit.pre_backward();
+      if (previous && previous->reshard_after_forward()) previous->issue_unshard();
+      return grad;
+    });
+  }
+}
+
+void FSDPEngine::before_loss(const at::Tensor& /*input*/) {
+  if (context_.trace) context_.trace->record(StepEvent::Op::Loss, -1);
+}
+
+bool FSDPEngine::checkpointed(int64_t layer) const {
+  return options_.checkpoint_every > 0 && layer % options_.checkpoint_every == 0;
+}
+
+void FSDPEngine::before_recompute(int64_t layer) {
+  FSDPUnit& unit = *blocks_[layer];
+  unit.pre_backward();
+  unit.fill_slots();
+  ++blocks_recomputed_;
+  if (context_.trace) context_.trace->record(StepEvent::Op::Recompute, layer);
 }
 
 void FSDPEngine::set_requires_gradient_sync(bool sync) {

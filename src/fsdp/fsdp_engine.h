@@ -38,7 +38,7 @@ struct FSDPOptions {
   // cast for the whole step and across steps, cast again after the parameters change (once a
   // step), instead of after each free. Costs the whole model in the compute dtype;
   // reshard_after_forward then frees nothing (train.keep_unsharded).
-  bool keep_cast = false;
+  bool keep_unsharded = false;
   // Gather the weights the model multiplies in FP8 as e4m3 bytes (float8.enable_fsdp_float8_all_gather),
   // with power-of-two scales from one all-gather of their shards' amaxes after each change.
   bool float8_all_gather = false;
@@ -47,7 +47,8 @@ struct FSDPOptions {
   c10::Device device = c10::kCPU;
 };
 
-class FSDPEngine : public ParallelModel {
+// The engine drives the model's pass through its stages (StageHooks, model/llama.h).
+class FSDPEngine : public ParallelModel, private StageHooks {
  public:
   // Shards every parameter of `model` (whose values must be identical on all ranks) over `comm`
   // and frees the full copies; the model's slots are refilled with gathered tensors during
@@ -66,7 +67,7 @@ class FSDPEngine : public ParallelModel {
   void finish_backward() override;
   void reshard() override;
   void parameters_changed() override;
-  bool keeps_casts() const override { return root_->keeps_cast(); }
+  bool keeps_unsharded() const override { return root_->keeps_unsharded(); }
 
   // The optimizer's view: sharded fp32 parameters under their model names, with their rows.
   std::vector<ShardedParameter> parameters() override;
@@ -83,13 +84,20 @@ class FSDPEngine : public ParallelModel {
   Llama& model() { return model_; }
   // Block forwards recomputed in backward so far (activation checkpointing).
   int64_t blocks_recomputed() const { return blocks_recomputed_; }
-  void count_recompute(int64_t layer) {
-    ++blocks_recomputed_;
-    if (context_.trace) context_.trace->record(StepEvent::Op::Recompute, layer);
-  }
   void set_trace(StepTrace* trace) override { context_.trace = trace; }
 
  private:
+  // Around the model's stages: the root gathered and the first block prefetched before the
+  // embedding; each block gathered before it runs (plain views when checkpointed), the next one
+  // prefetched, and after it freed, with a hook on its output that gathers it again for backward;
+  // a checkpointed block gathered again into its slots before it runs a second time.
+  void before_embedding() override;
+  void before_block(int64_t layer, const at::Tensor& input, bool checkpointed) override;
+  void after_block(int64_t layer, const at::Tensor& output) override;
+  void before_loss(const at::Tensor& input) override;
+  bool checkpointed(int64_t layer) const override;
+  void before_recompute(int64_t layer) override;
+
   // FP8 all-gather: every FP8 weight's scale from the largest |value| of its shards over the
   // shard group (one all-gather of an amax per weight), at the first forward after
   // parameters_changed() (which every rank calls alike: the collective stays matched).

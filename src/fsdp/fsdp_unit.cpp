@@ -25,10 +25,10 @@ const char* state_name(FSDPUnit::TrainingState s) {
 }  // namespace
 
 FSDPUnit::FSDPUnit(int64_t index, std::string name, std::vector<FSDPParam*> params, Communicator& comm,
-                   bool reshard_after_forward, FSDPCommContext& context, Communicator* replicas, bool keep_cast,
+                   bool reshard_after_forward, FSDPCommContext& context, Communicator* replicas, bool keep_unsharded,
                    const KernelChoices& kernels)
     : index_(index), name_(std::move(name)), params_(std::move(params)), comm_(comm), replicas_(replicas),
-      reshard_after_forward_(reshard_after_forward), keep_cast_(keep_cast && comm.size() == 1 && !replicas),
+      reshard_after_forward_(reshard_after_forward), keep_unsharded_(keep_unsharded && comm.size() == 1 && !replicas),
       context_(context), accumulator_(kernels) {
   for (FSDPParam* p : params_) {
     offsets_.push_back(block_numel_);
@@ -70,7 +70,7 @@ void FSDPUnit::post_backward(const std::vector<at::Tensor>& grads) {
   at::NoGradGuard no_grad;
   // Every node that used this unit's parameters has run (they produced these gradients): the
   // gathered copies can go now rather than at the end of backward (a kept cast stays).
-  if (!keep_cast_) reshard();
+  if (!keep_unsharded_) reshard();
   std::vector<std::vector<int64_t>> shapes;
   for (FSDPParam* p : params_) shapes.push_back(p->full_shape);
   const GradientTotals total =
@@ -161,7 +161,7 @@ void FSDPUnit::issue_unshard() {
 
 void FSDPUnit::wait_unshard() {
   if (state_ == State::Unsharded) {
-    if (!keep_cast_ || cast_is_current()) return;
+    if (!keep_unsharded_ || cast_is_current()) return;
     Phase phase("zb.fsdp.wait_unshard", name_);
     cast_shards();  // into the storages it keeps
     trace(StepEvent::Op::Unshard);
@@ -214,7 +214,7 @@ void FSDPUnit::reshard() {
 
 void FSDPUnit::reset() {
   finish_gradients();
-  if (!keep_cast_) reshard();
+  if (!keep_unsharded_) reshard();
   training_state_ = TrainingState::Idle;
 }
 

@@ -18,7 +18,7 @@
 // (without replicas advance goes straight back to NONE), so one unit's reduce-scatter and the
 // unit before's all-reduce are in flight while the next blocks compute their backward.
 // With one rank in the shard group the gather is a cast of the fp32 shards into the compute
-// dtype; a unit that keeps its cast (`keep_cast`) stays UNSHARDED from its first cast on, across
+// dtype; a unit that keeps its cast (`keep_unsharded`) stays UNSHARDED from its first cast on, across
 // forward, backward and micro-batches, and casts again only after its parameters changed
 // (parameters_changed, or a write to a shard that advanced its version counter).
 #include <ATen/core/Tensor.h>
@@ -56,17 +56,17 @@ class FSDPUnit : public GradientGroup {
 
   // `index`: the block's, or n_layers for the root. `comm`: the ranks the parameters are sharded
   // over; `replicas`: the group that holds the same shards under hybrid sharding (null for FSDP).
-  // `keep_cast`: with one rank in `comm` and no replicas, keep the cast (above); ignored else.
+  // `keep_unsharded`: with one rank in `comm` and no replicas, keep the cast (above); ignored else.
   // `kernels`: the model's, for the gradient sums.
   FSDPUnit(int64_t index, std::string name, std::vector<FSDPParam*> params, Communicator& comm,
-           bool reshard_after_forward, FSDPCommContext& context, Communicator* replicas, bool keep_cast,
+           bool reshard_after_forward, FSDPCommContext& context, Communicator* replicas, bool keep_unsharded,
            const KernelChoices& kernels);
 
   const std::string& name() const { return name_; }
   State state() const { return state_; }
   TrainingState training_state() const { return training_state_; }
-  bool reshard_after_forward() const { return reshard_after_forward_ && !keep_cast_; }
-  bool keeps_cast() const { return keep_cast_; }
+  bool reshard_after_forward() const { return reshard_after_forward_ && !keep_unsharded_; }
+  bool keeps_unsharded() const { return keep_unsharded_; }
   const std::vector<FSDPParam*>& params() const { return params_; }
 
   // --- the calls the engine makes ---
@@ -137,7 +137,7 @@ class FSDPUnit : public GradientGroup {
   Communicator& comm_;
   Communicator* replicas_;
   bool reshard_after_forward_;
-  bool keep_cast_;
+  bool keep_unsharded_;
   bool cast_current_ = false;
   std::vector<int64_t> cast_versions_;  // of each shard when it was cast
   FSDPCommContext& context_;

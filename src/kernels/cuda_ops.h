@@ -64,7 +64,7 @@ void scale_add_cuda_(const at::Tensor& dst, float keep, const at::Tensor& src, f
 bool momentum_cuda_applies(const at::Tensor& buf, const at::Tensor& g);
 void momentum_cuda_(const at::Tensor& buf, const at::Tensor& g, const at::Tensor& out, float w_buf, float w_out);
 
-// The FP8 cast of model/float8.h's to_float8 in one pass (kernels/float8_cast_kernel.cu): whether
+// The FP8 cast of float8/float8.h's to_float8 in one pass (kernels/float8_cast_kernel.cu): whether
 // the kernel takes x (bf16, 2-D, contiguous or a transposed view of a contiguous matrix, on a GPU
 // with a kernel image); and (data, inverse_scale) as to_float8 returns them, scaled per tensor or,
 // with `rowwise`, per row of x (for a transposed view: per column of the matrix under it, the

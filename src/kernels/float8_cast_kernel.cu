@@ -1,4 +1,4 @@
-// The cast of a bf16 matrix to FP8 with dynamic scales (model/float8.h's to_float8) in one pass
+// The cast of a bf16 matrix to FP8 with dynamic scales (float8/float8.h's to_float8) in one pass
 // over memory: each value read once as bf16, scaled in fp32, saturated and rounded to e4m3 or e5m2,
 // written as one byte; the scales come from the amaxes already reduced (one per tensor, row or
 // column) and their inverses are written for the GEMM. ATen's operators take an fp32 copy,

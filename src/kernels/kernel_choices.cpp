@@ -49,15 +49,17 @@ KernelChoices KernelChoices::from(bool fused_kernels, const std::string& unfused
   if (varlen_kernel != "flash" && varlen_kernel != "cudnn")
     throw std::invalid_argument("runtime.varlen_kernel: unknown kernel \"" + varlen_kernel + "\" (flash or cudnn)");
   k.cudnn_varlen = varlen_kernel == "cudnn";
-  if (!fused_kernels) {
-    k.fused = 0;
-    return k;
-  }
+  // The names are checked even when fused_kernels turns every operator off.
   for (const std::string& name : split_operator_names(unfused)) {
     const auto* it = std::find(std::begin(kFusedNames), std::end(kFusedNames), name);
-    if (it == std::end(kFusedNames)) throw std::invalid_argument("unknown fused operator '" + name + "'");
+    if (it == std::end(kFusedNames)) {
+      std::string list;
+      for (const char* known : kFusedNames) list += (list.empty() ? "" : ", ") + std::string(known);
+      throw std::invalid_argument("runtime.unfused names '" + name + "', not one of " + list);
+    }
     k.fused &= ~(1u << (it - std::begin(kFusedNames)));
   }
+  if (!fused_kernels) k.fused = 0;
   return k;
 }
 

@@ -51,8 +51,8 @@ void log_placement(const Communicator& comm, const c10::Device& device) {
 
 }  // namespace
 
-void check_engine(const Config& config, Parallelism parallelism) {
-  if (parallelism != Parallelism::DDP) return;
+void check_engine(const Config& config, EngineKind engine) {
+  if (engine != EngineKind::Replicated) return;
   const auto refuse = [&](const char* key, const std::string& why) { throw ConfigError(config.origin(key) + ": " + why); };
   if (config.parallel.cp > 1)
     refuse("parallel.cp", "context parallelism composes with the sharding engine (train_fsdp, train_hsdp), not train_ddp");
@@ -66,10 +66,10 @@ void check_engine(const Config& config, Parallelism parallelism) {
                             "keeps every block's activations");
 }
 
-void dry_run(const Config& config, const ModelArgs& args, int64_t world_size, Parallelism parallelism, bool force) {
+void dry_run(const Config& config, const ModelArgs& args, int64_t world_size, EngineKind engine, bool force) {
   Llama model(args, at::TensorOptions().device(c10::kMeta));
   log::info(strf("dry run: built %s parameters on the meta device", with_commas(model.num_params()).c_str()));
-  if (parallelism != Parallelism::FSDP) {
+  if (engine != EngineKind::Sharded) {
     log::info("memory estimate: train_fsdp only");
     return;
   }
@@ -94,7 +94,7 @@ RunProcess join_world(const Config& config, const World& world) {
 }
 
 std::vector<std::string> describe_run(const Config& c, const ModelArgs& a, int64_t world_size,
-                                      Parallelism parallelism) {
+                                      EngineKind engine) {
   std::vector<std::string> lines = {
       strf("model: %s %s: dim %ld, %ld layers, %ld heads (%ld kv), head_dim %ld, ffn %ld, vocab %ld",
            c.type_model.c_str(), c.name_model.c_str(), a.dim, a.n_layers, a.n_heads, a.n_kv_heads, a.head_dim(),
@@ -120,7 +120,7 @@ std::vector<std::string> describe_run(const Config& c, const ModelArgs& a, int64
                          "holds chunks i and %ld-i of %ld tokens), gathering keys and values in every block; the "
                          "parameters are sharded over %ld ranks (dp_shard x cp)",
                          layout.cp, c.data.seq_length, 2 * layout.cp - 1, c.data.seq_length / (2 * layout.cp),
-                         layout.shard));
+                         layout.dp_shard_cp));
   if (layout.tp > 1 && c.optim.optim.type == "muon")
     lines.push_back(strf("Muon under tensor parallelism (parallel.muon_tp = %s): %s", c.parallel.muon_tp.c_str(),
                          c.parallel.muon_tp == "gram"
@@ -129,26 +129,26 @@ std::vector<std::string> describe_run(const Config& c, const ModelArgs& a, int64
                              ? "each split matrix gathered to one owner in the TP group, orthogonalised whole"
                              : "per matrix, a gather to an owner or Newton-Schulz over the slices, whichever moves "
                                "fewer bytes (gather, for Llama's shapes)"));
-  if (parallelism == Parallelism::FSDP && c.diloco.inner_steps > 0 && !c.diloco.peers.empty()) {
+  if (engine == EngineKind::Sharded && c.diloco.inner_steps > 0 && !c.diloco.peers.empty()) {
     lines.push_back(strf("DiLoCo over elastic replicas: this launch is one replica of %ld rank(s), meeting the others "
                          "at diloco.peers %s; every %ld steps an outer Nesterov step (lr %g, momentum %g) on the "
                          "pseudo-gradients averaged over the replicas present, sent as %s; %ld rows a step per replica",
-                         layout.shard * layout.tp, c.diloco.peers.c_str(), c.diloco.inner_steps, c.diloco.outer_lr,
+                         layout.dp_shard_cp * layout.tp, c.diloco.peers.c_str(), c.diloco.inner_steps, c.diloco.outer_lr,
                          c.diloco.outer_momentum, c.diloco.compression.c_str(), c.optim.batch_size));
-  } else if (parallelism == Parallelism::FSDP && c.diloco.inner_steps > 0) {
+  } else if (engine == EngineKind::Sharded && c.diloco.inner_steps > 0) {
     lines.push_back(strf("DiLoCo: %ld replica(s) of %ld rank(s) train apart (gradients averaged within a "
                          "replica only); every %ld steps an outer Nesterov step (lr %g, momentum %g) on the "
                          "pseudo-gradients averaged over the replicas, sent as %s",
-                         layout.replicate, layout.shard * layout.tp, c.diloco.inner_steps, c.diloco.outer_lr,
+                         layout.replicate, layout.dp_shard_cp * layout.tp, c.diloco.inner_steps, c.diloco.outer_lr,
                          c.diloco.outer_momentum, c.diloco.compression.c_str()));
     if (c.diloco.fragments > 1)
       lines.push_back(strf("DiLoCo streaming: %ld fragments of blocks, one exchange every %ld steps, each applied "
                            "%ld step(s) after it starts",
                            c.diloco.fragments, c.diloco.inner_steps / c.diloco.fragments, c.diloco.fragment_delay));
-  } else if (parallelism == Parallelism::FSDP && layout.replicate > 1) {
+  } else if (engine == EngineKind::Sharded && layout.replicate > 1) {
     lines.push_back(strf("hybrid sharding: parameters sharded over groups of %ld %s, replicated %ld "
                          "times (gradients: reduce-scatter in the group, then all-reduce over the replicas)",
-                         layout.shard, layout.tp > 1 ? "ranks (one per TP group)" : "consecutive ranks",
+                         layout.dp_shard_cp, layout.tp > 1 ? "ranks (one per TP group)" : "consecutive ranks",
                          layout.replicate));
   }
   return lines;
@@ -211,7 +211,7 @@ MemoryVerdict check_memory(const Config& config, int64_t world_size, const c10::
                     "smaller train.micro_bs, train.ac_ckpt, more ranks; --force to try anyway):" + table);
 }
 
-nlohmann::json plan_report(const CommandLine& cl, Parallelism parallelism, bool over_nodes) {
+nlohmann::json plan_report(const CommandLine& cl, EngineKind engine, bool over_nodes) {
   Config cfg = cl.config;
   const World world = detect_world();
   if (over_nodes) shard_by_node(cfg, world, /*dry_run=*/cl.world_size > 0);
@@ -221,9 +221,9 @@ nlohmann::json plan_report(const CommandLine& cl, Parallelism parallelism, bool 
     throw ConfigError(strf("--print-plan %ld: there are only %ld rank(s) (--world-size)", cl.print_plan_rank,
                            world_size));
   std::optional<MemoryVerdict> memory;
-  if (parallelism == Parallelism::FSDP) memory.emplace();
+  if (engine == EngineKind::Sharded) memory.emplace();
   nlohmann::json plan =
-      plan_to_json(plan_run(cfg, world_size, cl.print_plan_rank, parallelism, memory ? &*memory : nullptr));
+      plan_to_json(plan_run(cfg, world_size, cl.print_plan_rank, engine, memory ? &*memory : nullptr));
   if (memory) {
     plan["memory"] = {{"peak_bytes", memory->estimate.peak},
                       {"peak_at", memory->estimate.peak_at},

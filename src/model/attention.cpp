@@ -71,13 +71,6 @@ Documents make_documents(const at::Tensor& cu_seqlens, int64_t max_len, int64_t 
   return d;
 }
 
-at::Tensor document_ids(const at::Tensor& cu, int64_t B, int64_t T) {
-  // A 1 where each piece starts (but the first), summed along the flattened rows.
-  at::Tensor starts = at::zeros({B * T}, at::TensorOptions().dtype(at::kInt).device(cu.device()));
-  starts.index_fill_(0, cu.slice(0, 1, -1).to(at::kLong), 1);
-  return starts.cumsum(0).view({B, T});
-}
-
 void use_sdpa_backend(const std::string& choice) {
   const bool all = choice == "auto";  // PyTorch's defaults: every kernel a candidate
   const bool flash = choice == "flash", cudnn = choice == "cudnn", efficient = choice == "efficient";

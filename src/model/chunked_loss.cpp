@@ -33,7 +33,7 @@ struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                                                 const at::Tensor& w, const at::Tensor& targets,
                                                 int64_t chunk_tokens, bool want_x_grad, bool want_w_grad,
-                                                TensorParallelGroup* vocab_group, int64_t vocab_start,
+                                                ModelParallelGroup* vocab_group, int64_t vocab_start,
                                                 bool fused_loss) {
     const int64_t N = x.size(0);
     const auto logits_dtype = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -119,7 +119,7 @@ struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
 }  // namespace
 
 at::Tensor chunked_cross_entropy(const at::Tensor& x, const at::Tensor& w, const at::Tensor& targets,
-                                 int64_t chunk_tokens, TensorParallelGroup* vocab_group, int64_t vocab_start,
+                                 int64_t chunk_tokens, ModelParallelGroup* vocab_group, int64_t vocab_start,
                                  const KernelChoices& kernels) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1) && targets.numel() == x.size(0),
               "chunked_cross_entropy: x [N, D], w [V, D], targets [N]");

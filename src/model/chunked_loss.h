@@ -13,7 +13,7 @@
 #include <cstdint>
 
 #include "kernels/kernel_choices.h"
-#include "model/tensor_parallel.h"
+#include "model_parallel/tensor_parallel.h"
 
 namespace zb {
 
@@ -28,7 +28,7 @@ namespace zb {
 // all-gather of 2 numbers a token), so no rank holds all the logits; every rank returns the whole
 // loss, the gradient of x is this rank's words' part (to be summed over the group), w's its rows'.
 at::Tensor chunked_cross_entropy(const at::Tensor& x, const at::Tensor& w, const at::Tensor& targets,
-                                 int64_t chunk_tokens, TensorParallelGroup* vocab_group = nullptr,
+                                 int64_t chunk_tokens, ModelParallelGroup* vocab_group = nullptr,
                                  int64_t vocab_start = 0, const KernelChoices& kernels = {});
 
 // Tokens per chunk for a vocabulary of `vocab`: one chunk's fp32 logits take at most 256 MiB on

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "model/chunked_loss.h"
-#include "model/context_parallel.h"
+#include "model_parallel/context_parallel.h"
 #include "util/phase.h"
 
 namespace zb {
@@ -33,7 +33,7 @@ void check_tensor_parallel(const ModelArgs& a, int64_t tp) {
 }
 
 Llama::Llama(const ModelArgs& args, const at::TensorOptions& options, bool allocate_parameters,
-             TensorParallelGroup* tp)
+             ModelParallelGroup* tp)
     : args_(args), tp_(tp && tp->size() > 1 ? tp : nullptr) {
   const int64_t n = tp_size(), r = tp_rank();
   check_tensor_parallel(args, n);
@@ -55,7 +55,7 @@ Llama::Llama(const ModelArgs& args, const at::TensorOptions& options, bool alloc
   // Parameters in param_specs() order: embedding, per block (wq wk wv wo w1 w2 w3 norms), norm,
   // head; with how each is initialised (see init_weights) and, under TP, the slice this rank
   // holds: `split` of dimension `dim` in n equal parts, this rank's the r-th (see the table in
-  // model/tensor_parallel.h). torchtitan's trunc_normal_ keeps torch's default absolute cut at
+  // model_parallel/tensor_parallel.h). torchtitan's trunc_normal_ keeps torch's default absolute cut at
   // +-2, which at std 0.02 is 100 std away: a plain normal in practice.
   int64_t layer = -1;  // of the parameters being added
   auto add = [&](std::string name, at::Tensor* slot, Init init, std::vector<int64_t> shape, int64_t dim = -1) {
@@ -125,7 +125,7 @@ at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h, const Docume
   const auto dt = compute_dtype_;
   const int64_t hd = args_.head_dim();
   const double eps = args_.norm_eps;
-  // Without TP these are the identity. Under TP (model/tensor_parallel.h) h holds this rank's
+  // Without TP these are the identity. Under TP (model_parallel/tensor_parallel.h) h holds this rank's
   // positions: each norm runs on them, the sequence is gathered whole before the column-parallel
   // products (this rank's heads, its FFN columns) and the row-parallel ones' partial sums are
   // reduce-scattered back to this rank's positions.
@@ -169,59 +169,28 @@ at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h, const Docume
   // step plan's; a call's arguments have none.)
   // Without TP each output linear and its residual add are one operation (residual_linear); under
   // TP the reduce-scatter comes between them.
-  const at::Tensor after_attention = tp_ || in_float8(layer, "wo")
+  const at::Tensor after_attention = tp_ || projected_outside(layer, "wo")
                                         ? h_on + own_positions(project(layer, {"wo"}, attn, {b.wo.to(dt)})[0])
                                         : residual_linear(h_on, attn, b.wo.to(dt), kernels_);
   auto [h2, y_here] = rms_norm_residual(after_attention, shared(b.ffn_norm), eps, kernels_);
-  at::Tensor y = whole_sequence(y_here);
-  const std::vector<at::Tensor> gate_up = project(layer, {"w1", "w3"}, y, {b.w1.to(dt), b.w3.to(dt)});
-  const at::Tensor hidden = silu_mul(gate_up[0], gate_up[1], kernels_);
-  return tp_ || in_float8(layer, "w2") ? h2 + own_positions(project(layer, {"w2"}, hidden, {b.w2.to(dt)})[0])
-                                       : residual_linear(h2, hidden, b.w2.to(dt), kernels_);
-}
-
-std::vector<std::string> Llama::set_float8(const Float8Linears& float8, int64_t tokens) {
-  float8_ = float8;
-  float8_names_.assign(args_.n_layers, {});
-  std::vector<std::string> cannot;
-  for (const NamedParameter& p : params_) {
-    const std::string leaf = float8_projection(p.name);
-    if (leaf.empty()) continue;
-    // This rank's GEMM: its slice under TP; shared key/value heads read kv_heads_ of them.
-    int64_t out = p.slot->size(0);
-    if (kv_replicated_ && (leaf == "wk" || leaf == "wv")) out = kv_heads_ * args_.head_dim();
-    bool shape_refused = false;
-    if (float8.takes(p.name, out, p.slot->size(1), tokens, &shape_refused))
-      float8_names_[p.layer].push_back(leaf);
-    else if (shape_refused)
-      cannot.push_back(p.name.substr(0, p.name.rfind('.')) + " [" + std::to_string(out) + " x " +
-                       std::to_string(p.slot->size(1)) + "]");
-  }
-  return cannot;
-}
-
-bool Llama::in_float8(int64_t layer, const std::string& name) const {
-  if (!float8_.enabled) return false;
-  const auto& names = float8_names_[layer];
-  return std::find(names.begin(), names.end(), name) != names.end();
+  const BlockContext context{layer, b, dt, kernels_, tp_,
+                             [&](const std::vector<const char*>& names, const at::Tensor& x,
+                                 const std::vector<at::Tensor>& weights) { return project(layer, names, x, weights); },
+                             [&](const char* name) { return projected_outside(layer, name); }};
+  return feed_forward_->forward(context, h2, y_here);
 }
 
 std::vector<at::Tensor> Llama::project(int64_t layer, const std::vector<const char*>& names, const at::Tensor& x,
                                        const std::vector<at::Tensor>& weights) const {
-  // Those in FP8 share one cast of x (float8_linears); the rest take the shared-input node.
-  std::vector<at::Tensor> fp8, other;
-  for (size_t i = 0; i < names.size(); ++i) (in_float8(layer, names[i]) ? fp8 : other).push_back(weights[i]);
-  if (!fp8.empty())
-    TORCH_CHECK(x.numel() / x.size(-1) % 16 == 0, "float8: ", x.numel() / x.size(-1), " tokens in block ", layer,
-                "'s GEMMs, not a multiple of 16 (FP8 GEMMs need it)");
-  std::vector<at::Tensor> in_fp8 =
-      fp8.empty() ? fp8 : float8_linears(x, fp8, float8_.recipe, float8_.emulate, float8_.fsdp_all_gather);
+  std::vector<at::Tensor> outside, other;
+  for (size_t i = 0; i < names.size(); ++i) (projected_outside(layer, names[i]) ? outside : other).push_back(weights[i]);
+  std::vector<at::Tensor> from_outside = outside.empty() ? outside : projections_->linears(layer, x, outside);
   std::vector<at::Tensor> rest = other.size() > 1    ? shared_input_linears(x, other, kernels_)
                                  : other.size() == 1 ? std::vector<at::Tensor>{at::linear(x, other[0])}
                                                      : other;
   std::vector<at::Tensor> out;
   size_t a = 0, b = 0;
-  for (const char* name : names) out.push_back(in_float8(layer, name) ? in_fp8[a++] : rest[b++]);
+  for (const char* name : names) out.push_back(projected_outside(layer, name) ? from_outside[a++] : rest[b++]);
   return out;
 }
 
@@ -286,23 +255,26 @@ at::Tensor Llama::head_loss(const at::Tensor& h, const at::Tensor& targets) cons
                                loss_chunk_tokens(V, output_.is_cuda()), tp_, tp_rank() * V, kernels_);
 }
 
-at::Tensor Llama::loss(const at::Tensor& tokens, const at::Tensor& targets, const Documents& documents,
-                       const StageHook& before_stage) const {
-  const int64_t L = args_.n_layers;
-  if (before_stage) before_stage(0, at::Tensor());
-  at::Tensor h = embed(tokens);
-  for (int64_t i = 0; i < L; ++i) {
-    if (before_stage) before_stage(i + 1, h);
-    h = block_forward(i, h, documents);
+at::Tensor Llama::blocks(at::Tensor h, const Documents& documents, StageHooks* hooks) const {
+  for (int64_t i = 0; i < args_.n_layers; ++i) {
+    const bool checkpoint = hooks && hooks->checkpointed(i) && h.requires_grad();
+    if (hooks) hooks->before_block(i, h, checkpoint);
+    h = checkpoint ? checkpointed_block(*this, i, h, documents, *hooks) : block_forward(i, h, documents);
+    if (hooks) hooks->after_block(i, h);
   }
-  if (before_stage) before_stage(L + 1, h);
+  return h;
+}
+
+at::Tensor Llama::loss(const at::Tensor& tokens, const at::Tensor& targets, const Documents& documents,
+                       StageHooks* hooks) const {
+  if (hooks) hooks->before_embedding();
+  const at::Tensor h = blocks(embed(tokens), documents, hooks);
+  if (hooks) hooks->before_loss(h);
   return head_loss(h, targets);
 }
 
 at::Tensor Llama::forward(const at::Tensor& tokens, const Documents& documents) const {
-  at::Tensor h = embed(tokens);
-  for (int64_t i = 0; i < args_.n_layers; ++i) h = block_forward(i, h, documents);
-  return head(h);
+  return head(blocks(embed(tokens), documents, nullptr));
 }
 
 std::vector<at::Tensor> Llama::parameter_tensors() const {

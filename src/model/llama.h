@@ -10,14 +10,15 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "model/attention.h"
-#include "model/float8.h"
+#include "model/feed_forward.h"
 #include "model/layers.h"
 #include "model/model_args.h"
-#include "model/tensor_parallel.h"
+#include "model_parallel/tensor_parallel.h"
 
 namespace zb {
 
@@ -31,10 +32,36 @@ struct NamedParameter {
   TpSlice tp;
 };
 
-struct TransformerBlockParams {
-  at::Tensor wq, wk, wv, wo;  // attention
-  at::Tensor w1, w2, w3;      // feed_forward
-  at::Tensor attention_norm, ffn_norm;
+// Another way to multiply some of a block's projections, installed on the model from outside it
+// (Llama::set_projections): FP8's GEMMs (float8/float8_projections.h).
+class Projections {
+ public:
+  virtual ~Projections() = default;
+  // Whether block `layer`'s projection `name` ("wq", .., "w3") is multiplied here.
+  virtual bool takes(int64_t layer, const std::string& name) const = 0;
+  // x w_i^T for each of `weights`, block `layer`'s projections that this takes, sharing the input
+  // x: [.., N_i] in x's dtype, in order.
+  virtual std::vector<at::Tensor> linears(int64_t layer, const at::Tensor& x,
+                                          const std::vector<at::Tensor>& weights) const = 0;
+};
+
+// What an engine does around the model's one pass over its stages (Llama::loss): the sharding
+// engine gathers a block's parameters before it runs, prefetches the next block's and frees them
+// after, as FSDP2's pre- and post-forward hooks do; DDP makes its gradient buckets' nodes before
+// the first stage that reads them. Each call does nothing unless overridden.
+class StageHooks {
+ public:
+  virtual ~StageHooks() = default;
+  virtual void before_embedding() {}
+  // Before block `layer` runs on `input`; `checkpointed`: under activation checkpointing.
+  virtual void before_block(int64_t layer, const at::Tensor& input, bool checkpointed) {}
+  virtual void after_block(int64_t layer, const at::Tensor& output) {}
+  virtual void before_loss(const at::Tensor& input) {}
+  // Activation checkpointing (checkpointed_block): whether block `layer` keeps only its input and
+  // runs again in backward (when its input requires a gradient), and what comes before that
+  // second run (the sharding engine gathers the block's parameters again into its slots).
+  virtual bool checkpointed(int64_t layer) const { return false; }
+  virtual void before_recompute(int64_t layer) {}
 };
 
 // What the forward keeps for backward, in bytes, as the memory estimate counts it
@@ -56,9 +83,9 @@ struct ForwardSaves {
   int64_t head_weight = 0; // the chunked loss's fp32 gradient of this rank's head rows, [vocab / tp, dim]
 };
 // `cuda`: the device's kernels (fused RMSNorm keeps less than the CPU's composite one); `tp`:
-// the tensor-parallel degree (model/tensor_parallel.h; 1: none); `fused_kernels`: SwiGLU's gate as
+// the tensor-parallel degree (model_parallel/tensor_parallel.h; 1: none); `fused_kernels`: SwiGLU's gate as
 // one node (runtime.fused_kernels, model/layers.h: it keeps one hidden-sized tensor less); `cp`:
-// the context-parallel degree (model/context_parallel.h: the tokens are this rank's share of the
+// the context-parallel degree (model_parallel/context_parallel.h: the tokens are this rank's share of the
 // rows, and attention keeps the keys and values of the whole rows, or with `cp_ring` its own and
 // its output in fp32, or with `cp_packed` (runtime.cp_varlen) those its pieces of queries read,
 // packed: under the causal mask half a chunk more than the whole row's).
@@ -73,12 +100,12 @@ class Llama {
   // device: the sharding engine then creates each parameter with init_parameter, keeps its own
   // rows and frees the rest, so that no rank ever holds the whole model.
   //
-  // Tensor parallelism (model/tensor_parallel.h): with a `tp` group of more than one rank, every
+  // Tensor parallelism (model_parallel/tensor_parallel.h): with a `tp` group of more than one rank, every
   // parameter is this rank's slice (parameters()[i].tp), the residual stream between stages is
   // this rank's positions [B, T/tp, D], and the loss is the whole micro-batch's on every rank.
   // Throws std::invalid_argument when the shapes do not divide (check_tensor_parallel).
   Llama(const ModelArgs& args, const at::TensorOptions& options, bool allocate_parameters = true,
-        TensorParallelGroup* tp = nullptr);
+        ModelParallelGroup* tp = nullptr);
 
   // ZeroBand's initialisation (uses the global generator: seed it first): embedding N(0, 1);
   // wq, wk, wv, w1 truncated normal std 0.02; wo, w2, w3 std 0.02/sqrt(2*(layer+1)); head
@@ -105,12 +132,10 @@ class Llama {
   // Training's end: the mean next-token cross-entropy of the logits head(h) gives, against
   // targets [B, T], computed in chunks of tokens without ever holding them all (chunked_loss.h).
   at::Tensor head_loss(const at::Tensor& h, const at::Tensor& targets) const;
-  // embed..head_loss; `before_stage(s, input)`, where given, runs before each stage: 0 the
-  // embedding (input undefined), i + 1 block i, n_layers + 1 the loss, with the stage's input
-  // (an engine's hook: DDP makes its buckets' nodes there).
-  using StageHook = std::function<void(int64_t stage, const at::Tensor& input)>;
+  // embed, the blocks, head_loss: the one pass over the stages, with an engine's `hooks` around
+  // each (they must outlive the backward under activation checkpointing).
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets, const Documents& documents = {},
-                  const StageHook& before_stage = {}) const;
+                  StageHooks* hooks = nullptr) const;
 
   void set_compute_dtype(at::ScalarType dtype) { compute_dtype_ = dtype; }
   // Which of our fused operators and kernels the forward and backward use (all by default); the
@@ -118,21 +143,22 @@ class Llama {
   void set_kernels(const KernelChoices& kernels) { kernels_ = kernels; }
   const KernelChoices& kernels() const { return kernels_; }
   at::ScalarType compute_dtype() const { return compute_dtype_; }
-  // Context parallelism (model/context_parallel.h): with a `cp` group of more than one rank, the
+  // Context parallelism (model_parallel/context_parallel.h): with a `cp` group of more than one rank, the
   // tokens given to loss() and the stages are this rank's positions of each row (cp_positions),
   // the documents are cp_documents', and every block gathers the keys and values of the whole row
   // from the group, or with `ring` passes them around it (ring_attention). Null: none.
-  void set_context_parallel(TensorParallelGroup* cp, bool ring = false) {
+  void set_context_parallel(ModelParallelGroup* cp, bool ring = false) {
     cp_ = cp && cp->size() > 1 ? cp : nullptr;
     cp_ring_ = ring;
   }
 
-  // Float8 linears (model/float8.h): the block projections not filtered out and whose shapes FP8
-  // GEMMs take, with `tokens` in a micro-batch's GEMMs, multiply in FP8. Returns the names of
-  // those left in the compute dtype because of their shape (for the start-up log).
-  std::vector<std::string> set_float8(const Float8Linears& float8, int64_t tokens);
-  // Whether block `layer`'s projection `name` ("wq", .., "w3") runs in FP8.
-  bool in_float8(int64_t layer, const std::string& name) const;
+  // Projections multiplied another way (FP8: float8/float8_projections.h's apply_float8); null:
+  // all of them in the compute dtype.
+  void set_projections(std::shared_ptr<const Projections> projections) { projections_ = std::move(projections); }
+  // Whether block `layer`'s projection `name` ("wq", .., "w3") is multiplied by those.
+  bool projected_outside(int64_t layer, const std::string& name) const {
+    return projections_ && projections_->takes(layer, name);
+  }
 
   const ModelArgs& args() const { return args_; }
   // The tensor-parallel group's size (1 without) and this rank's place in it.
@@ -153,8 +179,8 @@ class Llama {
 
  private:
   ModelArgs args_;
-  TensorParallelGroup* tp_ = nullptr;  // null, or a group of 2 ranks or more
-  TensorParallelGroup* cp_ = nullptr;  // the same for context parallelism
+  ModelParallelGroup* tp_ = nullptr;  // null, or a group of 2 ranks or more
+  ModelParallelGroup* cp_ = nullptr;  // the same for context parallelism
   bool cp_ring_ = false;               // its keys and values passed around the group
   // This rank's heads: query heads, and key/value heads with where they start in the whole
   // (under TP with fewer key/value heads than ranks, wk and wv stay whole on every rank and each
@@ -163,10 +189,12 @@ class Llama {
   bool kv_replicated_ = false;
   at::ScalarType compute_dtype_ = at::kFloat;
   KernelChoices kernels_;
-  Float8Linears float8_;
-  std::vector<std::vector<std::string>> float8_names_;  // per block, its projections in FP8
-  // x w_i^T for block `layer`'s projections `names` (one input): in FP8 where set_float8 put them
-  // (model/float8.h), else through the shared-input node (model/layers.h) or at::linear.
+  // h through every block, `hooks` (if any) around each.
+  at::Tensor blocks(at::Tensor h, const Documents& documents, StageHooks* hooks) const;
+  std::shared_ptr<const Projections> projections_;
+  std::unique_ptr<const FeedForward> feed_forward_ = std::make_unique<DenseSwiGLU>();
+  // x w_i^T for block `layer`'s projections `names` (one input): those set_projections took there,
+  // the rest through the shared-input node (model/layers.h) or at::linear.
   std::vector<at::Tensor> project(int64_t layer, const std::vector<const char*>& names, const at::Tensor& x,
                                   const std::vector<at::Tensor>& weights) const;
   at::Tensor tok_embeddings_, norm_, output_;
@@ -180,6 +208,13 @@ class Llama {
   };
   std::vector<Init> init_;
 };
+
+// Block `layer` of `model` on h under activation checkpointing: the forward keeps only h (and the
+// documents), records no graph; the backward calls hooks.before_recompute(layer), runs the block
+// again with a graph and back-propagates through it (model/activation_checkpoint.cpp). The
+// gradients are the plain block's; `hooks` must outlive the backward.
+at::Tensor checkpointed_block(const Llama& model, int64_t layer, const at::Tensor& h, const Documents& documents,
+                              StageHooks& hooks);
 
 // Whether `args` can be split over `tp` ranks; throws std::invalid_argument naming what does not
 // divide: query heads, key/value heads (a multiple of tp, or dividing it: then each is shared),

@@ -29,7 +29,7 @@ struct ModelArgs {
 ModelArgs lookup_model_args(const std::string& type_model, const std::string& name_model);
 std::vector<std::string> known_model_names(const std::string& type_model);
 
-// One rank's share of what tensor parallelism over `tp` ranks splits (model/tensor_parallel.h):
+// One rank's share of what tensor parallelism over `tp` ranks splits (model_parallel/tensor_parallel.h):
 // attention heads, key/value heads, FFN columns and vocabulary rows (tp = 1: all of them). With
 // fewer key/value heads than ranks each rank holds wk and wv whole and uses one head, shared.
 struct TpShare {
@@ -47,7 +47,7 @@ struct ParamSpec {
   int64_t numel() const;
 };
 // Every parameter of the model, in the model's order, with its stable name; with tp > 1 each
-// rank's slice under tensor parallelism (model/tensor_parallel.h: heads, FFN columns and the
+// rank's slice under tensor parallelism (model_parallel/tensor_parallel.h: heads, FFN columns and the
 // vocabulary split; key/value heads whole when fewer than tp; norms whole).
 std::vector<ParamSpec> param_specs(const ModelArgs& args, int64_t tp = 1);
 

@@ -6,48 +6,11 @@
 
 namespace zb {
 
-std::vector<int64_t> MeshShape::tp_group_ranks(int64_t rank) const {
-  std::vector<int64_t> out;
-  for (int64_t t = 0; t < tp; ++t) out.push_back(rank / tp * tp + t);
-  return out;
-}
+ParallelMesh::ParallelMesh(const Config& config, int64_t world_size, int64_t rank, EngineKind engine)
+    : engine_(engine), shape_(mesh_shape(config, world_size, engine)), rank_(rank) {}
 
-std::vector<int64_t> MeshShape::cp_group_ranks(int64_t rank) const {
-  std::vector<int64_t> out;
-  for (int64_t c = 0; c < cp; ++c) out.push_back(rank / (cp * tp) * cp * tp + c * tp + rank % tp);
-  return out;
-}
-
-std::vector<int64_t> MeshShape::shard_group_ranks(int64_t rank) const {
-  std::vector<int64_t> out;
-  for (int64_t s = 0; s < shard; ++s) out.push_back(replica_of(rank) * shard * tp + s * tp + rank % tp);
-  return out;
-}
-
-std::vector<int64_t> MeshShape::replicate_group_ranks(int64_t rank) const {
-  std::vector<int64_t> out;
-  for (int64_t i = 0; i < replicate; ++i) out.push_back(i * shard * tp + rank % (shard * tp));
-  return out;
-}
-
-MeshShape mesh_shape(const Config& c, int64_t world_size, Parallelism parallelism) {
-  MeshShape s;
-  if (parallelism == Parallelism::DDP) {
-    s.replicate = world_size;
-    return s;
-  }
-  s.replicate = c.parallel.dp_replicate;
-  s.tp = c.parallel.tp;
-  s.cp = c.parallel.cp;
-  s.shard = resolved_dp_shard(c, world_size) * s.cp;
-  return s;
-}
-
-ParallelMesh::ParallelMesh(const Config& config, int64_t world_size, int64_t rank, Parallelism parallelism)
-    : parallelism_(parallelism), shape_(mesh_shape(config, world_size, parallelism)), rank_(rank) {}
-
-ParallelMesh::ParallelMesh(const Config& config, Communicator& world, Parallelism parallelism)
-    : ParallelMesh(config, world.size(), world.rank(), parallelism) {
+ParallelMesh::ParallelMesh(const Config& config, Communicator& world, EngineKind engine)
+    : ParallelMesh(config, world.size(), world.rank(), engine) {
   world_ = &world;
   if (sharded() && shape_.cp > 1)
     cp_ = world.subgroup("cp" + std::to_string(rank_ / (shape_.cp * shape_.tp)) + "." + std::to_string(tp_rank()),
@@ -59,7 +22,7 @@ ParallelMesh::ParallelMesh(const Config& config, Communicator& world, Parallelis
   const std::string tp_part = m.tp > 1 ? "." + std::to_string(tp_rank()) : "";
   shard_ = world.subgroup("shard" + std::to_string(replica()) + tp_part, m.shard_group_ranks(r));
   if (m.replicate > 1)
-    replicate_ = world.subgroup("replicate" + std::to_string(r % (m.shard * m.tp)), m.replicate_group_ranks(r));
+    replicate_ = world.subgroup("replicate" + std::to_string(r % (m.dp_shard_cp * m.tp)), m.replicate_group_ranks(r));
   if (m.tp > 1) tp_ = world.subgroup("tp" + std::to_string(r / m.tp), m.tp_group_ranks(r));
 }
 

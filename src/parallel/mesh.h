@@ -18,50 +18,26 @@
 #include <vector>
 
 #include "config/config.h"
+#include "config/resolved_run.h"
 #include "dist/comm.h"
 #include "dist/world.h"
 
 namespace zb {
 
-// The engine that holds the parameters: sharded (FSDP, and HSDP with replicas) or replicated (DDP).
-enum class Parallelism { FSDP, DDP };
-
-// The mesh's sizes and the arithmetic of coordinates; no process groups.
-struct MeshShape {
-  // shard: the sharding engine's group, dp_shard x cp ranks (dp_shard alone without CP).
-  int64_t shard = 1, replicate = 1, tp = 1, cp = 1;
-
-  int64_t world() const { return replicate * shard * tp; }
-  int64_t data_parallel_size() const { return replicate * shard / cp; }
-  int64_t replica_of(int64_t rank) const { return rank / (shard * tp); }  // also its shard group's number
-  int64_t shard_rank_of(int64_t rank) const { return (rank / tp) % shard; }
-  int64_t tp_rank_of(int64_t rank) const { return rank % tp; }
-  int64_t cp_rank_of(int64_t rank) const { return (rank / tp) % cp; }
-  int64_t data_parallel_rank_of(int64_t rank) const { return rank / (cp * tp); }  // which rows of a batch it reads
-  std::vector<int64_t> tp_group_ranks(int64_t rank) const;         // consecutive
-  std::vector<int64_t> cp_group_ranks(int64_t rank) const;         // strided by `tp`
-  std::vector<int64_t> shard_group_ranks(int64_t rank) const;      // strided by `tp`
-  std::vector<int64_t> replicate_group_ranks(int64_t rank) const;  // strided by `shard x tp`
-};
-
-// The shape the config asks for on `world_size` ranks (validate() checked that it multiplies out).
-// The replicating engine (DDP) has one dimension: every rank a replica.
-MeshShape mesh_shape(const Config& config, int64_t world_size, Parallelism parallelism = Parallelism::FSDP);
-
 class ParallelMesh {
  public:
   // A planned run's mesh (the step plan, the memory estimate): coordinates, no process groups.
-  ParallelMesh(const Config& config, int64_t world_size, int64_t rank, Parallelism parallelism);
+  ParallelMesh(const Config& config, int64_t world_size, int64_t rank, EngineKind engine);
   // A live run's mesh: the groups along the dimensions are made from `world`, which must outlive
   // the mesh. Every rank calls it at the same point (on NCCL each group is split from the world's
   // communicator). Groups exist only where they differ from the world and hold more than one
   // rank's worth of work: a shard group when there are replicas or TP, a replicate group with
   // more than one replica, a TP group with tp > 1, a CP group with cp > 1. DDP makes none.
-  ParallelMesh(const Config& config, Communicator& world, Parallelism parallelism);
+  ParallelMesh(const Config& config, Communicator& world, EngineKind engine);
   ParallelMesh(ParallelMesh&&) = default;
 
-  Parallelism parallelism() const { return parallelism_; }
-  bool sharded() const { return parallelism_ == Parallelism::FSDP; }
+  EngineKind engine() const { return engine_; }
+  bool sharded() const { return engine_ == EngineKind::Sharded; }
   const MeshShape& shape() const { return shape_; }
   int64_t rank() const { return rank_; }
   int64_t world_size() const { return shape_.world(); }
@@ -92,7 +68,7 @@ class ParallelMesh {
  private:
   bool groups_made() const;
 
-  Parallelism parallelism_;
+  EngineKind engine_;
   MeshShape shape_;
   int64_t rank_ = 0;
   Communicator* world_ = nullptr;  // a live mesh's

@@ -54,7 +54,7 @@ class ParallelModel {
   // derived from them (FSDP's kept casts) is made again at its next use.
   virtual void parameters_changed() {}
   // Whether it keeps such casts (FSDP's train.keep_unsharded in effect).
-  virtual bool keeps_casts() const { return false; }
+  virtual bool keeps_unsharded() const { return false; }
   // The tensors the optimizer updates, in model order.
   virtual std::vector<ShardedParameter> parameters() = 0;
   // Clips by the global L2 norm over all ranks; returns the norm before clipping (0-d fp32;

@@ -5,7 +5,7 @@
 #include <tuple>
 
 #include "parallel/row_shard.h"
-#include "model/attention.h"
+#include "config/resolved_run.h"
 #include "model/chunked_loss.h"
 #include "model/layers.h"
 #include "model/model_args.h"
@@ -67,7 +67,7 @@ struct UnitSizes {
 // unit whose reduced rows are being all-reduced over the replicas keeps them one unit longer (a
 // W-th of a block, in place).
 //
-// Under tensor parallelism (model/tensor_parallel.h) rank 0 holds its slice of every matrix,
+// Under tensor parallelism (model_parallel/tensor_parallel.h) rank 0 holds its slice of every matrix,
 // this rank's heads, FFN columns and vocabulary rows, and a tp-th of each micro-batch's positions
 // in the residual stream; what the column-parallel products read, the gathered sequence, is
 // whole. The TP group's collectives in the plan allocate nothing counted here: a gathered
@@ -121,7 +121,7 @@ class MemoryReplay {
   const int64_t A_;    // micro-batches per step
   const int64_t e_;    // bytes of a gathered weight / activation
   const bool muon_, reduce_every_;
-  // parallel.cp_rotate = "ring": the working set of ring attention (model/context_parallel.cpp),
+  // parallel.cp_rotate = "ring": the working set of ring attention (model_parallel/context_parallel.cpp),
   // in forward and in backward, bytes; 0 otherwise.
   int64_t ring_forward_ = 0, ring_backward_ = 0;
   int64_t mask_ = 0;   // the attention mask's bytes, where there is one
@@ -174,11 +174,10 @@ MemoryReplay::MemoryReplay(const Config& c, const StepPlan& plan, at::ScalarType
   const c10::Device device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
   // Document attention without the flash kernel reads an additive mask [B, 1, T, T] in the
   // compute dtype, made once per micro-batch and shared by every block (attention.h).
-  const bool flash = varlen_flash_supported(device, compute_dtype, a_.head_dim());
-  // Under context parallelism the mask is always made, for this rank's queries [B, 1, T/cp, T].
-  mask_ = (c.model.attention == "document" && !flash) || (plan.cp > 1 && !(c.runtime.cp_varlen && flash))
-              ? e_ * c.data.seq_length * N_
-              : 0;
+  // Under context parallelism the mask is made unless runtime.cp_varlen, for this rank's queries
+  // [B, 1, T/cp, T].
+  const AttentionPath attention = resolve_attention(c, plan.cp, device, compute_dtype);
+  mask_ = attention.mask() ? e_ * c.data.seq_length * N_ : 0;
 
   units_.resize(static_cast<size_t>(L_ + 1));
   specs_ = param_specs(a_, tp_);  // this rank's slices under TP
@@ -200,8 +199,8 @@ MemoryReplay::MemoryReplay(const Config& c, const StepPlan& plan, at::ScalarType
 
   // What the forward keeps for backward (defined beside it: model/llama.h's forward_saves).
   saves_ = forward_saves(a_, compute_dtype, cuda, tp_, resolve_kernel_choices(c).on(Fused::Gate), plan.cp,
-                         c.parallel.cp_rotate == "ring", plan.cp > 1 && c.runtime.cp_varlen && flash);
-  if (plan.cp > 1 && c.parallel.cp_rotate == "ring") {
+                         attention.cp_ring(), attention.cp_packed());
+  if (attention.cp_ring()) {
     // A block of the ring is this rank's t = T/cp queries against one rank's t keys, in fp32: the
     // scores turned into probabilities in place ([B, H, t, t]), the block's keys and values at
     // every query head and two partial outputs ([B, t, H, Dh] each), and the block held and the
@@ -222,7 +221,7 @@ MemoryReplay::MemoryReplay(const Config& c, const StepPlan& plan, at::ScalarType
 }
 
 // Under TP a block's forward ends with the MLP's partial sums [N, D] and their copy in the order
-// the reduce-scatter sends them (model/tensor_parallel.cpp), freed once it is done.
+// the reduce-scatter sends them (model_parallel/tensor_parallel.cpp), freed once it is done.
 void MemoryReplay::partial_sums() {
   if (tp_ == 1) return;
   const int64_t bytes = (2 + reduce_scatter_copies_) * e_ * D_ * N_;
@@ -552,7 +551,7 @@ MemoryEstimate MemoryReplay::result() const {
 MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::ScalarType compute_dtype, bool cuda,
                                     bool reduce_every_micro_batch) {
   const c10::Device device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
-  const StepPlan plan = plan_step(c, ParallelMesh(c, world_size, /*rank=*/0, Parallelism::FSDP), compute_dtype,
+  const StepPlan plan = plan_step(c, ParallelMesh(c, world_size, /*rank=*/0, EngineKind::Sharded), compute_dtype,
                                   resolve_ns_dtype(c, device), reduce_every_micro_batch, cuda);
   MemoryReplay replay(c, plan, compute_dtype, cuda);
   replay.start_of_step();

@@ -152,19 +152,19 @@ MemoryBudget share_budget(MemoryBudget budget, int64_t sharing) {
   return budget;
 }
 
-StepPlan plan_run(const Config& c, int64_t world_size, int64_t rank, Parallelism parallelism,
+StepPlan plan_run(const Config& c, int64_t world_size, int64_t rank, EngineKind engine,
                   MemoryVerdict* memory) {
   const c10::Device device = planned_device(c);
   // The memory estimate decides "auto".
   bool reduce_every = c.train.reduce_every_micro_batch == "true";
   Config resolved = c;
-  if (parallelism == Parallelism::FSDP) {
+  if (engine == EngineKind::Sharded) {
     MemoryVerdict v = judge_memory(c, world_size, device, memory_budget(c, device, /*dry_run=*/true));
     reduce_every = v.reduce_every_micro_batch;
     resolved.train.keep_unsharded = v.keep_unsharded ? "true" : "false";
     if (memory) *memory = std::move(v);
   }
-  return plan_step(resolved, ParallelMesh(c, world_size, rank, parallelism), resolve_compute_dtype(c, device),
+  return plan_step(resolved, ParallelMesh(c, world_size, rank, engine), resolve_compute_dtype(c, device),
                    resolve_ns_dtype(c, device), reduce_every, device.is_cuda());
 }
 

@@ -70,7 +70,7 @@ c10::Device planned_device(const Config& config);
 // memory verdict (which knows the device's memory from runtime.device_memory_gb, or the GPU's
 // name where this machine has it). `memory`, when given, receives that verdict (the sharding
 // engine only; left alone for train_ddp).
-StepPlan plan_run(const Config& config, int64_t world_size, int64_t rank, Parallelism parallelism,
+StepPlan plan_run(const Config& config, int64_t world_size, int64_t rank, EngineKind engine,
                   MemoryVerdict* memory = nullptr);
 
 }  // namespace zb

@@ -46,11 +46,11 @@ class PlanWriter {
 };
 
 // The collectives inside the model (model/llama.cpp), in the order autograd runs them.
-// Tensor parallelism's (model/tensor_parallel.h) over the "tp" group: `seq`: one rank's part of a
+// Tensor parallelism's (model_parallel/tensor_parallel.h) over the "tp" group: `seq`: one rank's part of a
 // micro-batch's activations [micro_bs, T/tp, D] in the compute dtype (the payload of every sequence
 // gather and reduce-scatter); `norm`: a norm weight's gradient; `kv`: a shared key/value weight's
 // gradient (0 when the heads are split); `chunks`: the loss's chunks, in tokens. Context
-// parallelism's (model/context_parallel.h) over the "cp" group: `cp_kv`: one rank's keys (or
+// parallelism's (model_parallel/context_parallel.h) over the "cp" group: `cp_kv`: one rank's keys (or
 // values) of a micro-batch [micro_bs, T/cp, Hkv * Dh] in the compute dtype.
 struct ModelEvents {
   int64_t tp = 1, seq = 0, norm = 0, kv = 0;
@@ -145,7 +145,7 @@ struct ModelEvents {
 // into a collective (its rows on each rank, padded); `group` the engine's communicator.
 // `R`: the replicas the gradients are summed over (1 under DiLoCo, whose replicas train apart).
 // FP8 all-gather (float8.enable_fsdp_float8_all_gather): whether the sharding engine gathers
-// parameter `s` in FP8 (those the model multiplies in FP8, model/float8.h).
+// parameter `s` in FP8 (those the model multiplies in FP8, float8/float8.h).
 bool gathered_in_float8(const Config& c, const ParamSpec& s) {
   const Float8Linears f8 = resolve_float8(c);
   return f8.fsdp_all_gather && s.shape.size() == 2 && f8.takes(s.name, s.shape[0], s.shape[1], gemm_tokens(c));
@@ -286,12 +286,12 @@ void plan_ddp_micro_batches(PlanWriter& w, const StepPlan& p, const std::vector<
 StepPlan plan_step(const Config& c, const ParallelMesh& mesh, at::ScalarType compute_dtype, at::ScalarType ns_dtype,
                    bool reduce_every_micro_batch, bool cuda) {
   StepPlan p;
-  const Parallelism parallelism = mesh.parallelism();
+  const EngineKind engine = mesh.engine();
   const int64_t world_size = mesh.world_size(), rank = mesh.rank();
-  p.parallelism = parallelism;
+  p.engine = engine;
   p.world = world_size;
   p.rank = rank;
-  p.shard = mesh.shape().shard;
+  p.shard = mesh.shape().dp_shard_cp;
   p.replicate = mesh.shape().replicate;
   p.tp = mesh.shape().tp;
   p.cp = mesh.shape().cp;
@@ -299,7 +299,7 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, at::ScalarType com
   p.reduce_every_micro_batch = reduce_every_micro_batch && p.micro_batches > 1;
   // Kept casts: one rank per shard group whose gradients no replicas sum (HSDP's do; DiLoCo's
   // replicas train apart).
-  p.keep_unsharded = parallelism == Parallelism::FSDP && p.shard == 1 &&
+  p.keep_unsharded = engine == EngineKind::Sharded && p.shard == 1 &&
                      (p.replicate == 1 || c.diloco.inner_steps > 0) && c.train.keep_unsharded == "true";
 
   const ModelArgs a = resolve_model_args(c);
@@ -315,7 +315,7 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, at::ScalarType com
       if (param_role(s.name, static_cast<int64_t>(s.shape.size())) == ParamRole::Hidden) muon.push_back(s);
 
   PlanWriter w(p.events);
-  const bool fsdp = parallelism == Parallelism::FSDP;
+  const bool fsdp = engine == EngineKind::Sharded;
   const bool diloco = fsdp && c.diloco.inner_steps > 0;
   // The engine's communicator: the world unless groups were made.
   const std::string shard_group = mesh.shard_group_name();
@@ -332,7 +332,7 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, at::ScalarType com
     if (p.cp > 1) {
       model_events.cp = p.cp;
       model_events.cp_kv = compute_bytes * c.train.micro_bs * T * tp_share(a, tp).kv_heads * a.head_dim();
-      model_events.cp_ring = c.parallel.cp_rotate == "ring";
+      model_events.cp_ring = resolve_cp_rotate(c) == CpRotate::Ring;
       model_events.ring_grad = 2 * 4 * c.train.micro_bs * T * tp_share(a, tp).kv_heads * a.head_dim();
     }
     if (tp > 1) {
@@ -528,7 +528,7 @@ nlohmann::json plan_to_json(const StepPlan& p) {
               {"replicate_bytes_per_step", static_cast<double>(period) / static_cast<double>(p.diloco->inner_steps)}};
   }
   return {
-      {"parallelism", p.parallelism == Parallelism::FSDP ? "fsdp" : "ddp"},
+      {"parallelism", p.engine == EngineKind::Sharded ? "fsdp" : "ddp"},
       {"world", p.world},
       {"shard", p.shard},
       {"replicate", p.replicate},

@@ -32,7 +32,7 @@ inline constexpr const char* kFloat8AmaxGather = "FP8 weights' amaxes";
 
 struct StepPlan {
   // What it was made for.
-  Parallelism parallelism = Parallelism::FSDP;
+  EngineKind engine = EngineKind::Sharded;
   int64_t world = 1, shard = 1, replicate = 1, tp = 1, cp = 1, rank = 0;
   int64_t micro_batches = 1;
   bool reduce_every_micro_batch = false;

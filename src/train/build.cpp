@@ -4,6 +4,7 @@
 
 #include "config/model_config.h"
 #include "ddp/ddp_engine.h"
+#include "float8/float8_projections.h"
 #include "fsdp/fsdp_engine.h"
 #include "model/attention.h"
 #include "optim/replicated_muon.h"
@@ -24,7 +25,7 @@ std::unique_ptr<Llama> build_model(const Config& config, const TrainingParts& pa
   model->init_weights();  // the parameters it holds: none under FSDP
   model->set_compute_dtype(parts.compute_dtype);
   model->set_kernels(parts.kernels);  // the engine's gradient sums read them from the model
-  model->set_context_parallel(parts.cp_group.get(), config.parallel.cp_rotate == "ring");
+  model->set_context_parallel(parts.cp_group.get(), parts.attention.cp_rotate == CpRotate::Ring);
   if (config.float8.enable_float8_linear) {
     const Float8Config& f = config.float8;
     if (!f.emulate && device_compute_capability(parts.device) < 89)
@@ -39,10 +40,10 @@ std::unique_ptr<Llama> build_model(const Config& config, const TrainingParts& pa
     if (f.enable_fsdp_float8_all_gather && !parts.mesh.sharded())
       throw ConfigError(config.origin("float8.enable_fsdp_float8_all_gather") + ": float8.enable_fsdp_float8_all_gather "
                         "is for the sharding engine (train_fsdp, train_hsdp); train_ddp gathers no weights");
-    const std::vector<std::string> kept = model->set_float8(resolve_float8(config), tokens);
+    const std::vector<std::string> kept = apply_float8(*model, resolve_float8(config), tokens);
     int64_t in_fp8 = 0;
     for (int64_t l = 0; l < model->args().n_layers; ++l)
-      for (const char* name : {"wq", "wk", "wv", "wo", "w1", "w2", "w3"}) in_fp8 += model->in_float8(l, name);
+      for (const char* name : {"wq", "wk", "wv", "wo", "w1", "w2", "w3"}) in_fp8 += model->projected_outside(l, name);
     std::string filters;
     for (const std::string& k : f.filter_fqns) filters += (filters.empty() ? "" : ", ") + k;
     log::info(strf("float8: %ld of the blocks' %ld projections in FP8, recipe %s, %s%s; left out by name: %s",
@@ -70,7 +71,7 @@ std::unique_ptr<ParallelModel> build_engine(const Config& config, const Training
   fsdp.compute_dtype = parts.compute_dtype;
   fsdp.reshard_after_forward = config.train.reshard_after_forward;
   fsdp.checkpoint_every = config.train.ac_ckpt;
-  fsdp.keep_cast = config.train.keep_unsharded == "true";  // "auto" is resolved by the memory verdict
+  fsdp.keep_unsharded = config.train.keep_unsharded == "true";  // "auto" is resolved by the memory verdict
   fsdp.float8_all_gather = config.float8.enable_float8_linear && config.float8.enable_fsdp_float8_all_gather;
   // DiLoCo: no gradient crosses between replicas; the outer step does, every inner_steps steps.
   const bool diloco = config.diloco.inner_steps > 0;
@@ -104,23 +105,17 @@ RunData build_data(const Config& config, const TrainingParts& parts) {
   DataSources sources = make_data_sources(config, parts.model->args().vocab_size);
   d.validation = sources.validation;
   d.documents = sources.documents;
-  // Under context parallelism attention reads a mask (model/context_parallel.h), or with
-  // runtime.cp_varlen the variable-length kernel (cp_varlen_documents), which must run here.
-  const int64_t cp = parts.mesh.shape().cp;
-  const bool flash = varlen_flash_supported(parts.device, parts.compute_dtype, parts.model->args().head_dim());
-  if (cp > 1 && config.runtime.cp_varlen && !flash)
-    throw ConfigError(config.origin("runtime.cp_varlen") + ": runtime.cp_varlen needs the variable-length flash "
-                      "kernel: a GPU, bf16 and a head size it takes");
-  d.flash_documents = flash && (cp == 1 || config.runtime.cp_varlen);
   // Asked for this rank's heads: under TP each rank attends with its share of them.
+  const AttentionPath& path = parts.attention;
+  const int64_t cp = path.cp;
   const ModelArgs& shape = parts.model->args();
   const TpShare heads = tp_share(shape, parts.mesh.shape().tp);
-  d.attention_kernel =
-      cp > 1 && config.parallel.cp_rotate == "ring" ? "ring_fp32_blocks"
-      : cp > 1 && d.flash_documents                  ? "flash_varlen"
-                                                     : attention_kernel(parts.device, parts.compute_dtype, config.data.seq_length / cp, heads.heads,
-                             heads.kv_heads, shape.head_dim(), d.documents.has_value() || cp > 1, d.flash_documents,
-                             parts.kernels.cudnn_varlen);
+  d.attention_kernel = path.cp_ring()     ? "ring_fp32_blocks"
+                       : path.cp_packed() ? "flash_varlen"
+                                          : attention_kernel(parts.device, parts.compute_dtype, config.data.seq_length / cp,
+                                                             heads.heads, heads.kv_heads, shape.head_dim(),
+                                                             d.documents.has_value() || cp > 1, path.flash_documents,
+                                                             path.cudnn_varlen);
   const ParallelMesh& mesh = parts.mesh;
   d.train = std::make_unique<DataLoader>(sources.train, static_cast<uint64_t>(config.runtime.seed),
                                          config.data.shuffle && !config.data.fake, config.optim.batch_size,
@@ -135,11 +130,12 @@ TrainingParts build_training(const Config& config, ParallelMesh mesh, c10::Devic
                              std::optional<bool> reduce_every_micro_batch) {
   TORCH_CHECK(config.diloco.inner_steps == 0 || mesh.sharded(),
               "DiLoCo (diloco.inner_steps) runs over the shard groups of train_fsdp or train_hsdp");
-  TrainingParts p(std::move(mesh), device, resolve_compute_dtype(config, device), resolve_kernel_choices(config));
+  const ResolvedRun run = resolve_run(config, mesh.world_size(), mesh.engine(), device);
+  TrainingParts p(std::move(mesh), run);
   // Which kernel scaled_dot_product_attention may run: PyTorch's own process-wide setting.
   use_sdpa_backend(config.runtime.sdpa_backend);
-  if (Communicator* tp = p.mesh.tp_group()) p.tp_group = std::make_unique<CommTensorParallelGroup>(*tp);
-  if (Communicator* cp = p.mesh.cp_group()) p.cp_group = std::make_unique<CommTensorParallelGroup>(*cp);
+  if (Communicator* tp = p.mesh.tp_group()) p.tp_group = std::make_unique<CommModelParallelGroup>(*tp);
+  if (Communicator* cp = p.mesh.cp_group()) p.cp_group = std::make_unique<CommModelParallelGroup>(*cp);
   p.model = build_model(config, p);
   p.engine = build_engine(config, p);
   p.optimizer = std::make_unique<Optimizer>(config, p.engine->parameters(), p.kernels);
@@ -153,7 +149,6 @@ TrainingParts build_training(const Config& config, ParallelMesh mesh, c10::Devic
         replica_fingerprint(config, p.model->args(), p.mesh.shape().tp),
         config.diloco.join ? config.diloco.join_state : ""));
   p.data = build_data(config, p);
-  p.accum = grad_accum_steps(config, p.mesh.world_size());
   p.reduce_every_micro_batch =
       reduce_every_micro_batch.value_or(config.train.reduce_every_micro_batch == "true") && p.accum > 1;
   return p;

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "config/config.h"
+#include "config/resolved_run.h"
 #include "data/loader.h"
 #include "data/sources.h"
 #include "kernels/kernel_choices.h"
@@ -19,7 +20,7 @@
 #include "optim/optimizer.h"
 #include "parallel/mesh.h"
 #include "parallel/parallel_model.h"
-#include "parallel/tensor_parallel_group.h"
+#include "parallel/model_parallel_group.h"
 #include "diloco/diloco.h"
 
 namespace zb {
@@ -29,21 +30,23 @@ struct RunData {
   std::unique_ptr<DataLoader> train;                // this rank's rows of every global batch
   std::shared_ptr<const SampleSource> validation;   // null without validation data
   std::optional<DocumentDelimiter> documents;       // model.attention = "document"
-  bool flash_documents = false;                     // documents by the varlen flash kernel (attention.h)
   std::string attention_kernel;                     // model/attention.h's attention_kernel
 };
 
 // In the order they are destroyed last to first: what a part uses is declared before it.
 struct TrainingParts {
-  TrainingParts(ParallelMesh mesh, c10::Device device, at::ScalarType compute_dtype, const KernelChoices& kernels)
-      : mesh(std::move(mesh)), device(device), compute_dtype(compute_dtype), kernels(kernels) {}
+  // The run's values as resolve_run resolved them from the config (config/resolved_run.h).
+  TrainingParts(ParallelMesh mesh, const ResolvedRun& run)
+      : mesh(std::move(mesh)), device(run.device), compute_dtype(run.compute_dtype), kernels(run.kernels),
+        attention(run.attention), accum(run.micro_batches) {}
 
   ParallelMesh mesh;
   c10::Device device;
   at::ScalarType compute_dtype;
-  KernelChoices kernels;  // resolved once from the config: the model, Muon, the gradient sums
-  std::unique_ptr<TensorParallelGroup> tp_group;  // the model's view of the mesh's TP group
-  std::unique_ptr<TensorParallelGroup> cp_group;  // and of its CP group
+  KernelChoices kernels;    // the model, Muon, the gradient sums
+  AttentionPath attention;  // the Trainer's documents, the model's ring, the kernel the metrics name
+  std::unique_ptr<ModelParallelGroup> tp_group;  // the model's view of the mesh's TP group
+  std::unique_ptr<ModelParallelGroup> cp_group;  // and of its CP group
   std::unique_ptr<Llama> model;
   std::unique_ptr<ParallelModel> engine;          // FSDPEngine or DDPEngine
   std::unique_ptr<Optimizer> optimizer;

@@ -14,7 +14,7 @@
 #include <limits>
 #include <utility>
 
-#include "model/context_parallel.h"
+#include "model_parallel/context_parallel.h"
 #include "observe/metrics_logger.h"
 #include "util/log.h"
 #include "util/phase.h"
@@ -48,16 +48,17 @@ Trainer::EngineInput Trainer::engine_input(const Batch& batch) const {
   EngineInput in{batch.inputs.to(parts_.device, /*non_blocking=*/true),
                  batch.targets.to(parts_.device, /*non_blocking=*/true), {}};
   const int64_t B = batch.inputs.size(0), T = batch.inputs.size(1);
-  const int64_t cp = parts_.mesh.shape().cp;
+  const AttentionPath& path = parts_.attention;
+  const int64_t cp = path.cp;
   if (cp == 1) {
     in.documents = make_documents(batch.cu_seqlens, batch.max_document, T, parts_.device, parts_.compute_dtype,
-                                  parts_.data.flash_documents, parts_.kernels.cudnn_varlen);
+                                  path.flash_documents, path.cudnn_varlen);
     return in;
   }
-  in.documents = parts_.data.flash_documents  // runtime.cp_varlen
+  in.documents = path.cp_packed()  // runtime.cp_varlen
                      ? cp_varlen_documents(batch.cu_seqlens, B, T, parts_.mesh.cp_rank(), cp, parts_.device)
                      : cp_documents(batch.cu_seqlens, B, T, parts_.mesh.cp_rank(), cp, parts_.device,
-                                    parts_.compute_dtype, config_.parallel.cp_rotate == "ring");
+                                    parts_.compute_dtype, path.cp_ring());
   in.inputs = in.inputs.index_select(1, in.documents.positions);
   in.targets = in.targets.index_select(1, in.documents.positions);
   return in;

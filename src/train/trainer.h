@@ -68,7 +68,7 @@ class Trainer {
   // rather than summed whole in fp32 and reduced on the last.
   bool reduces_every_micro_batch() const { return parts_.reduce_every_micro_batch; }
   // The engine keeps the parameters' casts for the step (train.keep_unsharded, one rank per shard group).
-  bool keeps_unsharded() const { return parts_.engine->keeps_casts(); }
+  bool keeps_unsharded() const { return parts_.engine->keeps_unsharded(); }
   int64_t tokens_per_step() const { return config_.optim.batch_size * config_.data.seq_length; }
   const ModelArgs& model_args() const { return parts_.model->args(); }
   at::ScalarType compute_dtype() const { return parts_.compute_dtype; }
@@ -77,7 +77,8 @@ class Trainer {
   // The token documents are cut at (model.attention = "document"), and whether the flash kernel
   // computes attention within them.
   const std::optional<DocumentDelimiter>& documents() const { return parts_.data.documents; }
-  bool flash_documents() const { return parts_.data.flash_documents; }
+  bool flash_documents() const { return parts_.attention.flash_documents; }
+  const AttentionPath& attention() const { return parts_.attention; }
   // The attention kernel the steps run (model/attention.h's attention_kernel).
   const std::string& attention_kernel() const { return parts_.data.attention_kernel; }
   ParallelModel& parallel() { return *parts_.engine; }
@@ -108,7 +109,7 @@ class Trainer {
   double apply_or_skip(StepStats& stats);
   // What the engine takes of a batch on this device: its rows' tokens and targets with their
   // documents as attention reads them (none without documents); under context parallelism this
-  // rank's positions of the rows (model/context_parallel.h) and the mask they attend through.
+  // rank's positions of the rows (model_parallel/context_parallel.h) and the mask they attend through.
   struct EngineInput {
     at::Tensor inputs, targets;
     Documents documents;

@@ -33,6 +33,14 @@ void record_run(const Config& config, const Trainer& trainer, const std::string&
     nlohmann::json run = resolved_run(config);
     run["resolved_reduce_every_micro_batch"] = trainer.reduces_every_micro_batch();
     run["resolved_keep_unsharded"] = trainer.keeps_unsharded();
+    const MeshShape& mesh = trainer.mesh().shape();
+    run["resolved_mesh"] = {{"dp_shard_cp", mesh.dp_shard_cp}, {"dp_replicate", mesh.replicate}, {"tp", mesh.tp},
+                            {"cp", mesh.cp}};
+    const AttentionPath& attention = trainer.attention();
+    run["resolved_attention"] = {{"kernel", trainer.attention_kernel()},
+                                 {"flash_documents", attention.flash_documents},
+                                 {"mask", attention.mask()},
+                                 {"cp_ring", attention.cp_ring()}};
     std::ofstream(path) << run.dump(2) << "\n";
   }
   start_metrics_follower(config, metrics_path, resumed);

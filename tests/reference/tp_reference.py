@@ -5,7 +5,7 @@
 A small Llama, written here with ZeroBand's math and parameter names, is split over TP Gloo
 processes on the CPU by torch.distributed.tensor.parallel (ColwiseParallel, RowwiseParallel,
 SequenceParallel, PrepareModuleInput, loss_parallel): Megatron's layout with sequence
-parallelism, as torchtitan applies it and as model/tensor_parallel.h does. For each case (4
+parallelism, as torchtitan applies it and as model_parallel/tensor_parallel.h does. For each case (4
 key/value heads; on 2 ranks also 2) it writes the whole weights, the tokens, the TP run's loss
 and full logits, and every rank's local gradient, after checking them against the same model run
 whole on one process (the script exits nonzero if they differ).

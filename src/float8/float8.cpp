@@ -1,4 +1,4 @@
-#include "model/float8.h"
+#include "float8/float8.h"
 #include "kernels/cuda_ops.h"
 
 #include <ATen/TensorOperators.h>

@@ -1,4 +1,4 @@
-#include "model/context_parallel.h"
+#include "model_parallel/context_parallel.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
@@ -143,7 +143,7 @@ std::pair<at::Tensor, at::Tensor> unpack(const at::Tensor& held, const at::Tenso
 struct RingAttention : torch::autograd::Function<RingAttention> {
   // visible: Documents::visible_blocks, as 0/1.
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               const at::Tensor& mask, const std::vector<int64_t>& visible, TensorParallelGroup* group) {
+                               const at::Tensor& mask, const std::vector<int64_t>& visible, ModelParallelGroup* group) {
     const int64_t n = group->size(), me = group->rank();
     const int64_t B = q.size(0), t = q.size(1), H = q.size(2), Dh = q.size(3);
     const auto work = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -190,7 +190,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto* group = reinterpret_cast<TensorParallelGroup*>(ctx->saved_data["group"].toInt());
+    auto* group = reinterpret_cast<ModelParallelGroup*>(ctx->saved_data["group"].toInt());
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &mask = saved[3], &out = saved[4], &lse = saved[5];
     const int64_t n = group->size(), me = group->rank();
@@ -243,7 +243,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
 }  // namespace
 
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Documents& documents,
-                          TensorParallelGroup& group) {
+                          ModelParallelGroup& group) {
   const at::Tensor& mask = documents.mask;
   TORCH_CHECK(mask.defined() && mask.dim() == 4 && mask.size(2) == q.size(1) && mask.size(3) == q.size(1) * group.size() &&
                   static_cast<int64_t>(documents.visible_blocks.size()) == group.size(),

@@ -12,41 +12,24 @@
 //                               positions, are summed over the group in backward
 //
 // The model sits below the process groups (src/CMakeLists.txt): it asks for collectives through
-// TensorParallelGroup, which the parallel layer implements on a Communicator.
+// ModelParallelGroup (model_parallel/group.h), which the parallel layer implements on a Communicator.
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
-#include <functional>
+
+#include "model_parallel/group.h"
 
 namespace zb {
 
-class TensorParallelGroup {
- public:
-  virtual ~TensorParallelGroup() = default;
-  virtual int64_t size() const = 0;
-  virtual int64_t rank() const = 0;
-  // Each returns once the result may be read by what runs next on the tensors' device.
-  // out (flat, size() * in.numel()) = every rank's `in`, in rank order.
-  virtual void all_gather(const at::Tensor& out, const at::Tensor& in) = 0;
-  // out (flat, in.numel() / size()) = this rank's slice of the sum over ranks of `in`.
-  virtual void reduce_scatter_sum(const at::Tensor& out, const at::Tensor& in) = 0;
-  virtual void all_reduce_sum(const at::Tensor& t) = 0;
-  // One step around the ring (context parallelism's ring attention, model/context_parallel.h):
-  // starts sending `in` to the next rank (rank + 1 mod size) and receiving the previous rank's into
-  // `out` (flat, as many elements); the returned function waits for it, so that the caller
-  // computes while the step is under way.
-  virtual std::function<void()> start_ring_shift(const at::Tensor& out, const at::Tensor& in) = 0;
-};
-
 // [B, t, ...] on every rank -> [B, size*t, ...]: the whole sequence, rank r's positions at
 // [r*t, (r+1)*t). Backward: the gradient's sum over ranks, reduce-scattered back to [B, t, ...].
-at::Tensor gather_sequence(const at::Tensor& x, TensorParallelGroup& group);
+at::Tensor gather_sequence(const at::Tensor& x, ModelParallelGroup& group);
 // [B, T, ...] partial sums on every rank -> this rank's positions [B, T/size, ...] of their sum.
 // Backward: the gradient's positions all-gathered back to [B, T, ...].
-at::Tensor reduce_scatter_sequence(const at::Tensor& x, TensorParallelGroup& group);
+at::Tensor reduce_scatter_sequence(const at::Tensor& x, ModelParallelGroup& group);
 // `w` itself; backward sums its gradient over the group. For weights every rank holds whole but
 // applies to its own positions or heads (norm weights; key/value heads shared by several ranks).
-at::Tensor replicated_weight(const at::Tensor& w, TensorParallelGroup& group);
+at::Tensor replicated_weight(const at::Tensor& w, ModelParallelGroup& group);
 
 // Which part of a whole parameter a rank's tensor is under tensor parallelism: rows (dim 0) or
 // columns (dim 1) [start, start + its size along dim); dim -1: the whole, on every rank.

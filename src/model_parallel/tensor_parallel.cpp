@@ -1,4 +1,4 @@
-#include "model/tensor_parallel.h"
+#include "model_parallel/tensor_parallel.h"
 
 #include <ATen/ops/empty.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -20,7 +20,7 @@ std::vector<int64_t> with_sequence(const at::Tensor& x, int64_t t) {
   return shape;
 }
 
-at::Tensor all_gather_sequence(const at::Tensor& x, TensorParallelGroup& group) {
+at::Tensor all_gather_sequence(const at::Tensor& x, ModelParallelGroup& group) {
   const int64_t n = group.size();
   std::vector<int64_t> blocks = x.sizes().vec();
   blocks.insert(blocks.begin(), n);  // [size, B, t, ...]
@@ -30,7 +30,7 @@ at::Tensor all_gather_sequence(const at::Tensor& x, TensorParallelGroup& group) 
   return buffer.transpose(0, 1).reshape(with_sequence(x, n * x.size(1)));
 }
 
-at::Tensor reduce_scatter_along_sequence(const at::Tensor& x, TensorParallelGroup& group) {
+at::Tensor reduce_scatter_along_sequence(const at::Tensor& x, ModelParallelGroup& group) {
   const int64_t n = group.size(), T = x.size(1);
   TORCH_CHECK(T % n == 0, "tensor parallelism: the sequence (", T, " positions) must divide into ", n, " ranks");
   std::vector<int64_t> split = x.sizes().vec();
@@ -43,34 +43,34 @@ at::Tensor reduce_scatter_along_sequence(const at::Tensor& x, TensorParallelGrou
 }
 
 struct GatherSequence : torch::autograd::Function<GatherSequence> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, TensorParallelGroup* group) {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, ModelParallelGroup* group) {
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
     return {all_gather_sequence(x, *group)};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto* group = reinterpret_cast<TensorParallelGroup*>(ctx->saved_data["group"].toInt());
+    auto* group = reinterpret_cast<ModelParallelGroup*>(ctx->saved_data["group"].toInt());
     return {reduce_scatter_along_sequence(grads[0], *group), at::Tensor()};
   }
 };
 
 struct ReduceScatterSequence : torch::autograd::Function<ReduceScatterSequence> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, TensorParallelGroup* group) {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, ModelParallelGroup* group) {
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
     return {reduce_scatter_along_sequence(x, *group)};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto* group = reinterpret_cast<TensorParallelGroup*>(ctx->saved_data["group"].toInt());
+    auto* group = reinterpret_cast<ModelParallelGroup*>(ctx->saved_data["group"].toInt());
     return {all_gather_sequence(grads[0], *group), at::Tensor()};
   }
 };
 
 struct ReplicatedWeight : torch::autograd::Function<ReplicatedWeight> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& w, TensorParallelGroup* group) {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& w, ModelParallelGroup* group) {
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
     return {w.view_as(w)};  // an alias: autograd needs an output of its own
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto* group = reinterpret_cast<TensorParallelGroup*>(ctx->saved_data["group"].toInt());
+    auto* group = reinterpret_cast<ModelParallelGroup*>(ctx->saved_data["group"].toInt());
     // Summed in place, in fp32 at least, as every other gradient sum: in bf16 a ring would round at
     // each hop. Autograd casts it back to w's dtype once.
     const at::ScalarType sum_dtype = at::promote_types(grads[0].scalar_type(), at::kFloat);
@@ -82,15 +82,15 @@ struct ReplicatedWeight : torch::autograd::Function<ReplicatedWeight> {
 
 }  // namespace
 
-at::Tensor gather_sequence(const at::Tensor& x, TensorParallelGroup& group) {
+at::Tensor gather_sequence(const at::Tensor& x, ModelParallelGroup& group) {
   return GatherSequence::apply(x, &group)[0];
 }
 
-at::Tensor reduce_scatter_sequence(const at::Tensor& x, TensorParallelGroup& group) {
+at::Tensor reduce_scatter_sequence(const at::Tensor& x, ModelParallelGroup& group) {
   return ReduceScatterSequence::apply(x, &group)[0];
 }
 
-at::Tensor replicated_weight(const at::Tensor& w, TensorParallelGroup& group) {
+at::Tensor replicated_weight(const at::Tensor& w, ModelParallelGroup& group) {
   return ReplicatedWeight::apply(w, &group)[0];
 }
 

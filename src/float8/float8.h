@@ -65,7 +65,7 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& w, Float8Recipe 
 // tokens of a micro-batch (the weight gradient's inner dimension, also a multiple of 16).
 bool float8_takes(int64_t in_features, int64_t out_features, int64_t tokens);
 
-// What the model runs in FP8 (Llama::set_float8): every block projection whose name contains
+// What the model runs in FP8 (apply_float8, float8/float8_projections.h): every block projection whose name contains
 // none of `filter_fqns` and whose shape float8_takes.
 struct Float8Linears {
   bool enabled = false;

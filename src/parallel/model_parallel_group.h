@@ -1,5 +1,5 @@
 #pragma once
-// The model's tensor-parallel collectives (model/tensor_parallel.h) on a process group: the
+// The model's tensor-parallel collectives (model_parallel/tensor_parallel.h) on a process group: the
 // ranks of one TP group ([parallel] tp consecutive ranks). Each call waits for its result (on
 // CUDA: orders the compute stream after it; the host goes on).
 #include <functional>
@@ -7,13 +7,13 @@
 #include <vector>
 
 #include "dist/comm.h"
-#include "model/tensor_parallel.h"
+#include "model_parallel/tensor_parallel.h"
 
 namespace zb {
 
-class CommTensorParallelGroup : public TensorParallelGroup {
+class CommModelParallelGroup : public ModelParallelGroup {
  public:
-  explicit CommTensorParallelGroup(Communicator& comm) : comm_(comm) {}
+  explicit CommModelParallelGroup(Communicator& comm) : comm_(comm) {}
   int64_t size() const override { return comm_.size(); }
   int64_t rank() const override { return comm_.rank(); }
   void all_gather(const at::Tensor& out, const at::Tensor& in) override { comm_.all_gather(out, in).wait(); }

@@ -18,8 +18,8 @@
 
 #include <cstdint>
 
-#include "model/attention.h"
-#include "model/tensor_parallel.h"
+#include "model_parallel/attention_documents.h"
+#include "model_parallel/group.h"
 
 namespace zb {
 
@@ -55,6 +55,6 @@ Documents cp_varlen_documents(const at::Tensor& cu_seqlens, int64_t B, int64_t T
 // H, Dh], k and v [B, T/cp, Hkv, Dh] with Hkv dividing H; returns [B, T/cp, H*Dh], scale 1/sqrt(Dh);
 // computed in fp32 (float64 for float64 inputs).
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Documents& documents,
-                          TensorParallelGroup& group);
+                          ModelParallelGroup& group);
 
 }  // namespace zb

@@ -81,7 +81,6 @@ class FSDPEngine : public ParallelModel, private StageHooks {
 
   const std::vector<std::unique_ptr<FSDPUnit>>& blocks() const { return blocks_; }
   const FSDPUnit& root() const { return *root_; }
-  Llama& model() { return model_; }
   // Block forwards recomputed in backward so far (activation checkpointing).
   int64_t blocks_recomputed() const { return blocks_recomputed_; }
   void set_trace(StepTrace* trace) override { context_.trace = trace; }

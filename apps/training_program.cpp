@@ -57,12 +57,7 @@ int run(const CommandLine& cl, EngineKind engine, bool over_nodes, const AdjustP
     memory = check_memory(cfg, world.size, process.device,
                           memory_budget(cfg, process.device, /*dry_run=*/false, process.placement.sharing_mine()),
                           cl.force, /*dry_run=*/false);
-  // train.keep_unsharded as the verdict resolved it ("auto" on or off), for the trainer, the plan
-  // and the run's record.
-  if (memory) cfg.train.keep_unsharded = memory->keep_unsharded ? "true" : "false";
-  TrainingParts parts =
-      build_training(cfg, std::move(mesh), process.device,
-                     memory ? std::optional<bool>(memory->reduce_every_micro_batch) : std::nullopt);
+  TrainingParts parts = build_training(cfg, std::move(mesh), process.device, memory ? memory->autos : MemoryChoices{});
   if (adjust_parts) adjust_parts(parts);
   Trainer trainer(cfg, std::move(parts));
   TrainerCheckpointState run_state(trainer);  // what checkpoints save and restore

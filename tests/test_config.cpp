@@ -569,3 +569,38 @@ TEST(ResolvedRun, DecidesTheMeshAttentionAndStepOnce) {
                 .find("runtime.cp_varlen needs the variable-length flash kernel"),
             std::string::npos);
 }
+
+TEST(ResolvedRun, SettlesAutoAsTheMemoryVerdictSays) {
+  // One rank, four micro-batches: per-micro-batch reduction and kept casts can both apply.
+  Config c = load_config_file(kConfigs + "debug/normal.toml");
+  c.optim.batch_size = 4 * c.train.micro_bs;
+  c.parallel.dp_shard = 1;
+  validate(c, 1);
+  const c10::Device cpu(c10::kCPU);
+  c.train.reduce_every_micro_batch = "auto";
+  c.train.keep_unsharded = "auto";
+  ResolvedRun off = resolve_run(c, 1, EngineKind::Sharded, cpu);
+  EXPECT_FALSE(off.reduce_every_micro_batch || off.keep_unsharded);  // no verdict: "auto" is off
+  ResolvedRun on = resolve_run(c, 1, EngineKind::Sharded, cpu, {true, true});
+  EXPECT_TRUE(on.reduce_every_micro_batch && on.keep_unsharded);
+  // Set, the config wins over the verdict.
+  c.train.reduce_every_micro_batch = "false";
+  c.train.keep_unsharded = "false";
+  on = resolve_run(c, 1, EngineKind::Sharded, cpu, {true, true});
+  EXPECT_FALSE(on.reduce_every_micro_batch || on.keep_unsharded);
+  c.train.reduce_every_micro_batch = "true";
+  c.train.keep_unsharded = "true";
+  EXPECT_TRUE(resolve_run(c, 1, EngineKind::Sharded, cpu).reduce_every_micro_batch);
+  EXPECT_TRUE(resolve_run(c, 1, EngineKind::Sharded, cpu).keep_unsharded);
+  // Where they cannot apply: one micro-batch has nothing to reduce early; the replicating engine
+  // keeps no casts, nor does a shard group of two ranks.
+  Config one = c;
+  one.optim.batch_size = one.train.micro_bs;
+  EXPECT_FALSE(resolve_run(one, 1, EngineKind::Sharded, cpu).reduce_every_micro_batch);
+  EXPECT_FALSE(resolve_run(c, 1, EngineKind::Replicated, cpu).keep_unsharded);
+  Config two = c;
+  two.parallel.dp_shard = -1;
+  two.optim.batch_size = 8 * two.train.micro_bs;
+  validate(two, 2);
+  EXPECT_FALSE(resolve_run(two, 2, EngineKind::Sharded, cpu).keep_unsharded);
+}

@@ -429,7 +429,7 @@ TEST(FSDP, ActivationCheckpointingChangesNothingButMemory) {
       reset_peak_memory(cpu);
       trainer.train_step();
       measured[every] = peak_memory_bytes(cpu);
-      predicted[every] = estimate_step_memory(c, 2, at::kFloat, /*cuda=*/false, /*reduce_every_micro_batch=*/false).peak;
+      predicted[every] = estimate_step_memory(c, resolve_run(c, 2, EngineKind::Sharded, cpu)).peak;
       EXPECT_NEAR(static_cast<double>(measured[every]), static_cast<double>(predicted[every]), 0.1 * predicted[every])
           << "ac_ckpt " << every;
     }

@@ -8,6 +8,7 @@
 #include "config/config.h"
 #include "model/model_args.h"
 #include "config/model_config.h"
+#include "config/resolved_run.h"
 #include "plan/memory_estimate.h"
 
 using namespace zb;
@@ -15,6 +16,15 @@ using namespace zb;
 namespace {
 
 const std::string kConfigs = std::string(ZB_SOURCE_DIR) + "/configs/";
+
+// The estimate for `world` GPUs (their kernels, bf16), gradients reduced on every micro-batch or
+// summed whole.
+MemoryEstimate on_gpus(Config c, int64_t world, bool reduce_every_micro_batch) {
+  c.train.reduce_every_micro_batch = reduce_every_micro_batch ? "true" : "false";
+  const ResolvedRun run = resolve_run(c, world, EngineKind::Sharded, c10::Device(c10::kCUDA, 0));
+  EXPECT_EQ(run.compute_dtype, at::kBFloat16);
+  return estimate_step_memory(c, run);
+}
 
 int64_t part(const MemoryEstimate& e, const std::string& what) {
   for (const auto& p : e.at_peak)
@@ -36,8 +46,8 @@ int64_t num_params(const ModelArgs& a) {
 TEST(MemoryEstimate, GradientSumsAreWholeUnlessReducedEveryMicroBatch) {
   Config c = load_config_file(kConfigs + "7B/H100.toml");
   const int64_t P = num_params(resolve_model_args(c));
-  const MemoryEstimate whole = estimate_step_memory(c, 8, at::kBFloat16, true, false);
-  const MemoryEstimate sharded = estimate_step_memory(c, 8, at::kBFloat16, true, true);
+  const MemoryEstimate whole = on_gpus(c, 8, false);
+  const MemoryEstimate sharded = on_gpus(c, 8, true);
   EXPECT_EQ(part(whole, "gradient accumulators (fp32)"), 4 * P);
   EXPECT_FALSE(whole.reduce_every_micro_batch);
   EXPECT_EQ(part(sharded, "gradient accumulators (fp32)"), 0);
@@ -45,7 +55,7 @@ TEST(MemoryEstimate, GradientSumsAreWholeUnlessReducedEveryMicroBatch) {
   EXPECT_LT(sharded.peak, whole.peak - 4 * P + 4 * P / 8 + (1ll << 30));
   // One micro-batch per rank: nothing to accumulate either way.
   c.optim.batch_size = 8 * c.train.micro_bs;
-  EXPECT_FALSE(estimate_step_memory(c, 8, at::kBFloat16, true, true).reduce_every_micro_batch);
+  EXPECT_FALSE(on_gpus(c, 8, true).reduce_every_micro_batch);
 }
 
 // Parameter shards and optimizer state are a world-size-th of the model (rows padded to whole
@@ -58,7 +68,7 @@ TEST(MemoryEstimate, ShardsAndAdamStateAreAWorldSizeth) {
   int64_t one_row_each = 0;  // rank 0 holds at most one row more of each tensor than P / W
   for (const ParamSpec& p : param_specs(a)) one_row_each += p.numel() / p.shape[0];
   for (int64_t W : {1, 4, 8}) {
-    const MemoryEstimate e = estimate_step_memory(c, W, at::kBFloat16, true, false);
+    const MemoryEstimate e = on_gpus(c, W, false);
     const double shards = static_cast<double>(part(e, "parameter shards (fp32)"));
     EXPECT_NEAR(shards, 4.0 * P / W, 4.0 * one_row_each) << W;
     EXPECT_EQ(part(e, "optimizer state (fp32)"), 2 * part(e, "parameter shards (fp32)")) << W;
@@ -72,11 +82,11 @@ TEST(MemoryEstimate, CheckpointedBlocksKeepOnlyTheirOutput) {
   const ModelArgs a = resolve_model_args(c);
   const int64_t N = c.train.micro_bs * c.data.seq_length, bf16 = 2;
   c.train.ac_ckpt = 0;
-  const MemoryEstimate off = estimate_step_memory(c, 8, at::kBFloat16, true, false);
+  const MemoryEstimate off = on_gpus(c, 8, false);
   c.train.ac_ckpt = 1;
-  const MemoryEstimate every = estimate_step_memory(c, 8, at::kBFloat16, true, false);
+  const MemoryEstimate every = on_gpus(c, 8, false);
   c.train.ac_ckpt = 2;
-  const MemoryEstimate half = estimate_step_memory(c, 8, at::kBFloat16, true, false);
+  const MemoryEstimate half = on_gpus(c, 8, false);
   EXPECT_EQ(every.activations_per_micro_batch, a.n_layers * bf16 * a.dim * N);
   EXPECT_EQ(off.activations_per_micro_batch, off.activations_without_checkpointing);
   const int64_t per_block = off.activations_per_micro_batch / a.n_layers;
@@ -92,9 +102,9 @@ TEST(MemoryEstimate, TheFusedGateKeepsOneHiddenTensorLessPerBlock) {
   Config c = load_config_file(kConfigs + "1B/H100.toml");
   const ModelArgs a = resolve_model_args(c);
   const int64_t N = c.train.micro_bs * c.data.seq_length, bf16 = 2;
-  const MemoryEstimate fused = estimate_step_memory(c, 8, at::kBFloat16, true, false);
+  const MemoryEstimate fused = on_gpus(c, 8, false);
   c.runtime.fused_kernels = false;
-  const MemoryEstimate aten = estimate_step_memory(c, 8, at::kBFloat16, true, false);
+  const MemoryEstimate aten = on_gpus(c, 8, false);
   EXPECT_EQ(aten.activations_per_micro_batch - fused.activations_per_micro_batch,
             a.n_layers * bf16 * a.ffn_hidden() * N);
   EXPECT_LT(fused.peak, aten.peak);
@@ -114,12 +124,12 @@ TEST(MemoryEstimate, TensorParallelismSplitsAllButTheGatheredSequences) {
   int64_t one_row_each = 0;
   for (const ParamSpec& p : param_specs(a)) one_row_each += p.numel() / p.shape[0];
   c.train.ac_ckpt = 0;
-  const MemoryEstimate none = estimate_step_memory(c, 8, at::kBFloat16, true, true);
+  const MemoryEstimate none = on_gpus(c, 8, true);
   int64_t last_peak = none.peak;
   for (int64_t t : {2, 4, 8}) {
     c.parallel.tp = t;
     c.train.ac_ckpt = 0;
-    const MemoryEstimate e = estimate_step_memory(c, 8, at::kBFloat16, true, true);
+    const MemoryEstimate e = on_gpus(c, 8, true);
     EXPECT_NEAR(static_cast<double>(part(e, "parameter shards (fp32)")), 4.0 * P / 8, 4.0 * one_row_each) << t;
     EXPECT_EQ(part(e, "optimizer state (fp32)"), 2 * part(e, "parameter shards (fp32)")) << t;
     EXPECT_EQ(t * e.activations_per_micro_batch - none.activations_per_micro_batch,
@@ -129,7 +139,7 @@ TEST(MemoryEstimate, TensorParallelismSplitsAllButTheGatheredSequences) {
     last_peak = e.peak;
     // Checkpointed, a block keeps its output: this rank's positions only.
     c.train.ac_ckpt = 1;
-    EXPECT_EQ(estimate_step_memory(c, 8, at::kBFloat16, true, true).activations_per_micro_batch,
+    EXPECT_EQ(on_gpus(c, 8, true).activations_per_micro_batch,
               a.n_layers * bf16 * a.dim * N / t)
         << t;
   }

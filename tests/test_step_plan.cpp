@@ -13,12 +13,15 @@
 #include "config/config.h"
 #include "dist/comm.h"
 #include "multiprocess.h"
+#include "config/resolved_run.h"
 #include "plan/step_plan.h"
 #include "train/trainer.h"
 
 using namespace zb;
 
 namespace {
+
+const c10::Device kCpu(c10::kCPU);
 
 struct Layout {
   EngineKind engine;
@@ -160,7 +163,7 @@ TEST_P(StepPlanMatchesTheTrace, EveryLayoutAndOption) {
                                      ", reduce every micro-batch " + std::to_string(reduce_every) + ", " + opt +
                                      ", rank " + std::to_string(rank);
             Trainer trainer(c, ParallelMesh(c, comm, l.engine), c10::Device(c10::kCPU));
-            const StepPlan plan = plan_step(c, ParallelMesh(c, world, rank, l.engine), at::kFloat, at::kFloat, reduce_every);
+            const StepPlan plan = plan_step(c, ParallelMesh(c, world, rank, l.engine), resolve_run(c, world, l.engine, kCpu));
             // The first step and one after it.
             expect_steps_as_planned(trainer, plan, l.diloco, 2, /*evaluate_after=*/0, what);
             ++checked;
@@ -193,7 +196,7 @@ TEST_P(StepPlanKeepingCasts, EqualTheTrace) {
         for (const int64_t ac : {0, 2}) {
           if (l.diloco && !(reshard && ac == 0)) continue;
           const Config c = config(l, world, reshard, ac, false, "muon", /*keep_unsharded=*/true);
-          const StepPlan plan = plan_step(c, ParallelMesh(c, world, rank, l.engine), at::kFloat, at::kFloat, false);
+          const StepPlan plan = plan_step(c, ParallelMesh(c, world, rank, l.engine), resolve_run(c, world, l.engine, kCpu));
           const bool replicas = world / (l.tp * l.cp) > 1 && !l.diloco;  // HSDP's: the casts are not kept
           // Nor under CP, whose shard group holds the CP group's ranks (dp_shard x cp).
           EXPECT_EQ(plan.keep_unsharded, !replicas && l.cp == 1) << l.name;
@@ -251,7 +254,8 @@ TEST(StepPlan, KeptCastsTrainBitForBitAsWithout) {
 TEST(StepPlan, CountsOneGatherAndOneReductionPerUnitAndPass) {
   Config c = config({EngineKind::Sharded, 4, "FSDP"}, 4, true, 0, false, "adamw");
   c.optim.batch_size = 4;  // one micro-batch each
-  const StepPlan plan = plan_step(c, ParallelMesh(c, 4, 0, EngineKind::Sharded), at::kBFloat16, at::kFloat, false);
+  c.runtime.compute_dtype = "bfloat16";
+  const StepPlan plan = plan_step(c, ParallelMesh(c, 4, 0, EngineKind::Sharded), resolve_run(c, 4, EngineKind::Sharded, kCpu));
   int64_t gathers = 0, reductions = 0, gathered_bytes = 0;
   for (const StepEvent& e : plan.events) {
     if (e.op != StepEvent::Op::Collective) continue;

@@ -24,7 +24,6 @@
 #include "checkpoint/hf_export.h"
 #include "checkpoint/state.h"
 #include "data/documents.h"
-#include "parallel/mesh.h"
 #include "parallel/row_shard.h"
 #include "model/model_args_json.h"
 #include "util/fault_points.h"
@@ -132,6 +131,17 @@ void rotate(const std::string& root, const std::string& newest, int64_t keep) {
   }
 }
 
+// Every owner's tensors, in the owners' order; a per-replica one under its replica's name.
+std::vector<StateTensor> state_of(TrainingState& run) {
+  std::vector<StateTensor> out;
+  for (Stateful* owner : run.owners())
+    for (StateTensor& t : owner->tensors()) {
+      if (t.per_replica) t.name = "replica_" + std::to_string(run.replica()) + "/" + t.name;
+      out.push_back(std::move(t));
+    }
+  return out;
+}
+
 // Rank 0, once every rank's files are complete: metadata, rename into place, latest (prune() after).
 void publish(const std::string& root, int64_t step, const std::string& tmp_dir,
              const std::string& final_dir, const json& meta) {
@@ -232,10 +242,10 @@ std::string CheckpointWriter::save(TrainingState& run) {
   Phase phase("zb.checkpoint_save");  // this rank's copy to host memory; the disk is written after
   finish();  // one save at a time
   const std::string root = config_.ckpt.path;
-  const int64_t step = run.step();
+  const int64_t step = run.counters().step;
   const std::string final_dir = root + "/" + step_name(step);
   const std::string tmp_dir = root + "/.tmp-" + step_name(step);
-  const std::vector<StateTensor> state = run.state();
+  const std::vector<StateTensor> state = state_of(run);
 
   // Never a checkpoint of a state that is not finite: it would rotate good ones out. (A step whose
   // loss or gradient norm is not finite is never applied, but an applied update can still
@@ -287,7 +297,7 @@ std::string CheckpointWriter::save(TrainingState& run) {
         {"format", "zeroband-cpp checkpoint"},
         {"version", kCheckpointFormatVersion},
         {"step", step},
-        {"skipped_steps", run.skipped_steps()},
+        {"skipped_steps", run.counters().skipped},
         {"tokens_seen", step * run.tokens_per_step()},
         {"world_size", comm_.size()},
         {"config", config_.source},
@@ -296,14 +306,9 @@ std::string CheckpointWriter::save(TrainingState& run) {
         {"seed", config_.runtime.seed},
         {"shapes", shapes},
         {"model_args", model_args_to_json(run.model_args())},
-        {"data_rows_consumed_per_rank", run.data_rows_consumed()},
-        {"data", {{"stream_rows", run.stream_rows()}, {"batch_size", config_.optim.batch_size},
-                  {"seq_length", config_.data.seq_length}}},
     };
-    if (config_.diloco.inner_steps > 0)
-      meta["diloco"] = {{"inner_steps", config_.diloco.inner_steps},
-                        {"replicas", mesh_shape(config_, comm_.size()).replicate}};
-    if (!config_.diloco.peers.empty()) meta["diloco"]["stream_rows"] = run.stream_rows();  // elastic replicas
+    for (Stateful* owner : run.owners())  // each part's record under its name ("data", "diloco")
+      if (const std::string name = owner->record_name(); !name.empty()) meta[name] = owner->record();
     if (const std::string t = config_.data.fake ? "" : tokenizer_of_dataset(config_.data.dataset_name_or_paths);
         !t.empty())
       meta["tokenizer_source"] = t;
@@ -395,7 +400,7 @@ std::string CheckpointWriter::save(TrainingState& run) {
 
 std::optional<std::string> CheckpointWriter::save_if_due(TrainingState& run, bool stopping) {
   const auto& c = config_.ckpt;
-  const int64_t step = run.step();
+  const int64_t step = run.counters().step;
   if (c.path.empty()) return std::nullopt;
   if (!(stopping || step == config_.optim.total_steps || (c.interval > 0 && step % c.interval == 0)))
     return std::nullopt;
@@ -506,9 +511,23 @@ void load_checkpoint(const std::string& dir, TrainingState& run, Communicator& c
 
   // Read everything first (nothing is modified if anything is missing), then copy in.
   std::vector<std::pair<at::Tensor, at::Tensor>> assignments;  // (destination, loaded value)
-  run.prepare_restore(meta["step"].get<int64_t>());
+  // Where the run continues, and each part's record there (none in a checkpoint saved without it).
+  const int64_t step = meta["step"];
+  const std::vector<Stateful*> owners = run.owners();
+  std::vector<RestorePoint> points;
+  for (Stateful* owner : owners) {
+    RestorePoint& at = points.emplace_back(RestorePoint{step, static_cast<uint64_t>(meta["seed"].get<int64_t>()), {}});
+    const std::string name = owner->record_name();
+    if (name.empty() || !meta.contains(name)) continue;
+    at.record.emplace();
+    for (const auto& [key, value] : meta[name].items()) {
+      if (!value.is_number_integer()) throw fail("damaged meta.json: " + name + "." + key + " is not a whole number");
+      (*at.record)[key] = value.get<int64_t>();
+    }
+  }
+  for (size_t i = 0; i < owners.size(); ++i) owners[i]->prepare_restore(points[i]);
   try {  // an index entry without a field it needs: named, not a raw JSON error
-    for (const StateTensor& t : run.state()) {
+    for (const StateTensor& t : state_of(run)) {
       at::Tensor value = at::empty(t.local.sizes(), at::kFloat);
       char* out = static_cast<char*>(value.data_ptr());
       const bool scalar = t.global_shape.empty();
@@ -568,14 +587,12 @@ void load_checkpoint(const std::string& dir, TrainingState& run, Communicator& c
   at::NoGradGuard no_grad;
   for (auto& [dst, value] : assignments) dst.copy_(value.to(dst.device()).view(dst.sizes()));
 
-  const int64_t step = meta["step"];
-  std::optional<DataPosition> data;
-  if (meta.contains("data"))
-    data = DataPosition{meta["data"].at("stream_rows"), meta["data"].at("batch_size"), meta["data"].at("seq_length")};
-  run.restore_position(step, meta.value("skipped_steps", int64_t{0}), static_cast<uint64_t>(meta["seed"].get<int64_t>()),
-                       data);
-  if (meta.contains("diloco") && meta["diloco"].contains("stream_rows"))
-    run.restore_stream_rows(meta["diloco"]["stream_rows"].get<int64_t>());
+  try {
+    for (size_t i = 0; i < owners.size(); ++i) owners[i]->restore(points[i]);
+  } catch (const std::runtime_error& e) {
+    throw fail(e.what());
+  }
+  run.counters() = {step, meta.value("skipped_steps", int64_t{0})};
   run.parallel().parameters_changed();
   log::info(strf("resumed from %s: step %ld, saved on %ld rank(s), now on %ld", dir.c_str(), step,
                  saved_world, comm.size()));

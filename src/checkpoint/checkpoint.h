@@ -70,7 +70,7 @@ class CheckpointWriter {
 // Throws std::runtime_error when there is none.
 std::string resolve_checkpoint(const Config& config, const std::string& spec);
 
-// Loads a checkpoint into the run (parameters, optimizer state, step, data position),
+// Loads a checkpoint into the run (each owner's tensors and record, then the step counters),
 // resharding to this world size. Collective. Throws std::runtime_error naming the checkpoint for
 // one that is partial, damaged or of another model; nothing is modified in that case.
 void load_checkpoint(const std::string& dir, TrainingState& run, Communicator& comm);

@@ -61,7 +61,8 @@ AttentionPath resolve_attention(const Config& c, int64_t cp, const c10::Device& 
   return a;
 }
 
-ResolvedRun resolve_run(const Config& c, int64_t world_size, EngineKind engine, const c10::Device& device) {
+ResolvedRun resolve_run(const Config& c, int64_t world_size, EngineKind engine, const c10::Device& device,
+                        const MemoryChoices& autos) {
   ResolvedRun r;
   r.engine = engine;
   r.mesh = mesh_shape(c, world_size, engine);
@@ -70,6 +71,13 @@ ResolvedRun resolve_run(const Config& c, int64_t world_size, EngineKind engine, 
   r.kernels = resolve_kernel_choices(c);
   r.attention = resolve_attention(c, r.mesh.cp, device, r.compute_dtype);
   r.micro_batches = grad_accum_steps(c, world_size);
+  const std::string& reduce = c.train.reduce_every_micro_batch;
+  r.reduce_every_micro_batch =
+      (reduce == "true" || (reduce == "auto" && autos.reduce_every_micro_batch)) && r.micro_batches > 1;
+  const std::string& keep = c.train.keep_unsharded;
+  r.keep_unsharded = engine == EngineKind::Sharded && r.mesh.dp_shard_cp == 1 &&
+                     (r.mesh.replicate == 1 || c.diloco.inner_steps > 0) &&
+                     (keep == "true" || (keep == "auto" && autos.keep_unsharded));
   return r;
 }
 

@@ -68,6 +68,13 @@ struct AttentionPath {
 AttentionPath resolve_attention(const Config& config, int64_t cp, const c10::Device& device,
                                 at::ScalarType compute_dtype);
 
+// What "auto" becomes in train.reduce_every_micro_batch and train.keep_unsharded: the memory verdict
+// decides it from the step's estimate (plan/run_policy.h's judge_memory); without one, off.
+struct MemoryChoices {
+  bool reduce_every_micro_batch = false;
+  bool keep_unsharded = false;
+};
+
 struct ResolvedRun {
   EngineKind engine = EngineKind::Sharded;
   MeshShape mesh;
@@ -76,8 +83,17 @@ struct ResolvedRun {
   KernelChoices kernels;  // the model, Muon, the gradient sums and the memory estimate
   AttentionPath attention;
   int64_t micro_batches = 1;  // per rank and step
+  // Gradients reduced on every micro-batch into sharded sums, rather than summed whole in fp32 and
+  // reduced on the last (train.reduce_every_micro_batch; only with more than one micro-batch).
+  bool reduce_every_micro_batch = false;
+  // The sharding engine keeps the parameters' casts for the step (train.keep_unsharded): only
+  // where a shard group is one rank whose gradients no replicas sum (HSDP's do; DiLoCo's replicas
+  // train apart).
+  bool keep_unsharded = false;
 };
-// The run of `config` on `world_size` ranks of `engine` on `device` (validate() passed).
-ResolvedRun resolve_run(const Config& config, int64_t world_size, EngineKind engine, const c10::Device& device);
+// The run of `config` on `world_size` ranks of `engine` on `device` (validate() passed), "auto"
+// settings as `autos` says.
+ResolvedRun resolve_run(const Config& config, int64_t world_size, EngineKind engine, const c10::Device& device,
+                        const MemoryChoices& autos = {});
 
 }  // namespace zb

@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include "util/log.h"
+
 namespace zb {
 
 DataLoader::DataLoader(std::shared_ptr<const SampleSource> source, uint64_t seed, bool shuffle,
@@ -156,6 +158,28 @@ void DataLoader::load_state(const LoaderState& state) {
   prefetch_depth_ = 0;
   rows_ = state.rows_consumed;
   start_prefetch(depth, pin);  // restarts from the restored position
+}
+
+StateRecord DataLoader::record() const {
+  return {{"stream_rows", stream_rows_read()}, {"batch_size", global_batch_}, {"seq_length", source_->seq_len()}};
+}
+
+void DataLoader::restore(const RestorePoint& at) {
+  load_state({at.step * (global_batch_ / world_), at.seed, world_});  // this rank's rows per step
+  if (!at.record) return;  // a checkpoint older than the record
+  const StateRecord& saved = *at.record;
+  // Saved at another batch size, the step count no longer says where the data stopped: the stream
+  // position the checkpoint kept does. (Elastic replicas place themselves by it anyway.)
+  if (const int64_t batch = record_value(saved, "data", "batch_size"); batch != global_batch_) {
+    const int64_t rows = record_value(saved, "data", "stream_rows");
+    reposition(rows, 0, 1);
+    log::info(strf("data: the checkpoint's batch was %ld rows, this run's %ld: reading on from stream row %ld", batch,
+                   global_batch_, rows));
+  }
+  if (const int64_t length = record_value(saved, "data", "seq_length"); length != source_->seq_len())
+    log::warn(strf("data: the checkpoint's rows were %ld tokens, this run's %ld: the position is counted in rows, "
+                   "so some text may be read again or skipped",
+                   length, source_->seq_len()));
 }
 
 MixedSource::MixedSource(std::vector<std::shared_ptr<const SampleSource>> sources,

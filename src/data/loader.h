@@ -6,7 +6,8 @@
 // [s*B, (s+1)*B) of that order, and rank r of W reads positions [r*B/W, (r+1)*B/W) of each, so
 // the global batch does not depend on the world size. For a finite source the order is a
 // permutation of its samples drawn from (seed, epoch) (or the plain order without shuffling),
-// epoch after epoch. The loader's whole state is how many rows this rank has consumed.
+// epoch after epoch. The loader's whole state is how many rows this rank has consumed, which a
+// resume derives from the step; checkpoints also keep where the stream stood (its record "data").
 #include <ATen/core/Tensor.h>
 
 #include <condition_variable>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "data/documents.h"
+#include "util/stateful.h"
 
 namespace zb {
 
@@ -81,7 +83,7 @@ struct LoaderState {
   int64_t world_size = 1;
 };
 
-class DataLoader {
+class DataLoader : public Stateful {
  public:
   DataLoader(std::shared_ptr<const SampleSource> source, uint64_t seed, bool shuffle,
              int64_t global_batch, int64_t micro_bs, int64_t rank, int64_t world_size);
@@ -111,6 +113,13 @@ class DataLoader {
   LoaderState state() const { return {rows_, seed_, world_}; }
   // Resumes at the next unseen row. Throws if the state came from another seed or world size.
   void load_state(const LoaderState& state);
+
+  // Checkpoints: the record {stream_rows, batch_size, seq_length}. A resume after
+  // step s reads on from global batch s + 1, whatever the world size; saved at another batch size
+  // it reads on from the stream row the checkpoint kept instead.
+  std::string record_name() const override { return "data"; }
+  StateRecord record() const override;
+  void restore(const RestorePoint& at) override;
 
  private:
   const std::vector<int64_t>& permutation(int64_t epoch) const;

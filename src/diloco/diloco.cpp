@@ -77,7 +77,7 @@ struct DiLoCo::Fragment {
 DiLoCo::DiLoCo(const DilocoConfig& config, std::vector<ShardedParameter> params, int64_t n_layers,
                const ParallelMesh& mesh)
     : config_(config), compression_(parse_compression(config.compression)), shard_(mesh.shard_group()),
-      replicas_(mesh.replicate_group()), tp_(mesh.tp_group()) {
+      replicas_(mesh.replicate_group()), tp_(mesh.tp_group()), mesh_replicas_(mesh.shape().replicate) {
   for (int64_t f = 0; f < config.fragments; ++f)
     fragments_.push_back(std::make_unique<Fragment>(f, config.outer_lr, config.outer_momentum));
   for (ShardedParameter& p : params) {

@@ -98,6 +98,8 @@ class DiLoCo {
   void restore(int64_t step, int64_t total_steps);
 
   int64_t fragments() const { return static_cast<int64_t>(fragments_.size()); }
+  int64_t inner_steps() const { return config_.inner_steps; }
+  int64_t replicas() const { return mesh_replicas_; }  // in this run's mesh (elastic replicas: its own)
 
  private:
   struct Fragment;
@@ -119,6 +121,7 @@ class DiLoCo {
   Communicator& shard_;
   Communicator* replicas_;
   Communicator* tp_;
+  int64_t mesh_replicas_;
   std::vector<std::unique_ptr<Fragment>> fragments_;
   int64_t outer_steps_ = 0;
   std::unique_ptr<ReplicaMembership> membership_;

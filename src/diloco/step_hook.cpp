@@ -68,9 +68,16 @@ void DiLoCoHook::join_run(StepCounters& counters) {
   new_membership_ = round;
 }
 
-void DiLoCoHook::restore(int64_t step) {
-  outer_set_ = true;
-  diloco_.restore(step, total_steps_);
+StateRecord DiLoCoHook::record() const {
+  StateRecord r{{"inner_steps", diloco_.inner_steps()}, {"replicas", diloco_.replicas()}};
+  if (diloco_.elastic()) r["stream_rows"] = data_.stream_rows_read();
+  return r;
+}
+
+void DiLoCoHook::restore(const RestorePoint& at) {
+  outer_set_ = true;  // the checkpoint held the outer copies
+  diloco_.restore(at.step, total_steps_);
+  if (at.record && at.record->count("stream_rows")) resumed_stream_rows_ = at.record->at("stream_rows");
 }
 
 const RoundReport& DiLoCoHook::follow(const RoundReport& round) {
@@ -96,8 +103,8 @@ int64_t DiLoCoHook::share_state(const RoundReport& round, StepCounters& counters
   counters.skipped = sent.data_ptr<int64_t>()[1];
   int64_t bytes = taking ? sent.numel() * 8 : 0;
   at::NoGradGuard no_grad;
-  std::vector<StateTensor> state = training_state(engine_, optimizer_);
-  for (StateTensor& t : diloco_.state()) state.push_back(std::move(t));
+  std::vector<StateTensor> state = ModelState(engine_, optimizer_, /*per_replica=*/false).tensors();
+  for (StateTensor& t : tensors()) state.push_back(std::move(t));
   // Not the parameters: right after the outer step they equal the outer copies on every member.
   std::vector<StateTensor> shared;
   for (StateTensor& t : state)

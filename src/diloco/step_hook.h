@@ -6,22 +6,21 @@
 //                          take their state from the round's source, and this replica's rows of
 //                          the run's stream follow its membership;
 //   a joiner's start       (diloco.join) it waits for the running run's next outer step and takes
-//                          the run's state there.
+//                          the run's state there;
+//   checkpoints            it keeps DiLoCo's tensors and its record "diloco" (util/stateful.h).
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <vector>
 
+#include "checkpoint/state.h"
 #include "diloco/diloco.h"
+#include "util/stateful.h"
 
 namespace zb {
 
 class DataLoader;
 class Optimizer;
-
-// The Trainer's step counters: a joiner takes them from its source.
-struct StepCounters {
-  int64_t step = 0;     // steps taken, skipped ones included
-  int64_t skipped = 0;  // steps not applied (not finite)
-};
 
 // What DiLoCo did after a step, for the step's record.
 struct DiLoCoStepReport {
@@ -29,7 +28,7 @@ struct DiLoCoStepReport {
   std::optional<RoundReport> membership; // elastic: this replica's membership, when new
 };
 
-class DiLoCoHook {
+class DiLoCoHook : public Stateful {
  public:
   // Over the run's parts, which outlive it: DiLoCo's outer optimizer, the engine holding the
   // parameters, the optimizer and the data loader (a joiner takes their state), and the replica's
@@ -43,10 +42,15 @@ class DiLoCoHook {
   DiLoCoStepReport after_step(StepCounters& counters);
   // A joiner: waits for the outer step that admits it and takes the run's state and counters.
   void join_run(StepCounters& counters);
-  // A checkpoint of step `step` restored the outer copies and the exchanges in flight (and, for
-  // elastic replicas, the stream row its round 0 continues from).
-  void restore(int64_t step);
-  void restore_stream_rows(int64_t rows) { resumed_stream_rows_ = rows; }
+  // Checkpoints: the outer copies, their momentum and the exchanges in flight (DiLoCo::state), and
+  // the record {inner_steps, replicas; for elastic replicas stream_rows, the run's data stream
+  // read by then}. A resume makes room for the exchanges in flight at its step, and picks the
+  // schedule up there (an elastic replica's round 0 continues from the saved stream row).
+  std::string record_name() const override { return "diloco"; }
+  StateRecord record() const override;
+  std::vector<StateTensor> tensors() override { return diloco_.state(); }
+  void prepare_restore(const RestorePoint& at) override { diloco_.prepare_restore(at.step, total_steps_); }
+  void restore(const RestorePoint& at) override;
 
  private:
   // This replica's rows of the run's stream follow its new membership.

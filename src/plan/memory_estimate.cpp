@@ -75,7 +75,7 @@ struct UnitSizes {
 // in backward are counted where they are made.
 class MemoryReplay {
  public:
-  MemoryReplay(const Config& c, const StepPlan& plan, at::ScalarType compute_dtype, bool cuda);
+  MemoryReplay(const Config& c, const StepPlan& plan, const ResolvedRun& run);
 
   // What the step holds from its start: shards, optimizer state, DiLoCo's copies, tables, data.
   void start_of_step();
@@ -112,6 +112,7 @@ class MemoryReplay {
   const Config& c_;
   const StepPlan& plan_;
   const ModelArgs a_;
+  const c10::Device device_;
   const bool cuda_;
   const int64_t W_, tp_;  // parameters are sharded over the shard group of W_ ranks
   const TpShare share_;   // this rank's part of each dimension tensor parallelism splits
@@ -150,11 +151,12 @@ class MemoryReplay {
   std::string mb_;                  // its name in the timeline
 };
 
-MemoryReplay::MemoryReplay(const Config& c, const StepPlan& plan, at::ScalarType compute_dtype, bool cuda)
+MemoryReplay::MemoryReplay(const Config& c, const StepPlan& plan, const ResolvedRun& run)
     : c_(c),
       plan_(plan),
       a_(resolve_model_args(c)),
-      cuda_(cuda),
+      device_(run.device),
+      cuda_(run.device.is_cuda()),
       W_(plan.shard),
       tp_(plan.tp),
       share_(tp_share(a_, tp_)),
@@ -168,15 +170,14 @@ MemoryReplay::MemoryReplay(const Config& c, const StepPlan& plan, at::ScalarType
       N_(c.train.micro_bs * c.data.seq_length / plan.cp),
       own_(N_ / tp_),
       A_(plan.micro_batches),
-      e_(at::elementSize(compute_dtype)),
+      e_(at::elementSize(run.compute_dtype)),
       muon_(c.optim.optim.type == "muon"),
       reduce_every_(plan.reduce_every_micro_batch) {
-  const c10::Device device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
   // Document attention without the flash kernel reads an additive mask [B, 1, T, T] in the
   // compute dtype, made once per micro-batch and shared by every block (attention.h).
   // Under context parallelism the mask is made unless runtime.cp_varlen, for this rank's queries
   // [B, 1, T/cp, T].
-  const AttentionPath attention = resolve_attention(c, plan.cp, device, compute_dtype);
+  const AttentionPath& attention = run.attention;
   mask_ = attention.mask() ? e_ * c.data.seq_length * N_ : 0;
 
   units_.resize(static_cast<size_t>(L_ + 1));
@@ -198,7 +199,7 @@ MemoryReplay::MemoryReplay(const Config& c, const StepPlan& plan, at::ScalarType
   }
 
   // What the forward keeps for backward (defined beside it: model/llama.h's forward_saves).
-  saves_ = forward_saves(a_, compute_dtype, cuda, tp_, resolve_kernel_choices(c).on(Fused::Gate), plan.cp,
+  saves_ = forward_saves(a_, run.compute_dtype, cuda_, tp_, run.kernels.on(Fused::Gate), plan.cp,
                          attention.cp_ring(), attention.cp_packed());
   if (attention.cp_ring()) {
     // A block of the ring is this rank's t = T/cp queries against one rank's t keys, in fp32: the
@@ -212,7 +213,7 @@ MemoryReplay::MemoryReplay(const Config& c, const StepPlan& plan, at::ScalarType
     ring_backward_ = 2 * scores + 3 * 4 * Q_ * N_ + 2 * e_ * kv + 2 * 4 * kv;
   }
   block_keeps_ = saves_.block.bytes(N_, tp_);
-  reduce_scatter_copies_ = cuda ? 0 : 1;
+  reduce_scatter_copies_ = cuda_ ? 0 : 1;
   whole_gradients_ = W_ == 1 && plan.replicate == 1;
   keep_ = plan.keep_unsharded;
   head_grad_ = e_ * V_ * D_;
@@ -457,8 +458,7 @@ void MemoryReplay::optimizer_step() {
   // runs same-shape matrices as one batch: their stack, the normalised iterate, X Xᵀ and its
   // polynomial (k m x m for k matrices with m the short side) and the next iterate.
   const int64_t W = W_, tp = tp_;
-  const int64_t ns =
-      at::elementSize(resolve_ns_dtype(c_, cuda_ ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU)));
+  const int64_t ns = at::elementSize(resolve_ns_dtype(c_, device_));
   // (rows, cols, ranks sharing them) of what Newton-Schulz runs on -> matrices
   std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> groups;
   int64_t hidden_slices = 0, hidden_block = 0, tp_gathered = 0;
@@ -548,12 +548,9 @@ MemoryEstimate MemoryReplay::result() const {
 
 }  // namespace
 
-MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::ScalarType compute_dtype, bool cuda,
-                                    bool reduce_every_micro_batch) {
-  const c10::Device device = cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
-  const StepPlan plan = plan_step(c, ParallelMesh(c, world_size, /*rank=*/0, EngineKind::Sharded), compute_dtype,
-                                  resolve_ns_dtype(c, device), reduce_every_micro_batch, cuda);
-  MemoryReplay replay(c, plan, compute_dtype, cuda);
+MemoryEstimate estimate_step_memory(const Config& c, const ResolvedRun& run) {
+  const StepPlan plan = plan_step(c, ParallelMesh(c, run.mesh.world(), /*rank=*/0, EngineKind::Sharded), run);
+  MemoryReplay replay(c, plan, run);
   replay.start_of_step();
   for (const StepEvent& ev : plan.events) replay.visit(ev);
   replay.optimizer_step();

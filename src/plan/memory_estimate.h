@@ -1,6 +1,6 @@
 #pragma once
 // Peak memory per rank of a training step under the sharding engine, predicted before launch
-// (--dry-run, and before training starts) from the config, the world size and the compute dtype.
+// (--dry-run, and before training starts) from the config and the run resolved from it.
 //
 // The prediction replays the step's allocations in the order the engine makes them (forward
 // block by block, the chunked loss, backward in reverse, the optimizer) and keeps what is live at
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "config/resolved_run.h"
 
 namespace zb {
 
@@ -33,9 +34,9 @@ struct MemoryEstimate {
   bool keep_unsharded = false;  // train.keep_unsharded in effect (one rank per shard group)
 };
 
-// `cuda`: the device's kernels (fused RMSNorm and flash attention save less than the CPU's).
-MemoryEstimate estimate_step_memory(const Config& c, int64_t world_size, at::ScalarType compute_dtype,
-                                    bool cuda, bool reduce_every_micro_batch);
+// Rank 0 of the sharding engine's run `run` (config/resolved_run.h), on its device's kernels (a
+// GPU's fused RMSNorm and flash attention save less than the CPU's).
+MemoryEstimate estimate_step_memory(const Config& c, const ResolvedRun& run);
 
 // The memory one device offers: runtime.device_memory_gb if set, else known GPUs by name (H100
 // and H200 SXM); 0 when unknown (the CPU: nothing is checked).

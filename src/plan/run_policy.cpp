@@ -11,34 +11,38 @@
 namespace zb {
 
 MemoryVerdict judge_memory(const Config& c, int64_t world_size, const c10::Device& device, const MemoryBudget& budget) {
-  const at::ScalarType compute = resolve_compute_dtype(c, device);
-  const std::string& setting = c.train.reduce_every_micro_batch;
+  // The run with "auto" off, then each "auto" turned on where the estimate says so.
+  auto estimate = [&](const MemoryChoices& autos) {
+    return estimate_step_memory(c, resolve_run(c, world_size, EngineKind::Sharded, device, autos));
+  };
+  MemoryChoices autos;
   MemoryVerdict v;
   v.budget = budget;
-  v.estimate = estimate_step_memory(c, world_size, compute, device.is_cuda(), setting == "true");
+  v.estimate = estimate(autos);
   const bool known = budget.device_bytes > 0;
-  // "auto": sharded sums where whole ones do not fit and they need less, whether or not they fit
-  // (a run started with --force anyway then takes the smaller, and a refusal names the smaller).
-  if (setting == "auto" && known && v.estimate.peak > budget.usable) {
-    MemoryEstimate sharded = estimate_step_memory(c, world_size, compute, device.is_cuda(), true);
+  // train.reduce_every_micro_batch = "auto": sharded sums where whole ones do not fit and they need
+  // less, whether or not they fit (a run started with --force anyway then takes the smaller, and a
+  // refusal names the smaller).
+  if (c.train.reduce_every_micro_batch == "auto" && known && v.estimate.peak > budget.usable) {
+    MemoryEstimate sharded = estimate({true, false});
     if (sharded.reduce_every_micro_batch && sharded.peak < v.estimate.peak) {
       v.estimate = sharded;
       v.auto_turned_on = true;
+      autos.reduce_every_micro_batch = true;
     }
   }
-  v.reduce_every_micro_batch = v.estimate.reduce_every_micro_batch;
   // train.keep_unsharded = "auto": on a GPU, one rank per shard group keeps its casts where the
   // run fits with them (on the CPU a cast is cheap beside the step, and memory is not checked).
   if (c.train.keep_unsharded == "auto" && device.is_cuda() && known) {
-    Config kept_config = c;
-    kept_config.train.keep_unsharded = "true";
-    MemoryEstimate kept =
-        estimate_step_memory(kept_config, world_size, compute, /*cuda=*/true, v.estimate.reduce_every_micro_batch);
+    MemoryEstimate kept = estimate({autos.reduce_every_micro_batch, true});
     if (kept.keep_unsharded && kept.peak <= budget.usable) {
       v.estimate = std::move(kept);
       v.keep_unsharded_auto_on = true;
+      autos.keep_unsharded = true;
     }
   }
+  v.autos = autos;
+  v.reduce_every_micro_batch = v.estimate.reduce_every_micro_batch;
   v.keep_unsharded = v.estimate.keep_unsharded;
   v.fits = !known || v.estimate.peak <= budget.usable;
   v.table = describe_memory(v.estimate, budget);
@@ -155,17 +159,14 @@ MemoryBudget share_budget(MemoryBudget budget, int64_t sharing) {
 StepPlan plan_run(const Config& c, int64_t world_size, int64_t rank, EngineKind engine,
                   MemoryVerdict* memory) {
   const c10::Device device = planned_device(c);
-  // The memory estimate decides "auto".
-  bool reduce_every = c.train.reduce_every_micro_batch == "true";
-  Config resolved = c;
+  // The memory verdict decides "auto" (the sharding engine's; train_ddp has neither setting).
+  MemoryChoices autos;
   if (engine == EngineKind::Sharded) {
     MemoryVerdict v = judge_memory(c, world_size, device, memory_budget(c, device, /*dry_run=*/true));
-    reduce_every = v.reduce_every_micro_batch;
-    resolved.train.keep_unsharded = v.keep_unsharded ? "true" : "false";
+    autos = v.autos;
     if (memory) *memory = std::move(v);
   }
-  return plan_step(resolved, ParallelMesh(c, world_size, rank, engine), resolve_compute_dtype(c, device),
-                   resolve_ns_dtype(c, device), reduce_every, device.is_cuda());
+  return plan_step(c, ParallelMesh(c, world_size, rank, engine), resolve_run(c, world_size, engine, device, autos));
 }
 
 }  // namespace zb

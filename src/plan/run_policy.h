@@ -32,6 +32,7 @@ struct MemoryVerdict {
   // the casts kept), for one rank per shard group only.
   bool keep_unsharded = false;
   bool keep_unsharded_auto_on = false;  // "auto" chose it
+  MemoryChoices autos;  // both "auto" answers, for resolve_run (config/resolved_run.h)
   std::vector<std::string> table;  // the estimate and the budget, as lines (describe_memory)
 };
 // The sharding engine's runs (train_fsdp, train_hsdp) of `world_size` ranks on `device`.

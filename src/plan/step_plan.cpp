@@ -11,6 +11,7 @@
 #include "model/chunked_loss.h"
 #include "optim/gram_newton_schulz.h"
 #include "optim/muon.h"
+#include "optim/optimizer.h"
 #include "optim/tensor_parallel_muon.h"
 #include "optim/param_groups.h"
 #include "diloco/diloco.h"
@@ -283,8 +284,7 @@ void plan_ddp_micro_batches(PlanWriter& w, const StepPlan& p, const std::vector<
 
 }  // namespace
 
-StepPlan plan_step(const Config& c, const ParallelMesh& mesh, at::ScalarType compute_dtype, at::ScalarType ns_dtype,
-                   bool reduce_every_micro_batch, bool cuda) {
+StepPlan plan_step(const Config& c, const ParallelMesh& mesh, const ResolvedRun& run) {
   StepPlan p;
   const EngineKind engine = mesh.engine();
   const int64_t world_size = mesh.world_size(), rank = mesh.rank();
@@ -295,17 +295,14 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, at::ScalarType com
   p.replicate = mesh.shape().replicate;
   p.tp = mesh.shape().tp;
   p.cp = mesh.shape().cp;
-  p.micro_batches = grad_accum_steps(c, world_size);
-  p.reduce_every_micro_batch = reduce_every_micro_batch && p.micro_batches > 1;
-  // Kept casts: one rank per shard group whose gradients no replicas sum (HSDP's do; DiLoCo's
-  // replicas train apart).
-  p.keep_unsharded = engine == EngineKind::Sharded && p.shard == 1 &&
-                     (p.replicate == 1 || c.diloco.inner_steps > 0) && c.train.keep_unsharded == "true";
+  p.micro_batches = run.micro_batches;
+  p.reduce_every_micro_batch = run.reduce_every_micro_batch;
+  p.keep_unsharded = run.keep_unsharded;
 
   const ModelArgs a = resolve_model_args(c);
   const int64_t L = a.n_layers, S = p.shard, R = p.replicate, tp = p.tp;
   const std::vector<ParamSpec> specs = param_specs(a, tp);  // this rank's slices under TP
-  const int64_t ns = at::elementSize(ns_dtype);
+  const int64_t ns = at::elementSize(resolve_ns_dtype(c, run.device));
   const int64_t shard_rank = mesh.shard_rank();  // its place in its shard group
   // Muon's matrices, in the order the optimizer holds them (model order), with their whole shapes
   // and how TP splits them.
@@ -322,7 +319,7 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, at::ScalarType com
   if (fsdp) {
     std::vector<int64_t> block(L + 1, 0);
     for (const ParamSpec& s : specs) block[s.layer >= 0 ? s.layer : L] += RowShard::of(s.shape, S).block_numel();
-    const int64_t compute_bytes = at::elementSize(compute_dtype);
+    const int64_t compute_bytes = at::elementSize(run.compute_dtype);
     const std::vector<int64_t> gather = unit_gather_bytes(c, specs, L, S, compute_bytes);
     ModelEvents model_events;
     for (const ParamSpec& s : specs) model_events.float8_weights += gathered_in_float8(c, s);
@@ -332,7 +329,7 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, at::ScalarType com
     if (p.cp > 1) {
       model_events.cp = p.cp;
       model_events.cp_kv = compute_bytes * c.train.micro_bs * T * tp_share(a, tp).kv_heads * a.head_dim();
-      model_events.cp_ring = resolve_cp_rotate(c) == CpRotate::Ring;
+      model_events.cp_ring = run.attention.cp_ring();
       model_events.ring_grad = 2 * 4 * c.train.micro_bs * T * tp_share(a, tp).kv_heads * a.head_dim();
     }
     if (tp > 1) {
@@ -343,7 +340,7 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, at::ScalarType com
       if (share.kv_shared) model_events.kv = compute_bytes * a.n_kv_heads * a.head_dim() * a.dim;
       // The head's chunks over the whole sequence, sized by the rank's slice of the vocabulary.
       const int64_t n = c.train.micro_bs * T;
-      const int64_t chunk = loss_chunk_tokens(share.vocab, cuda);
+      const int64_t chunk = loss_chunk_tokens(share.vocab, run.device.is_cuda());
       for (int64_t start = 0; start < n; start += chunk) model_events.chunks.push_back(std::min(chunk, n - start));
     }
     plan_fsdp_micro_batches(w, c, p, L, diloco ? 1 : R, block, gather, shard_group, model_events);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "config/resolved_run.h"
 #include "dist/compression.h"
 #include "parallel/step_trace.h"
 #include "parallel/mesh.h"
@@ -64,12 +65,11 @@ struct StepPlan {
   std::optional<Diloco> diloco;
 };
 
-// The plan of the mesh's rank (config validated for its world). `reduce_every_micro_batch`
-// as the trainer resolved it (the memory estimate decides "auto"; train.keep_unsharded is read
-// from the config, "auto" counting as off: the memory verdict resolves it there); `cuda`: the loss's chunks are
-// sized for a GPU (model/chunked_loss.h), which tensor parallelism's per-chunk gathers follow.
-StepPlan plan_step(const Config& config, const ParallelMesh& mesh, at::ScalarType compute_dtype,
-                   at::ScalarType ns_dtype, bool reduce_every_micro_batch, bool cuda = false);
+// The plan of the mesh's rank (config validated for its world) in `run` as resolve_run resolved it
+// (config/resolved_run.h): its dtypes, micro-batches, per-micro-batch reduction and kept casts; on
+// a GPU the loss's chunks are sized for it (model/chunked_loss.h), and TP's per-chunk gathers
+// follow them.
+StepPlan plan_step(const Config& config, const ParallelMesh& mesh, const ResolvedRun& run);
 
 // The plan as JSON: layout, events (each with its notes) and counted bytes.
 nlohmann::json plan_to_json(const StepPlan& plan);

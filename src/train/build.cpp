@@ -71,7 +71,7 @@ std::unique_ptr<ParallelModel> build_engine(const Config& config, const Training
   fsdp.compute_dtype = parts.compute_dtype;
   fsdp.reshard_after_forward = config.train.reshard_after_forward;
   fsdp.checkpoint_every = config.train.ac_ckpt;
-  fsdp.keep_unsharded = config.train.keep_unsharded == "true";  // "auto" is resolved by the memory verdict
+  fsdp.keep_unsharded = parts.keep_unsharded;
   fsdp.float8_all_gather = config.float8.enable_float8_linear && config.float8.enable_fsdp_float8_all_gather;
   // DiLoCo: no gradient crosses between replicas; the outer step does, every inner_steps steps.
   const bool diloco = config.diloco.inner_steps > 0;
@@ -126,11 +126,10 @@ RunData build_data(const Config& config, const TrainingParts& parts) {
   return d;
 }
 
-TrainingParts build_training(const Config& config, ParallelMesh mesh, c10::Device device,
-                             std::optional<bool> reduce_every_micro_batch) {
+TrainingParts build_training(const Config& config, ParallelMesh mesh, c10::Device device, const MemoryChoices& autos) {
   TORCH_CHECK(config.diloco.inner_steps == 0 || mesh.sharded(),
               "DiLoCo (diloco.inner_steps) runs over the shard groups of train_fsdp or train_hsdp");
-  const ResolvedRun run = resolve_run(config, mesh.world_size(), mesh.engine(), device);
+  const ResolvedRun run = resolve_run(config, mesh.world_size(), mesh.engine(), device, autos);
   TrainingParts p(std::move(mesh), run);
   // Which kernel scaled_dot_product_attention may run: PyTorch's own process-wide setting.
   use_sdpa_backend(config.runtime.sdpa_backend);
@@ -149,8 +148,6 @@ TrainingParts build_training(const Config& config, ParallelMesh mesh, c10::Devic
         replica_fingerprint(config, p.model->args(), p.mesh.shape().tp),
         config.diloco.join ? config.diloco.join_state : ""));
   p.data = build_data(config, p);
-  p.reduce_every_micro_batch =
-      reduce_every_micro_batch.value_or(config.train.reduce_every_micro_batch == "true") && p.accum > 1;
   return p;
 }
 

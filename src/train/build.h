@@ -38,7 +38,8 @@ struct TrainingParts {
   // The run's values as resolve_run resolved them from the config (config/resolved_run.h).
   TrainingParts(ParallelMesh mesh, const ResolvedRun& run)
       : mesh(std::move(mesh)), device(run.device), compute_dtype(run.compute_dtype), kernels(run.kernels),
-        attention(run.attention), accum(run.micro_batches) {}
+        attention(run.attention), accum(run.micro_batches), reduce_every_micro_batch(run.reduce_every_micro_batch),
+        keep_unsharded(run.keep_unsharded) {}
 
   ParallelMesh mesh;
   c10::Device device;
@@ -54,14 +55,15 @@ struct TrainingParts {
   RunData data;
   int64_t accum = 1;                              // micro-batches per step on this rank
   bool reduce_every_micro_batch = false;          // into sharded sums (train.reduce_every_micro_batch)
+  bool keep_unsharded = false;                    // the engine keeps its casts (train.keep_unsharded)
 };
 
 // Everything from the config; the model is initialised from runtime.seed identically on every rank
 // and then sharded (FSDP) or replicated (DDP). `config` must be validated for the mesh's world.
-// `reduce_every_micro_batch`: train.reduce_every_micro_batch as the memory verdict resolved it
-// (plan/run_policy.h); none: as the config says, "auto" off.
+// `autos`: what "auto" in train.reduce_every_micro_batch and train.keep_unsharded became (the
+// memory verdict's, plan/run_policy.h); by default off.
 TrainingParts build_training(const Config& config, ParallelMesh mesh, c10::Device device,
-                             std::optional<bool> reduce_every_micro_batch = std::nullopt);
+                             const MemoryChoices& autos = {});
 
 // The parts one at a time, in the order build_training calls them.
 std::unique_ptr<Llama> build_model(const Config& config, const TrainingParts& parts);

@@ -1,6 +1,7 @@
 #pragma once
-// The Trainer as checkpoints see it (checkpoint/state.h): what they save and what they restore.
-// The Trainer knows nothing of checkpoints; this adapter is the whole of what joins them.
+// The Trainer as checkpoints see it (checkpoint/state.h): its counters and the parts that own the
+// rest of its state, in the order they are saved and restored. The Trainer knows nothing of
+// checkpoints; this list is the whole of what joins them.
 #include <cstdint>
 #include <vector>
 
@@ -11,29 +12,20 @@ namespace zb {
 
 class TrainerCheckpointState : public TrainingState {
  public:
-  explicit TrainerCheckpointState(Trainer& trainer) : trainer_(trainer) {}
+  explicit TrainerCheckpointState(Trainer& trainer);
 
   ParallelModel& parallel() override { return trainer_.parallel(); }
-  Optimizer& optimizer() override { return trainer_.optimizer(); }
-  // The engine's and the optimizer's tensors; under DiLoCo they are each replica's own, under its
-  // name ("replica_<r>/..."), beside the outer copies the replicas share.
-  std::vector<StateTensor> state() override;
-  int64_t replica() override { return trainer_.mesh().replica(); }
   const ModelArgs& model_args() const override { return trainer_.model_args(); }
-  int64_t step() const override { return trainer_.step(); }
-  int64_t skipped_steps() const override { return trainer_.skipped_steps(); }
+  StepCounters& counters() override { return trainer_.counters(); }
   int64_t tokens_per_step() const override { return trainer_.tokens_per_step(); }
-  int64_t data_rows_consumed() const override { return trainer_.data_rows_consumed(); }
-  // DiLoCo's exchanges in flight at `step` take room in state() before the load.
-  void prepare_restore(int64_t step) override;
-  void restore_position(int64_t step, int64_t skipped, uint64_t seed, std::optional<DataPosition> data) override {
-    trainer_.restore_position(step, skipped, seed, data);
-  }
-  int64_t stream_rows() const override { return trainer_.stream_rows_read(); }
-  void restore_stream_rows(int64_t rows) override { trainer_.restore_stream_rows(rows); }
+  // Under DiLoCo each replica's inner state is its own: the replica is the mesh's, not the engine's.
+  int64_t replica() override { return trainer_.diloco() ? trainer_.mesh().replica() : trainer_.parallel().replica(); }
+  std::vector<Stateful*> owners() override { return owners_; }
 
  private:
   Trainer& trainer_;
+  ModelState model_;  // the parameters and the optimizer's state, each replica's own under DiLoCo
+  std::vector<Stateful*> owners_;
 };
 
 }  // namespace zb

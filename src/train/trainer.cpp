@@ -30,9 +30,8 @@ Trainer::Trainer(const Config& config, TrainingParts parts)
                                            parts_.mesh.world(), config.optim.total_steps);
 }
 
-Trainer::Trainer(const Config& config, ParallelMesh mesh, c10::Device device,
-                 std::optional<bool> reduce_every_micro_batch)
-    : Trainer(config, build_training(config, std::move(mesh), device, reduce_every_micro_batch)) {}
+Trainer::Trainer(const Config& config, ParallelMesh mesh, c10::Device device, const MemoryChoices& autos)
+    : Trainer(config, build_training(config, std::move(mesh), device, autos)) {}
 
 Trainer::~Trainer() {
   if (trace_) set_step_trace(nullptr);
@@ -226,25 +225,6 @@ double Trainer::evaluate() {
   const double mean = sum.item<double>();
   world.settle();
   return mean;
-}
-
-void Trainer::restore_position(int64_t step, int64_t skipped, uint64_t seed, std::optional<DataPosition> data) {
-  if (diloco_) diloco_->restore(step);  // the checkpoint held the outer copies and the exchanges in flight
-  counters_ = {step, skipped};
-  skipped_in_a_row_ = 0;
-  const int64_t rows = step * parts_.accum * config_.train.micro_bs;  // this rank's rows per step
-  parts_.data.train->load_state({rows, seed, parts_.mesh.data_parallel_size()});
-  // Saved at another batch size, the step count no longer says where the data stopped: the stream
-  // position the checkpoint kept does (elastic replicas place themselves by it anyway).
-  if (data && data->batch_size != config_.optim.batch_size && config_.diloco.peers.empty()) {
-    parts_.data.train->reposition(data->stream_rows, 0, 1);
-    log::info(strf("data: the checkpoint's batch was %ld rows, this run's %ld: reading on from stream row %ld",
-                   data->batch_size, config_.optim.batch_size, data->stream_rows));
-  }
-  if (data && data->seq_length != config_.data.seq_length)
-    log::warn(strf("data: the checkpoint's rows were %ld tokens, this run's %ld: the position is counted in rows, "
-                   "so some text may be read again or skipped",
-                   data->seq_length, config_.data.seq_length));
 }
 
 }  // namespace zb

@@ -4,8 +4,8 @@
 // optimizer on this rank's tensors, the data and the schedule; DiLoCo's outer optimizer is a hook
 // around the steps (diloco/step_hook.h). train_step() is one optimizer step over the global batch,
 // and reads as its parts: run_micro_batches, clipping, agree_on_step (the step's one all-reduce)
-// and apply_or_skip. The loop of steps is train/training_loop.h's; checkpoints see the Trainer
-// through an adapter (train/checkpoint_state.h).
+// and apply_or_skip. The loop of steps is train/training_loop.h's; checkpoints see the Trainer's
+// parts that own state through a list of them (train/checkpoint_state.h).
 #include <ATen/core/Tensor.h>
 
 #include <array>
@@ -42,8 +42,7 @@ class Trainer {
   // Trains the parts build_training made (`config` as it was built from).
   Trainer(const Config& config, TrainingParts parts);
   // Builds the parts and trains them (build_training's arguments).
-  Trainer(const Config& config, ParallelMesh mesh, c10::Device device,
-          std::optional<bool> reduce_every_micro_batch = std::nullopt);
+  Trainer(const Config& config, ParallelMesh mesh, c10::Device device, const MemoryChoices& autos = {});
   ~Trainer();  // detaches a step trace from the communicators it does not own
 
   StepStats train_step(const StepFlagSource& flags = nullptr);
@@ -56,10 +55,8 @@ class Trainer {
   int64_t step() const { return counters_.step; }
   // Steps not applied because they were not finite; the schedule is at step() - skipped_steps().
   int64_t skipped_steps() const { return counters_.skipped; }
-  // After loading a checkpoint: continue after `step` steps (`skipped` of them not applied), the
-  // data at the next global batch (the loader's position follows from the step, whatever the
-  // world size).
-  void restore_position(int64_t step, int64_t skipped, uint64_t seed, std::optional<DataPosition> data);
+  // A checkpoint's resume (or a DiLoCo joiner) sets them: the loop continues after counters().step.
+  StepCounters& counters() { return counters_; }
   int64_t grad_accum_steps() const { return parts_.accum; }
   // Elastic DiLoCo (diloco.join): waits for the running run's next outer step, takes its state
   // from a live replica and continues after that step (step() says which).
@@ -84,12 +81,8 @@ class Trainer {
   ParallelModel& parallel() { return *parts_.engine; }
   DiLoCo* diloco() { return parts_.diloco.get(); }  // null unless diloco.inner_steps
   const Config& config() const { return config_; }
-  int64_t data_rows_consumed() const { return parts_.data.train->state().rows_consumed; }
-  // Elastic DiLoCo: where the run's data stream stands (data/loader.h), and where a checkpoint left it.
-  int64_t stream_rows_read() const { return parts_.data.train->stream_rows_read(); }
-  void restore_stream_rows(int64_t rows) {
-    if (diloco_) diloco_->restore_stream_rows(rows);
-  }
+  DataLoader& data_loader() { return *parts_.data.train; }
+  DiLoCoHook* diloco_hook() { return diloco_.get(); }  // null unless diloco.inner_steps
   Optimizer& optimizer() { return *parts_.optimizer; }
   // Records every step's events into `trace` from now on (the engine's, the collectives of every
   // communicator the step uses, and the micro-batch and optimizer marks), for comparison with

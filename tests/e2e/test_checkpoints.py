@@ -183,14 +183,26 @@ def test_bad_checkpoint(work):
     os.truncate(work / "damaged/rank_00001.bin", 1000)
     rc, out = run(TRAIN_FSDP, *SMALL, "--ckpt.resume", work / "damaged")
     refused(rc, out, r"rank_00001.bin has 1000 bytes, its index .* \(truncated\?\)", "damaged")
+    # Damaged: the data loader's record in meta.json, a value that is no number, then one missing.
+    shutil.copytree(ck, work / "bad_record")
+    meta = json.loads((work / "bad_record/meta.json").read_text())
+    meta["data"]["stream_rows"] = "many"
+    (work / "bad_record/meta.json").write_text(json.dumps(meta))
+    rc, out = run(TRAIN_FSDP, *SMALL, "--ckpt.resume", work / "bad_record")
+    refused(rc, out, re.escape("damaged meta.json: data.stream_rows is not a whole number"), "damaged record")
+    del meta["data"]["stream_rows"], meta["data"]["batch_size"]
+    (work / "bad_record/meta.json").write_text(json.dumps(meta))
+    rc, out = run(TRAIN_FSDP, *SMALL, "--ckpt.resume", work / "bad_record")
+    refused(rc, out, re.escape(f"checkpoint {work / 'bad_record'}: meta.json's \"data\" has no batch_size (damaged?)"),
+            "record without a value")
     # Partial: no metadata (a save that never finished).
     shutil.copytree(ck, work / "partial")
     os.remove(work / "partial/meta.json")
     rc, out = run(TRAIN_FSDP, *SMALL, "--ckpt.resume", work / "partial")
     refused(rc, out, re.escape("not a complete checkpoint (no meta.json)"), "partial")
     assert digest(ck) == before, "the checkpoint changed"
-    print("other model, other heads, damaged checkpoints and indices, partial checkpoints refused; the checkpoint "
-          "is untouched")
+    print("other model, other heads, damaged checkpoints, indices and records, partial checkpoints refused; the "
+          "checkpoint is untouched")
 
 
 def test_hf_export(work):

@@ -1,0 +1,100 @@
+#include "model/moe.h"
+
+#include <ATen/ops/_grouped_mm.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/argsort.h>
+#include <ATen/ops/bincount.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/cumsum.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/sigmoid.h>
+#include <ATen/ops/silu.h>
+#include <ATen/ops/softmax.h>
+#include <ATen/ops/topk.h>
+#include <ATen/ops/zeros.h>
+
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace zb {
+
+Routing route(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& bias, const RouterConfig& c) {
+  const int64_t E = c.num_experts, K = c.top_k, N = x.size(0);
+  const int64_t G = c.num_expert_groups;
+  if (gate.size(0) != E || K < 1 || K > E ||
+      (G > 0 && (E % G != 0 || c.num_limited_groups < 1 || c.num_limited_groups > G || K > c.num_limited_groups * (E / G))))
+    throw std::invalid_argument("route: " + std::to_string(E) + " experts in " + std::to_string(G) + " groups (" +
+                                std::to_string(c.num_limited_groups) + " chosen), top_k " + std::to_string(K) +
+                                ", a gate of " + std::to_string(gate.size(0)) + " rows");
+  const at::Tensor logits = at::matmul(x.to(at::kFloat), gate.to(at::kFloat).t());  // [N, E], fp32
+  const at::Tensor scores = c.score_func == ScoreFunc::Softmax ? at::softmax(logits, -1) : at::sigmoid(logits);
+  // What chooses: the scores (detached: the choice has no gradient), plus the balancing bias.
+  at::Tensor choice = scores.detach();
+  if (bias.defined()) choice = choice + bias.to(at::kFloat);
+  if (G > 0) {
+    const int64_t per = E / G;
+    const at::Tensor grouped = choice.view({N, G, per});
+    // A group's score: the sum of its two best (its best alone when it holds one expert).
+    const at::Tensor group_scores = std::get<0>(grouped.topk(std::min<int64_t>(2, per), -1)).sum(-1);  // [N, G]
+    const at::Tensor best = std::get<1>(group_scores.topk(c.num_limited_groups, -1));                  // [N, L]
+    const at::Tensor outside = at::full({N, G}, true, x.options().dtype(at::kBool)).scatter(1, best, false);
+    choice = grouped.masked_fill(outside.unsqueeze(-1), -std::numeric_limits<float>::infinity()).view({N, E});
+  }
+  Routing r;
+  r.experts = std::get<1>(choice.topk(K, -1, /*largest=*/true, /*sorted=*/true));  // [N, K]
+  r.weights = scores.gather(1, r.experts);
+  if (c.route_norm) r.weights = r.weights / (r.weights.sum(-1, /*keepdim=*/true) + 1e-20);
+  if (c.route_scale != 1.0) r.weights = r.weights * c.route_scale;
+  r.tokens_per_expert = at::bincount(r.experts.reshape(-1), {}, E);
+  return r;
+}
+
+namespace {
+
+// x_e @ w[e]^T for each expert's consecutive rows of x ([rows, in] against w [E, out, in]).
+// ATen's grouped GEMM where it runs: on the CPU (fp32 or bf16; faster than a product per expert,
+// scripts/perf/moe_experts_cpu.py) and on a GPU in bf16. Its backward takes only a contiguous
+// gradient, so the output's is made one.
+at::Tensor grouped_products(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offsets,
+                            const std::vector<int64_t>& counts) {
+  if (!x.is_cuda() || x.scalar_type() == at::kBFloat16) {
+    at::Tensor out = at::_grouped_mm(x, w.transpose(-2, -1), offsets);
+    if (out.requires_grad()) out.register_hook([](const at::Tensor& grad) { return grad.contiguous(); });
+    return out;
+  }
+  // Elsewhere (fp32 on a GPU) one product per expert that has rows; unbind gives w one gradient
+  // rather than one the size of w per expert.
+  const std::vector<at::Tensor> experts = w.unbind(0);
+  std::vector<at::Tensor> parts;
+  int64_t start = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    if (counts[e] > 0) parts.push_back(at::matmul(x.narrow(0, start, counts[e]), experts[e].t()));
+    start += counts[e];
+  }
+  return at::cat(parts);
+}
+
+}  // namespace
+
+at::Tensor routed_experts(const at::Tensor& x, const Routing& routing, const at::Tensor& w1, const at::Tensor& w2,
+                          const at::Tensor& w3) {
+  const int64_t N = x.size(0), K = routing.experts.size(1);
+  // Expert-major: a stable sort of the N x K assignments by expert keeps tokens in order within one.
+  const at::Tensor order = at::argsort(routing.experts.reshape(-1), /*stable=*/true);
+  const at::Tensor rows = x.index_select(0, order.div(K, "floor"));  // [N K, D]
+  const at::Tensor counts = routing.tokens_per_expert.to(at::kCPU);
+  const std::vector<int64_t> per_expert(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + counts.numel());
+  const at::Tensor offsets = at::cumsum(routing.tokens_per_expert, 0).to(at::kInt);
+  const at::Tensor gated = at::silu(grouped_products(rows, w1.to(x.scalar_type()), offsets, per_expert)) *
+                           grouped_products(rows, w3.to(x.scalar_type()), offsets, per_expert);
+  const at::Tensor out = grouped_products(gated, w2.to(x.scalar_type()), offsets, per_expert);  // [N K, D]
+  // Back to (token, k) order, then the weighted sum over the k in fp32.
+  const at::Tensor back = at::empty_like(order).scatter_(0, order, at::arange(N * K, order.options()));
+  const at::Tensor per_token = out.index_select(0, back).view({N, K, x.size(1)}).to(at::kFloat);
+  return (per_token * routing.weights.unsqueeze(-1)).sum(1).to(x.scalar_type());
+}
+
+}  // namespace zb

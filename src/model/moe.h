@@ -1,0 +1,54 @@
+#pragma once
+// A mixture of experts, the computation a block's feed-forward place will hold (model/feed_forward.h):
+// a router sends each token to top_k of num_experts SwiGLU experts, and the experts' outputs,
+// weighted by the router, are summed. Dropless: every token reaches all of its experts, whatever
+// their load.
+//
+// One router serves both families:
+//   Mixtral       softmax over the experts, top-k, renormalised over the k (route_norm);
+//   DeepSeek-V3   sigmoid, a balancing bias that selects experts but never weights them, top-k
+//                 within the best groups of experts, renormalised and scaled (route_scale).
+// It runs in fp32 whatever the compute dtype: the scores decide which experts a token reaches.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace zb {
+
+enum class ScoreFunc { Softmax, Sigmoid };
+
+struct RouterConfig {
+  int64_t num_experts = 0;
+  int64_t top_k = 1;
+  ScoreFunc score_func = ScoreFunc::Softmax;
+  bool route_norm = false;   // weights divided by their sum over the k
+  double route_scale = 1.0;  // and multiplied by this
+  // Group routing (0: none): the experts in num_expert_groups equal groups, each group scored by
+  // the sum of its two best scores; a token picks its experts within its num_limited_groups best.
+  int64_t num_expert_groups = 0;
+  int64_t num_limited_groups = 0;
+};
+
+// Where the router sends N tokens.
+struct Routing {
+  at::Tensor experts;            // [N, K] int64: each token's experts, best first
+  at::Tensor weights;            // [N, K] fp32: their weights, from the scores without the bias
+  at::Tensor tokens_per_expert;  // [E] int64: how many of the N x K assignments each expert got
+};
+
+// Routes x [N, D] through the gate [E, D] (no bias term); `bias` [E] fp32, or undefined, is
+// DeepSeek-V3's balancing bias: added to the scores that choose, not to the weights. The weights
+// carry the gate's gradient; the choice carries none.
+Routing route(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& bias, const RouterConfig& config);
+
+// sum_k weights[n, k] * expert_{experts[n, k]}(x[n]) for x [N, D], with the experts' SwiGLU
+// weights w1, w3 [E, F, D] and w2 [E, D, F]: expert e computes w2[e] (silu(w1[e] x) * w3[e] x).
+// The assignments are sorted expert-major (stable: tokens in order within an expert), the experts'
+// rows computed as grouped GEMMs (at::_grouped_mm on the CPU and on a GPU in bf16; one product per
+// expert that has rows for fp32 on a GPU), then put back in token order and summed over the k in
+// fp32, in a fixed order: the same bits on every run. Returns [N, D] in x's dtype.
+at::Tensor routed_experts(const at::Tensor& x, const Routing& routing, const at::Tensor& w1, const at::Tensor& w2,
+                          const at::Tensor& w3);
+
+}  // namespace zb

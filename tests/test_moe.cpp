@@ -1,0 +1,182 @@
+// The mixture of experts (model/moe.h) against a reference written here: each token routed and
+// computed alone, by hand, in float64 (no sorting, no grouping), and its gradients by autograd
+// over that per-token computation.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "model/moe.h"
+
+using namespace zb;
+
+namespace {
+
+struct Weights {
+  at::Tensor x, gate, w1, w2, w3;  // fp32, requiring gradients
+};
+
+Weights random_weights(int64_t N, int64_t D, int64_t E, int64_t F, uint64_t seed) {
+  at::manual_seed(seed);
+  auto make = [](at::IntArrayRef shape, double scale) { return (at::randn(shape) * scale).requires_grad_(); };
+  return {make({N, D}, 1.0), make({E, D}, 0.5), make({E, F, D}, 0.3), make({E, D, F}, 0.3), make({E, F, D}, 0.3)};
+}
+
+// The router for one token, in float64: its experts, best first, and their weights.
+std::pair<std::vector<int64_t>, std::vector<double>> route_one(const at::Tensor& x, const at::Tensor& gate,
+                                                               const std::vector<double>& bias, const RouterConfig& c) {
+  const int64_t E = c.num_experts;
+  const at::Tensor logits = at::matmul(gate.to(at::kDouble), x.to(at::kDouble));
+  std::vector<double> scores(E), choice(E);
+  double total = 0;
+  for (int64_t e = 0; e < E; ++e) total += std::exp(logits[e].item<double>());
+  for (int64_t e = 0; e < E; ++e) {
+    const double l = logits[e].item<double>();
+    scores[e] = c.score_func == ScoreFunc::Softmax ? std::exp(l) / total : 1 / (1 + std::exp(-l));
+    choice[e] = scores[e] + (bias.empty() ? 0.0 : bias[e]);
+  }
+  if (c.num_expert_groups > 0) {
+    const int64_t G = c.num_expert_groups, per = E / G;
+    std::vector<double> group_score(G);
+    for (int64_t g = 0; g < G; ++g) {
+      std::vector<double> in(choice.begin() + g * per, choice.begin() + (g + 1) * per);
+      std::sort(in.rbegin(), in.rend());
+      group_score[g] = in[0] + (per > 1 ? in[1] : 0.0);
+    }
+    std::vector<int64_t> groups(G);
+    std::iota(groups.begin(), groups.end(), 0);
+    std::sort(groups.begin(), groups.end(), [&](int64_t a, int64_t b) { return group_score[a] > group_score[b]; });
+    for (int64_t i = c.num_limited_groups; i < G; ++i)
+      for (int64_t e = groups[i] * per; e < (groups[i] + 1) * per; ++e) choice[e] = -INFINITY;
+  }
+  std::vector<int64_t> order(E);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return choice[a] > choice[b]; });
+  order.resize(c.top_k);
+  std::vector<double> w;
+  double sum = 0;
+  for (int64_t e : order) w.push_back(scores[e]), sum += scores[e];
+  for (double& v : w) v = (c.route_norm ? v / sum : v) * c.route_scale;
+  return {order, w};
+}
+
+// The whole layer in float64, a token at a time, differentiable: the reference output [N, D].
+at::Tensor reference_layer(const Weights& m, const std::vector<double>& bias, const RouterConfig& c) {
+  const at::Tensor x = m.x.to(at::kDouble), gate = m.gate.to(at::kDouble);
+  const at::Tensor w1 = m.w1.to(at::kDouble), w2 = m.w2.to(at::kDouble), w3 = m.w3.to(at::kDouble);
+  std::vector<at::Tensor> rows;
+  for (int64_t n = 0; n < x.size(0); ++n) {
+    const auto [experts, weights] = route_one(m.x[n].detach(), m.gate.detach(), bias, c);
+    // The weights again with autograd, from the gate, as the chosen experts' scores.
+    const at::Tensor logits = at::matmul(gate, x[n]);
+    const at::Tensor scores = c.score_func == ScoreFunc::Softmax ? at::softmax(logits, 0) : at::sigmoid(logits);
+    const at::Tensor chosen = scores.index_select(0, at::tensor(experts, at::kLong));
+    at::Tensor wk = c.route_norm ? chosen / chosen.sum() : chosen;
+    wk = wk * c.route_scale;
+    for (size_t k = 0; k < experts.size(); ++k) EXPECT_NEAR(wk[k].item<double>(), weights[k], 1e-12);
+    at::Tensor y = at::zeros({x.size(1)}, x.options());
+    for (size_t k = 0; k < experts.size(); ++k) {
+      const int64_t e = experts[k];
+      y = y + wk[k] * at::matmul(w2[e], at::silu(at::matmul(w1[e], x[n])) * at::matmul(w3[e], x[n]));
+    }
+    rows.push_back(y);
+  }
+  return at::stack(rows);
+}
+
+// Routes and computes the layer both ways; checks the choice, the output and every gradient.
+void expect_matches_reference(const Weights& m, const std::vector<double>& bias, const RouterConfig& c) {
+  const at::Tensor bias_tensor = bias.empty() ? at::Tensor() : at::tensor(bias, at::kDouble).to(at::kFloat);
+  const Routing r = route(m.x, m.gate, bias_tensor, c);
+  const int64_t N = m.x.size(0);
+  for (int64_t n = 0; n < N; ++n) {
+    const auto [experts, weights] = route_one(m.x[n].detach(), m.gate.detach(), bias, c);
+    for (int64_t k = 0; k < c.top_k; ++k) {
+      EXPECT_EQ(r.experts[n][k].item<int64_t>(), experts[k]) << "token " << n << ", choice " << k;
+      EXPECT_NEAR(r.weights[n][k].item<double>(), weights[k], 1e-5) << "token " << n << ", choice " << k;
+    }
+  }
+  EXPECT_EQ(r.tokens_per_expert.sum().item<int64_t>(), N * c.top_k);
+  const at::Tensor y = routed_experts(m.x, r, m.w1, m.w2, m.w3);
+  const at::Tensor want = reference_layer(m, bias, c);
+  EXPECT_LT((y.to(at::kDouble) - want).abs().max().item<double>(), 1e-5 * (1 + want.abs().max().item<double>()));
+
+  // Gradients of one projection of the output, ours (fp32) against the reference's (float64).
+  const at::Tensor probe = at::randn(y.sizes(), at::kDouble);
+  const std::vector<at::Tensor> inputs = {m.x, m.gate, m.w1, m.w2, m.w3};
+  const std::vector<at::Tensor> ours =
+      torch::autograd::grad({(y.to(at::kDouble) * probe).sum()}, inputs, {}, /*retain_graph=*/false, false, true);
+  const std::vector<at::Tensor> theirs =
+      torch::autograd::grad({(want * probe).sum()}, inputs, {}, /*retain_graph=*/false, false, true);
+  const char* names[] = {"x", "gate", "w1", "w2", "w3"};
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor a = ours[i].defined() ? ours[i].to(at::kDouble) : at::zeros_like(theirs[i]);
+    const at::Tensor b = theirs[i].defined() ? theirs[i] : at::zeros_like(a);
+    EXPECT_TRUE(at::isfinite(a).all().item<bool>()) << names[i];
+    EXPECT_LT((a - b).abs().max().item<double>(), 1e-4 * (1 + b.abs().max().item<double>())) << names[i];
+  }
+}
+
+// A router over 8 experts.
+RouterConfig router(int64_t top_k, ScoreFunc score_func, bool route_norm) {
+  RouterConfig c;
+  c.num_experts = 8;
+  c.top_k = top_k;
+  c.score_func = score_func;
+  c.route_norm = route_norm;
+  return c;
+}
+
+}  // namespace
+
+// Mixtral's routing: softmax over the 8 experts, the best 2, renormalised.
+TEST(MixtureOfExperts, MixtralRoutingMatchesAPerTokenReference) {
+  expect_matches_reference(random_weights(48, 16, 8, 24, 1), {}, router(2, ScoreFunc::Softmax, true));
+}
+
+// DeepSeek-V3's: sigmoid, a balancing bias that chooses but does not weigh, the best 3 experts
+// within the best 2 of 4 groups, renormalised and scaled.
+TEST(MixtureOfExperts, DeepSeekRoutingMatchesAPerTokenReference) {
+  const Weights m = random_weights(48, 16, 8, 24, 2);
+  RouterConfig c = router(3, ScoreFunc::Sigmoid, true);
+  c.route_scale = 2.5;
+  c.num_expert_groups = 4;
+  c.num_limited_groups = 2;
+  expect_matches_reference(m, {0.05, -0.1, 0.0, 0.2, -0.05, 0.1, -0.2, 0.0}, c);
+  // Without renormalising: the weights are the sigmoid scores themselves.
+  c.route_norm = false;
+  c.route_scale = 1.0;
+  c.num_expert_groups = 0;
+  expect_matches_reference(m, {}, c);
+}
+
+// A bias that sends every token to one expert: the other seven get none, nothing is NaN, their
+// weights get no gradient, and the one expert's weights are the unbiased scores.
+TEST(MixtureOfExperts, AllTokensToOneExpertAndExpertsWithoutTokens) {
+  const Weights m = random_weights(32, 16, 8, 24, 3);
+  const RouterConfig c = router(1, ScoreFunc::Sigmoid, false);
+  std::vector<double> bias(8, 0.0);
+  bias[5] = 100;
+  const Routing r = route(m.x, m.gate, at::tensor(bias, at::kDouble).to(at::kFloat), c);
+  EXPECT_EQ(r.tokens_per_expert[5].item<int64_t>(), 32);
+  EXPECT_EQ(r.tokens_per_expert.sum().item<int64_t>(), 32);
+  EXPECT_LT(r.weights.max().item<float>(), 1.0f);  // a sigmoid score, not the bias
+  expect_matches_reference(m, bias, c);
+  const at::Tensor y = routed_experts(m.x, r, m.w1, m.w2, m.w3);
+  y.sum().backward();
+  EXPECT_EQ(m.w1.grad().narrow(0, 0, 5).abs().sum().item<float>(), 0.0f);
+  EXPECT_GT(m.w1.grad()[5].abs().sum().item<float>(), 0.0f);
+}
+
+// The same inputs give the same bits: the combine sums each token's k outputs in a fixed order.
+TEST(MixtureOfExperts, RerunsAreBitIdentical) {
+  const Weights m = random_weights(64, 16, 8, 24, 4);
+  const RouterConfig c = router(2, ScoreFunc::Softmax, false);
+  const at::Tensor a = routed_experts(m.x, route(m.x, m.gate, {}, c), m.w1, m.w2, m.w3);
+  const at::Tensor b = routed_experts(m.x, route(m.x, m.gate, {}, c), m.w1, m.w2, m.w3);
+  EXPECT_TRUE(at::equal(a, b));
+}

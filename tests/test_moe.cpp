@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <numeric>
 #include <vector>
 
@@ -179,4 +180,68 @@ TEST(MixtureOfExperts, RerunsAreBitIdentical) {
   const at::Tensor a = routed_experts(m.x, route(m.x, m.gate, {}, c), m.w1, m.w2, m.w3);
   const at::Tensor b = routed_experts(m.x, route(m.x, m.gate, {}, c), m.w1, m.w2, m.w3);
   EXPECT_TRUE(at::equal(a, b));
+}
+
+// The bias moves each expert by the step's sign towards the mean load, the moves centred.
+TEST(MixtureOfExperts, BiasMovesTowardsTheMeanLoad) {
+  at::Tensor bias = at::zeros({4});
+  update_expert_bias(bias, at::tensor({10, 2, 2, 2}, at::kLong), 0.01);
+  // mean 4: signs -1, 1, 1, 1, centred by their mean 0.5.
+  const std::vector<float> want = {-0.015f, 0.005f, 0.005f, 0.005f};
+  for (int64_t e = 0; e < 4; ++e) EXPECT_FLOAT_EQ(bias[e].item<float>(), want[e]) << e;
+  // Routed again and again with the bias updated from each routing's counts, a gate that favours
+  // two experts evens out: the busiest expert's load falls towards the mean. (The tokens share a
+  // direction, which experts 0 and 1 score highly.)
+  const Weights m = random_weights(512, 16, 8, 24, 5);
+  {
+    at::NoGradGuard no_grad;
+    m.x.add_(1.0);
+    m.gate.narrow(0, 0, 2).add_(0.3);
+  }
+  const RouterConfig c = router(2, ScoreFunc::Sigmoid, true);
+  at::Tensor b = at::zeros({8});
+  auto busiest = [&] {
+    const at::Tensor n = route(m.x, m.gate, b, c).tokens_per_expert.to(at::kDouble);
+    return (n.max() / n.mean()).item<double>();
+  };
+  const double before = busiest();
+  for (int i = 0; i < 300; ++i) update_expert_bias(b, route(m.x, m.gate, b, c).tokens_per_expert, 1e-2);
+  const double after = busiest();
+  EXPECT_GT(before, 3.0);
+  EXPECT_LT(after, 1.25) << "from " << before;
+  std::cout << "busiest expert over the mean: " << before << " before, " << after << " after\n";
+  EXPECT_NEAR(b.mean().item<double>(), 0.0, 1e-6);
+}
+
+// DeepSeek-V3's sequence-wise loss against a reference written here (float64, a sequence and an
+// expert at a time), its gradient to the gate included; a balanced routing gives the coefficient.
+TEST(MixtureOfExperts, SequenceAuxLossMatchesAReference) {
+  const int64_t B = 3, T = 16, E = 8, K = 2;
+  const Weights m = random_weights(B * T, 16, E, 24, 6);
+  const RouterConfig c = router(K, ScoreFunc::Sigmoid, true);
+  const Routing r = route(m.x, m.gate, {}, c);
+  const at::Tensor loss = sequence_aux_loss(r, B, 0.01);
+  // The reference: scores again from the gate in float64.
+  const at::Tensor scores = at::sigmoid(at::matmul(m.x.to(at::kDouble), m.gate.to(at::kDouble).t()));
+  at::Tensor want = at::zeros({}, at::kDouble);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < E; ++i) {
+      double count = 0;
+      at::Tensor P = at::zeros({}, at::kDouble);
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t n = b * T + t;
+        for (int64_t k = 0; k < K; ++k) count += r.experts[n][k].item<int64_t>() == i;
+        P = P + scores[n][i] / scores[n].sum() / T;
+      }
+      want = want + 0.01 * (static_cast<double>(E) / (K * T)) * count * P / B;
+    }
+  EXPECT_NEAR(loss.item<double>(), want.item<double>(), 1e-7);
+  const at::Tensor ours = torch::autograd::grad({loss}, {m.gate})[0];
+  const at::Tensor theirs = torch::autograd::grad({want}, {m.gate})[0];
+  EXPECT_LT((ours.to(at::kDouble) - theirs).abs().max().item<double>(), 1e-6 + 1e-4 * theirs.abs().max().item<double>());
+  // Balanced: every expert chosen equally often in each sequence, equal scores.
+  Routing balanced;
+  balanced.scores = at::full({B * T, E}, 0.3);
+  balanced.experts = at::arange(B * T * K, at::kLong).remainder(E).view({B * T, K});
+  EXPECT_NEAR(sequence_aux_loss(balanced, B, 0.01).item<double>(), 0.01, 1e-9);
 }

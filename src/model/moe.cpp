@@ -1,5 +1,6 @@
 #include "model/moe.h"
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/_grouped_mm.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/argsort.h>
@@ -9,7 +10,9 @@
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/matmul.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/sigmoid.h>
+#include <ATen/ops/sign.h>
 #include <ATen/ops/silu.h>
 #include <ATen/ops/softmax.h>
 #include <ATen/ops/topk.h>
@@ -44,6 +47,7 @@ Routing route(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& bia
     choice = grouped.masked_fill(outside.unsqueeze(-1), -std::numeric_limits<float>::infinity()).view({N, E});
   }
   Routing r;
+  r.scores = scores;
   r.experts = std::get<1>(choice.topk(K, -1, /*largest=*/true, /*sorted=*/true));  // [N, K]
   r.weights = scores.gather(1, r.experts);
   if (c.route_norm) r.weights = r.weights / (r.weights.sum(-1, /*keepdim=*/true) + 1e-20);
@@ -95,6 +99,30 @@ at::Tensor routed_experts(const at::Tensor& x, const Routing& routing, const at:
   const at::Tensor back = at::empty_like(order).scatter_(0, order, at::arange(N * K, order.options()));
   const at::Tensor per_token = out.index_select(0, back).view({N, K, x.size(1)}).to(at::kFloat);
   return (per_token * routing.weights.unsqueeze(-1)).sum(1).to(x.scalar_type());
+}
+
+void update_expert_bias(at::Tensor& bias, const at::Tensor& tokens_per_expert, double coeff) {
+  at::NoGradGuard no_grad;
+  const at::Tensor n = tokens_per_expert.to(at::kFloat);
+  at::Tensor move = coeff * at::sign(n.mean() - n);
+  move -= move.mean();
+  bias += move.to(bias.device(), bias.scalar_type());
+}
+
+at::Tensor sequence_aux_loss(const Routing& routing, int64_t batch, double coeff) {
+  const int64_t N = routing.scores.size(0), E = routing.scores.size(1), K = routing.experts.size(1), T = N / batch;
+  if (batch < 1 || N % batch != 0)
+    throw std::invalid_argument("sequence_aux_loss: " + std::to_string(N) + " tokens in " + std::to_string(batch) +
+                                " sequences");
+  // f: each sequence's count of tokens choosing each expert, times E / (K T). No gradient.
+  const at::Tensor chosen = at::zeros({batch, E}, routing.scores.options())
+                                .scatter_add_(1, routing.experts.view({batch, T * K}),
+                                              at::ones({batch, T * K}, routing.scores.options()));
+  const at::Tensor f = chosen * (static_cast<double>(E) / static_cast<double>(K * T));
+  // P: each sequence's mean of the scores normalised over the experts.
+  const at::Tensor normalised = routing.scores / routing.scores.sum(-1, /*keepdim=*/true);
+  const at::Tensor P = normalised.view({batch, T, E}).mean(1);
+  return coeff * (f * P).sum(-1).mean();
 }
 
 }  // namespace zb

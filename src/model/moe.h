@@ -32,6 +32,7 @@ struct RouterConfig {
 
 // Where the router sends N tokens.
 struct Routing {
+  at::Tensor scores;             // [N, E] fp32: every expert's score (softmax or sigmoid), no bias
   at::Tensor experts;            // [N, K] int64: each token's experts, best first
   at::Tensor weights;            // [N, K] fp32: their weights, from the scores without the bias
   at::Tensor tokens_per_expert;  // [E] int64: how many of the N x K assignments each expert got
@@ -50,5 +51,20 @@ Routing route(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& bia
 // fp32, in a fixed order: the same bits on every run. Returns [N, D] in x's dtype.
 at::Tensor routed_experts(const at::Tensor& x, const Routing& routing, const at::Tensor& w1, const at::Tensor& w2,
                           const at::Tensor& w3);
+
+// Balancing.
+//
+// DeepSeek-V3's auxiliary-loss-free balancing: after a step, each expert's bias moves by `coeff`
+// towards the mean load, bias += coeff * sign(mean(n) - n), from n, the tokens each expert got
+// over the step on every rank. The moves are centred (their mean taken off) so that the biases do
+// not drift together; a shift shared by all experts changes no choice. In place, no gradient.
+void update_expert_bias(at::Tensor& bias, const at::Tensor& tokens_per_expert, double coeff);
+
+// DeepSeek-V3's sequence-wise auxiliary loss over `batch` sequences of the routing's N tokens:
+// per sequence of T tokens, coeff * sum_i f_i P_i, with f_i = E / (K T) * (the tokens choosing
+// expert i) and P_i the mean over its tokens of expert i's score normalised over the experts; the
+// mean over the sequences. A balanced routing gives coeff. Its gradient reaches the gate through
+// the scores.
+at::Tensor sequence_aux_loss(const Routing& routing, int64_t batch, double coeff);
 
 }  // namespace zb

@@ -62,9 +62,12 @@ namespace {
 // ATen's grouped GEMM where it runs: on the CPU (fp32 or bf16; faster than a product per expert,
 // scripts/perf/moe_experts_cpu.py) and on a GPU in bf16. Its backward takes only a contiguous
 // gradient, so the output's is made one.
+bool grouped_gemm_runs(const at::Tensor& x) { return !x.is_cuda() || x.scalar_type() == at::kBFloat16; }
+
+// `counts`: the rows of each expert on the host, read only where the grouped GEMM does not run.
 at::Tensor grouped_products(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offsets,
                             const std::vector<int64_t>& counts) {
-  if (!x.is_cuda() || x.scalar_type() == at::kBFloat16) {
+  if (grouped_gemm_runs(x)) {
     at::Tensor out = at::_grouped_mm(x, w.transpose(-2, -1), offsets);
     if (out.requires_grad()) out.register_hook([](const at::Tensor& grad) { return grad.contiguous(); });
     return out;
@@ -89,8 +92,13 @@ at::Tensor routed_experts(const at::Tensor& x, const Routing& routing, const at:
   // Expert-major: a stable sort of the N x K assignments by expert keeps tokens in order within one.
   const at::Tensor order = at::argsort(routing.experts.reshape(-1), /*stable=*/true);
   const at::Tensor rows = x.index_select(0, order.div(K, "floor"));  // [N K, D]
-  const at::Tensor counts = routing.tokens_per_expert.to(at::kCPU);
-  const std::vector<int64_t> per_expert(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + counts.numel());
+  // The grouped GEMM reads the groups' ends on the device; only the per-expert products need the
+  // counts on the host (a wait for the device).
+  std::vector<int64_t> per_expert;
+  if (!grouped_gemm_runs(x)) {
+    const at::Tensor counts = routing.tokens_per_expert.to(at::kCPU);
+    per_expert.assign(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + counts.numel());
+  }
   const at::Tensor offsets = at::cumsum(routing.tokens_per_expert, 0).to(at::kInt);
   const at::Tensor gated = at::silu(grouped_products(rows, w1.to(x.scalar_type()), offsets, per_expert)) *
                            grouped_products(rows, w3.to(x.scalar_type()), offsets, per_expert);

@@ -321,7 +321,7 @@ TEST(ConfigErrors, EnumerationsComeFromTheSchema) {
     EXPECT_EQ(error_of([&] { validate(c, 1); }), "command line (--" + k.key + "): " + k.key +
                                                      " = \"bogus\" is not one of " + k.type.substr(7));
   }
-  EXPECT_EQ(enumerations, 19);
+  EXPECT_EQ(enumerations, 20);  // model.score_func the latest
   EXPECT_NE(help_text("train_fsdp").find("type_model (one of llama2 | llama3, default \"llama3\")"),
             std::string::npos);
 }
@@ -603,4 +603,57 @@ TEST(ResolvedRun, SettlesAutoAsTheMemoryVerdictSays) {
   two.optim.batch_size = 8 * two.train.micro_bs;
   validate(two, 2);
   EXPECT_FALSE(resolve_run(two, 2, EngineKind::Sharded, cpu).keep_unsharded);
+}
+
+TEST(ConfigErrors, MixtureOfExperts) {
+  Config c = load_config_string("name_model = \"debugmodel\"\ntype_model = \"llama2\"\n" + std::string(kMinimal), "x.toml");
+  c.optim.batch_size = 8;
+  apply_override(c, "model.num_experts", "8");
+  apply_override(c, "model.top_k", "2");
+  EXPECT_NO_THROW(validate(c, 1));
+  apply_override(c, "model.top_k", "9");
+  EXPECT_EQ(error_of([&] { validate(c, 1); }),
+            "command line (--model.top_k): model.top_k (9) must be between 1 and model.num_experts (8)");
+  apply_override(c, "model.top_k", "2");
+  apply_override(c, "model.num_expert_groups", "3");
+  EXPECT_EQ(error_of([&] { validate(c, 1); }),
+            "command line (--model.num_expert_groups): model.num_expert_groups (3) must divide model.num_experts (8)");
+  apply_override(c, "model.num_expert_groups", "4");
+  apply_override(c, "model.num_limited_groups", "5");
+  EXPECT_EQ(error_of([&] { validate(c, 1); }),
+            "command line (--model.num_limited_groups): model.num_limited_groups (5) must be between 1 and "
+            "model.num_expert_groups (4)");
+  apply_override(c, "model.num_limited_groups", "1");
+  apply_override(c, "model.top_k", "3");  // one group of 2 experts cannot give 3
+  EXPECT_EQ(error_of([&] { validate(c, 1); }),
+            "command line (--model.top_k): model.top_k (3) is more than the 2 experts of the model.num_limited_groups "
+            "(1) groups a token chooses in");
+  apply_override(c, "model.top_k", "2");
+  EXPECT_NO_THROW(validate(c, 1));
+  apply_override(c, "model.n_dense_layers", "2");  // debugmodel has 2 blocks
+  EXPECT_EQ(error_of([&] { validate(c, 1); }),
+            "command line (--model.n_dense_layers): model.n_dense_layers (2) must leave at least one of the 2 blocks a "
+            "mixture of experts");
+  apply_override(c, "model.n_dense_layers", "1");
+  apply_override(c, "parallel.tp", "2");
+  EXPECT_EQ(error_of([&] { validate(c, 2); }),
+            "command line (--parallel.tp): parallel.tp (2): a mixture of experts (model.num_experts) is not yet split by "
+            "tensor parallelism");
+  apply_override(c, "parallel.tp", "1");
+  c.data.seq_length = 64;
+  apply_override(c, "parallel.cp", "2");
+  apply_override(c, "model.aux_loss_coeff", "0.001");
+  EXPECT_EQ(error_of([&] { validate(c, 2); }),
+            "command line (--model.aux_loss_coeff): model.aux_loss_coeff: the sequence-wise auxiliary loss needs each "
+            "sequence's tokens on one rank, but parallel.cp (2) splits them");
+  apply_override(c, "parallel.cp", "1");
+  EXPECT_NO_THROW(validate(c, 1));
+
+  // A router's setting without experts is a mistake, not a no-op.
+  Config dense = load_config_string("name_model = \"debugmodel\"\ntype_model = \"llama2\"\n" + std::string(kMinimal), "x.toml");
+  dense.optim.batch_size = 8;
+  apply_override(dense, "model.top_k", "2");
+  EXPECT_EQ(error_of([&] { validate(dense, 1); }),
+            "command line (--model.top_k): model.top_k is a mixture of experts' setting, but model.num_experts is 0 "
+            "(every block dense)");
 }

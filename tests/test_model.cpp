@@ -306,3 +306,58 @@ TEST(Model, DebugModelOverfitsOneBatch) {
   EXPECT_GT(first, 6.9);
   EXPECT_LT(last, 0.1);
 }
+
+TEST(ModelArgsJson, MixtureOfExpertsKeysRoundTripAndADenseModelWritesNone) {
+  ModelArgs a = lookup_model_args("llama3", "1B");
+  EXPECT_EQ(model_args_to_json(a).count("num_experts"), 0u);  // a dense model's meta.json is unchanged
+  a.num_experts = 64, a.top_k = 6, a.moe_inter_dim = 1408, a.num_shared_experts = 2, a.n_dense_layers = 1;
+  a.score_func = "sigmoid", a.route_norm = true, a.route_scale = 2.5, a.num_expert_groups = 8, a.num_limited_groups = 3;
+  a.load_balance_coeff = 1e-3, a.aux_loss_coeff = 1e-4;
+  const ModelArgs b = model_args_from_json(nlohmann::json::parse(model_args_to_json(a).dump()));
+  EXPECT_EQ(b.num_experts, 64);
+  EXPECT_EQ(b.top_k, 6);
+  EXPECT_EQ(b.moe_inter_dim, 1408);
+  EXPECT_EQ(b.num_shared_experts, 2);
+  EXPECT_EQ(b.n_dense_layers, 1);
+  EXPECT_EQ(b.score_func, "sigmoid");
+  EXPECT_TRUE(b.route_norm);
+  EXPECT_DOUBLE_EQ(b.route_scale, 2.5);
+  EXPECT_EQ(b.num_expert_groups, 8);
+  EXPECT_EQ(b.num_limited_groups, 3);
+  EXPECT_DOUBLE_EQ(b.load_balance_coeff, 1e-3);
+  EXPECT_DOUBLE_EQ(b.aux_loss_coeff, 1e-4);
+  nlohmann::json bad = model_args_to_json(a);
+  bad["score_func"] = 1;
+  try {
+    model_args_from_json(bad);
+    ADD_FAILURE() << "expected std::runtime_error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "model_args: key 'score_func' is not a string");
+  }
+}
+
+TEST(ModelSizes, MixtureOfExpertsCountsItsActiveParameters) {
+  // 4 blocks, the first dense; 8 experts of width 64, top 2, one shared expert: per MoE block the
+  // gate 8 x 32, the experts 8 x 3 x 64 x 32, the shared SwiGLU 3 x 64 x 32.
+  ModelArgs a;
+  a.dim = 32, a.n_layers = 4, a.n_heads = 4, a.n_kv_heads = 4, a.vocab_size = 100, a.multiple_of = 32;
+  a.num_experts = 8, a.top_k = 2, a.moe_inter_dim = 64, a.num_shared_experts = 1, a.n_dense_layers = 1;
+  const int64_t attention = 4 * 32 * 32, norms = 2 * 32, dense = 3 * a.ffn_hidden() * 32;
+  const int64_t gate = 8 * 32, experts = 8 * 3 * 64 * 32, shared = 3 * 64 * 32;
+  const int64_t total = 2 * 100 * 32 + 32 + 4 * (attention + norms) + dense + 3 * (gate + experts + shared);
+  EXPECT_EQ(count_params(a), total);
+  EXPECT_EQ(count_active_params(a), total - 100 * 32 - 3 * 6 * 3 * 64 * 32);  // 6 of 8 experts idle
+  Llama model(a, at::TensorOptions().device(at::kMeta));
+  EXPECT_EQ(model.num_params(), total);
+  std::vector<std::string> names;
+  for (const auto& p : model.parameters())
+    if (p.layer == 1) names.push_back(p.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"layers.1.attention.wq.weight", "layers.1.attention.wk.weight",
+                                             "layers.1.attention.wv.weight", "layers.1.attention.wo.weight",
+                                             "layers.1.moe.router.gate.weight", "layers.1.moe.experts.w1",
+                                             "layers.1.moe.experts.w2", "layers.1.moe.experts.w3",
+                                             "layers.1.moe.shared_experts.w1.weight",
+                                             "layers.1.moe.shared_experts.w2.weight",
+                                             "layers.1.moe.shared_experts.w3.weight",
+                                             "layers.1.attention_norm.weight", "layers.1.ffn_norm.weight"}));
+}

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <vector>
 
+#include "model/llama.h"
 #include "model/moe.h"
 
 using namespace zb;
@@ -244,4 +245,68 @@ TEST(MixtureOfExperts, SequenceAuxLossMatchesAReference) {
   balanced.scores = at::full({B * T, E}, 0.3);
   balanced.experts = at::arange(B * T * K, at::kLong).remainder(E).view({B * T, K});
   EXPECT_NEAR(sequence_aux_loss(balanced, B, 0.01).item<double>(), 0.01, 1e-9);
+}
+
+// ---- The mixture of experts in the model's blocks ----
+
+namespace {
+
+ModelArgs small_moe(double aux_loss_coeff) {
+  ModelArgs a;
+  a.dim = 32, a.n_layers = 3, a.n_heads = 4, a.n_kv_heads = 2, a.vocab_size = 64, a.multiple_of = 16, a.max_seq_len = 16;
+  a.num_experts = 4, a.top_k = 2, a.moe_inter_dim = 24, a.num_shared_experts = 1, a.n_dense_layers = 1;
+  a.score_func = "sigmoid", a.route_norm = true, a.aux_loss_coeff = aux_loss_coeff;
+  return a;
+}
+
+// Every block under activation checkpointing (model/llama.h's StageHooks).
+struct CheckpointEveryBlock : StageHooks {
+  bool checkpointed(int64_t) const override { return true; }
+};
+
+}  // namespace
+
+TEST(MixtureOfExperts, BlocksCountTrainingTokensOnceAndEvaluationNever) {
+  const ModelArgs a = small_moe(0.0);
+  at::manual_seed(5);
+  Llama model(a, at::TensorOptions());
+  model.init_weights();
+  EXPECT_FALSE(model.expert_loads()[0].tokens.defined());  // the dense first block
+  const at::Tensor tokens = at::randint(0, a.vocab_size, {2, 9});
+  const at::Tensor in = tokens.narrow(1, 0, 8), targets = tokens.narrow(1, 1, 8);
+  const int64_t assignments = 2 * 8 * a.top_k;
+  CheckpointEveryBlock recompute;
+  for (StageHooks* hooks : {static_cast<StageHooks*>(nullptr), static_cast<StageHooks*>(&recompute)}) {
+    for (int64_t l = 1; l < a.n_layers; ++l) model.expert_loads()[l].tokens.zero_();
+    model.loss(in, targets, {}, hooks).backward();  // a checkpointed block runs twice, counts once
+    for (int64_t l = 1; l < a.n_layers; ++l)
+      EXPECT_EQ(model.expert_loads()[l].tokens.sum().item<int64_t>(), assignments) << "layer " << l << (hooks ? ", checkpointed" : "");
+    {
+      at::NoGradGuard evaluation;
+      model.loss(in, targets);
+    }
+    for (int64_t l = 1; l < a.n_layers; ++l) EXPECT_EQ(model.expert_loads()[l].tokens.sum().item<int64_t>(), assignments);
+  }
+}
+
+TEST(MixtureOfExperts, AuxiliaryLossGradientIsScaledAndSurvivesRecomputation) {
+  // The gate's gradient with the auxiliary loss at scale s is the cross-entropy's plus s times the
+  // loss's own: linear in s; and the same with every block checkpointed.
+  const ModelArgs a = small_moe(0.01);
+  auto gate_grad = [&](double scale, bool checkpoint) {
+    at::manual_seed(6);
+    Llama model(a, at::TensorOptions());
+    model.init_weights();
+    model.set_aux_loss_scale(scale);
+    const at::Tensor tokens = at::randint(0, a.vocab_size, {2, 9});
+    CheckpointEveryBlock recompute;
+    model.loss(tokens.narrow(1, 0, 8), tokens.narrow(1, 1, 8), {}, checkpoint ? &recompute : nullptr).backward();
+    EXPECT_GT(model.expert_loads()[1].aux_loss.item<double>(), 0.0);
+    return model.block(1).gate.grad().clone();
+  };
+  const at::Tensor g0 = gate_grad(0.0, false), g1 = gate_grad(1.0, false), g2 = gate_grad(2.0, false);
+  const at::Tensor aux = g1 - g0;
+  EXPECT_GT(aux.abs().max().item<double>(), 1e-6);  // the loss reaches the gate
+  EXPECT_LE((g2 - g0 - 2 * aux).abs().max().item<double>(), 1e-6);
+  EXPECT_LE((gate_grad(1.0, true) - g1).abs().max().item<double>(), 1e-6);
 }

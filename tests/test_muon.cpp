@@ -117,3 +117,44 @@ TEST(AdamW, MatchesTorchOptimAdamW) {
     }
   }
 }
+
+TEST(Muon, ExpertStacksAreOrthogonalisedExpertByExpert) {
+  // A mixture of experts' [E, rows, cols]: each expert's matrix on its own, as a loop over 2-D
+  // parameters steps them, and not the stack flattened into one [E rows, cols] matrix.
+  at::manual_seed(4);
+  const int64_t E = 3, rows = 24, cols = 16;
+  MuonHyper h;
+  h.ns_dtype = at::kFloat;
+  Muon stacked(h), apart(h);
+  at::Tensor stack = (at::randn({E, rows, cols}) * 0.1).requires_grad_(true);
+  stacked.add_param("experts.w1", stack);
+  std::vector<at::Tensor> experts;
+  for (int64_t e = 0; e < E; ++e) {
+    experts.push_back(stack.detach()[e].clone().requires_grad_(true));
+    apart.add_param("expert" + std::to_string(e), experts.back());
+  }
+  for (int step = 0; step < 3; ++step) {
+    const at::Tensor grad = at::randn({E, rows, cols});
+    stack.mutable_grad() = grad.clone();
+    for (int64_t e = 0; e < E; ++e) experts[e].mutable_grad() = grad[e].clone();
+    stacked.step(1.0);
+    apart.step(1.0);
+  }
+  for (int64_t e = 0; e < E; ++e) EXPECT_LE(max_abs(stack.detach()[e] - experts[e].detach()), 1e-6) << e;
+  EXPECT_EQ(stacked.matrices_orthogonalized(), 3 * E);
+  // The flattened stack's orthogonalisation is another update.
+  const at::Tensor g = at::randn({E, rows, cols});
+  const at::Tensor each = newton_schulz(g, 5, at::kFloat);
+  const at::Tensor flat = newton_schulz(g.reshape({E * rows, cols}), 5, at::kFloat).view({E, rows, cols});
+  EXPECT_GT(max_abs(each - flat), 0.05);
+  // The update scale is one expert's: sqrt(rows / cols), not sqrt(E rows / cols).
+  // (A first step from zero: the momentum's input is a multiple of g, which the normalisation undoes.)
+  h.weight_decay = 0;
+  Muon one(h);
+  at::Tensor p = at::zeros({E, rows, cols}).requires_grad_(true);
+  one.add_param("p", p);
+  p.mutable_grad() = g.clone();
+  one.step(1.0);
+  const at::Tensor expected = -h.lr * std::sqrt(static_cast<double>(rows) / cols) * each;
+  EXPECT_LE(max_abs(p.detach() - expected), 1e-5);
+}

@@ -415,6 +415,22 @@ void check_same_model(const ModelArgs& saved, const ModelArgs& run, const std::s
     throw std::runtime_error(strf("%s: its model has %ld heads and %ld key/value heads, this run's %ld and %ld: the "
                                   "attention weights would be read as other heads (another model?)",
                                   where.c_str(), saved.n_heads, saved.n_kv_heads, run.n_heads, run.n_kv_heads));
+  if (saved.num_experts != run.num_experts || saved.n_dense_layers != run.n_dense_layers)
+    throw std::runtime_error(strf("%s: its model has %ld experts from block %ld on, this run's %ld from block %ld "
+                                  "(model.num_experts, model.n_dense_layers; another model?)",
+                                  where.c_str(), saved.num_experts, saved.n_dense_layers, run.num_experts,
+                                  run.n_dense_layers));
+  if (saved.num_experts > 0 &&
+      (saved.top_k != run.top_k || saved.score_func != run.score_func || saved.route_norm != run.route_norm ||
+       saved.route_scale != run.route_scale || saved.num_expert_groups != run.num_expert_groups ||
+       saved.num_limited_groups != run.num_limited_groups))
+    log::warn(strf("%s: its model routes tokens another way (top_k %ld, %s%s, scale %g, groups %ld/%ld) than this "
+                   "run's (top_k %ld, %s%s, scale %g, groups %ld/%ld): the experts are trained on from here as this "
+                   "run routes",
+                   where.c_str(), saved.top_k, saved.score_func.c_str(), saved.route_norm ? " renormalised" : "",
+                   saved.route_scale, saved.num_expert_groups, saved.num_limited_groups, run.top_k,
+                   run.score_func.c_str(), run.route_norm ? " renormalised" : "", run.route_scale,
+                   run.num_expert_groups, run.num_limited_groups));
   if (saved.rope_theta != run.rope_theta)
     log::warn(strf("%s: its model has rope_theta %g, this run's %g: positions are encoded anew from here", where.c_str(),
                    saved.rope_theta, run.rope_theta));

@@ -1,6 +1,7 @@
 #include "checkpoint/hf_export.h"
 
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <fcntl.h>
@@ -37,7 +38,7 @@ std::string hf_name(const std::string& ours) {
       {"attention.wv.weight", "self_attn.v_proj.weight"}, {"attention.wo.weight", "self_attn.o_proj.weight"},
       {"feed_forward.w1.weight", "mlp.gate_proj.weight"}, {"feed_forward.w2.weight", "mlp.down_proj.weight"},
       {"feed_forward.w3.weight", "mlp.up_proj.weight"},   {"attention_norm.weight", "input_layernorm.weight"},
-      {"ffn_norm.weight", "post_attention_layernorm.weight"}};
+      {"ffn_norm.weight", "post_attention_layernorm.weight"}, {"moe.router.gate.weight", "block_sparse_moe.gate.weight"}};
   if (ours == "tok_embeddings.weight") return "model.embed_tokens.weight";
   if (ours == "norm.weight") return "model.norm.weight";
   if (ours == "output.weight") return "lm_head.weight";
@@ -71,6 +72,32 @@ T config_number(const json& c, const std::string& key, const std::string& path, 
 }
 
 std::string shape_text(const std::vector<int64_t>& shape) { return json(shape).dump(); }
+
+// A routed experts' stack ("layers.<i>.moe.experts.w1") is one tensor per expert in Mixtral's
+// files: model.layers.<i>.block_sparse_moe.experts.<e>.w1.weight, [F, D] (w2: [D, F]).
+bool is_expert_stack(const std::string& name) { return name.find(".moe.experts.w") != std::string::npos; }
+std::string hf_expert_name(const std::string& ours, int64_t expert) {
+  const auto dot = ours.find('.', 7);  // "layers.<i>."
+  return "model." + ours.substr(0, dot + 1) + "block_sparse_moe.experts." + std::to_string(expert) + "." +
+         ours.substr(ours.size() - 2) + ".weight";
+}
+
+// The one transformers class a mixture of experts exports to is Mixtral's: softmax routing,
+// renormalised over the k, every block a mixture, no shared experts, no groups, no bias (its
+// router has none). What else would be exported as another model is refused, naming its key.
+void check_mixtral(const ModelArgs& a) {
+  auto refuse = [](const std::string& what) {
+    throw std::runtime_error("this mixture of experts has no transformers class (MixtralForCausalLM is the one we "
+                             "export to): " + what);
+  };
+  if (a.score_func != "softmax") refuse("model.score_func is \"" + a.score_func + "\", Mixtral's is softmax");
+  if (!a.route_norm) refuse("model.route_norm is false, Mixtral renormalises its weights");
+  if (a.route_scale != 1.0) refuse("model.route_scale is not 1");
+  if (a.num_shared_experts > 0) refuse("model.num_shared_experts: Mixtral has no shared experts");
+  if (a.n_dense_layers > 0) refuse("model.n_dense_layers: every Mixtral block is a mixture");
+  if (a.num_expert_groups > 0) refuse("model.num_expert_groups: Mixtral routes without groups");
+  if (a.load_balance_coeff > 0) refuse("model.load_balance_coeff: Mixtral's router has no balancing bias");
+}
 
 bool is_rope_matrix(const std::string& name, int64_t* heads, const ModelArgs& a) {
   if (name.find("attention.wq.weight") != std::string::npos) return *heads = a.n_heads, true;
@@ -143,10 +170,15 @@ TensorMap consolidate_checkpoint(const std::string& dir, ModelArgs* args) {
 void write_hf_model(const std::string& out_dir, const ModelArgs& a, const TensorMap& params) {
   make_directories(out_dir);
   // safetensors: u64 header length, JSON header {name: {dtype, shape, data_offsets}}, the data.
+  if (a.num_experts > 0) check_mixtral(a);
   std::map<std::string, at::Tensor> hf;  // sorted by Hugging Face name: a stable file
   for (const auto& [name, t] : params) {
     int64_t heads = 0;
     at::Tensor w = t.to(at::kFloat).contiguous();
+    if (is_expert_stack(name)) {
+      for (int64_t e = 0; e < w.size(0); ++e) hf[hf_expert_name(name, e)] = w[e].contiguous();
+      continue;
+    }
     hf[hf_name(name)] = is_rope_matrix(name, &heads, a) ? rope_rows_to_hf(w, heads) : w;
   }
   json header = json::object();
@@ -165,9 +197,10 @@ void write_hf_model(const std::string& out_dir, const ModelArgs& a, const Tensor
   for (const auto& [name, t] : hf) f.write(static_cast<const char*>(t.data_ptr()), t.numel() * 4);
   close_written(f, out_dir + "/model.safetensors");
 
-  const json config = {
-      {"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
-      {"hidden_size", a.dim}, {"intermediate_size", a.ffn_hidden()},
+  const bool moe = a.num_experts > 0;
+  json config = {
+      {"architectures", {moe ? "MixtralForCausalLM" : "LlamaForCausalLM"}}, {"model_type", moe ? "mixtral" : "llama"},
+      {"hidden_size", a.dim}, {"intermediate_size", moe ? a.expert_hidden() : a.ffn_hidden()},
       {"num_hidden_layers", a.n_layers}, {"num_attention_heads", a.n_heads},
       {"num_key_value_heads", a.n_kv_heads}, {"head_dim", a.head_dim()},
       {"vocab_size", a.vocab_size}, {"rms_norm_eps", a.norm_eps}, {"rope_theta", a.rope_theta},
@@ -176,6 +209,13 @@ void write_hf_model(const std::string& out_dir, const ModelArgs& a, const Tensor
       {"torch_dtype", "float32"},
       // Ours, to rebuild ModelArgs exactly on import:
       {"zeroband_multiple_of", a.multiple_of}, {"zeroband_ffn_dim_multiplier", a.ffn_dim_multiplier}};
+  if (moe) {  // Mixtral's keys; its auxiliary loss is off unless output_router_logits
+    config.update({{"num_local_experts", a.num_experts}, {"num_experts_per_tok", a.top_k},
+                   {"router_aux_loss_coef", 0.0}, {"output_router_logits", false}, {"router_jitter_noise", 0.0},
+                   {"sliding_window", nullptr}});
+    config.erase("attention_bias");
+    config.erase("mlp_bias");
+  }
   std::ofstream c(out_dir + "/config.json");
   c << config.dump(1) << "\n";
   close_written(c, out_dir + "/config.json");
@@ -219,7 +259,11 @@ TensorMap read_hf_model(const std::string& dir, ModelArgs* out_args) {
   a.n_kv_heads = config_number<int64_t>(c, "num_key_value_heads", config_path, a.n_heads);
   a.vocab_size = config_number<int64_t>(c, "vocab_size", config_path);
   a.norm_eps = config_number<double>(c, "rms_norm_eps", config_path, 1e-5);
-  a.rope_theta = config_number<double>(c, "rope_theta", config_path, 10000.0);
+  // transformers 5 keeps RoPE's base under rope_parameters; earlier versions at the top level.
+  const json rope = c.value("rope_parameters", json::object());
+  a.rope_theta = rope.is_object() && rope.contains("rope_theta")
+                     ? config_number<double>(rope, "rope_theta", config_path)
+                     : config_number<double>(c, "rope_theta", config_path, 10000.0);
   a.max_seq_len = config_number<int64_t>(c, "max_position_embeddings", config_path, 4096) / 2;
   a.multiple_of = config_number<int64_t>(c, "zeroband_multiple_of", config_path, 256);
   a.ffn_dim_multiplier = config_number<double>(c, "zeroband_ffn_dim_multiplier", config_path, 0.0);
@@ -227,6 +271,16 @@ TensorMap read_hf_model(const std::string& dir, ModelArgs* out_args) {
       a.dim % a.n_heads != 0 || a.n_heads % a.n_kv_heads != 0)
     throw std::runtime_error(config_path + ": sizes that make no model (hidden_size " + std::to_string(a.dim) +
                              ", heads " + std::to_string(a.n_heads) + ", kv heads " + std::to_string(a.n_kv_heads) + ")");
+  if (c.value("model_type", "") == "mixtral") {  // every block a mixture, softmax routing renormalised
+    a.num_experts = config_number<int64_t>(c, "num_local_experts", config_path);
+    a.top_k = config_number<int64_t>(c, "num_experts_per_tok", config_path);
+    a.moe_inter_dim = config_number<int64_t>(c, "intermediate_size", config_path);
+    a.route_norm = true;
+    if (a.num_experts < 1 || a.top_k < 1 || a.top_k > a.num_experts || a.moe_inter_dim < 1)
+      throw std::runtime_error(config_path + ": num_local_experts " + std::to_string(a.num_experts) +
+                               ", num_experts_per_tok " + std::to_string(a.top_k) + " and intermediate_size " +
+                               std::to_string(a.moe_inter_dim) + " make no mixture of experts");
+  }
   if (out_args) *out_args = a;
 
   // safetensors: an 8-byte little-endian header length, the JSON header, then the data; every
@@ -273,6 +327,21 @@ TensorMap read_hf_model(const std::string& dir, ModelArgs* out_args) {
   }
   TensorMap out;
   for (const auto& spec : param_specs(a)) {
+    if (is_expert_stack(spec.name)) {  // one tensor per expert, stacked
+      std::vector<at::Tensor> experts;
+      for (int64_t e = 0; e < spec.shape[0]; ++e) {
+        const std::string name = hf_expert_name(spec.name, e);
+        const auto it = by_hf.find(name);
+        if (it == by_hf.end()) throw bad("no tensor " + name);
+        const std::vector<int64_t> one(spec.shape.begin() + 1, spec.shape.end());
+        if (it->second.sizes().vec() != one)
+          throw bad(name + " has shape " + shape_text(it->second.sizes().vec()) + ", but config.json's model needs " +
+                    shape_text(one));
+        experts.push_back(it->second);
+      }
+      out[spec.name] = at::stack(experts);
+      continue;
+    }
     const std::string name = hf_name(spec.name);
     const auto it = by_hf.find(name);
     if (it == by_hf.end()) throw bad("no tensor " + name);

@@ -1,6 +1,8 @@
 #pragma once
 // Hugging Face format: a consolidated model.safetensors plus config.json that transformers'
-// LlamaForCausalLM loads, and the way back.
+// LlamaForCausalLM loads (MixtralForCausalLM for a mixture of experts Mixtral can hold: its
+// router's weight is block_sparse_moe.gate, each expert's w1/w2/w3 a tensor of its own), and the
+// way back.
 //
 // Names: tok_embeddings -> model.embed_tokens, layers.i.attention.w{q,k,v,o} ->
 // model.layers.i.self_attn.{q,k,v,o}_proj, feed_forward.w1/w2/w3 -> mlp.gate_proj/down_proj/

@@ -26,6 +26,12 @@ struct ModelOverrides {  // [model]: optional changes to the size table entry, a
   // "document": causal within each document of a packed row (ZeroBand's training mask);
   // "causal": across the whole row.
   std::string attention = "document";
+  // Mixture of experts (model/model_args.h has what each means; unset: the defaults there).
+  std::optional<int64_t> num_experts, top_k, moe_inter_dim, num_shared_experts, n_dense_layers, num_expert_groups,
+      num_limited_groups;
+  std::string score_func = "softmax";
+  std::optional<bool> route_norm;
+  std::optional<double> route_scale, load_balance_coeff, aux_loss_coeff;
 };
 
 struct TrainConfig {  // [train]

@@ -27,6 +27,18 @@ ModelArgs resolve_model_args(const Config& c) {
   if (m.ffn_dim_multiplier) a.ffn_dim_multiplier = *m.ffn_dim_multiplier;
   if (m.norm_eps) a.norm_eps = *m.norm_eps;
   if (m.rope_theta) a.rope_theta = *m.rope_theta;
+  if (m.num_experts) a.num_experts = *m.num_experts;
+  if (m.top_k) a.top_k = *m.top_k;
+  if (m.moe_inter_dim) a.moe_inter_dim = *m.moe_inter_dim;
+  if (m.num_shared_experts) a.num_shared_experts = *m.num_shared_experts;
+  if (m.n_dense_layers) a.n_dense_layers = *m.n_dense_layers;
+  a.score_func = m.score_func;
+  if (m.route_norm) a.route_norm = *m.route_norm;
+  if (m.route_scale) a.route_scale = *m.route_scale;
+  if (m.num_expert_groups) a.num_expert_groups = *m.num_expert_groups;
+  if (m.num_limited_groups) a.num_limited_groups = *m.num_limited_groups;
+  if (m.load_balance_coeff) a.load_balance_coeff = *m.load_balance_coeff;
+  if (m.aux_loss_coeff) a.aux_loss_coeff = *m.aux_loss_coeff;
   a.max_seq_len = c.data.seq_length;
   return a;
 }

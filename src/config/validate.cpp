@@ -65,6 +65,55 @@ void validate(const Config& c, int64_t world_size) {
     fail("model.dim", "head dimension dim/n_heads = " + show(a.head_dim()) +
                               " must be even for rotary embeddings");
 
+  // Mixture of experts: the router's numbers fit the experts (route() checks the same).
+  non_negative("model.num_experts", a.num_experts);
+  if (a.num_experts > 0) {
+    const int64_t E = a.num_experts;
+    if (a.top_k < 1 || a.top_k > E)
+      fail("model.top_k", "model.top_k (" + show(a.top_k) + ") must be between 1 and model.num_experts (" + show(E) + ")");
+    non_negative("model.moe_inter_dim", a.moe_inter_dim);
+    non_negative("model.num_shared_experts", a.num_shared_experts);
+    if (a.n_dense_layers < 0 || a.n_dense_layers >= a.n_layers)
+      fail("model.n_dense_layers", "model.n_dense_layers (" + show(a.n_dense_layers) +
+                                       ") must leave at least one of the " + show(a.n_layers) + " blocks a mixture of experts");
+    positive("model.route_scale", a.route_scale);
+    non_negative("model.load_balance_coeff", a.load_balance_coeff);
+    non_negative("model.aux_loss_coeff", a.aux_loss_coeff);
+    non_negative("model.num_expert_groups", a.num_expert_groups);
+    if (const int64_t G = a.num_expert_groups; G > 0) {
+      if (E % G != 0)
+        fail("model.num_expert_groups", "model.num_expert_groups (" + show(G) + ") must divide model.num_experts (" +
+                                            show(E) + ")");
+      if (a.num_limited_groups < 1 || a.num_limited_groups > G)
+        fail("model.num_limited_groups", "model.num_limited_groups (" + show(a.num_limited_groups) +
+                                             ") must be between 1 and model.num_expert_groups (" + show(G) + ")");
+      if (a.top_k > a.num_limited_groups * (E / G))
+        fail("model.top_k", "model.top_k (" + show(a.top_k) + ") is more than the " +
+                                show(a.num_limited_groups * (E / G)) + " experts of the model.num_limited_groups (" +
+                                show(a.num_limited_groups) + ") groups a token chooses in");
+    } else if (a.num_limited_groups != 0) {
+      fail("model.num_limited_groups", "model.num_limited_groups is group routing's: it needs model.num_expert_groups");
+    }
+    // What does not yet compose with experts, each by the key that asks for it.
+    if (c.parallel.tp > 1)
+      fail("parallel.tp", "parallel.tp (" + show(c.parallel.tp) + "): a mixture of experts (model.num_experts) is not "
+                          "yet split by tensor parallelism");
+    if (c.float8.enable_float8_linear)
+      fail("float8.enable_float8_linear", "float8.enable_float8_linear: a mixture of experts' grouped products "
+                                          "(model.num_experts) have no FP8 path yet");
+    if (c.diloco.inner_steps > 0)
+      fail("diloco.inner_steps", "diloco.inner_steps: DiLoCo does not yet train a mixture of experts (model.num_experts)");
+    if (a.aux_loss_coeff > 0 && c.parallel.cp > 1)
+      fail("model.aux_loss_coeff", "model.aux_loss_coeff: the sequence-wise auxiliary loss needs each sequence's "
+                                   "tokens on one rank, but parallel.cp (" + show(c.parallel.cp) + ") splits them");
+  } else {
+    for (const char* key : {"model.top_k", "model.moe_inter_dim", "model.num_shared_experts", "model.n_dense_layers",
+                            "model.score_func", "model.route_norm", "model.route_scale", "model.num_expert_groups",
+                            "model.num_limited_groups", "model.load_balance_coeff", "model.aux_loss_coeff"})
+      if (c.origins.count(key))
+        fail(key, std::string(key) + " is a mixture of experts' setting, but model.num_experts is 0 (every block dense)");
+  }
+
   // Training and batch arithmetic.
   positive("train.micro_bs", c.train.micro_bs);
   non_negative("train.ac_ckpt", c.train.ac_ckpt);

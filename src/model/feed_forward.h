@@ -13,8 +13,19 @@ namespace zb {
 
 struct TransformerBlockParams {
   at::Tensor wq, wk, wv, wo;  // attention
-  at::Tensor w1, w2, w3;      // feed_forward (the dense SwiGLU's)
+  at::Tensor w1, w2, w3;      // the dense SwiGLU's; in a mixture of experts the shared experts' (or none)
+  at::Tensor gate;            // a mixture of experts' router [E, D]
+  at::Tensor experts_w1, experts_w2, experts_w3;  // and its routed experts, [E, F, D], [E, D, F], [E, F, D]
   at::Tensor attention_norm, ffn_norm;
+};
+
+// A mixture of experts' balancing state in one block (model/moe.h), beside its parameters: the
+// bias that steers the choice of experts, and the tokens each expert got since the last optimizer
+// step. Both [E] on the model's device.
+struct ExpertLoad {
+  at::Tensor bias;    // fp32, no gradient; changed by update_expert_bias only
+  at::Tensor tokens;  // int64: counted by training forwards (not evaluation, not recomputation)
+  at::Tensor aux_loss;  // fp32 [1]: the auxiliary losses' sum since the last step (their values, logged)
 };
 
 // What the model gives a block's parts to compute with.
@@ -24,6 +35,7 @@ struct BlockContext {
   at::ScalarType compute_dtype;
   const KernelChoices& kernels;
   ModelParallelGroup* tp = nullptr;  // null without tensor parallelism
+  const ExpertLoad* experts = nullptr;  // a mixture of experts' balancing state (null in a dense block)
   // x w_i^T for the block's projections `names` ("w1", ..) with `weights`, one input shared:
   // through the projections set from outside the model (FP8) where they take them.
   std::function<std::vector<at::Tensor>(const std::vector<const char*>& names, const at::Tensor& x,

@@ -5,6 +5,7 @@
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/embedding.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/logical_and.h>
 
@@ -30,6 +31,7 @@ void check_tensor_parallel(const ModelArgs& a, int64_t tp) {
          " key/value heads must divide into them or each be shared by a whole number of them");
   if (a.ffn_hidden() % tp != 0) fail("the FFN's hidden size " + std::to_string(a.ffn_hidden()) + " does not divide into them");
   if (a.vocab_size % tp != 0) fail("the vocabulary of " + std::to_string(a.vocab_size) + " words does not divide into them");
+  if (tp > 1 && a.num_experts > 0) fail("a mixture of experts is not yet split by tensor parallelism");
 }
 
 Llama::Llama(const ModelArgs& args, const at::TensorOptions& options, bool allocate_parameters,
@@ -49,6 +51,8 @@ Llama::Llama(const ModelArgs& args, const at::TensorOptions& options, bool alloc
   const auto param_opts = allocate_parameters ? opts : opts.device(c10::kMeta);
   const int64_t D = args.dim, hd = args.head_dim(), F = args.ffn_hidden(), V = args.vocab_size;
   layers_.resize(args.n_layers);
+  expert_loads_.resize(args.n_layers);
+  if (args.num_experts > 0) moe_ = std::make_unique<MixtureOfExperts>(args);
   // ZeroBand precomputes RoPE for twice the sequence length.
   rope_ = rope_tables(hd, 2 * args.max_seq_len, args.rope_theta, opts);
 
@@ -80,9 +84,25 @@ Llama::Llama(const ModelArgs& args, const at::TensorOptions& options, bool alloc
     add(p + "attention.wk.weight", &b.wk, {0.02, 2.0}, {args.n_kv_heads * hd, D}, kv_dim);
     add(p + "attention.wv.weight", &b.wv, {0.02, 2.0}, {args.n_kv_heads * hd, D}, kv_dim);
     add(p + "attention.wo.weight", &b.wo, {depth_std, 2.0}, {D, args.n_heads * hd}, 1);
-    add(p + "feed_forward.w1.weight", &b.w1, {0.02, 2.0}, {F, D}, 0);
-    add(p + "feed_forward.w2.weight", &b.w2, {depth_std, 2.0}, {D, F}, 1);
-    add(p + "feed_forward.w3.weight", &b.w3, {depth_std, 2.0}, {F, D}, 0);
+    if (args.moe_layer(i)) {
+      // torchtitan's initialisation: the gate at the depth's std, each expert as a dense SwiGLU.
+      const int64_t E = args.num_experts, Fe = args.expert_hidden(), S = args.num_shared_experts * Fe;
+      add(p + "moe.router.gate.weight", &b.gate, {depth_std, 2.0}, {E, D});
+      add(p + "moe.experts.w1", &b.experts_w1, {0.02, 2.0}, {E, Fe, D});
+      add(p + "moe.experts.w2", &b.experts_w2, {depth_std, 2.0}, {E, D, Fe});
+      add(p + "moe.experts.w3", &b.experts_w3, {depth_std, 2.0}, {E, Fe, D});
+      if (S > 0) {
+        add(p + "moe.shared_experts.w1.weight", &b.w1, {0.02, 2.0}, {S, D}, 0);
+        add(p + "moe.shared_experts.w2.weight", &b.w2, {depth_std, 2.0}, {D, S}, 1);
+        add(p + "moe.shared_experts.w3.weight", &b.w3, {depth_std, 2.0}, {S, D}, 0);
+      }
+      expert_loads_[i] = {at::zeros({E}, opts.dtype(at::kFloat)), at::zeros({E}, opts.dtype(at::kLong)),
+                          at::zeros({1}, opts.dtype(at::kFloat))};
+    } else {
+      add(p + "feed_forward.w1.weight", &b.w1, {0.02, 2.0}, {F, D}, 0);
+      add(p + "feed_forward.w2.weight", &b.w2, {depth_std, 2.0}, {D, F}, 1);
+      add(p + "feed_forward.w3.weight", &b.w3, {depth_std, 2.0}, {F, D}, 0);
+    }
     add(p + "attention_norm.weight", &b.attention_norm, {}, {D});
     add(p + "ffn_norm.weight", &b.ffn_norm, {}, {D});
   }
@@ -173,11 +193,12 @@ at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h, const Docume
                                         ? h_on + own_positions(project(layer, {"wo"}, attn, {b.wo.to(dt)})[0])
                                         : residual_linear(h_on, attn, b.wo.to(dt), kernels_);
   auto [h2, y_here] = rms_norm_residual(after_attention, shared(b.ffn_norm), eps, kernels_);
-  const BlockContext context{layer, b, dt, kernels_, tp_,
+  const bool moe = args_.moe_layer(layer);
+  const BlockContext context{layer, b, dt, kernels_, tp_, moe ? &expert_loads_[layer] : nullptr,
                              [&](const std::vector<const char*>& names, const at::Tensor& x,
                                  const std::vector<at::Tensor>& weights) { return project(layer, names, x, weights); },
                              [&](const char* name) { return projected_outside(layer, name); }};
-  return feed_forward_->forward(context, h2, y_here);
+  return moe ? moe_->forward(context, h2, y_here) : dense_.forward(context, h2, y_here);
 }
 
 std::vector<at::Tensor> Llama::project(int64_t layer, const std::vector<const char*>& names, const at::Tensor& x,

@@ -18,6 +18,7 @@
 #include "model/feed_forward.h"
 #include "model/layers.h"
 #include "model/model_args.h"
+#include "model/moe.h"
 #include "model_parallel/tensor_parallel.h"
 
 namespace zb {
@@ -170,6 +171,15 @@ class Llama {
   int64_t num_params() const;
 
   TransformerBlockParams& block(int64_t layer) { return layers_[layer]; }
+  // A mixture of experts' balancing state, one per block (defined only for those args.moe_layer
+  // names: their bias, their tokens counted since the last step).
+  std::vector<ExpertLoad>& expert_loads() { return expert_loads_; }
+  const std::vector<ExpertLoad>& expert_loads() const { return expert_loads_; }
+  // The gradient the blocks give their auxiliary losses (model/moe.h): 1 over the micro-batches,
+  // as the trainer divides each micro-batch's loss.
+  void set_aux_loss_scale(double scale) {
+    if (moe_) moe_->set_aux_loss_scale(scale);
+  }
   at::Tensor& tok_embeddings() { return tok_embeddings_; }
   at::Tensor& norm() { return norm_; }
   at::Tensor& output() { return output_; }
@@ -192,7 +202,11 @@ class Llama {
   // h through every block, `hooks` (if any) around each.
   at::Tensor blocks(at::Tensor h, const Documents& documents, StageHooks* hooks) const;
   std::shared_ptr<const Projections> projections_;
-  std::unique_ptr<const FeedForward> feed_forward_ = std::make_unique<DenseSwiGLU>();
+  // The blocks' feed-forwards: dense, or a mixture of experts (model/moe.h) in the blocks
+  // args.moe_layer names, each with its balancing state in expert_loads_ (empty for dense blocks).
+  DenseSwiGLU dense_;
+  std::unique_ptr<MixtureOfExperts> moe_;
+  std::vector<ExpertLoad> expert_loads_;
   // x w_i^T for block `layer`'s projections `names` (one input): those set_projections took there,
   // the rest through the shared-input node (model/layers.h) or at::linear.
   std::vector<at::Tensor> project(int64_t layer, const std::vector<const char*>& names, const at::Tensor& x,

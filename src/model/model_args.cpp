@@ -1,5 +1,6 @@
 #include "model/model_args.h"
 
+#include <algorithm>
 #include <map>
 #include <stdexcept>
 
@@ -10,6 +11,8 @@ int64_t ModelArgs::ffn_hidden() const {
   if (ffn_dim_multiplier > 0) hidden = static_cast<int64_t>(ffn_dim_multiplier * hidden);
   return multiple_of * ((hidden + multiple_of - 1) / multiple_of);
 }
+
+int64_t ModelArgs::moe_layers() const { return num_experts > 0 ? std::max<int64_t>(n_layers - n_dense_layers, 0) : 0; }
 
 namespace {
 ModelArgs make(int64_t dim, int64_t layers, int64_t heads, int64_t kv_heads, int64_t multiple_of,
@@ -104,9 +107,24 @@ std::vector<ParamSpec> param_specs(const ModelArgs& a, int64_t tp) {
     add(p + "attention.wk.weight", {a.n_kv_heads * hd, a.dim}, i, kv);
     add(p + "attention.wv.weight", {a.n_kv_heads * hd, a.dim}, i, kv);
     add(p + "attention.wo.weight", {a.dim, a.n_heads * hd}, i, 1);
-    add(p + "feed_forward.w1.weight", {hidden, a.dim}, i, 0);
-    add(p + "feed_forward.w2.weight", {a.dim, hidden}, i, 1);
-    add(p + "feed_forward.w3.weight", {hidden, a.dim}, i, 0);
+    if (a.moe_layer(i)) {
+      // The router's gate, the routed experts' 3-D weights (one [F, D] or [D, F] matrix per
+      // expert) and the shared experts as one dense SwiGLU.
+      const int64_t E = a.num_experts, F = a.expert_hidden(), shared = a.num_shared_experts * F;
+      add(p + "moe.router.gate.weight", {E, a.dim}, i, -1);
+      add(p + "moe.experts.w1", {E, F, a.dim}, i, -1);
+      add(p + "moe.experts.w2", {E, a.dim, F}, i, -1);
+      add(p + "moe.experts.w3", {E, F, a.dim}, i, -1);
+      if (shared > 0) {
+        add(p + "moe.shared_experts.w1.weight", {shared, a.dim}, i, 0);
+        add(p + "moe.shared_experts.w2.weight", {a.dim, shared}, i, 1);
+        add(p + "moe.shared_experts.w3.weight", {shared, a.dim}, i, 0);
+      }
+    } else {
+      add(p + "feed_forward.w1.weight", {hidden, a.dim}, i, 0);
+      add(p + "feed_forward.w2.weight", {a.dim, hidden}, i, 1);
+      add(p + "feed_forward.w3.weight", {hidden, a.dim}, i, 0);
+    }
     add(p + "attention_norm.weight", {a.dim}, i, -1);
     add(p + "ffn_norm.weight", {a.dim}, i, -1);
   }
@@ -125,10 +143,16 @@ int64_t count_params_without_embedding(const ModelArgs& a) {
   return count_params(a) - a.vocab_size * a.dim;
 }
 
+int64_t count_active_params(const ModelArgs& a) {
+  // Each MoE layer's experts that a token does not reach: num_experts - top_k of 3 F D each.
+  const int64_t idle = a.moe_layers() * (a.num_experts - a.top_k) * 3 * a.expert_hidden() * a.dim;
+  return count_params_without_embedding(a) - idle;
+}
+
 double flops_per_token(const ModelArgs& a, int64_t seq_len) {
   // 6 FLOPs per parameter per token (2 forward, 4 backward); attention's two matmuls per layer
   // (scores and weighted values) are 2*2*H*Dh*T forward, times 3 with backward.
-  return 6.0 * static_cast<double>(count_params_without_embedding(a)) +
+  return 6.0 * static_cast<double>(count_active_params(a)) +
          12.0 * static_cast<double>(a.n_layers * a.n_heads * a.head_dim() * seq_len);
 }
 

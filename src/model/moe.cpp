@@ -18,11 +18,25 @@
 #include <ATen/ops/topk.h>
 #include <ATen/ops/zeros.h>
 
+#include <torch/csrc/autograd/custom_function.h>
+
 #include <limits>
 #include <stdexcept>
 #include <string>
 
 namespace zb {
+
+RouterConfig router_config(const ModelArgs& a) {
+  RouterConfig c;
+  c.num_experts = a.num_experts;
+  c.top_k = a.top_k;
+  c.score_func = a.score_func == "sigmoid" ? ScoreFunc::Sigmoid : ScoreFunc::Softmax;
+  c.route_norm = a.route_norm;
+  c.route_scale = a.route_scale;
+  c.num_expert_groups = a.num_expert_groups;
+  c.num_limited_groups = a.num_limited_groups;
+  return c;
+}
 
 Routing route(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& bias, const RouterConfig& c) {
   const int64_t E = c.num_experts, K = c.top_k, N = x.size(0);
@@ -131,6 +145,51 @@ at::Tensor sequence_aux_loss(const Routing& routing, int64_t batch, double coeff
   const at::Tensor normalised = routing.scores / routing.scores.sum(-1, /*keepdim=*/true);
   const at::Tensor P = normalised.view({batch, T, E}).mean(1);
   return coeff * (f * P).sum(-1).mean();
+}
+
+namespace {
+
+// The identity on the block's output whose backward also hands `aux`, a loss computed inside the
+// block, the gradient `scale` (what the loss it would be added to gets), so that the loss needs no
+// path out of the block.
+struct AttachAuxLoss : torch::autograd::Function<AttachAuxLoss> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& out,
+                                                const at::Tensor& aux, double scale) {
+    ctx->saved_data["scale"] = scale;
+    return {out};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const double scale = ctx->saved_data["scale"].toDouble();
+    // The auxiliary loss is an fp32 scalar (the router's scores are fp32).
+    const at::Tensor aux_grad = at::full({}, scale, grads[0].options().dtype(at::kFloat));
+    return {grads[0], aux_grad, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+MixtureOfExperts::MixtureOfExperts(const ModelArgs& args)
+    : router_(router_config(args)), aux_loss_coeff_(args.aux_loss_coeff) {}
+
+at::Tensor MixtureOfExperts::forward(const BlockContext& block, const at::Tensor& h, const at::Tensor& x) const {
+  const TransformerBlockParams& b = block.params;
+  TORCH_CHECK(block.experts, "MixtureOfExperts: block ", block.layer, " has no ExpertLoad");
+  const ExpertLoad& load = *block.experts;
+  const int64_t D = x.size(-1);
+  const at::Tensor tokens = x.reshape({-1, D});
+  const Routing routing = route(tokens, b.gate, load.bias, router_);
+  const bool training = at::GradMode::is_enabled();
+  if (training) load.tokens.add_(routing.tokens_per_expert);
+  const at::Tensor routed = routed_experts(tokens, routing, b.experts_w1, b.experts_w2, b.experts_w3).view(x.sizes());
+  // The shared experts and the residual in one (DenseSwiGLU adds h), then the routed experts.
+  at::Tensor out = (b.w1.defined() ? shared_.forward(block, h, x) : h) + routed;
+  if (aux_loss_coeff_ > 0 && training) {
+    const at::Tensor aux = sequence_aux_loss(routing, x.size(0), aux_loss_coeff_);
+    load.aux_loss.add_(aux.detach());
+    out = AttachAuxLoss::apply(out, aux, aux_loss_scale_)[0];
+  }
+  return out;
 }
 
 }  // namespace zb

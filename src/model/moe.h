@@ -14,6 +14,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/feed_forward.h"
+#include "model/model_args.h"
+
 namespace zb {
 
 enum class ScoreFunc { Softmax, Sigmoid };
@@ -29,6 +32,9 @@ struct RouterConfig {
   int64_t num_expert_groups = 0;
   int64_t num_limited_groups = 0;
 };
+
+// The router as ModelArgs configures it.
+RouterConfig router_config(const ModelArgs& args);
 
 // Where the router sends N tokens.
 struct Routing {
@@ -66,5 +72,36 @@ void update_expert_bias(at::Tensor& bias, const at::Tensor& tokens_per_expert, d
 // mean over the sequences. A balanced routing gives coeff. Its gradient reaches the gate through
 // the scores.
 at::Tensor sequence_aux_loss(const Routing& routing, int64_t batch, double coeff);
+
+// One mixture-of-experts block's balance over a step (the metrics): the tokens of its busiest and
+// idlest expert over the mean, its auxiliary loss (mean over the ranks' micro-batches; 0 without)
+// and the spread of its bias (max - min).
+struct ExpertBalanceStats {
+  int64_t layer = 0;
+  double max_load = 0, min_load = 0, aux_loss = 0, bias_spread = 0;
+};
+
+// A block's feed-forward as a mixture of experts: h + shared(x) + routed(x), with the shared
+// experts the dense SwiGLU of the block's w1/w2/w3 where it has them, the routed ones
+// routed_experts() of the block's experts_w1/w2/w3 as route() sends the tokens with its gate and
+// its ExpertLoad's bias.
+//
+// A training forward (gradients on) adds its counts to the ExpertLoad. The first pass of a
+// checkpointed block runs without gradients and its recomputation with them, so a micro-batch
+// counts once; evaluation runs without and counts nothing. With aux_loss_coeff the sequence-wise
+// loss's gradient joins the backward at the block's output, times aux_loss_scale (the trainer's
+// division of each micro-batch's loss by their number), so that no loss crosses the blocks.
+class MixtureOfExperts : public FeedForward {
+ public:
+  explicit MixtureOfExperts(const ModelArgs& args);
+  at::Tensor forward(const BlockContext& block, const at::Tensor& h, const at::Tensor& x) const override;
+  void set_aux_loss_scale(double scale) { aux_loss_scale_ = scale; }
+
+ private:
+  RouterConfig router_;
+  double aux_loss_coeff_ = 0;
+  double aux_loss_scale_ = 1;
+  DenseSwiGLU shared_;
+};
 
 }  // namespace zb

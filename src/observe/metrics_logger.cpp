@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <ctime>
 #include <stdexcept>
@@ -104,6 +105,13 @@ void MetricsLogger::log_step(const StepStats& s, std::optional<double> val_loss)
                             {"stream_rows", m.stream_rows},         {"joined", s.membership->joined},
                             {"seconds_lost", s.membership->seconds_lost}};
   }
+  // A mixture of experts, by block: its busiest and idlest expert's tokens over the mean, its
+  // auxiliary loss and its bias's spread.
+  for (const ExpertBalanceStats& e : s.experts)
+    record["experts"]["layers." + std::to_string(e.layer)] = {{"max_load", e.max_load},
+                                                              {"min_load", e.min_load},
+                                                              {"aux_loss", e.aux_loss},
+                                                              {"bias_spread", e.bias_spread}};
   for (const auto& [key, value] : texts_) record[key] = value;
   for (const auto& [key, value] : numbers_) record[key] = value;
   if (!s.nonfinite.empty()) record["nonfinite"] = s.nonfinite;  // this step was not applied
@@ -126,6 +134,12 @@ void MetricsLogger::log_step(const StepStats& s, std::optional<double> val_loss)
                    tps ? with_commas(static_cast<int64_t>(*tps)).c_str() : "-",
                    mfu ? strf("%.1f%%", *mfu).c_str() : "n/a",
                    static_cast<double>(peak_mem) / (1 << 30), format_duration(eta).c_str()));
+  }
+  if (!s.experts.empty() && (s.step % config_.logging.interval == 0 || s.step == total)) {
+    double busiest = 0, idlest = 1e300;  // over the blocks
+    for (const ExpertBalanceStats& e : s.experts) busiest = std::max(busiest, e.max_load), idlest = std::min(idlest, e.min_load);
+    log::info(strf("step %ld/%ld | experts: busiest %.2fx the mean tokens, idlest %.2fx (over %zu blocks)", s.step, total,
+                   busiest, idlest, s.experts.size()));
   }
   if (val_loss) log::info(strf("step %ld/%ld | val_loss %.4f", s.step, total, *val_loss));
   if (s.outer && !s.outer->fragments.empty()) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "diloco/diloco.h"
+#include "model/moe.h"
 
 namespace zb {
 
@@ -30,6 +31,8 @@ struct StepStats {
   std::optional<OuterSyncStats> outer;
   // Elastic replicas: the membership this step's round changed to (the first one at step 1).
   std::optional<RoundReport> membership;
+  // A mixture of experts: each of its blocks' balance over the step.
+  std::vector<ExpertBalanceStats> experts;
   // The loop's flags (StepFlags) counted over the ranks by the step's own all-reduce.
   int64_t ranks_stopping = 0, ranks_failed_save = 0;
 };

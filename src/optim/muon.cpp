@@ -56,7 +56,8 @@ Muon::Muon(const MuonHyper& hyper) : hyper_(hyper) {
 
 void Muon::add_param(const std::string& name, const at::Tensor& param, std::vector<int64_t> global_shape,
                      std::vector<int64_t> slice_shape, int64_t tp_dim) {
-  TORCH_CHECK(param.dim() == 2, "Muon takes 2-D matrices; ", name, " has shape ", param.sizes());
+  TORCH_CHECK(param.dim() == 2 || param.dim() == 3, "Muon takes 2-D matrices or a stack of them (a mixture of "
+              "experts' [E, rows, cols]); ", name, " has shape ", param.sizes());
   if (global_shape.empty()) global_shape = param.sizes().vec();
   if (slice_shape.empty()) slice_shape = global_shape;
   params_.push_back({name, param, at::zeros_like(param, at::MemoryFormat::Contiguous),
@@ -82,10 +83,15 @@ std::vector<at::Tensor> Muon::orthogonalize_local(const std::vector<at::Tensor>&
     stacked_shape.insert(stacked_shape.end(), shape.begin(), shape.end());
     at::Tensor G = at::empty(stacked_shape, inputs[idx.front()].options().dtype(hyper_.ns_dtype));
     for (size_t j = 0; j < idx.size(); ++j) G[static_cast<int64_t>(j)].copy_(inputs[idx[j]]);
-    at::Tensor O = newton_schulz(G, hyper_.ns_steps, hyper_.ns_dtype, hyper_.eps,
-                                 hyper_.kernels.on(Fused::NewtonSchulz));
+    // A stack of experts' matrices [E, rows, cols] is E matrices, each orthogonalised on its own:
+    // all of them one batch, never the stack flattened into one matrix.
+    const int64_t per_input = shape.size() == 3 ? shape[0] : 1;
+    const at::Tensor batch = G.view({-1, shape[shape.size() - 2], shape.back()});
+    at::Tensor O = newton_schulz(batch, hyper_.ns_steps, hyper_.ns_dtype, hyper_.eps,
+                                 hyper_.kernels.on(Fused::NewtonSchulz))
+                       .view(stacked_shape);
     for (size_t j = 0; j < idx.size(); ++j) out[idx[j]] = O[static_cast<int64_t>(j)];
-    matrices_orthogonalized_ += static_cast<int64_t>(idx.size());
+    matrices_orthogonalized_ += static_cast<int64_t>(idx.size()) * per_input;
   }
   return out;
 }
@@ -111,8 +117,8 @@ void Muon::step(double lr_multiplier) {
 
   const double lr = hyper_.lr * lr_multiplier;
   for (size_t i = 0; i < active.size(); ++i) {
-    const auto& shape = active[i]->global_shape;
-    const double scale = muon_update_scale(hyper_.update_scale, shape[0], shape[1]);
+    const auto& shape = active[i]->global_shape;  // an expert stack's scale is one expert's
+    const double scale = muon_update_scale(hyper_.update_scale, shape[shape.size() - 2], shape.back());
     scale_add_(params[i], 1.0 - lr * hyper_.weight_decay, updates[i], -lr * scale,
                hyper_.kernels);  // decay, then the update
   }
@@ -127,9 +133,9 @@ std::vector<int64_t> assign_muon_owners(const Muon& muon, int64_t world_size) {
 std::vector<int64_t> assign_owners_by_cost(const std::vector<std::vector<int64_t>>& shapes, int64_t world_size) {
   std::vector<double> cost(shapes.size());
   for (size_t i = 0; i < shapes.size(); ++i) {
-    const double r = static_cast<double>(shapes[i][0]);
-    const double c = static_cast<double>(shapes[i][1]);
-    cost[i] = r * c * std::min(r, c);
+    const std::vector<int64_t>& s = shapes[i];  // [rows, cols] or a stack [E, rows, cols]
+    const double r = static_cast<double>(s[s.size() - 2]), c = static_cast<double>(s.back());
+    cost[i] = (s.size() == 3 ? static_cast<double>(s[0]) : 1.0) * r * c * std::min(r, c);
   }
   std::vector<size_t> order(shapes.size());
   std::iota(order.begin(), order.end(), 0);

@@ -1,5 +1,7 @@
 #pragma once
-// Muon: momentum, then Newton-Schulz orthogonalisation of the update, for 2-D hidden matrices.
+// Muon: momentum, then Newton-Schulz orthogonalisation of the update, for 2-D hidden matrices
+// (and a mixture of experts' stacks [E, rows, cols]: each expert's matrix on its own, scaled by
+// its shape).
 // Per parameter, as torch.optim.Muon (and ZeroBand) compute it:
 //   buf    = momentum*buf + (1-momentum)*grad            (EMA; buf is fp32, shaped like the param)
 //   u      = nesterov ? (1-momentum)*grad + momentum*buf : buf
@@ -53,7 +55,7 @@ class Muon {
     std::string name;
     at::Tensor param;                   // updated in place (a local shard when sharded)
     at::Tensor momentum_buffer;         // fp32, shaped like `param`
-    std::vector<int64_t> global_shape;  // [rows, cols] of the whole matrix (the update scale)
+    std::vector<int64_t> global_shape;  // [rows, cols] of the whole matrix, or [E, rows, cols] (the update scale)
     // Under tensor parallelism: the slice of it this rank's TP group position holds (what the
     // data-parallel shards divide) and the whole matrix's dimension split over TP (-1: none, every
     // TP rank holds it whole). Without TP: global_shape and -1.
@@ -104,7 +106,7 @@ class Muon {
 // (rows * cols * min(rows, cols), global shapes) balanced greedily, largest first; the same on
 // every rank.
 std::vector<int64_t> assign_muon_owners(const Muon& muon, int64_t world_size);
-// The same for any list of matrix shapes ([rows, cols] each).
+// The same for any list of matrix shapes ([rows, cols] each, or stacks [E, rows, cols]).
 std::vector<int64_t> assign_owners_by_cost(const std::vector<std::vector<int64_t>>& shapes, int64_t world_size);
 
 }  // namespace zb

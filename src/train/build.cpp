@@ -65,6 +65,9 @@ std::unique_ptr<Llama> build_model(const Config& config, const TrainingParts& pa
 
 std::unique_ptr<ParallelModel> build_engine(const Config& config, const TrainingParts& parts) {
   const ParallelMesh& mesh = parts.mesh;
+  if (!mesh.sharded() && parts.model->args().num_experts > 0)
+    throw ConfigError(config.origin("model.num_experts") + ": train_ddp does not yet train a mixture of experts "
+                      "(model.num_experts): train_fsdp or train_hsdp does");
   if (!mesh.sharded()) return std::make_unique<DDPEngine>(*parts.model, mesh.world(), config.train.bucket_mb);
   FSDPOptions fsdp;
   fsdp.device = parts.device;

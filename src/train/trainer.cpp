@@ -28,6 +28,10 @@ Trainer::Trainer(const Config& config, TrainingParts parts)
   if (parts_.diloco)  // over the parts as the program left them (a test may wrap the engine)
     diloco_ = std::make_unique<DiLoCoHook>(*parts_.diloco, *parts_.engine, *parts_.optimizer, *parts_.data.train,
                                            parts_.mesh.world(), config.optim.total_steps);
+  if (parts_.model->args().num_experts > 0) {
+    balance_ = std::make_unique<ExpertBalance>(*parts_.model, parts_.mesh.world());
+    parts_.model->set_aux_loss_scale(1.0 / static_cast<double>(parts_.accum));  // as each micro-batch's loss
+  }
 }
 
 Trainer::Trainer(const Config& config, ParallelMesh mesh, c10::Device device, const MemoryChoices& autos)
@@ -81,6 +85,8 @@ StepStats Trainer::train_step(const StepFlagSource& flags) {
   }
   StepStats stats = agree_on_step(loss_sum, grad_norm, flags);
   const double lr_multiplier = apply_or_skip(stats);
+  // A mixture of experts' bias moves with an applied step, from the step's counts on every rank.
+  if (balance_) stats.experts = balance_->step(stats.nonfinite.empty(), parts_.accum);
   // Whether or not the step was applied: the next step casts afresh (one cast a step, as planned).
   parts_.engine->parameters_changed();
   const int optimizer_done = clock_.mark();

@@ -22,6 +22,7 @@
 #include "train/build.h"
 #include "diloco/diloco.h"
 #include "diloco/step_hook.h"
+#include "parallel/expert_balance.h"
 #include "observe/step_stats.h"
 #include "util/device.h"
 
@@ -83,6 +84,7 @@ class Trainer {
   const Config& config() const { return config_; }
   DataLoader& data_loader() { return *parts_.data.train; }
   DiLoCoHook* diloco_hook() { return diloco_.get(); }  // null unless diloco.inner_steps
+  ExpertBalance* expert_balance() { return balance_.get(); }  // null unless model.num_experts
   Optimizer& optimizer() { return *parts_.optimizer; }
   // Records every step's events into `trace` from now on (the engine's, the collectives of every
   // communicator the step uses, and the micro-batch and optimizer marks), for comparison with
@@ -115,6 +117,7 @@ class Trainer {
   Config config_;
   TrainingParts parts_;
   std::unique_ptr<DiLoCoHook> diloco_;  // diloco.inner_steps > 0 only
+  std::unique_ptr<ExpertBalance> balance_;  // a mixture of experts only
   LrSchedule schedule_;
   StepCounters counters_;
   int64_t skipped_in_a_row_ = 0;

@@ -1,0 +1,189 @@
+"""A mixture of experts trained by train_fsdp against an independent PyTorch reference (issue 62).
+
+The reference is transformers' MixtralForCausalLM (softmax routing over the experts, top-k,
+renormalised) from the same initial weights, trained on the same batches by torch.optim: Muon for
+every hidden matrix, each expert's w1, w2 and w3 a matrix of its own (Mixtral stores w1 and w3 of
+an expert as one [2F, D] tensor, which Muon must not orthogonalise whole: they are stepped as
+separate parameters and copied back), the router's gate included, and AdamW for the embedding, the
+head and the norms, after torch.nn.utils.clip_grad_norm_. Newton-Schulz runs in fp32, as ours on
+the CPU.
+
+Runs, each a real process (ranks over loopback Gloo with torchrun's variables):
+  one      1 process
+  fsdp2    2 ranks sharding every parameter (the experts' stacks by whole experts), with
+           activation checkpointing: the routing's counts must not be doubled by recomputation
+Per step each run's loss must equal the reference's within 1e-5; the final parameters (exported to
+Mixtral's files by export_hf) within 1e-4. The runs load the reference's initial weights through
+ckpt.init_from (Mixtral's files read back).
+"""
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import DEBUG_CONFIG, EXPORT_HF, TRAIN_FSDP, metrics, run_ranks, start
+
+STEPS, SEQ, BATCH, VOCAB = 20, 32, 8, 128
+EXPERTS, TOP_K, EXPERT_HIDDEN, LAYERS = 4, 2, 48, 2
+
+
+def args(tmp):
+    return [
+        "--config", str(DEBUG_CONFIG), "--runtime.device", "cpu", "--runtime.num_threads", "1",
+        "--model.dim", "64", "--model.n_layers", str(LAYERS), "--model.n_heads", "4", "--model.n_kv_heads", "2",
+        "--model.vocab_size", str(VOCAB), "--model.attention", "causal",
+        "--model.num_experts", str(EXPERTS), "--model.top_k", str(TOP_K), "--model.route_norm", "true",
+        "--model.moe_inter_dim", str(EXPERT_HIDDEN),
+        "--data.fake", "false", "--data.shuffle", "false", "--data.dataset_name_or_paths", f"{tmp}/data",
+        "--data.seq_length", str(SEQ), "--optim.batch_size", str(BATCH), "--train.micro_bs", "2",
+        "--optim.total_steps", str(STEPS), "--optim.sched_type", "wsd-sqrt", "--optim.warmup_steps", "0",
+        "--optim.stable_steps", str(STEPS), "--optim.optim.ns_dtype", "float32", "--ckpt.init_from", f"{tmp}/init",
+        # As in test_diloco.py: AdamW's g/(sqrt(v) + eps) near eps turns fp32 summation differences into
+        # visible ones; a larger eps and a gentler embedding keep the comparison meaningful.
+        "--optim.adam.eps", "1e-5", "--optim.adam.lr_embedding", "0.01",
+        "--ckpt.interval", str(STEPS),
+    ]
+
+
+def make_data(tmp):
+    """A token shard (llm.c's format) of random tokens, enough for every step without repeating."""
+    os.makedirs(f"{tmp}/data")
+    tokens = torch.randint(0, VOCAB, (STEPS * BATCH * SEQ + 1,), generator=torch.Generator().manual_seed(3))
+    header = np.zeros(256, dtype=np.int32)
+    header[0], header[1], header[2] = 20240520, 1, tokens.numel()
+    with open(f"{tmp}/data/train_000000.bin", "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.numpy().astype(np.uint16).tobytes())
+    return tokens
+
+
+def make_model(tmp):
+    from transformers import MixtralConfig, MixtralForCausalLM
+    config = MixtralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=EXPERT_HIDDEN,
+                           num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                           num_local_experts=EXPERTS, num_experts_per_tok=TOP_K, rms_norm_eps=1e-5,
+                           rope_theta=10000.0, max_position_embeddings=2 * SEQ, tie_word_embeddings=False,
+                           router_jitter_noise=0.0, output_router_logits=False, sliding_window=None)
+    torch.manual_seed(0)
+    model = MixtralForCausalLM(config).float()
+    model.save_pretrained(f"{tmp}/init", safe_serialization=True)
+    return config, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def muon_ns_fp32():
+    """torch.optim.Muon with its Newton-Schulz iteration in fp32 (PyTorch's runs it in bf16)."""
+    from torch.optim import _muon
+    original = _muon._zeropower_via_newtonschulz
+
+    def fp32(grad, *a, **k):
+        saved = torch.Tensor.bfloat16
+        torch.Tensor.bfloat16 = torch.Tensor.float
+        try:
+            return original(grad, *a, **k)
+        finally:
+            torch.Tensor.bfloat16 = saved
+    _muon._zeropower_via_newtonschulz = fp32
+
+
+def reference(cfg, config, init, tokens):
+    """Per step the loss; the final parameters in Mixtral's file names."""
+    from transformers import MixtralForCausalLM
+    muon_ns_fp32()
+    model = MixtralForCausalLM(config).float()
+    model.load_state_dict(init)
+    adam, hidden = cfg["adam"], cfg["hidden"]
+    # Muon's parameters: each expert's matrices apart (mirrors of slices of Mixtral's fused
+    # tensors), the router's gate and the attention matrices as they are.
+    mirrors = []  # (mirror parameter, the tensor it is a slice of, the slice)
+    groups = {"hidden": [], "embedding": [], "head": [], "norm": []}
+    for name, p in model.named_parameters():
+        if name.endswith("experts.gate_up_proj"):
+            for e in range(EXPERTS):
+                for s in (slice(0, EXPERT_HIDDEN), slice(EXPERT_HIDDEN, 2 * EXPERT_HIDDEN)):
+                    mirrors.append((torch.nn.Parameter(p.detach()[e, s].clone()), p, (e, s)))
+        elif name.endswith("experts.down_proj"):
+            for e in range(EXPERTS):
+                mirrors.append((torch.nn.Parameter(p.detach()[e].clone()), p, (e,)))
+        else:
+            role = ("embedding" if "embed_tokens" in name else "head" if name.startswith("lm_head")
+                    else "norm" if p.dim() < 2 else "hidden")
+            groups[role].append(p)
+    muon_params = groups["hidden"] + [m for m, _, _ in mirrors]
+    muon = torch.optim.Muon(muon_params, lr=hidden["lr"], weight_decay=hidden["wd"], momentum=hidden["momentum"],
+                            nesterov=hidden["nesterov"], ns_steps=hidden["ns_steps"],
+                            adjust_lr_fn=hidden["update_scale"])
+    adamw = torch.optim.AdamW([dict(params=groups["embedding"], lr=adam["lr_embedding"]),
+                               dict(params=groups["head"], lr=adam["lr_head"]),
+                               dict(params=groups["norm"], lr=adam["lr_norm"])],
+                              betas=tuple(adam["betas"]), eps=adam["eps"], weight_decay=adam["wd"])
+    losses = []
+    for step in range(1, STEPS + 1):
+        batch = torch.stack([tokens[p * SEQ:p * SEQ + SEQ + 1] for p in range((step - 1) * BATCH, step * BATCH)]).long()
+        logits = model(batch[:, :-1]).logits
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
+        model.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["max_norm"])
+        for m, whole, index in mirrors:
+            m.grad = whole.grad[index].clone()
+        muon.step()
+        adamw.step()
+        with torch.no_grad():
+            for m, whole, index in mirrors:
+                whole[index].copy_(m)
+        losses.append(loss.item())
+    # Mixtral's file names (as save_pretrained writes them, and export_hf).
+    final = {}
+    for name, p in model.state_dict().items():
+        if name.endswith("experts.gate_up_proj"):
+            prefix = name.replace("mlp.experts.gate_up_proj", "block_sparse_moe.experts.")
+            for e in range(EXPERTS):
+                final[f"{prefix}{e}.w1.weight"] = p[e, :EXPERT_HIDDEN]
+                final[f"{prefix}{e}.w3.weight"] = p[e, EXPERT_HIDDEN:]
+        elif name.endswith("experts.down_proj"):
+            prefix = name.replace("mlp.experts.down_proj", "block_sparse_moe.experts.")
+            for e in range(EXPERTS):
+                final[f"{prefix}{e}.w2.weight"] = p[e]
+        else:
+            final[name.replace("mlp.gate.weight", "block_sparse_moe.gate.weight")] = p
+    return losses, final
+
+
+def exported(step_dir):
+    from safetensors.torch import load_file
+    subprocess.run([EXPORT_HF, step_dir, step_dir + "_hf"], check=True, capture_output=True)
+    return load_file(f"{step_dir}_hf/model.safetensors")
+
+
+def test_mixtral_step(work):
+    tmp = str(work)
+    tokens = make_data(tmp)
+    config, init = make_model(tmp)
+    common = args(tmp)
+    cfg = subprocess.run([str(TRAIN_FSDP), *common, "--print-config"], capture_output=True, text=True, check=True)
+    cfg = json.loads(cfg.stdout)
+    # The learning rates stay as configured: no warmup, every step stable.
+    assert cfg["schedule"]["type"] == "wsd-sqrt" and cfg["schedule"]["warmup_steps"] == 0
+    runs = {"one": (1, []), "fsdp2": (2, ["--train.ac_ckpt", "true"])}
+    for name, (ranks, extra) in runs.items():
+        own = [*common, *extra, "--logging.metrics_file", f"{tmp}/{name}.jsonl", "--ckpt.path", f"{tmp}/{name}_ckpt"]
+        if ranks == 1:
+            assert start([str(TRAIN_FSDP), *own], f"{tmp}/{name}.log").wait() == 0, open(f"{tmp}/{name}.log").read()[-3000:]
+        else:
+            run_ranks(ranks, f"{tmp}/{name}.log", *own)
+    want_losses, want_params = reference(cfg, config, init, tokens)
+    for name in runs:
+        got = [r["loss"] for r in metrics(f"{tmp}/{name}.jsonl")]
+        params = exported(f"{tmp}/{name}_ckpt/step_{STEPS:08d}")
+        assert sorted(params) == sorted(want_params), f"{name}: exported {sorted(set(params) ^ set(want_params))}"
+        worst_loss = max(abs(a - b) for a, b in zip(got, want_losses))
+        worst_param = max((params[k] - v).abs().max().item() for k, v in want_params.items())
+        print(f"{name}: losses {[round(x, 5) for x in got]}; largest difference from the reference: loss "
+              f"{worst_loss:.2e}, parameter {worst_param:.2e}")
+        assert len(got) == STEPS
+        assert worst_loss < 1e-5, f"{name}: loss differs by {worst_loss:.2e}"
+        assert worst_param < 1e-4, f"{name}: a parameter differs by {worst_param:.2e}"

@@ -179,6 +179,39 @@ TEST_P(StepPlanMatchesTheTrace, EveryLayoutAndOption) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, StepPlanMatchesTheTrace, ::testing::Values(1, 2, 3, 4));
 
+// A mixture of experts (the first block dense, a shared expert, the balancing bias): Muon's
+// expert stacks orthogonalised where they are and the balance's all-reduce after the optimizer,
+// on every FSDP, HSDP and CP layout without TP, with and without activation checkpointing.
+class StepPlanWithExperts : public ::testing::TestWithParam<int> {};
+
+TEST_P(StepPlanWithExperts, EqualTheTrace) {
+  const int world = GetParam();
+  multiprocess::run_ranks(world, [world](int rank) {
+    Communicator comm(detect_world(), c10::Device(c10::kCPU), std::chrono::seconds(60));
+    int checked = 0;
+    for (const Layout& l : layouts(world)) {
+      if (l.engine != EngineKind::Sharded || l.tp > 1 || l.diloco) continue;
+      for (const int64_t ac : {0, 2}) {
+        Config c = config(l, world, /*reshard=*/true, ac, /*reduce_every=*/false, "muon");
+        for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+                 {"model.num_experts", "4"}, {"model.top_k", "2"}, {"model.moe_inter_dim", "64"},
+                 {"model.n_dense_layers", "1"}, {"model.num_shared_experts", "1"}, {"model.load_balance_coeff", "0.001"}})
+          apply_override(c, key, value);
+        validate(c, world);
+        const std::string what = l.name + " with experts on " + std::to_string(world) + ", ac_ckpt " +
+                                 std::to_string(ac) + ", rank " + std::to_string(rank);
+        Trainer trainer(c, ParallelMesh(c, comm, l.engine), c10::Device(c10::kCPU));
+        const StepPlan plan = plan_step(c, ParallelMesh(c, world, rank, l.engine), resolve_run(c, world, l.engine, kCpu));
+        expect_steps_as_planned(trainer, plan, false, 2, /*evaluate_after=*/1, what);
+        ++checked;
+      }
+    }
+    EXPECT_GT(checked, 0);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, StepPlanWithExperts, ::testing::Values(1, 2, 4));
+
 // Kept casts (train.keep_unsharded, one rank per shard group): in every layout where they apply,
 // with and without resharding after forward and activation checkpointing, three steps' traces
 // (an evaluation between the second and the third) equal the plan: each unit cast once a step, in

@@ -86,6 +86,10 @@ std::vector<at::Tensor> Muon::orthogonalize_local(const std::vector<at::Tensor>&
     // A stack of experts' matrices [E, rows, cols] is E matrices, each orthogonalised on its own:
     // all of them one batch, never the stack flattened into one matrix.
     const int64_t per_input = shape.size() == 3 ? shape[0] : 1;
+    if (per_input == 0) {  // a rank that holds none of a stack's experts
+      for (size_t j = 0; j < idx.size(); ++j) out[idx[j]] = inputs[idx[j]].to(hyper_.ns_dtype);
+      continue;
+    }
     const at::Tensor batch = G.view({-1, shape[shape.size() - 2], shape.back()});
     at::Tensor O = newton_schulz(batch, hyper_.ns_steps, hyper_.ns_dtype, hyper_.eps,
                                  hyper_.kernels.on(Fused::NewtonSchulz))

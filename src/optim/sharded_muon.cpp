@@ -94,24 +94,48 @@ std::vector<at::Tensor> orthogonalize_by_owner(const std::vector<at::Tensor>& ro
 }
 
 void make_muon_sharded(Muon& muon, Communicator& comm, Communicator* split_over) {
-  const std::vector<int64_t> owner = assign_muon_owners(muon, comm.size());
+  // A mixture of experts' stack [E, rows, cols] is sharded by experts: each of a rank's rows is a
+  // whole expert's matrix, which it orthogonalises where it is, with no exchange. The 2-D
+  // matrices go to their owners.
+  std::vector<size_t> matrices, stacks;
+  std::vector<std::vector<int64_t>> matrix_shapes;
+  for (size_t i = 0; i < muon.params().size(); ++i) {
+    const Muon::Param& p = muon.params()[i];
+    if (p.slice_shape.size() == 3) {
+      stacks.push_back(i);
+    } else {
+      matrices.push_back(i);
+      matrix_shapes.push_back(p.global_shape);
+    }
+  }
+  const std::vector<int64_t> owner = assign_owners_by_cost(matrix_shapes, comm.size());
   Communicator* split = split_over && split_over->size() > 1 ? split_over : nullptr;
 
-  muon.set_orthogonalizer([&muon, &comm, owner, split](const std::vector<at::Tensor>& inputs,
-                                                       const std::vector<const Muon::Param*>& active) {
+  muon.set_orthogonalizer([&muon, &comm, owner, split, matrices, stacks](const std::vector<at::Tensor>& inputs,
+                                                                         const std::vector<const Muon::Param*>& active) {
     TORCH_CHECK(active.size() == muon.params().size(),
                 "sharded Muon needs a gradient for every matrix on every rank");
+    std::vector<at::Tensor> out(inputs.size());
+    std::vector<at::Tensor> held;  // this rank's experts of every stack
+    for (size_t i : stacks) held.push_back(inputs[i]);
+    const std::vector<at::Tensor> experts = muon.orthogonalize_local(held);
+    for (size_t k = 0; k < stacks.size(); ++k) out[stacks[k]] = experts[k];
+
+    std::vector<at::Tensor> rows;
     std::vector<std::vector<int64_t>> shapes;  // what the rows are rows of: the TP slice under TP
-    for (const Muon::Param* p : active) shapes.push_back(p->slice_shape);
+    for (size_t i : matrices) rows.push_back(inputs[i]), shapes.push_back(active[i]->slice_shape);
     auto stage = [&](const std::vector<at::Tensor>& whole, const std::vector<size_t>& which) {
       std::vector<const Muon::Param*> of;
       std::vector<std::vector<int64_t>> global;
-      for (size_t i : which) of.push_back(active[i]), global.push_back(active[i]->global_shape);
+      for (size_t k : which) of.push_back(active[matrices[k]]), global.push_back(active[matrices[k]]->global_shape);
       if (!split) return muon.orthogonalize_held(whole, of);
       // The replicas own the same matrices: they divide them as ranks divide all of them.
       return orthogonalize_once(muon, whole, of, assign_owners_by_cost(global, split->size()), *split);
     };
-    return orthogonalize_by_owner(inputs, shapes, owner, comm, muon.hyper().ns_dtype, "zb.muon.all_to_all", stage);
+    const std::vector<at::Tensor> results =
+        orthogonalize_by_owner(rows, shapes, owner, comm, muon.hyper().ns_dtype, "zb.muon.all_to_all", stage);
+    for (size_t k = 0; k < matrices.size(); ++k) out[matrices[k]] = results[k];
+    return out;
   });
 }
 

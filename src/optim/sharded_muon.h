@@ -5,7 +5,9 @@
 // rank's rows of every matrix to its owner (in the Newton-Schulz dtype), owners orthogonalise
 // their whole matrices in batches of equal shape, and a second all-to-all returns each rank its
 // rows of the results. Per step and rank this moves about 2 x (Muon parameters / W) elements
-// each way, in two collectives, and runs Newton-Schulz once per matrix.
+// each way, in two collectives, and runs Newton-Schulz once per matrix. A mixture of experts'
+// stacks [E, rows, cols] are sharded by whole experts: each rank orthogonalises its own, with no
+// exchange.
 #include <functional>
 #include <vector>
 

@@ -24,7 +24,7 @@ std::vector<ExpertBalanceStats> ExpertBalance::step(bool apply, int64_t micro_ba
   for (int64_t l : layers_)
     rows.push_back(at::cat({loads[l].tokens.to(at::kDouble), loads[l].aux_loss.to(at::kDouble)}));
   at::Tensor summed = at::stack(rows);
-  if (ranks_.size() > 1) ranks_.all_reduce_sum(summed).wait();
+  ranks_.all_reduce_sum(summed).wait();
   const int64_t E = model_.args().num_experts;
   const double coeff = model_.args().load_balance_coeff;
   const at::Tensor host = summed.to(at::kCPU);

@@ -464,6 +464,10 @@ void MemoryReplay::optimizer_step() {
   int64_t hidden_slices = 0, hidden_block = 0, tp_gathered = 0;
   for (const ParamSpec& p : specs_)
     if (param_role(p.name, static_cast<int64_t>(p.shape.size())) == ParamRole::Hidden) {
+      if (p.shape.size() == 3) {  // an expert stack: the rank's own experts, orthogonalised where they are
+        groups[{p.shape[1], p.shape[2], 1}] += RowShard::of(p.shape, W).rows_per_rank;
+        continue;
+      }
       hidden_slices += p.numel();
       hidden_block += RowShard::of(p.shape, W).block_numel();
       const std::vector<int64_t>& whole = p.whole;

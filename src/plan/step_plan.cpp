@@ -419,12 +419,16 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, const ResolvedRun&
   const int64_t replica = mesh.shape().replica_of(rank);  // under DDP every rank is a replica
   if (!muon.empty() && fsdp && S > 1) {
     // Every matrix's padded rows to its owner in the shard group, and its rows of the result back.
+    // (A mixture of experts' stacks are sharded by whole experts, orthogonalised where they are.)
+    std::vector<ParamSpec> matrices;
+    for (const ParamSpec& m : muon)
+      if (m.shape.size() == 2) matrices.push_back(m);
     std::vector<std::vector<int64_t>> slices;
-    for (const ParamSpec& m : muon) slices.push_back(m.shape);
-    const std::vector<int64_t> owner = assign_owners_by_cost(whole_shapes(muon), S);
+    for (const ParamSpec& m : matrices) slices.push_back(m.shape);
+    const std::vector<int64_t> owner = assign_owners_by_cost(whole_shapes(matrices), S);
     std::vector<ParamSpec> owned;
-    for (size_t i = 0; i < muon.size(); ++i)
-      if (owner[i] == shard_rank) owned.push_back(muon[i]);
+    for (size_t i = 0; i < matrices.size(); ++i)
+      if (owner[i] == shard_rank) owned.push_back(matrices[i]);
     owner_exchange(shard_group, S, shard_rank, slices, owner, "Muon", [&] {
       // The replicas own the same matrices: they split them and share the results.
       if (split && R > 1) split_stage("replicate", R, replica, owned);
@@ -437,6 +441,11 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, const ResolvedRun&
   } else if (!muon.empty()) {
     tensor_parallel_stage(muon);
   }
+
+  // A mixture of experts' balance (parallel/expert_balance.cpp), after the optimizer: each MoE
+  // block's counts and auxiliary loss, float64, summed over every rank.
+  if (a.moe_layers() > 0)
+    w.ring(CommKind::AllReduce, "world", p.world, 8 * a.moe_layers() * (a.num_experts + 1), "expert counts", "exposed");
 
   if (diloco) {  // diloco/diloco.cpp: each fragment's Δ, this rank's rows, flat
     StepPlan::Diloco d;

@@ -187,3 +187,50 @@ def test_mixtral_step(work):
         assert len(got) == STEPS
         assert worst_loss < 1e-5, f"{name}: loss differs by {worst_loss:.2e}"
         assert worst_param < 1e-4, f"{name}: a parameter differs by {worst_param:.2e}"
+
+
+def deepseek_args(tmp, aux=True):
+    """DeepSeek-V3's routing on the same small model: sigmoid scores, 2 groups of which a token
+    picks in 1, renormalised and scaled, a shared expert, the first block dense, the balancing bias
+    and (aux) the sequence-wise loss."""
+    out = [a for a in args(tmp) if a not in ("--ckpt.init_from", f"{tmp}/init")]  # our own initialisation
+    out += ["--model.score_func", "sigmoid", "--model.route_scale", "1.5", "--model.num_expert_groups", "2",
+                       "--model.num_limited_groups", "1", "--model.num_shared_experts", "1",
+                       "--model.n_dense_layers", "1", "--model.n_layers", "3", "--model.load_balance_coeff", "0.01",
+                       "--optim.total_steps", "8", "--optim.stable_steps", "8", "--ckpt.interval", "4", "--ckpt.keep", "3"]
+    return out + (["--model.aux_loss_coeff", "0.01"] if aux else [])
+
+
+def test_layouts_and_resume(work):
+    """The same run on other layouts gives the same steps: FSDP 2 with activation checkpointing,
+    HSDP 2 x 2, CP 2 (without the auxiliary loss, which needs whole sequences), and a resume of
+    the one process's step-4 checkpoint on 2 ranks (the biases travel in it). The bias moves each
+    step by the counts of every rank (a rank's own would move each rank's bias its own way)."""
+    tmp = str(work)
+    make_data(tmp)
+    runs = {  # name: (ranks, with the auxiliary loss, extra arguments)
+        "one": (1, True, []),
+        "fsdp2": (2, True, ["--train.ac_ckpt", "true"]),
+        "hsdp": (4, True, ["--parallel.dp_shard", "2", "--parallel.dp_replicate", "2"]),
+        "one_noaux": (1, False, []),
+        "cp2": (2, False, ["--parallel.cp", "2"]),
+        "resumed": (2, True, ["--ckpt.resume", f"{tmp}/one_ckpt/step_00000004"]),
+    }
+    losses = {}
+    for name, (ranks, aux, extra) in runs.items():
+        own = [*deepseek_args(tmp, aux), *extra, "--logging.metrics_file", f"{tmp}/{name}.jsonl",
+               "--ckpt.path", f"{tmp}/{name}_ckpt"]
+        if ranks == 1:
+            assert start([str(TRAIN_FSDP), *own], f"{tmp}/{name}.log").wait() == 0, open(f"{tmp}/{name}.log").read()[-3000:]
+        else:
+            run_ranks(ranks, f"{tmp}/{name}.log", *own)
+        records = metrics(f"{tmp}/{name}.jsonl")
+        losses[name] = {r["step"]: r["loss"] for r in records}
+        spread = [r["experts"]["layers.1"]["bias_spread"] for r in records]
+        print(name, [round(x, 6) for x in losses[name].values()], "bias spread", spread)
+        assert any(s > 0 for s in spread), f"{name}: the bias never moved"
+    for name, want in (("fsdp2", "one"), ("hsdp", "one"), ("cp2", "one_noaux"), ("resumed", "one")):
+        for step, loss in losses[name].items():
+            assert abs(loss - losses[want][step]) < 2e-6, f"{name} step {step}: {loss} against {want}'s {losses[want][step]}"
+    assert sorted(losses["resumed"]) == [5, 6, 7, 8]
+    assert losses["one"] != losses["one_noaux"]  # the auxiliary loss changes the steps

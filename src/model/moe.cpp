@@ -1,5 +1,7 @@
 #include "model/moe.h"
 
+#include "model_parallel/expert_parallel.h"
+
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/_grouped_mm.h>
 #include <ATen/ops/arange.h>
@@ -18,6 +20,8 @@
 #include <ATen/ops/topk.h>
 #include <ATen/ops/zeros.h>
 
+#include <ATen/ops/index_copy.h>
+#include <ATen/ops/tensor.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <limits>
@@ -100,27 +104,95 @@ at::Tensor grouped_products(const at::Tensor& x, const at::Tensor& w, const at::
 
 }  // namespace
 
+namespace {
+
+// Each expert's SwiGLU on its consecutive rows: w2 (silu(w1 x) * w3 x) through grouped products,
+// `counts` [experts] on the rows' device, `host_counts` the same on the host where the grouped
+// GEMM does not run (else empty).
+at::Tensor experts_swiglu(const at::Tensor& rows, const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3,
+                          const at::Tensor& counts, const std::vector<int64_t>& host_counts) {
+  const at::Tensor offsets = at::cumsum(counts, 0).to(at::kInt);
+  const auto dt = rows.scalar_type();
+  const at::Tensor gated = at::silu(grouped_products(rows, w1.to(dt), offsets, host_counts)) *
+                           grouped_products(rows, w3.to(dt), offsets, host_counts);
+  return grouped_products(gated, w2.to(dt), offsets, host_counts);
+}
+
+// The expert-major results of the N x K assignments (`order`: their sort) back in (token, k)
+// order, and the weighted sum over the k in fp32: [N, D] in `dtype`.
+at::Tensor combine(const at::Tensor& out, const at::Tensor& order, const Routing& routing, at::ScalarType dtype) {
+  const int64_t N = routing.experts.size(0), K = routing.experts.size(1);
+  const at::Tensor back = at::empty_like(order).scatter_(0, order, at::arange(N * K, order.options()));
+  const at::Tensor per_token = out.index_select(0, back).view({N, K, out.size(1)}).to(at::kFloat);
+  return (per_token * routing.weights.unsqueeze(-1)).sum(1).to(dtype);
+}
+
+std::vector<int64_t> host_values(const at::Tensor& t) {
+  const at::Tensor h = t.to(at::kCPU, at::kLong).contiguous();
+  return {h.data_ptr<int64_t>(), h.data_ptr<int64_t>() + h.numel()};
+}
+
+}  // namespace
+
 at::Tensor routed_experts(const at::Tensor& x, const Routing& routing, const at::Tensor& w1, const at::Tensor& w2,
                           const at::Tensor& w3) {
-  const int64_t N = x.size(0), K = routing.experts.size(1);
+  const int64_t K = routing.experts.size(1);
   // Expert-major: a stable sort of the N x K assignments by expert keeps tokens in order within one.
   const at::Tensor order = at::argsort(routing.experts.reshape(-1), /*stable=*/true);
   const at::Tensor rows = x.index_select(0, order.div(K, "floor"));  // [N K, D]
   // The grouped GEMM reads the groups' ends on the device; only the per-expert products need the
   // counts on the host (a wait for the device).
-  std::vector<int64_t> per_expert;
-  if (!grouped_gemm_runs(x)) {
-    const at::Tensor counts = routing.tokens_per_expert.to(at::kCPU);
-    per_expert.assign(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + counts.numel());
+  const std::vector<int64_t> host_counts =
+      grouped_gemm_runs(x) ? std::vector<int64_t>{} : host_values(routing.tokens_per_expert);
+  return combine(experts_swiglu(rows, w1, w2, w3, routing.tokens_per_expert, host_counts), order, routing,
+                 x.scalar_type());
+}
+
+at::Tensor routed_experts_parallel(const at::Tensor& x, const Routing& routing, const at::Tensor& w1,
+                                   const at::Tensor& w2, const at::Tensor& w3, ModelParallelGroup& ep) {
+  const int64_t K = routing.experts.size(1), n = ep.size(), E = routing.tokens_per_expert.size(0);
+  const int64_t local = E / n;  // this rank's experts: [rank * local, (rank + 1) * local)
+  TORCH_CHECK(E % n == 0 && w1.size(0) == local, "expert parallelism: ", E, " experts over ", n,
+              " ranks, but this rank holds ", w1.size(0));
+  // Expert-major as on one rank: the rows for rank j's experts are consecutive, in rank order.
+  const at::Tensor order = at::argsort(routing.experts.reshape(-1), /*stable=*/true);
+  const at::Tensor rows = x.index_select(0, order.div(K, "floor"));
+  // The counts: what this rank sends each rank, and what each sends to each of this rank's experts.
+  const std::vector<int64_t> mine = host_values(routing.tokens_per_expert);
+  const at::Tensor theirs = exchange_expert_counts(routing.tokens_per_expert, ep);  // [n, local], host
+  const int64_t* from = theirs.data_ptr<int64_t>();
+  std::vector<int64_t> send(n, 0), recv(n, 0), per_expert(local, 0);
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t e = 0; e < local; ++e) {
+      send[j] += mine[j * local + e];
+      recv[j] += from[j * local + e];
+      per_expert[e] += from[j * local + e];
+    }
+  const at::Tensor received = exchange_rows(rows, send, recv, ep);  // by source rank, experts within each
+  // Source-major to expert-major (by source within an expert: a fixed order), computed, and back.
+  std::vector<int64_t> by_expert;
+  by_expert.reserve(received.size(0));
+  std::vector<int64_t> source_start(n, 0);
+  for (int64_t j = 1; j < n; ++j) source_start[j] = source_start[j - 1] + recv[j - 1];
+  for (int64_t e = 0; e < local; ++e)
+    for (int64_t j = 0; j < n; ++j) {
+      int64_t start = source_start[j];
+      for (int64_t f = 0; f < e; ++f) start += from[j * local + f];
+      for (int64_t r = 0; r < from[j * local + e]; ++r) by_expert.push_back(start + r);
+    }
+  const at::Tensor gather = at::tensor(by_expert, order.options());
+  at::Tensor computed;
+  if (received.size(0) == 0) {
+    // No rows for this rank's experts: an empty result that still hands them (zero) gradients.
+    computed = received * (w1.sum() + w2.sum() + w3.sum()).to(received.scalar_type());
+  } else {
+    const at::Tensor counts = at::tensor(per_expert, order.options());
+    computed = experts_swiglu(received.index_select(0, gather), w1, w2, w3, counts,
+                              grouped_gemm_runs(x) ? std::vector<int64_t>{} : per_expert);
+    computed = at::empty_like(computed).index_copy(0, gather, computed);  // back by source
   }
-  const at::Tensor offsets = at::cumsum(routing.tokens_per_expert, 0).to(at::kInt);
-  const at::Tensor gated = at::silu(grouped_products(rows, w1.to(x.scalar_type()), offsets, per_expert)) *
-                           grouped_products(rows, w3.to(x.scalar_type()), offsets, per_expert);
-  const at::Tensor out = grouped_products(gated, w2.to(x.scalar_type()), offsets, per_expert);  // [N K, D]
-  // Back to (token, k) order, then the weighted sum over the k in fp32.
-  const at::Tensor back = at::empty_like(order).scatter_(0, order, at::arange(N * K, order.options()));
-  const at::Tensor per_token = out.index_select(0, back).view({N, K, x.size(1)}).to(at::kFloat);
-  return (per_token * routing.weights.unsqueeze(-1)).sum(1).to(x.scalar_type());
+  const at::Tensor returned = exchange_rows(computed, recv, send, ep);  // [N K, D], expert-major
+  return combine(returned, order, routing, x.scalar_type());
 }
 
 void update_expert_bias(at::Tensor& bias, const at::Tensor& tokens_per_expert, double coeff) {

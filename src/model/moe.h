@@ -16,6 +16,7 @@
 
 #include "model/feed_forward.h"
 #include "model/model_args.h"
+#include "model_parallel/group.h"
 
 namespace zb {
 
@@ -57,6 +58,15 @@ Routing route(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& bia
 // fp32, in a fixed order: the same bits on every run. Returns [N, D] in x's dtype.
 at::Tensor routed_experts(const at::Tensor& x, const Routing& routing, const at::Tensor& w1, const at::Tensor& w2,
                           const at::Tensor& w3);
+
+// routed_experts under expert parallelism over `ep` (model_parallel/expert_parallel.h): this rank
+// holds experts [rank E/ep, (rank + 1) E/ep) as w1, w3 [E/ep, F, D] and w2 [E/ep, D, F], routes its
+// own tokens x [N, D], and exchanges every assignment's row with the rank holding its expert and
+// back (all-to-alls: the counts, the rows, the results). A rank's experts compute the rows they
+// receive by source rank, in the sources' expert-major order: the result is routed_experts' on the
+// whole experts, and the same bits on every run.
+at::Tensor routed_experts_parallel(const at::Tensor& x, const Routing& routing, const at::Tensor& w1,
+                                   const at::Tensor& w2, const at::Tensor& w3, ModelParallelGroup& ep);
 
 // Balancing.
 //

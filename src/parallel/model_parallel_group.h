@@ -21,6 +21,10 @@ class CommModelParallelGroup : public ModelParallelGroup {
     comm_.reduce_scatter_sum(out, in).wait();
   }
   void all_reduce_sum(const at::Tensor& t) override { comm_.all_reduce_sum(t).wait(); }
+  void all_to_all(const at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,
+                  const std::vector<int64_t>& in_splits) override {
+    comm_.all_to_all(out, in, out_splits, in_splits).wait();
+  }
   // An all-to-all whose only parts go to the next rank and come from the previous one.
   std::function<void()> start_ring_shift(const at::Tensor& out, const at::Tensor& in) override {
     const int64_t n = size(), me = rank();

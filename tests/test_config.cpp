@@ -649,6 +649,18 @@ TEST(ConfigErrors, MixtureOfExperts) {
   apply_override(c, "parallel.cp", "1");
   EXPECT_NO_THROW(validate(c, 1));
 
+  // Expert parallelism: within a shard group, dividing the experts.
+  c.optim.batch_size = 24;  // divides over 2 and 3 ranks
+  apply_override(c, "parallel.ep", "2");
+  EXPECT_NO_THROW(validate(c, 2));
+  EXPECT_EQ(error_of([&] { validate(c, 3); }),
+            "command line (--parallel.ep): parallel.ep (2) must divide the shard group's 3 ranks (parallel.dp_shard x "
+            "parallel.cp)");
+  apply_override(c, "parallel.ep", "3");
+  EXPECT_EQ(error_of([&] { validate(c, 3); }),
+            "command line (--parallel.ep): parallel.ep (3) must divide model.num_experts (8)");
+  apply_override(c, "parallel.ep", "1");
+
   // A router's setting without experts is a mistake, not a no-op.
   Config dense = load_config_string("name_model = \"debugmodel\"\ntype_model = \"llama2\"\n" + std::string(kMinimal), "x.toml");
   dense.optim.batch_size = 8;
@@ -656,4 +668,25 @@ TEST(ConfigErrors, MixtureOfExperts) {
   EXPECT_EQ(error_of([&] { validate(dense, 1); }),
             "command line (--model.top_k): model.top_k is a mixture of experts' setting, but model.num_experts is 0 "
             "(every block dense)");
+  apply_override(dense, "model.top_k", "1");
+  dense.origins.erase("model.top_k");
+  apply_override(dense, "parallel.ep", "2");
+  EXPECT_EQ(error_of([&] { validate(dense, 2); }),
+            "command line (--parallel.ep): parallel.ep (2) splits a mixture's experts, but model.num_experts is 0");
+}
+
+// Expert-parallel groups: ep ranks of one shard group, strided by dp_shard_cp / ep, so that the
+// experts FSDP's rows give shard rank s belong to EP rank s / (dp_shard_cp / ep).
+TEST(MeshShape, ExpertGroupsAreStridedWithinAShardGroup) {
+  MeshShape m;
+  m.dp_shard_cp = 8, m.ep = 2;
+  EXPECT_EQ(m.ep_group_ranks(5), (std::vector<int64_t>{1, 5}));
+  EXPECT_EQ(m.ep_rank_of(5), 1);
+  EXPECT_EQ(m.ep_rank_of(3), 0);
+  m.dp_shard_cp = 4, m.replicate = 2;  // HSDP 4 x 2: the second replica's ranks are 4..7
+  EXPECT_EQ(m.ep_group_ranks(6), (std::vector<int64_t>{4, 6}));
+  EXPECT_EQ(m.ep_group_ranks(7), (std::vector<int64_t>{5, 7}));
+  m.ep = 4;
+  EXPECT_EQ(m.ep_group_ranks(2), (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(m.ep_rank_of(6), 2);
 }

@@ -79,6 +79,9 @@ struct ParallelConfig {  // [parallel]
   // owner in the TP group, "gram" (Newton-Schulz distributed over the slices) or "auto" (per
   // matrix, whichever moves fewer bytes).
   std::string muon_tp = "auto";
+  // Expert parallelism (model/moe.h): a mixture's experts split whole over groups of ep ranks of
+  // the shard group, each routing its own tokens to the ranks that hold their experts.
+  int64_t ep = 1;
 };
 
 struct OptimizerConfig {  // [optim.optim]

@@ -29,6 +29,14 @@ std::vector<int64_t> MeshShape::replicate_group_ranks(int64_t rank) const {
   return out;
 }
 
+std::vector<int64_t> MeshShape::ep_group_ranks(int64_t rank) const {
+  const std::vector<int64_t> shard = shard_group_ranks(rank);
+  const int64_t stride = dp_shard_cp / ep, offset = shard_rank_of(rank) % stride;
+  std::vector<int64_t> out;
+  for (int64_t j = 0; j < ep; ++j) out.push_back(shard[static_cast<size_t>(j * stride + offset)]);
+  return out;
+}
+
 MeshShape mesh_shape(const Config& c, int64_t world_size, EngineKind engine) {
   MeshShape s;
   if (engine == EngineKind::Replicated) {
@@ -39,6 +47,7 @@ MeshShape mesh_shape(const Config& c, int64_t world_size, EngineKind engine) {
   s.tp = c.parallel.tp;
   s.cp = c.parallel.cp;
   s.dp_shard_cp = resolved_dp_shard(c, world_size) * s.cp;
+  s.ep = c.parallel.ep;
   return s;
 }
 

@@ -24,6 +24,10 @@ struct MeshShape {
   // The sharding engine's group: dp_shard x cp ranks (dp_shard alone without CP; torchtitan's
   // dp_shard_cp).
   int64_t dp_shard_cp = 1, replicate = 1, tp = 1, cp = 1;
+  // Expert parallelism: groups of ep ranks of a shard group, strided by dp_shard_cp / ep, so that
+  // the experts FSDP gives shard rank s (its rows of each stack) are among those of its EP rank
+  // s / (dp_shard_cp / ep).
+  int64_t ep = 1;
 
   int64_t world() const { return replicate * dp_shard_cp * tp; }
   int64_t data_parallel_size() const { return zb::data_parallel_size(world(), tp, cp); }
@@ -36,6 +40,8 @@ struct MeshShape {
   std::vector<int64_t> cp_group_ranks(int64_t rank) const;         // strided by `tp`
   std::vector<int64_t> shard_group_ranks(int64_t rank) const;      // strided by `tp`
   std::vector<int64_t> replicate_group_ranks(int64_t rank) const;  // strided by `dp_shard_cp x tp`
+  std::vector<int64_t> ep_group_ranks(int64_t rank) const;         // in the shard group, strided
+  int64_t ep_rank_of(int64_t rank) const { return shard_rank_of(rank) / (dp_shard_cp / ep); }
 };
 
 // The shape the config asks for on `world_size` ranks, parallel.dp_shard = -1 resolved

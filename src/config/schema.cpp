@@ -95,6 +95,9 @@ const std::vector<Field>& schema() {
                 "(to an owner, whole), gram (Newton-Schulz on the slices, a Gram matrix all-reduced per "
                 "iteration) or auto (whichever moves fewer bytes)",
                 "auto", "gather", "gram"),
+      ZB_FIELD("parallel.ep", Int, int64_t, parallel.ep,
+               "expert parallelism: ranks of a shard group (dp_shard x cp) a mixture's experts are split over, "
+               "whole; each sends its tokens' rows to the experts' ranks and back (all-to-alls)"),
       ZB_FIELD("train.micro_bs", Int, int64_t, train.micro_bs,
                "sequences per forward/backward on one rank"),
       Field{"train.ac_ckpt", Kind::BoolOrInt,

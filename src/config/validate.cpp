@@ -144,6 +144,17 @@ void validate(const Config& c, int64_t world_size) {
              (rest ? std::string("-1, the rest") : show(c.parallel.dp_shard)) + ") x parallel.dp_replicate (" +
              show(c.parallel.dp_replicate) + ") must equal the world size (" + show(world_size) + ")");
   }
+  positive("parallel.ep", c.parallel.ep);
+  if (const int64_t ep = c.parallel.ep; ep > 1) {
+    const int64_t shard = resolved_dp_shard(c, world_size) * cp;
+    if (a.num_experts == 0)
+      fail("parallel.ep", "parallel.ep (" + show(ep) + ") splits a mixture's experts, but model.num_experts is 0");
+    if (shard % ep != 0)
+      fail("parallel.ep", "parallel.ep (" + show(ep) + ") must divide the shard group's " + show(shard) +
+                              " ranks (parallel.dp_shard x parallel.cp)");
+    if (a.num_experts % ep != 0)
+      fail("parallel.ep", "parallel.ep (" + show(ep) + ") must divide model.num_experts (" + show(a.num_experts) + ")");
+  }
   if (cp > 1) {
     if (c.data.seq_length % (2 * cp) != 0)
       fail("parallel.cp", "parallel.cp (" + show(cp) + "): data.seq_length (" + show(c.data.seq_length) +

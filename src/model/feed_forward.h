@@ -36,6 +36,7 @@ struct BlockContext {
   const KernelChoices& kernels;
   ModelParallelGroup* tp = nullptr;  // null without tensor parallelism
   const ExpertLoad* experts = nullptr;  // a mixture of experts' balancing state (null in a dense block)
+  ModelParallelGroup* ep = nullptr;     // expert parallelism's group (null without)
   // x w_i^T for the block's projections `names` ("w1", ..) with `weights`, one input shared:
   // through the projections set from outside the model (FP8) where they take them.
   std::function<std::vector<at::Tensor>(const std::vector<const char*>& names, const at::Tensor& x,

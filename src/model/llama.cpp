@@ -194,7 +194,7 @@ at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h, const Docume
                                         : residual_linear(h_on, attn, b.wo.to(dt), kernels_);
   auto [h2, y_here] = rms_norm_residual(after_attention, shared(b.ffn_norm), eps, kernels_);
   const bool moe = args_.moe_layer(layer);
-  const BlockContext context{layer, b, dt, kernels_, tp_, moe ? &expert_loads_[layer] : nullptr,
+  const BlockContext context{layer, b, dt, kernels_, tp_, moe ? &expert_loads_[layer] : nullptr, ep_,
                              [&](const std::vector<const char*>& names, const at::Tensor& x,
                                  const std::vector<at::Tensor>& weights) { return project(layer, names, x, weights); },
                              [&](const char* name) { return projected_outside(layer, name); }};

@@ -148,6 +148,10 @@ class Llama {
   // tokens given to loss() and the stages are this rank's positions of each row (cp_positions),
   // the documents are cp_documents', and every block gathers the keys and values of the whole row
   // from the group, or with `ring` passes them around it (ring_attention). Null: none.
+  // Expert parallelism (model/moe.h's routed_experts_parallel): with an `ep` group of more than one
+  // rank, each mixture computes the experts of this rank's part ([rank E/ep, (rank + 1) E/ep)) for
+  // the rows every rank of the group routes to them. Null: none.
+  void set_expert_parallel(ModelParallelGroup* ep) { ep_ = ep && ep->size() > 1 ? ep : nullptr; }
   void set_context_parallel(ModelParallelGroup* cp, bool ring = false) {
     cp_ = cp && cp->size() > 1 ? cp : nullptr;
     cp_ring_ = ring;
@@ -191,6 +195,7 @@ class Llama {
   ModelArgs args_;
   ModelParallelGroup* tp_ = nullptr;  // null, or a group of 2 ranks or more
   ModelParallelGroup* cp_ = nullptr;  // the same for context parallelism
+  ModelParallelGroup* ep_ = nullptr;  // and for expert parallelism
   bool cp_ring_ = false;               // its keys and values passed around the group
   // This rank's heads: query heads, and key/value heads with where they start in the whole
   // (under TP with fewer key/value heads than ranks, wk and wv stay whole on every rank and each

@@ -253,7 +253,16 @@ at::Tensor MixtureOfExperts::forward(const BlockContext& block, const at::Tensor
   const Routing routing = route(tokens, b.gate, load.bias, router_);
   const bool training = at::GradMode::is_enabled();
   if (training) load.tokens.add_(routing.tokens_per_expert);
-  const at::Tensor routed = routed_experts(tokens, routing, b.experts_w1, b.experts_w2, b.experts_w3).view(x.sizes());
+  at::Tensor routed;
+  if (block.ep) {  // this rank's experts of the stacks (the engine gathers them all, for now)
+    const int64_t local = router_.num_experts / block.ep->size(), first = block.ep->rank() * local;
+    routed = routed_experts_parallel(tokens, routing, b.experts_w1.narrow(0, first, local),
+                                     b.experts_w2.narrow(0, first, local), b.experts_w3.narrow(0, first, local),
+                                     *block.ep);
+  } else {
+    routed = routed_experts(tokens, routing, b.experts_w1, b.experts_w2, b.experts_w3);
+  }
+  routed = routed.view(x.sizes());
   // The shared experts and the residual in one (DenseSwiGLU adds h), then the routed experts.
   at::Tensor out = (b.w1.defined() ? shared_.forward(block, h, x) : h) + routed;
   if (aux_loss_coeff_ > 0 && training) {

@@ -15,6 +15,11 @@ ParallelMesh::ParallelMesh(const Config& config, Communicator& world, EngineKind
   if (sharded() && shape_.cp > 1)
     cp_ = world.subgroup("cp" + std::to_string(rank_ / (shape_.cp * shape_.tp)) + "." + std::to_string(tp_rank()),
                          shape_.cp_group_ranks(rank_));
+  if (sharded() && shape_.ep > 1) {
+    const int64_t stride = shape_.dp_shard_cp / shape_.ep;
+    ep_ = world.subgroup("ep" + std::to_string(replica()) + "." + std::to_string(shard_rank() % stride),
+                         shape_.ep_group_ranks(rank_));
+  }
   if (!groups_made()) return;
   const MeshShape& m = shape_;
   const int64_t r = rank_;
@@ -43,6 +48,7 @@ std::vector<std::pair<std::string, Communicator*>> ParallelMesh::named_groups() 
   if (replicate_) out.emplace_back("replicate_group", replicate_.get());
   if (tp_) out.emplace_back("tp_group", tp_.get());
   if (cp_) out.emplace_back("cp_group", cp_.get());
+  if (ep_) out.emplace_back("ep_group", ep_.get());
   return out;
 }
 
@@ -52,6 +58,7 @@ void ParallelMesh::observe(CollectiveObserver* trace) const {
   if (replicate_) replicate_->observe(trace, "replicate");
   if (tp_) tp_->observe(trace, "tp");
   if (cp_) cp_->observe(trace, "cp");
+  if (ep_) ep_->observe(trace, "ep");
 }
 
 void shard_by_node(Config& cfg, const World& world, bool dry_run) {

@@ -60,6 +60,27 @@ struct ModelEvents {
   bool cp_ring = false;   // parallel.cp_rotate = "ring": keys and values passed to the next rank
   int64_t ring_grad = 0;  // around a ring, the fp32 gradients of one rank's keys and values
   int64_t float8_weights = 0;  // weights the sharding engine gathers in FP8 (their amaxes gathered first)
+  // Expert parallelism (model/moe.h): over `ep` ranks, in the blocks `moe` marks, the counts'
+  // exchange (E int64 each) and the rows' and results' (N K rows of D each way; their split
+  // follows the routing, so the plan's bytes are those of a balanced one: the rest of the group
+  // gets (ep - 1) / ep of them).
+  int64_t ep = 1, ep_counts = 0, ep_rows = 0;
+  std::vector<bool> moe;
+
+  void ep_exchange(PlanWriter& w, int64_t payload, const std::string& what) const {
+    w.collective(CommKind::AllToAll, "ep", ep, payload, 2 * payload / ep * (ep - 1), what, "exposed");
+  }
+  void moe_forward(PlanWriter& w, int64_t layer) const {
+    if (ep == 1 || !moe[static_cast<size_t>(layer)]) return;
+    ep_exchange(w, ep_counts, "EP: tokens per expert");
+    ep_exchange(w, ep_rows, "EP: rows to their experts (as balanced)");
+    ep_exchange(w, ep_rows, "EP: results back (as balanced)");
+  }
+  void moe_backward(PlanWriter& w, int64_t layer) const {
+    if (ep == 1 || !moe[static_cast<size_t>(layer)]) return;
+    ep_exchange(w, ep_rows, "EP: results' gradients to the experts (as balanced)");
+    ep_exchange(w, ep_rows, "EP: rows' gradients back (as balanced)");
+  }
 
   // One step around the ring: an all-to-all whose only parts go to the next rank and come from
   // the previous one (the same bytes each way).
@@ -218,6 +239,7 @@ void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, 
       if (i + 1 < L) gather(i + 1, "gather");
       w.mark(StepEvent::Op::Forward, i);
       model.block_forward(w);
+      model.moe_forward(w, i);
       if (resharded_after_forward(i)) w.mark(StepEvent::Op::Reshard, i);
     }
     w.mark(StepEvent::Op::Loss);
@@ -234,7 +256,9 @@ void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, 
       if (ac > 0 && i % ac == 0) {
         w.mark(StepEvent::Op::Recompute, i);
         model.block_forward(w);
+        model.moe_forward(w, i);
       }
+      model.moe_backward(w, i);
       model.block_backward(w);
       // Post-backward: the gathered copy freed, the gradients reduced (or summed for later).
       if (!keep) w.mark(StepEvent::Op::Reshard, i);
@@ -331,6 +355,12 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, const ResolvedRun&
       model_events.cp_kv = compute_bytes * c.train.micro_bs * T * tp_share(a, tp).kv_heads * a.head_dim();
       model_events.cp_ring = run.attention.cp_ring();
       model_events.ring_grad = 2 * 4 * c.train.micro_bs * T * tp_share(a, tp).kv_heads * a.head_dim();
+    }
+    if (c.parallel.ep > 1) {
+      model_events.ep = c.parallel.ep;
+      model_events.ep_counts = 8 * a.num_experts;
+      model_events.ep_rows = compute_bytes * c.train.micro_bs * T * a.top_k * a.dim;
+      for (int64_t i = 0; i < L; ++i) model_events.moe.push_back(a.moe_layer(i));
     }
     if (tp > 1) {
       model_events.tp = tp;

@@ -26,6 +26,7 @@ std::unique_ptr<Llama> build_model(const Config& config, const TrainingParts& pa
   model->set_compute_dtype(parts.compute_dtype);
   model->set_kernels(parts.kernels);  // the engine's gradient sums read them from the model
   model->set_context_parallel(parts.cp_group.get(), parts.attention.cp_rotate == CpRotate::Ring);
+  model->set_expert_parallel(parts.ep_group.get());
   if (config.float8.enable_float8_linear) {
     const Float8Config& f = config.float8;
     if (!f.emulate && device_compute_capability(parts.device) < 89)
@@ -138,6 +139,7 @@ TrainingParts build_training(const Config& config, ParallelMesh mesh, c10::Devic
   use_sdpa_backend(config.runtime.sdpa_backend);
   if (Communicator* tp = p.mesh.tp_group()) p.tp_group = std::make_unique<CommModelParallelGroup>(*tp);
   if (Communicator* cp = p.mesh.cp_group()) p.cp_group = std::make_unique<CommModelParallelGroup>(*cp);
+  if (Communicator* ep = p.mesh.ep_group()) p.ep_group = std::make_unique<CommModelParallelGroup>(*ep);
   p.model = build_model(config, p);
   p.engine = build_engine(config, p);
   p.optimizer = std::make_unique<Optimizer>(config, p.engine->parameters(), p.kernels);

@@ -48,6 +48,7 @@ struct TrainingParts {
   AttentionPath attention;  // the Trainer's documents, the model's ring, the kernel the metrics name
   std::unique_ptr<ModelParallelGroup> tp_group;  // the model's view of the mesh's TP group
   std::unique_ptr<ModelParallelGroup> cp_group;  // and of its CP group
+  std::unique_ptr<ModelParallelGroup> ep_group;  // and of its EP group
   std::unique_ptr<Llama> model;
   std::unique_ptr<ParallelModel> engine;          // FSDPEngine or DDPEngine
   std::unique_ptr<Optimizer> optimizer;

@@ -9,9 +9,12 @@ head and the norms, after torch.nn.utils.clip_grad_norm_. Newton-Schulz runs in 
 the CPU.
 
 Runs, each a real process (ranks over loopback Gloo with torchrun's variables):
-  one      1 process
-  fsdp2    2 ranks sharding every parameter (the experts' stacks by whole experts), with
-           activation checkpointing: the routing's counts must not be doubled by recomputation
+  one        1 process
+  fsdp2      2 ranks sharding every parameter (the experts' stacks by whole experts), with
+             activation checkpointing: the routing's counts must not be doubled by recomputation
+  ep2        expert parallelism over 2 ranks: each computes its 2 experts for both ranks' tokens
+  ep2_fsdp2  4 ranks, EP groups of 2 (strided), FSDP over all 4
+  ep4        4 ranks, one expert each, with activation checkpointing (the exchange runs again)
 Per step each run's loss must equal the reference's within 1e-5; the final parameters (exported to
 Mixtral's files by export_hf) within 1e-4. The runs load the reference's initial weights through
 ckpt.init_from (Mixtral's files read back).
@@ -168,7 +171,8 @@ def test_mixtral_step(work):
     cfg = json.loads(cfg.stdout)
     # The learning rates stay as configured: no warmup, every step stable.
     assert cfg["schedule"]["type"] == "wsd-sqrt" and cfg["schedule"]["warmup_steps"] == 0
-    runs = {"one": (1, []), "fsdp2": (2, ["--train.ac_ckpt", "true"])}
+    runs = {"one": (1, []), "fsdp2": (2, ["--train.ac_ckpt", "true"]), "ep2": (2, ["--parallel.ep", "2"]),
+            "ep2_fsdp2": (4, ["--parallel.ep", "2"]), "ep4": (4, ["--parallel.ep", "4", "--train.ac_ckpt", "true"])}
     for name, (ranks, extra) in runs.items():
         own = [*common, *extra, "--logging.metrics_file", f"{tmp}/{name}.jsonl", "--ckpt.path", f"{tmp}/{name}_ckpt"]
         if ranks == 1:
@@ -177,7 +181,10 @@ def test_mixtral_step(work):
             run_ranks(ranks, f"{tmp}/{name}.log", *own)
     want_losses, want_params = reference(cfg, config, init, tokens)
     for name in runs:
-        got = [r["loss"] for r in metrics(f"{tmp}/{name}.jsonl")]
+        records = metrics(f"{tmp}/{name}.jsonl")
+        got = [r["loss"] for r in records]
+        if name.startswith("ep"):  # the tokens did travel to their experts' ranks
+            assert all(r["comm_bytes_ep_group"]["all_to_all"] > 0 for r in records), name
         params = exported(f"{tmp}/{name}_ckpt/step_{STEPS:08d}")
         assert sorted(params) == sorted(want_params), f"{name}: exported {sorted(set(params) ^ set(want_params))}"
         worst_loss = max(abs(a - b) for a, b in zip(got, want_losses))
@@ -203,7 +210,8 @@ def deepseek_args(tmp, aux=True):
 
 def test_layouts_and_resume(work):
     """The same run on other layouts gives the same steps: FSDP 2 with activation checkpointing,
-    HSDP 2 x 2, CP 2 (without the auxiliary loss, which needs whole sequences), and a resume of
+    HSDP 2 x 2, CP 2 (without the auxiliary loss, which needs whole sequences), both with expert
+    parallelism over 2 ranks, and a resume of
     the one process's step-4 checkpoint on 2 ranks (the biases travel in it). The bias moves each
     step by the counts of every rank (a rank's own would move each rank's bias its own way)."""
     tmp = str(work)
@@ -214,6 +222,8 @@ def test_layouts_and_resume(work):
         "hsdp": (4, True, ["--parallel.dp_shard", "2", "--parallel.dp_replicate", "2"]),
         "one_noaux": (1, False, []),
         "cp2": (2, False, ["--parallel.cp", "2"]),
+        "hsdp_ep2": (4, True, ["--parallel.dp_shard", "2", "--parallel.dp_replicate", "2", "--parallel.ep", "2"]),
+        "cp2_ep2": (2, False, ["--parallel.cp", "2", "--parallel.ep", "2"]),
         "resumed": (2, True, ["--ckpt.resume", f"{tmp}/one_ckpt/step_00000004"]),
     }
     losses = {}
@@ -229,7 +239,8 @@ def test_layouts_and_resume(work):
         spread = [r["experts"]["layers.1"]["bias_spread"] for r in records]
         print(name, [round(x, 6) for x in losses[name].values()], "bias spread", spread)
         assert any(s > 0 for s in spread), f"{name}: the bias never moved"
-    for name, want in (("fsdp2", "one"), ("hsdp", "one"), ("cp2", "one_noaux"), ("resumed", "one")):
+    for name, want in (("fsdp2", "one"), ("hsdp", "one"), ("cp2", "one_noaux"), ("resumed", "one"),
+                       ("hsdp_ep2", "one"), ("cp2_ep2", "one_noaux")):
         for step, loss in losses[name].items():
             assert abs(loss - losses[want][step]) < 2e-6, f"{name} step {step}: {loss} against {want}'s {losses[want][step]}"
     assert sorted(losses["resumed"]) == [5, 6, 7, 8]

@@ -31,6 +31,7 @@
 #include "model/layers.h"
 #include "model/llama.h"
 #include "model/model_args.h"
+#include "model/moe.h"
 #include "util/device.h"
 
 #ifdef ZB_WITH_CUDA
@@ -886,4 +887,83 @@ TEST(CudaAttention, CpVarlenEqualsTheMask) {
       EXPECT_LT(relative_error(dk[0], dk[1]), 2e-2) << what;
       EXPECT_LT(relative_error(dv[0], dv[1]), 2e-2) << what;
     }
+}
+
+// The routed experts on a GPU (model/moe.h): in bf16 through ATen's grouped GEMM, in fp32 through
+// one product per expert, against the fp32 CPU computation of the same routing; with one expert
+// left without tokens, and with every token sent to one expert. bf16's tolerance as
+// CudaModel's (each product's inputs and outputs rounded to 8 bits); fp32 within TF32-free fp32.
+TEST(CudaMoE, RoutedExpertsMatchTheCpuInBf16AndFp32) {
+  SKIP_WITHOUT_GPU();
+  at::manual_seed(6);
+  const int64_t N = 512, D = 256, E = 8, F = 384;
+  for (const bool one_expert : {false, true}) {
+    const at::Tensor x0 = at::randn({N, D}), gate0 = at::randn({E, D}) * 0.1;
+    const at::Tensor w10 = at::randn({E, F, D}) * 0.05, w20 = at::randn({E, D, F}) * 0.05,
+                     w30 = at::randn({E, F, D}) * 0.05, g = at::randn({N, D});
+    at::Tensor bias = at::zeros({E});
+    if (one_expert) bias[3] = 100.0;  // every token's first choice: expert 3
+    else bias[5] = -100.0;            // expert 5 gets no token
+    RouterConfig router;
+    router.num_experts = E, router.top_k = 2, router.route_norm = true;
+    auto run = [&](const c10::Device& device, at::ScalarType dtype) {
+      auto leaf = [&](const at::Tensor& t) { return t.to(device).detach().requires_grad_(true); };
+      const at::Tensor x = leaf(x0), gate = leaf(gate0), w1 = leaf(w10), w2 = leaf(w20), w3 = leaf(w30);
+      const Routing r = route(x, gate, bias.to(device), router);  // the same routes on both devices
+      const at::Tensor out = routed_experts(x.to(dtype), r, w1, w2, w3);
+      EXPECT_EQ(out.scalar_type(), dtype);
+      (out.to(at::kFloat) * g.to(device)).sum().backward();
+      return std::vector<at::Tensor>{out, x.grad(), gate.grad(), w1.grad(), w2.grad(), w3.grad()};
+    };
+    const std::vector<at::Tensor> cpu = run(c10::Device(c10::kCPU), at::kFloat);
+    const char* names[] = {"output", "x's gradient", "gate's gradient", "w1's gradient", "w2's gradient", "w3's gradient"};
+    for (const auto& [dtype, tolerance] : {std::pair{at::kBFloat16, 5e-2}, std::pair{at::kFloat, 1e-4}}) {
+      const std::vector<at::Tensor> gpu = run(kGpu, dtype);
+      for (size_t i = 0; i < gpu.size(); ++i) {
+        ASSERT_TRUE(gpu[i].defined()) << names[i];
+        if (!one_expert && i >= 3)  // the expert without tokens: a zero gradient
+          EXPECT_EQ(gpu[i][5].abs().max().item<double>(), 0.0) << names[i];
+        EXPECT_LT(relative_error(gpu[i], cpu[i]), tolerance)
+            << names[i] << " in " << c10::toString(dtype) << (one_expert ? ", every token to one expert" : "");
+      }
+    }
+  }
+}
+
+// A mixture of experts' model trains on the GPU as on the CPU (CudaModel's comparison): bf16
+// against fp32, the loss and every gradient, the experts' stacks and the gate included.
+TEST(CudaMoE, MixtureModelBf16MatchesFp32OnCpu) {
+  SKIP_WITHOUT_GPU();
+  ModelArgs a = lookup_model_args("llama2", "debugmodel");
+  a.dim = 512, a.n_layers = 3, a.n_heads = 8, a.n_kv_heads = 8, a.vocab_size = 2048, a.max_seq_len = 256;
+  a.num_experts = 8, a.top_k = 2, a.moe_inter_dim = 512, a.num_shared_experts = 1, a.n_dense_layers = 1;
+  a.score_func = "sigmoid", a.route_norm = true;
+  at::manual_seed(0);
+  Llama cpu(a, at::TensorOptions());
+  cpu.init_weights();
+  Llama gpu(a, at::TensorOptions().device(kGpu));
+  {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < cpu.parameters().size(); ++i) gpu.parameters()[i].slot->copy_(*cpu.parameters()[i].slot);
+  }
+  gpu.set_compute_dtype(at::kBFloat16);
+  const at::Tensor tokens = at::randint(3, a.vocab_size, {4, 256}, at::kLong);
+  const at::Tensor targets = at::randint(3, a.vocab_size, {4, 256}, at::kLong);
+  const at::Tensor ref = cpu.loss(tokens, targets);
+  ref.backward();
+  const at::Tensor got = gpu.loss(tokens.to(kGpu), targets.to(kGpu));
+  got.backward();
+  // bf16 scores can choose another expert where two are within rounding of each other: a few
+  // tokens' routes differ, which the loss averages out and the gradients carry (hence the same
+  // 5e-2 as the dense model's, not less).
+  EXPECT_LT(std::abs(got.item<double>() - ref.item<double>()) / ref.item<double>(), 2e-3);
+  for (size_t i = 0; i < cpu.parameters().size(); ++i) {
+    const auto& name = cpu.parameters()[i].name;
+    const at::Tensor& g = gpu.parameters()[i].slot->grad();
+    ASSERT_TRUE(g.defined()) << name;
+    EXPECT_EQ(g.scalar_type(), at::kFloat) << name;
+    EXPECT_LT(relative_error(g, cpu.parameters()[i].slot->grad()), 5e-2) << name;
+  }
+  // The routing's counts, on the device: every token's two experts, once.
+  for (int64_t l = 1; l < a.n_layers; ++l) EXPECT_EQ(gpu.expert_loads()[l].tokens.sum().item<int64_t>(), 4 * 256 * 2);
 }

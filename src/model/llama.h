@@ -79,6 +79,7 @@ struct ForwardSaves {
   };
   int64_t norm = 0;        // one RMSNorm, per position it normalises
   PerToken block;          // one transformer block, its output included
+  PerToken moe_block;      // one whose feed-forward is a mixture of experts (args.moe_layer)
   PerToken checkpointed;   // a block under activation checkpointing: its output alone
   PerToken head;           // the final norm and the chunked loss's per-token products
   int64_t head_weight = 0; // the chunked loss's fp32 gradient of this rank's head rows, [vocab / tp, dim]

@@ -99,7 +99,9 @@ class MemoryReplay {
 
   // What happens between events.
   bool checkpointed(int64_t i) const { return c_.train.ac_ckpt > 0 && i % c_.train.ac_ckpt == 0; }
-  int64_t keeps_of(int64_t i) const { return checkpointed(i) ? saves_.checkpointed.bytes(N_, tp_) : block_keeps_; }
+  // What block i keeps whole (a mixture of experts' its own), and under activation checkpointing.
+  int64_t block_keeps_of(int64_t i) const { return a_.moe_layer(i) ? moe_block_keeps_ : block_keeps_; }
+  int64_t keeps_of(int64_t i) const { return checkpointed(i) ? saves_.checkpointed.bytes(N_, tp_) : block_keeps_of(i); }
   std::string block_name(int64_t u) const { return "block " + std::to_string(u); }
   void partial_sums();
   void grad_shards(int64_t u);
@@ -130,7 +132,7 @@ class MemoryReplay {
   std::vector<UnitSizes> units_;  // blocks 0..L-1, then the root
   int64_t local_ = 0, hidden_local_ = 0;
   ForwardSaves saves_;
-  int64_t block_keeps_ = 0;
+  int64_t block_keeps_ = 0, moe_block_keeps_ = 0;
   // Gloo's reduce-scatter (the CPU's) copies its input as it starts; NCCL's does not.
   int64_t reduce_scatter_copies_ = 0;
   // One rank without replicas adds its sums straight into the shards' .grad(), no reduce-scatter.
@@ -213,6 +215,7 @@ MemoryReplay::MemoryReplay(const Config& c, const StepPlan& plan, const Resolved
     ring_backward_ = 2 * scores + 3 * 4 * Q_ * N_ + 2 * e_ * kv + 2 * 4 * kv;
   }
   block_keeps_ = saves_.block.bytes(N_, tp_);
+  moe_block_keeps_ = saves_.moe_block.bytes(N_, tp_);
   reduce_scatter_copies_ = cuda_ ? 0 : 1;
   whole_gradients_ = W_ == 1 && plan.replicate == 1;
   keep_ = plan.keep_unsharded;
@@ -287,7 +290,9 @@ void MemoryReplay::unit_backward(int64_t u) {
     t_.free("activation gradients", e_ * D_ * own_);
     return;
   }
-  const int64_t e = e_, D = D_, F = F_, N = N_;
+  const int64_t e = e_, D = D_, N = N_;
+  // A mixture of experts: the K routed experts' and the shared ones' hidden sizes per token.
+  const int64_t F = a_.moe_layer(u) ? (a_.top_k + a_.num_shared_experts) * a_.expert_hidden() : F_;
   t_.at("backward of " + block_name(u) + mb_);
   // Most memory in the block's backward is at the MLP's product (measured with the counting
   // allocator: the recompute adds exactly block_keeps, its backward 2 F per token plus w2's weight
@@ -318,7 +323,7 @@ void MemoryReplay::unit_backward(int64_t u) {
     t_.alloc("attention backward", work);
     t_.free("attention backward", work);
   }
-  t_.free("activations", keeps_of(u) - e * F * N + (checkpointed(u) ? block_keeps_ : 0));
+  t_.free("activations", keeps_of(u) - e * F * N + (checkpointed(u) ? block_keeps_of(u) : 0));
   t_.alloc("parameter gradients", e * (units_[static_cast<size_t>(u)].full - D * F));
 }
 
@@ -412,7 +417,7 @@ void MemoryReplay::on_loss() {
 
 void MemoryReplay::on_recompute(int64_t u) {
   t_.at("backward of " + block_name(u) + mb_);
-  t_.alloc("activations", block_keeps_);
+  t_.alloc("activations", block_keeps_of(u));
   partial_sums();
 }
 
@@ -459,13 +464,14 @@ void MemoryReplay::optimizer_step() {
   // polynomial (k m x m for k matrices with m the short side) and the next iterate.
   const int64_t W = W_, tp = tp_;
   const int64_t ns = at::elementSize(resolve_ns_dtype(c_, device_));
-  // (rows, cols, ranks sharing them) of what Newton-Schulz runs on -> matrices
-  std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> groups;
+  // (rows, cols, ranks sharing them, whether experts' stacks: Muon batches those apart) of what
+  // Newton-Schulz runs on -> matrices
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, int64_t> groups;
   int64_t hidden_slices = 0, hidden_block = 0, tp_gathered = 0;
   for (const ParamSpec& p : specs_)
     if (param_role(p.name, static_cast<int64_t>(p.shape.size())) == ParamRole::Hidden) {
       if (p.shape.size() == 3) {  // an expert stack: the rank's own experts, orthogonalised where they are
-        groups[{p.shape[1], p.shape[2], 1}] += RowShard::of(p.shape, W).rows_per_rank;
+        groups[{p.shape[1], p.shape[2], 1, true}] += RowShard::of(p.shape, W).rows_per_rank;
         continue;
       }
       hidden_slices += p.numel();
@@ -475,7 +481,7 @@ void MemoryReplay::optimizer_step() {
                                                                  c_.optim.optim.ns_steps);
       if (gathered) tp_gathered += p.numel();
       const std::vector<int64_t>& run = gathered ? whole : p.shape;
-      ++groups[{run[0], run[1], gathered ? W * tp : W}];
+      ++groups[{run[0], run[1], gathered ? W * tp : W, false}];
     }
   const std::string work = "optimizer work";
   // Into an exchange: `sent` elements out, `owned` assembled; the whole matrices are left.
@@ -503,7 +509,7 @@ void MemoryReplay::optimizer_step() {
   if (tp_owned > 0) exchange_in(tp_owned, tp_owned);
   int64_t results = 0, tp_results = 0;  // of the data-parallel owner's matrices; of those gathered over TP
   for (const auto& [shape, count] : groups) {
-    const auto [rows, cols, ranks] = shape;
+    const auto [rows, cols, ranks, stacks] = shape;
     const int64_t k = (count + ranks - 1) / ranks, g = k * rows * cols;
     const int64_t m = std::min(rows, cols);
     const int64_t temps = in_bytes * g + ns * (2 * g + 2 * k * m * m);
@@ -543,7 +549,7 @@ MemoryEstimate MemoryReplay::result() const {
   for (const auto& [what, bytes] : t_.at_peak())
     if (bytes > 0) est.at_peak.push_back({what, bytes});
   std::sort(est.at_peak.begin(), est.at_peak.end(), [](const auto& x, const auto& y) { return x.bytes > y.bytes; });
-  est.activations_without_checkpointing = block_keeps_ * L_;
+  for (int64_t i = 0; i < L_; ++i) est.activations_without_checkpointing += block_keeps_of(i);
   for (int64_t i = 0; i < L_; ++i) est.activations_per_micro_batch += keeps_of(i);
   est.reduce_every_micro_batch = reduce_every_;
   est.keep_unsharded = keep_;

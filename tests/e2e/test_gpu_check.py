@@ -89,7 +89,7 @@ def test_cpu_only(tree):
                        "preset_1B_16K_speed", "preset_1B_32K_speed", "preset_1B_float8_off",
                        "preset_1B_float8_tensorwise", "preset_1B_float8_rowwise", "float8_gemms",
                        "preset_7B4_float8_off", "preset_7B4_float8_tensorwise", "float8_quick_bf16",
-                       "float8_quick_tensorwise", "float8_check", "preset_1B_causal",
+                       "float8_quick_tensorwise", "float8_check", "moe_debug", "moe_experts", "preset_1B_causal",
                        "preset_1B_causal_auto", "preset_1B_cudnn_varlen", "preset_1B_aten", "preset_1B_casts_freed",
                        "preset_1B_unfused_rope", "preset_1B_unfused_gate", "preset_1B_unfused_loss",
                        "preset_1B_unfused_norm", "preset_1B_unfused_linears", "preset_1B_unfused_update",

@@ -70,11 +70,14 @@ std::vector<at::Tensor> Muon::orthogonalize_held(const std::vector<at::Tensor>& 
 }
 
 std::vector<at::Tensor> Muon::orthogonalize_local(const std::vector<at::Tensor>& inputs) const {
-  // Same-shape matrices go through Newton-Schulz together, as one batched computation.
-  std::map<std::vector<int64_t>, std::vector<size_t>> by_shape;
-  for (size_t i = 0; i < inputs.size(); ++i) by_shape[inputs[i].sizes().vec()].push_back(i);
+  // Same-shape matrices go through Newton-Schulz together, as one batched computation; an expert
+  // stack is a batch of its own (all the stacks of a model at once would hold several times the
+  // experts' size in temporaries).
+  std::map<std::pair<std::vector<int64_t>, size_t>, std::vector<size_t>> by_shape;
+  for (size_t i = 0; i < inputs.size(); ++i) by_shape[{inputs[i].sizes().vec(), inputs[i].dim() == 3 ? i + 1 : 0}].push_back(i);
   std::vector<at::Tensor> out(inputs.size());
-  for (const auto& [shape, idx] : by_shape) {
+  for (const auto& [key, idx] : by_shape) {
+    const std::vector<int64_t>& shape = key.first;
     Phase phase("zb.muon.newton_schulz");
     // Stacked straight into Newton-Schulz's dtype, each matrix cast as it is copied (the values of
     // stacking in fp32 and casting the stack, one pass instead of two: ATen's stack and cast took

@@ -464,14 +464,15 @@ void MemoryReplay::optimizer_step() {
   // polynomial (k m x m for k matrices with m the short side) and the next iterate.
   const int64_t W = W_, tp = tp_;
   const int64_t ns = at::elementSize(resolve_ns_dtype(c_, device_));
-  // (rows, cols, ranks sharing them, whether experts' stacks: Muon batches those apart) of what
-  // Newton-Schulz runs on -> matrices
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, int64_t> groups;
+  // (rows, cols, ranks sharing them, 0 or an expert stack's number: Muon batches each stack
+  // apart) of what Newton-Schulz runs on -> matrices
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, int64_t> groups;
+  int64_t stacks = 0;
   int64_t hidden_slices = 0, hidden_block = 0, tp_gathered = 0;
   for (const ParamSpec& p : specs_)
     if (param_role(p.name, static_cast<int64_t>(p.shape.size())) == ParamRole::Hidden) {
       if (p.shape.size() == 3) {  // an expert stack: the rank's own experts, orthogonalised where they are
-        groups[{p.shape[1], p.shape[2], 1, true}] += RowShard::of(p.shape, W).rows_per_rank;
+        groups[{p.shape[1], p.shape[2], 1, ++stacks}] += RowShard::of(p.shape, W).rows_per_rank;
         continue;
       }
       hidden_slices += p.numel();
@@ -481,7 +482,7 @@ void MemoryReplay::optimizer_step() {
                                                                  c_.optim.optim.ns_steps);
       if (gathered) tp_gathered += p.numel();
       const std::vector<int64_t>& run = gathered ? whole : p.shape;
-      ++groups[{run[0], run[1], gathered ? W * tp : W, false}];
+      ++groups[{run[0], run[1], gathered ? W * tp : W, 0}];
     }
   const std::string work = "optimizer work";
   // Into an exchange: `sent` elements out, `owned` assembled; the whole matrices are left.
@@ -509,7 +510,7 @@ void MemoryReplay::optimizer_step() {
   if (tp_owned > 0) exchange_in(tp_owned, tp_owned);
   int64_t results = 0, tp_results = 0;  // of the data-parallel owner's matrices; of those gathered over TP
   for (const auto& [shape, count] : groups) {
-    const auto [rows, cols, ranks, stacks] = shape;
+    const auto [rows, cols, ranks, stack] = shape;
     const int64_t k = (count + ranks - 1) / ranks, g = k * rows * cols;
     const int64_t m = std::min(rows, cols);
     const int64_t temps = in_bytes * g + ns * (2 * g + 2 * k * m * m);

@@ -27,14 +27,18 @@ std::vector<ExpertBalanceStats> ExpertBalance::step(bool apply, int64_t micro_ba
   ranks_.all_reduce_sum(summed).wait();
   const int64_t E = model_.args().num_experts;
   const double coeff = model_.args().load_balance_coeff;
-  const at::Tensor host = summed.to(at::kCPU);
-  std::vector<ExpertBalanceStats> stats;
+  std::vector<at::Tensor> biases;
   for (size_t i = 0; i < layers_.size(); ++i) {
     ExpertLoad& load = loads[layers_[i]];
-    const at::Tensor counts = summed[static_cast<int64_t>(i)].narrow(0, 0, E);
-    if (apply && coeff > 0) update_expert_bias(load.bias, counts, coeff);
+    if (apply && coeff > 0) update_expert_bias(load.bias, summed[static_cast<int64_t>(i)].narrow(0, 0, E), coeff);
     load.tokens.zero_();
     load.aux_loss.zero_();
+    biases.push_back(load.bias);
+  }
+  // The metrics, from one read of the sums and the biases on the host.
+  const at::Tensor host = summed.to(at::kCPU), host_biases = at::stack(biases).to(at::kCPU);
+  std::vector<ExpertBalanceStats> stats;
+  for (size_t i = 0; i < layers_.size(); ++i) {
     const at::Tensor c = host[static_cast<int64_t>(i)].narrow(0, 0, E);
     const double mean = c.mean().item<double>();
     ExpertBalanceStats s;
@@ -42,7 +46,8 @@ std::vector<ExpertBalanceStats> ExpertBalance::step(bool apply, int64_t micro_ba
     s.max_load = mean > 0 ? c.max().item<double>() / mean : 0;
     s.min_load = mean > 0 ? c.min().item<double>() / mean : 0;
     s.aux_loss = host[static_cast<int64_t>(i)][E].item<double>() / static_cast<double>(ranks_.size() * micro_batches);
-    s.bias_spread = (load.bias.max() - load.bias.min()).item<double>();
+    const at::Tensor bias = host_biases[static_cast<int64_t>(i)];
+    s.bias_spread = (bias.max() - bias.min()).item<double>();
     stats.push_back(s);
   }
   return stats;

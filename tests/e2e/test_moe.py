@@ -28,7 +28,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import DEBUG_CONFIG, EXPORT_HF, TRAIN_FSDP, metrics, run_ranks, start
+from conftest import DEBUG_CONFIG, TRAIN_FSDP, metrics, run_ranks, start
+from test_diloco import exported, muon_ns_fp32
 
 STEPS, SEQ, BATCH, VOCAB = 20, 32, 8, 128
 EXPERTS, TOP_K, EXPERT_HIDDEN, LAYERS = 4, 2, 48, 2
@@ -75,21 +76,6 @@ def make_model(tmp):
     model = MixtralForCausalLM(config).float()
     model.save_pretrained(f"{tmp}/init", safe_serialization=True)
     return config, {k: v.clone() for k, v in model.state_dict().items()}
-
-
-def muon_ns_fp32():
-    """torch.optim.Muon with its Newton-Schulz iteration in fp32 (PyTorch's runs it in bf16)."""
-    from torch.optim import _muon
-    original = _muon._zeropower_via_newtonschulz
-
-    def fp32(grad, *a, **k):
-        saved = torch.Tensor.bfloat16
-        torch.Tensor.bfloat16 = torch.Tensor.float
-        try:
-            return original(grad, *a, **k)
-        finally:
-            torch.Tensor.bfloat16 = saved
-    _muon._zeropower_via_newtonschulz = fp32
 
 
 def reference(cfg, config, init, tokens):
@@ -156,12 +142,6 @@ def reference(cfg, config, init, tokens):
     return losses, final
 
 
-def exported(step_dir):
-    from safetensors.torch import load_file
-    subprocess.run([EXPORT_HF, step_dir, step_dir + "_hf"], check=True, capture_output=True)
-    return load_file(f"{step_dir}_hf/model.safetensors")
-
-
 def test_mixtral_step(work):
     tmp = str(work)
     tokens = make_data(tmp)
@@ -185,7 +165,7 @@ def test_mixtral_step(work):
         got = [r["loss"] for r in records]
         if name.startswith("ep"):  # the tokens did travel to their experts' ranks
             assert all(r["comm_bytes_ep_group"]["all_to_all"] > 0 for r in records), name
-        params = exported(f"{tmp}/{name}_ckpt/step_{STEPS:08d}")
+        params = exported(f"{tmp}/{name}_ckpt/step_{STEPS:08d}")  # Mixtral's file names
         assert sorted(params) == sorted(want_params), f"{name}: exported {sorted(set(params) ^ set(want_params))}"
         worst_loss = max(abs(a - b) for a, b in zip(got, want_losses))
         worst_param = max((params[k] - v).abs().max().item() for k, v in want_params.items())

@@ -37,6 +37,12 @@ std::vector<int64_t> MeshShape::ep_group_ranks(int64_t rank) const {
   return out;
 }
 
+std::vector<int64_t> MeshShape::expert_shard_group_ranks(int64_t rank) const {
+  const std::vector<int64_t> shard = shard_group_ranks(rank);
+  const int64_t stride = dp_shard_cp / ep, first = ep_rank_of(rank) * stride;
+  return {shard.begin() + first, shard.begin() + first + stride};
+}
+
 MeshShape mesh_shape(const Config& c, int64_t world_size, EngineKind engine) {
   MeshShape s;
   if (engine == EngineKind::Replicated) {

@@ -41,6 +41,9 @@ struct MeshShape {
   std::vector<int64_t> shard_group_ranks(int64_t rank) const;      // strided by `tp`
   std::vector<int64_t> replicate_group_ranks(int64_t rank) const;  // strided by `dp_shard_cp x tp`
   std::vector<int64_t> ep_group_ranks(int64_t rank) const;         // in the shard group, strided
+  // The ranks that shard this rank's experts (torchtitan's efsdp): the dp_shard_cp / ep consecutive
+  // members of its shard group with its EP rank.
+  std::vector<int64_t> expert_shard_group_ranks(int64_t rank) const;
   int64_t ep_rank_of(int64_t rank) const { return shard_rank_of(rank) / (dp_shard_cp / ep); }
 };
 

@@ -92,7 +92,7 @@ void float8_round_trip(FSDPParam& p) {
 }
 
 at::Tensor reduce_scatter_input(const std::vector<FSDPParam*>& params, const std::vector<at::Tensor>& grads,
-                                int64_t block_numel, int64_t world_size, int64_t replicas) {
+                                int64_t block_numel, int64_t world_size, int64_t averaged_over) {
   at::NoGradGuard no_grad;
   // Every gradient in one dtype (the compute dtype's, or the fp32 sums over micro-batches; fp32
   // where they differ); a missing one as zeros.
@@ -111,7 +111,7 @@ at::Tensor reduce_scatter_input(const std::vector<FSDPParam*>& params, const std
   // row r (one kernel on CUDA), cast to fp32 on the way; then the pre-division for the mean.
   at::Tensor blocks = at::empty({world_size, block_numel}, whole.front().options().dtype(at::kFloat));
   at::_chunk_cat_out(blocks, whole, /*dim=*/0, world_size);
-  blocks.div_(static_cast<double>(world_size * replicas));
+  blocks.div_(static_cast<double>(averaged_over));
   return blocks.view({-1});
 }
 

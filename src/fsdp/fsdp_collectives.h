@@ -29,13 +29,14 @@ void all_gather_copy_out_bytes(const std::vector<FSDPParam*>& params, const std:
 // One rank's FP8 parameters: the values their gather would give, the shard through FP8 and back.
 void float8_round_trip(FSDPParam& p);
 
-// A unit's reduce-scatter: the full gradients written in fp32 into the rank-major layout (row r:
-// every parameter's padded block r, in order; one _chunk_cat), each divided by the number of
-// ranks that contribute, W x `replicas` (every rank's loss is a mean over
-// its own samples, the global mean their average, and Gloo has no average: pre-divide, then sum;
-// under hybrid sharding the replicas' sums are added after). A missing gradient counts as zero.
+// A unit's reduce-scatter: the full gradients written in fp32 into the rank-major layout over
+// `world_size` ranks (row r: every parameter's padded block r, in order; one _chunk_cat), each
+// divided by `averaged_over`, the number of ranks whose losses the gradient averages (every
+// rank's loss is a mean over its own samples, the global mean their average, and Gloo has no
+// average: pre-divide, then sum; under hybrid sharding the replicas' sums are added after, and
+// they count among them). A missing gradient counts as zero.
 at::Tensor reduce_scatter_input(const std::vector<FSDPParam*>& params, const std::vector<at::Tensor>& grads,
-                                int64_t block_numel, int64_t world_size, int64_t replicas = 1);
+                                int64_t block_numel, int64_t world_size, int64_t averaged_over);
 // This rank's reduced block added to each parameter's sharded .grad().
 void reduce_scatter_copy_out(const std::vector<FSDPParam*>& params, const std::vector<int64_t>& offsets,
                              const at::Tensor& reduced);

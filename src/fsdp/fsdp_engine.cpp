@@ -16,13 +16,18 @@
 namespace zb {
 
 FSDPEngine::FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& options, Communicator* replicas,
-                       Communicator* tp)
-    : model_(model), comm_(comm), replicas_(replicas), tp_(tp && tp->size() > 1 ? tp : nullptr), options_(options) {
+                       Communicator* tp, Communicator* ep, Communicator* expert_shards)
+    : model_(model), comm_(comm), replicas_(replicas), tp_(tp && tp->size() > 1 ? tp : nullptr),
+      ep_(ep && ep->size() > 1 ? ep : nullptr), expert_shards_(expert_shards), options_(options) {
   TORCH_CHECK(model.tp_size() == (tp_ ? tp_->size() : 1), "FSDPEngine: the model is split over ", model.tp_size(),
               " ranks, the engine's TP group has ", tp_ ? tp_->size() : 1);
-  // One FSDPParam per model parameter, grouped into units: a block's parameters, and the root's
-  // (those of no block).
-  std::vector<std::vector<FSDPParam*>> block_params(model.args().n_layers);
+  TORCH_CHECK(!ep_ || (expert_shards_ && expert_shards_->size() * ep_->size() == comm.size()),
+              "FSDPEngine: experts split over ", ep_ ? ep_->size() : 1, " ranks need the group of the ",
+              comm.size() / (ep_ ? ep_->size() : 1), " shard ranks that hold the same experts");
+  // One FSDPParam per model parameter, grouped into units: a block's parameters (and under expert
+  // parallelism its experts, apart), and the root's (those of no block).
+  const int64_t L = model.args().n_layers;
+  std::vector<std::vector<FSDPParam*>> block_params(L), expert_params(L);
   std::vector<FSDPParam*> root_params;
   // A parameter on the meta device is created whole, initialised, sharded and freed before the
   // next: in model order from the same seed on every rank, so every rank draws the model's
@@ -35,24 +40,33 @@ FSDPEngine::FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& opti
       full = at::empty(full.sizes(), full.options().device(options.device));
       model.init_parameter(i, full);
     }
-    params_.push_back(std::make_unique<FSDPParam>(np.name, np.slot, full, comm.rank(), comm.size(),
+    const bool experts = split_over_ep(i);
+    if (experts) {  // this rank's experts, whole, are what its expert shard group divides
+      const int64_t local = full.size(0) / ep_->size();
+      full = full.narrow(0, ep_->rank() * local, local);
+    }
+    Communicator& over = experts ? *expert_shards_ : comm;
+    params_.push_back(std::make_unique<FSDPParam>(np.name, np.slot, full, over.rank(), over.size(),
                                                   options.compute_dtype));
     FSDPParam* p = params_.back().get();
     // The projections multiplied outside the model are FP8's (float8/float8_projections.h).
     if (options.float8_all_gather && np.layer >= 0)
       p->float8_gather = model.projected_outside(np.layer, float8_projection(np.name));
-    (np.layer >= 0 ? block_params[np.layer] : root_params).push_back(p);
+    (np.layer < 0 ? root_params : experts ? expert_params[np.layer] : block_params[np.layer]).push_back(p);
     *np.slot = at::Tensor();  // the full copy is no longer needed
   }
-  const int64_t L = model.args().n_layers;
+  // Every rank of the shard group routes tokens to every expert: the experts' gradients are the
+  // mean over all of them, like the block's.
+  const int64_t averaged_over = comm.size();
   for (int64_t i = 0; i < L; ++i) {
     const bool reshard = options.reshard_after_forward && i != L - 1;
-    blocks_.push_back(std::make_unique<FSDPUnit>(i, "layers." + std::to_string(i), std::move(block_params[i]),
-                                                 comm, reshard, context_, replicas, options.keep_unsharded,
-                                                 model.kernels()));
+    std::vector<FSDPUnit::Part> parts{{std::move(block_params[i]), &comm, averaged_over}};
+    if (!expert_params[i].empty()) parts.push_back({std::move(expert_params[i]), expert_shards_, averaged_over});
+    blocks_.push_back(std::make_unique<FSDPUnit>(i, "layers." + std::to_string(i), std::move(parts), reshard, context_,
+                                                 replicas, options.keep_unsharded, model.kernels()));
   }
-  root_ = std::make_unique<FSDPUnit>(L, "root", std::move(root_params), comm, false, context_, replicas,
-                                     options.keep_unsharded, model.kernels());
+  root_ = std::make_unique<FSDPUnit>(L, "root", std::vector<FSDPUnit::Part>{{std::move(root_params), &comm, averaged_over}},
+                                     false, context_, replicas, options.keep_unsharded, model.kernels());
 }
 
 at::Tensor FSDPEngine::loss(const at::Tensor& tokens, const at::Tensor& targets, const Documents& documents) {
@@ -171,6 +185,7 @@ std::vector<ShardedParameter> FSDPEngine::parameters() {
     const TpSlice& tp = named[i].tp;
     ShardedParameter s{p.name, &params_[i]->sharded, named[i].global_shape, p.first_row(), false};
     if (tp.dim == 0) s.row_start += tp.start;
+    if (split_over_ep(i)) s.row_start += ep_->rank() * p.full_shape[0];  // after the EP ranks' before
     if (tp.dim == 1) s.col_start = tp.start;
     s.tp_shared = tp_ && !tp.split();
     s.tp_dim = tp.dim;
@@ -198,7 +213,15 @@ std::vector<std::pair<std::string, at::Tensor>> FSDPEngine::gather_full_paramete
   const auto& named = model_.parameters();
   for (size_t i = 0; i < params_.size(); ++i) {
     const FSDPParam& p = *params_[i];
-    at::Tensor whole = gather_whole(p.shard, p.full_shape, p.sharded, comm_);
+    const bool experts = split_over_ep(i);
+    at::Tensor whole = gather_whole(p.shard, p.full_shape, p.sharded, experts ? *expert_shards_ : comm_);
+    if (experts) {  // the EP group's experts, in rank order
+      at::Tensor all = at::empty({ep_->size() * whole.numel()}, whole.options());
+      ep_->all_gather(all, whole.contiguous()).wait();
+      std::vector<int64_t> shape = p.full_shape;
+      shape[0] *= ep_->size();
+      whole = all.view(shape);
+    }
     if (tp_ && named[i].tp.split()) {  // the TP group's slices, side by side along their dimension
       at::Tensor slices = at::empty({tp_->size(), whole.numel()}, whole.options());
       tp_->all_gather(slices, whole.contiguous()).wait();

@@ -56,8 +56,12 @@ class FSDPEngine : public ParallelModel, private StageHooks {
   // holding the same shards in the other groups, over which the reduced gradients are summed.
   // Tensor parallelism: `model` holds this rank's slices (Llama's TP group, `tp` here): the engine
   // shards those, and reports them in the whole model's coordinates.
+  // Expert parallelism (the model's EP group, `ep` here): of each mixture's expert stacks the
+  // engine keeps this rank's experts ([rank E/ep, (rank + 1) E/ep)) and shards them over
+  // `expert_shards`, the ranks of the shard group that hold the same experts (MeshShape's
+  // expert_shard_group_ranks): a block gathers its own experts alone, as its unit's second part.
   FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& options, Communicator* replicas = nullptr,
-             Communicator* tp = nullptr);
+             Communicator* tp = nullptr, Communicator* ep = nullptr, Communicator* expert_shards = nullptr);
 
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets, const Documents& documents = {}) override;
   // false on the micro-batches before the last: gradients accumulate unsharded, no collective.
@@ -107,7 +111,11 @@ class FSDPEngine : public ParallelModel, private StageHooks {
   Communicator& comm_;
   Communicator* replicas_;
   Communicator* tp_;
+  Communicator* ep_;             // null without expert parallelism
+  Communicator* expert_shards_;  // with it, where this rank's experts are sharded
   FSDPOptions options_;
+  // Whether parameter i is held as this rank's experts, sharded over expert_shards_.
+  bool split_over_ep(size_t i) const { return ep_ && model_.parameters()[i].experts(); }
   void reset_units();  // every unit back to IDLE (and SHARDED, or its kept cast)
   std::vector<std::unique_ptr<FSDPParam>> params_;  // in model order
   std::vector<std::unique_ptr<FSDPUnit>> blocks_;

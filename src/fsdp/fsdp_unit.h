@@ -1,7 +1,10 @@
 #pragma once
 // A sharding unit (FSDP2's FSDPParamGroup): the parameters of one transformer block, or of the
 // root (embedding, final norm, head), gathered together in one flat all-gather and their
-// gradients reduced in one flat reduce-scatter (layouts in fsdp_collectives.h).
+// gradients reduced in one flat reduce-scatter (layouts in fsdp_collectives.h). Under expert
+// parallelism a mixture-of-experts block has a second part, its routed experts' stacks, sharded
+// over the fewer ranks that hold its experts: one all-gather and one reduce-scatter per part, the
+// block's first, both driven by the one state machine.
 //
 // Two state machines, as in FSDP2:
 //   sharded state   SHARDED --issue_unshard--> GATHERING --wait_unshard--> UNSHARDED --reshard--> SHARDED
@@ -54,13 +57,21 @@ class FSDPUnit : public GradientGroup {
   enum class State { Sharded, Gathering, Unsharded };
   enum class TrainingState { Idle, Forward, PreBackward, PostBackward };
 
-  // `index`: the block's, or n_layers for the root. `comm`: the ranks the parameters are sharded
-  // over; `replicas`: the group that holds the same shards under hybrid sharding (null for FSDP).
-  // `keep_unsharded`: with one rank in `comm` and no replicas, keep the cast (above); ignored else.
-  // `kernels`: the model's, for the gradient sums.
-  FSDPUnit(int64_t index, std::string name, std::vector<FSDPParam*> params, Communicator& comm,
-           bool reshard_after_forward, FSDPCommContext& context, Communicator* replicas, bool keep_unsharded,
-           const KernelChoices& kernels);
+  // Parameters sharded over one group of ranks: `comm` (each FSDPParam's rows are its rank's).
+  // Their gradients are the mean over `averaged_over` ranks' losses (pre-divided: Gloo has no
+  // average): comm's ranks, or for the experts under expert parallelism the whole shard group's,
+  // whose every rank routes tokens to them.
+  struct Part {
+    std::vector<FSDPParam*> params;
+    Communicator* comm = nullptr;
+    int64_t averaged_over = 1;
+  };
+  // `index`: the block's, or n_layers for the root. `parts`: one, or a mixture's block's two under
+  // expert parallelism. `replicas`: the group that holds the same shards under hybrid sharding
+  // (null for FSDP). `keep_unsharded`: with one rank in every part's group and no replicas, keep the
+  // cast (above); ignored else. `kernels`: the model's, for the gradient sums.
+  FSDPUnit(int64_t index, std::string name, std::vector<Part> parts, bool reshard_after_forward,
+           FSDPCommContext& context, Communicator* replicas, bool keep_unsharded, const KernelChoices& kernels);
 
   const std::string& name() const { return name_; }
   State state() const { return state_; }
@@ -80,16 +91,16 @@ class FSDPUnit : public GradientGroup {
   // From autograd: frees the gathered parameters, accumulates the gradients over micro-batches
   // and, on the last one (`requires_gradient_sync`), starts the reduce-scatter.
   void post_backward(const std::vector<at::Tensor>& grads);
-  // Waits for the reduce-scatter (if one is in flight), then adds this rank's rows to each sharded
-  // parameter's .grad(), or, with replicas, starts their all-reduce.
+  // Waits for the reduce-scatters (if any are in flight), then adds this rank's rows to each sharded
+  // parameter's .grad(), or, with replicas, starts their all-reduces.
   void advance_gradients();
   // All of that, and waits for the all-reduce: the sharded .grad()s are complete.
   void finish_gradients();
 
   // --- the sharded state ---
-  // Casts the shards into the flat input and starts the all-gather (no-op unless SHARDED).
+  // Casts the shards into each part's flat input and starts its all-gather (no-op unless SHARDED).
   void issue_unshard();
-  // Waits for the all-gather and copies each parameter's rows out into its unsharded storage.
+  // Waits for the all-gathers and copies each parameter's rows out into its unsharded storage.
   void wait_unshard();
   // Frees the unsharded storages.
   void reshard();
@@ -109,15 +120,33 @@ class FSDPUnit : public GradientGroup {
   void gradients_ready(const std::vector<at::Tensor>& grads) override { post_backward(grads); }
 
  private:
+  // A part and what it has in flight.
+  struct Shards {
+    std::vector<FSDPParam*> params;
+    size_t first = 0;  // where its parameters start in params_
+    Communicator* comm = nullptr;
+    int64_t averaged_over = 1;
+    std::vector<int64_t> offsets;  // of each parameter inside a rank's block
+    int64_t block_numel = 0;       // sum over parameters of their padded blocks
+    // With FP8 parameters (FSDPParam::float8_gather) the block is bytes: these instead.
+    bool bytes = false;
+    std::vector<int64_t> byte_offsets;
+    int64_t block_bytes = 0;
+    at::Tensor gather_in, gather_out, reduce_out;
+    PendingCollective gather, reduce, replicate;
+    bool alone() const { return comm->size() == 1; }
+  };
+
   void transition(std::initializer_list<TrainingState> from, TrainingState to, const char* call);
   // The reduced rows into each sharded parameter's .grad(); back to NONE.
   void complete_gradients();
-  // A world of one without replicas: the step's sums straight into the .grad()s.
-  void add_whole_gradients(const GradientTotals& total);
-  // The reduce-scatter of the step's sums (the unit before finishes its own first).
-  void start_reduction(const std::vector<at::Tensor>& total);
+  // One rank without replicas: the step's sums straight into the .grad()s (divided where the mean
+  // is over more ranks).
+  void add_whole_gradients(const Shards& part, const GradientTotals& total);
+  // The reduce-scatter of a part's sums (the unit before finishes its own first).
+  void start_reduction(Shards& part, const std::vector<at::Tensor>& total);
   // One rank: the shards cast into the unsharded storages, in one launch where CUDA can.
-  void cast_shards();
+  void cast_shards(const std::vector<FSDPParam*>& params);
   // A kept cast that still holds the shards' values.
   bool cast_is_current() const;
 
@@ -127,14 +156,8 @@ class FSDPUnit : public GradientGroup {
 
   int64_t index_;
   std::string name_;
-  std::vector<FSDPParam*> params_;
-  std::vector<int64_t> offsets_;  // of each parameter inside a rank's block
-  int64_t block_numel_ = 0;       // sum over parameters of their padded blocks
-  // With FP8 parameters (FSDPParam::float8_gather) the block is bytes: these instead.
-  bool bytes_ = false;
-  std::vector<int64_t> byte_offsets_;
-  int64_t block_bytes_ = 0;
-  Communicator& comm_;
+  std::vector<FSDPParam*> params_;  // every part's, in order
+  std::vector<Shards> parts_;
   Communicator* replicas_;
   bool reshard_after_forward_;
   bool keep_unsharded_;
@@ -144,13 +167,9 @@ class FSDPUnit : public GradientGroup {
   State state_ = State::Sharded;
   TrainingState training_state_ = TrainingState::Idle;
 
-  at::Tensor gather_in_, gather_out_;
-  PendingCollective gather_;
   GradientAccumulator accumulator_;  // fp32 unsharded sums across micro-batches
   enum class GradState { None, Reducing, Replicating };
   GradState grad_state_ = GradState::None;
-  at::Tensor reduce_out_;
-  PendingCollective reduce_, replicate_;
 };
 
 }  // namespace zb

@@ -31,6 +31,9 @@ struct NamedParameter {
   // otherwise the whole (tp.dim -1, global_shape the slot's shape).
   std::vector<int64_t> global_shape;
   TpSlice tp;
+  // A mixture's routed experts' stack ([E, rows, cols], the model's only 3-D parameters): split by
+  // whole experts under expert parallelism.
+  bool experts() const { return global_shape.size() == 3; }
 };
 
 // Another way to multiply some of a block's projections, installed on the model from outside it
@@ -151,7 +154,8 @@ class Llama {
   // from the group, or with `ring` passes them around it (ring_attention). Null: none.
   // Expert parallelism (model/moe.h's routed_experts_parallel): with an `ep` group of more than one
   // rank, each mixture computes the experts of this rank's part ([rank E/ep, (rank + 1) E/ep)) for
-  // the rows every rank of the group routes to them. Null: none.
+  // the rows every rank of the group routes to them, and reads those alone in its expert stacks'
+  // slots, [E/ep, ...] (the sharding engine puts them there: fsdp/fsdp_engine.h). Null: none.
   void set_expert_parallel(ModelParallelGroup* ep) { ep_ = ep && ep->size() > 1 ? ep : nullptr; }
   void set_context_parallel(ModelParallelGroup* cp, bool ring = false) {
     cp_ = cp && cp->size() > 1 ? cp : nullptr;

@@ -155,8 +155,8 @@ at::Tensor routed_experts_parallel(const at::Tensor& x, const Routing& routing, 
   TORCH_CHECK(E % n == 0 && w1.size(0) == local, "expert parallelism: ", E, " experts over ", n,
               " ranks, but this rank holds ", w1.size(0));
   // Expert-major as on one rank: the rows for rank j's experts are consecutive, in rank order.
+  // (Each buffer below is let go as soon as the next is made: forward holds a few of [N K, D].)
   const at::Tensor order = at::argsort(routing.experts.reshape(-1), /*stable=*/true);
-  const at::Tensor rows = x.index_select(0, order.div(K, "floor"));
   // The counts: what this rank sends each rank, and what each sends to each of this rank's experts.
   const std::vector<int64_t> mine = host_values(routing.tokens_per_expert);
   const at::Tensor theirs = exchange_expert_counts(routing.tokens_per_expert, ep);  // [n, local], host
@@ -168,7 +168,8 @@ at::Tensor routed_experts_parallel(const at::Tensor& x, const Routing& routing, 
       recv[j] += from[j * local + e];
       per_expert[e] += from[j * local + e];
     }
-  const at::Tensor received = exchange_rows(rows, send, recv, ep);  // by source rank, experts within each
+  // By source rank, experts within each.
+  at::Tensor received = exchange_rows(x.index_select(0, order.div(K, "floor")), send, recv, ep);
   // Source-major to expert-major (by source within an expert: a fixed order), computed, and back.
   std::vector<int64_t> by_expert;
   by_expert.reserve(received.size(0));
@@ -180,18 +181,24 @@ at::Tensor routed_experts_parallel(const at::Tensor& x, const Routing& routing, 
       for (int64_t f = 0; f < e; ++f) start += from[j * local + f];
       for (int64_t r = 0; r < from[j * local + e]; ++r) by_expert.push_back(start + r);
     }
-  const at::Tensor gather = at::tensor(by_expert, order.options());
+  // And back: the row by_expert[i] became is row i. (A permutation by index_select, whose backward
+  // keeps only the indices; index_copy's would keep the whole result.)
+  std::vector<int64_t> by_source(by_expert.size());
+  for (size_t i = 0; i < by_expert.size(); ++i) by_source[static_cast<size_t>(by_expert[i])] = static_cast<int64_t>(i);
   at::Tensor computed;
   if (received.size(0) == 0) {
     // No rows for this rank's experts: an empty result that still hands them (zero) gradients.
     computed = received * (w1.sum() + w2.sum() + w3.sum()).to(received.scalar_type());
   } else {
     const at::Tensor counts = at::tensor(per_expert, order.options());
-    computed = experts_swiglu(received.index_select(0, gather), w1, w2, w3, counts,
-                              grouped_gemm_runs(x) ? std::vector<int64_t>{} : per_expert);
-    computed = at::empty_like(computed).index_copy(0, gather, computed);  // back by source
+    at::Tensor sorted = received.index_select(0, at::tensor(by_expert, order.options()));
+    received.reset();
+    computed = experts_swiglu(sorted, w1, w2, w3, counts, grouped_gemm_runs(x) ? std::vector<int64_t>{} : per_expert);
+    sorted.reset();
+    computed = computed.index_select(0, at::tensor(by_source, order.options()));
   }
   const at::Tensor returned = exchange_rows(computed, recv, send, ep);  // [N K, D], expert-major
+  computed.reset();
   return combine(returned, order, routing, x.scalar_type());
 }
 
@@ -254,11 +261,8 @@ at::Tensor MixtureOfExperts::forward(const BlockContext& block, const at::Tensor
   const bool training = at::GradMode::is_enabled();
   if (training) load.tokens.add_(routing.tokens_per_expert);
   at::Tensor routed;
-  if (block.ep) {  // this rank's experts of the stacks (the engine gathers them all, for now)
-    const int64_t local = router_.num_experts / block.ep->size(), first = block.ep->rank() * local;
-    routed = routed_experts_parallel(tokens, routing, b.experts_w1.narrow(0, first, local),
-                                     b.experts_w2.narrow(0, first, local), b.experts_w3.narrow(0, first, local),
-                                     *block.ep);
+  if (block.ep) {  // the stacks hold this rank's experts (the sharding engine gathers those alone)
+    routed = routed_experts_parallel(tokens, routing, b.experts_w1, b.experts_w2, b.experts_w3, *block.ep);
   } else {
     routed = routed_experts(tokens, routing, b.experts_w1, b.experts_w2, b.experts_w3);
   }

@@ -15,10 +15,12 @@ ParallelMesh::ParallelMesh(const Config& config, Communicator& world, EngineKind
   if (sharded() && shape_.cp > 1)
     cp_ = world.subgroup("cp" + std::to_string(rank_ / (shape_.cp * shape_.tp)) + "." + std::to_string(tp_rank()),
                          shape_.cp_group_ranks(rank_));
-  if (sharded() && shape_.ep > 1) {
+  if (sharded() && shape_.ep > 1) {  // within the shard group: one set per replica and TP position
     const int64_t stride = shape_.dp_shard_cp / shape_.ep;
-    ep_ = world.subgroup("ep" + std::to_string(replica()) + "." + std::to_string(shard_rank() % stride),
-                         shape_.ep_group_ranks(rank_));
+    const std::string where = std::to_string(replica()) + "." + std::to_string(tp_rank()) + ".";
+    ep_ = world.subgroup("ep" + where + std::to_string(shard_rank() % stride), shape_.ep_group_ranks(rank_));
+    expert_shard_ = world.subgroup("expert_shard" + where + std::to_string(shape_.ep_rank_of(rank_)),
+                                   shape_.expert_shard_group_ranks(rank_));
   }
   if (!groups_made()) return;
   const MeshShape& m = shape_;
@@ -49,6 +51,7 @@ std::vector<std::pair<std::string, Communicator*>> ParallelMesh::named_groups() 
   if (tp_) out.emplace_back("tp_group", tp_.get());
   if (cp_) out.emplace_back("cp_group", cp_.get());
   if (ep_) out.emplace_back("ep_group", ep_.get());
+  if (expert_shard_) out.emplace_back("expert_shard_group", expert_shard_.get());
   return out;
 }
 
@@ -59,6 +62,7 @@ void ParallelMesh::observe(CollectiveObserver* trace) const {
   if (tp_) tp_->observe(trace, "tp");
   if (cp_) cp_->observe(trace, "cp");
   if (ep_) ep_->observe(trace, "ep");
+  if (expert_shard_) expert_shard_->observe(trace, "expert_shard");
 }
 
 void shard_by_node(Config& cfg, const World& world, bool dry_run) {

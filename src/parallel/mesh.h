@@ -57,11 +57,14 @@ class ParallelMesh {
   Communicator* tp_group() const { return tp_.get(); }
   Communicator* cp_group() const { return cp_.get(); }
   Communicator* ep_group() const { return ep_.get(); }  // parallel.ep > 1 only
+  // The ranks the sharding engine shards this rank's experts over (parallel.ep > 1 only; a group
+  // of one, local, when ep is the shard group's size).
+  Communicator* expert_shard_group() const { return expert_shard_.get(); }
   // The name the step plan and the step trace give the sharding engine's group: "shard" when a
   // group was made, else "world".
   const char* shard_group_name() const;
   // The groups made, by the names the metrics give their bytes ("shard_group", "replicate_group",
-  // "tp_group", "cp_group", "ep_group"); empty when there are none.
+  // "tp_group", "cp_group", "ep_group", "expert_shard_group"); empty when there are none.
   std::vector<std::pair<std::string, Communicator*>> named_groups() const;
   // Reports every communicator's collectives to `trace` (null stops it).
   void observe(CollectiveObserver* trace) const;
@@ -73,7 +76,7 @@ class ParallelMesh {
   MeshShape shape_;
   int64_t rank_ = 0;
   Communicator* world_ = nullptr;  // a live mesh's
-  std::unique_ptr<Communicator> shard_, replicate_, tp_, cp_, ep_;
+  std::unique_ptr<Communicator> shard_, replicate_, tp_, cp_, ep_, expert_shard_;
 };
 
 // train_hsdp's mesh: one shard group per node (LOCAL_WORLD_SIZE ranks), replicated across nodes,

@@ -52,13 +52,14 @@ class Timeline {
   std::string where_, peak_at_;
 };
 
-// One sharding unit (a block, or the root: embedding, final norm, head) as rank 0 holds it.
+// One sharding unit (a block, or the root: embedding, final norm, head) as rank 0 holds it. Under
+// expert parallelism a mixture's block holds its E/ep experts of each stack, sharded apart.
 struct UnitSizes {
-  int64_t full = 0;    // elements of all its parameters
+  int64_t full = 0;    // elements of all its parameters (this rank's experts of a stack)
   int64_t gathered = 0;  // elements of their unsharded storage: every rank's padded block
-  int64_t block = 0;   // elements rank 0 puts into a collective (its rows, padded)
   int64_t local = 0;   // elements of rank 0's shards
   int64_t hidden_local = 0;  // of those, in Muon's matrices
+  int64_t experts_local = 0;  // of those, in expert stacks its expert shard group holds
 };
 
 // The step's memory on rank 0, replayed over the step plan's events (plan/step_plan.h) in the
@@ -106,7 +107,7 @@ class MemoryReplay {
   void partial_sums();
   void grad_shards(int64_t u);
   void finish_reduce();
-  void reduce(int64_t u);
+  void reduce(const StepEvent& ev);
   void end_micro_batch();
   void unit_backward(int64_t u);
   void post_backward_sums(int64_t u);
@@ -135,8 +136,9 @@ class MemoryReplay {
   int64_t block_keeps_ = 0, moe_block_keeps_ = 0;
   // Gloo's reduce-scatter (the CPU's) copies its input as it starts; NCCL's does not.
   int64_t reduce_scatter_copies_ = 0;
-  // One rank without replicas adds its sums straight into the shards' .grad(), no reduce-scatter.
-  bool whole_gradients_ = false;
+  // One rank without replicas adds its sums straight into the shards' .grad(), no reduce-scatter;
+  // so do the experts of one rank (expert parallelism over the whole shard group) without replicas.
+  bool whole_gradients_ = false, whole_expert_gradients_ = false;
   // Kept casts (train.keep_unsharded): every unit's, from the step before, all step long; the
   // plan's casts then allocate nothing.
   bool keep_ = false;
@@ -145,8 +147,10 @@ class MemoryReplay {
 
   Timeline t_;
   std::vector<int64_t> gathering_;  // each unit's all-gather buffers in flight
-  int64_t reducing_ = -1;           // the unit whose reduce-scatter is in flight
+  int64_t reducing_ = -1;           // the unit whose reduce-scatters are in flight
+  int64_t reducing_bytes_ = 0;      // their buffers
   std::vector<bool> has_grad_;      // a unit's shards have their .grad() this step
+  std::vector<bool> has_expert_grad_;  // and its experts, where they are added whole
   int64_t m_ = -1;                  // the micro-batch under way
   bool backward_ = false;           // its backward has begun
   bool sync_ = false;               // its gradients are reduced
@@ -186,11 +190,14 @@ MemoryReplay::MemoryReplay(const Config& c, const StepPlan& plan, const Resolved
   specs_ = param_specs(a_, tp_);  // this rank's slices under TP
   for (const ParamSpec& p : specs_) {
     UnitSizes& u = p.layer >= 0 ? units_[static_cast<size_t>(p.layer)] : units_[static_cast<size_t>(L_)];
-    const RowShard s = RowShard::of(p.shape, W_);
-    u.full += p.numel();
-    u.gathered += W_ * s.block_numel();
-    u.block += s.block_numel();
+    const EngineShard held = engine_shard(p, W_, c.parallel.ep);
+    const RowShard s = held.rows();
+    int64_t numel = 1;
+    for (const int64_t n : held.shape) numel *= n;
+    u.full += numel;
+    u.gathered += held.ranks * s.block_numel();
     u.local += s.numel_of(0);
+    if (held.experts) u.experts_local += s.numel_of(0);
     if (muon_ && param_role(p.name, static_cast<int64_t>(p.shape.size())) == ParamRole::Hidden) {
       u.hidden_local += s.numel_of(0);
     }
@@ -218,10 +225,12 @@ MemoryReplay::MemoryReplay(const Config& c, const StepPlan& plan, const Resolved
   moe_block_keeps_ = saves_.moe_block.bytes(N_, tp_);
   reduce_scatter_copies_ = cuda_ ? 0 : 1;
   whole_gradients_ = W_ == 1 && plan.replicate == 1;
+  whole_expert_gradients_ = c.parallel.ep == W_ && plan.replicate == 1;
   keep_ = plan.keep_unsharded;
   head_grad_ = e_ * V_ * D_;
   gathering_.assign(static_cast<size_t>(L_ + 1), 0);
   has_grad_.assign(static_cast<size_t>(L_ + 1), false);
+  has_expert_grad_.assign(static_cast<size_t>(L_ + 1), false);
 }
 
 // Under TP a block's forward ends with the MLP's partial sums [N, D] and their copy in the order
@@ -254,25 +263,32 @@ void MemoryReplay::start_of_step() {
 }
 
 void MemoryReplay::grad_shards(int64_t u) {  // made the first time a unit's gradients land
-  if (!has_grad_[static_cast<size_t>(u)]) t_.alloc("gradient shards (fp32)", 4 * units_[static_cast<size_t>(u)].local);
+  // (Experts added whole got theirs at the post-backward: post_backward_sums.)
+  const UnitSizes& sizes = units_[static_cast<size_t>(u)];
+  const int64_t local = whole_expert_gradients_ ? sizes.local - sizes.experts_local : sizes.local;
+  if (!has_grad_[static_cast<size_t>(u)]) t_.alloc("gradient shards (fp32)", 4 * local);
   has_grad_[static_cast<size_t>(u)] = true;
 }
 
 void MemoryReplay::finish_reduce() {  // the reduced rows go into the shards' .grad()
   if (reducing_ < 0) return;
-  t_.free("reduce-scatter buffers", 4 * units_[static_cast<size_t>(reducing_)].block * (W_ + 1));
+  t_.free("reduce-scatter buffers", reducing_bytes_);
   grad_shards(reducing_);
   reducing_ = -1;
+  reducing_bytes_ = 0;
 }
 
-void MemoryReplay::reduce(int64_t u) {  // a reduce-scatter: its input, the one before done, its output
-  const int64_t block = units_[static_cast<size_t>(u)].block;
-  t_.alloc("reduce-scatter buffers", 4 * W_ * block);
-  finish_reduce();
-  t_.alloc("reduce-scatter buffers", 4 * block);
-  t_.alloc("reduce-scatter buffers", reduce_scatter_copies_ * 4 * W_ * block);
-  t_.free("reduce-scatter buffers", reduce_scatter_copies_ * 4 * W_ * block);
-  reducing_ = u;
+// A reduce-scatter of `ev.payload` bytes a rank over `ev.ranks`: its input; the unit before done
+// (a unit's second part, its experts, follows its first); its output.
+void MemoryReplay::reduce(const StepEvent& ev) {
+  const int64_t in = ev.ranks * ev.payload;
+  t_.alloc("reduce-scatter buffers", in);
+  if (reducing_ != ev.unit) finish_reduce();
+  t_.alloc("reduce-scatter buffers", ev.payload);
+  t_.alloc("reduce-scatter buffers", reduce_scatter_copies_ * in);
+  t_.free("reduce-scatter buffers", reduce_scatter_copies_ * in);
+  reducing_ = ev.unit;
+  reducing_bytes_ += in + ev.payload;
 }
 
 void MemoryReplay::end_micro_batch() {  // finish_backward
@@ -331,6 +347,10 @@ void MemoryReplay::unit_backward(int64_t u) {
 void MemoryReplay::post_backward_sums(int64_t u) {
   if (A_ > 1 && !reduce_every_ && m_ == 0) t_.alloc("gradient accumulators (fp32)", 4 * units_[static_cast<size_t>(u)].full);
   if (sync_ && whole_gradients_) grad_shards(u);
+  if (sync_ && whole_expert_gradients_ && !has_expert_grad_[static_cast<size_t>(u)]) {
+    t_.alloc("gradient shards (fp32)", 4 * units_[static_cast<size_t>(u)].experts_local);
+    has_expert_grad_[static_cast<size_t>(u)] = true;
+  }
 }
 
 void MemoryReplay::visit(const StepEvent& ev) {
@@ -363,11 +383,12 @@ void MemoryReplay::on_collective(const StepEvent& ev) {
   if (ev.kind == CommKind::AllGather) {
     if (ev.what == kFloat8AmaxGather) return;  // a float each
     // A gather's input and output buffers (the plan has no all-gather with one rank: the shards
-    // are cast straight into place), at the bytes it moves (FP8 weights: one a value).
-    gathering_[u] = ev.payload * (W_ + 1);
-    t_.alloc("all-gather buffers", gathering_[u]);
+    // are cast straight into place), at the bytes it moves (FP8 weights: one a value); a unit's
+    // experts have theirs beside the block's.
+    gathering_[u] += ev.payload * (ev.ranks + 1);
+    t_.alloc("all-gather buffers", ev.payload * (ev.ranks + 1));
   } else if (ev.kind == CommKind::ReduceScatter) {
-    reduce(ev.unit);
+    reduce(ev);
   }
 }
 
@@ -472,7 +493,7 @@ void MemoryReplay::optimizer_step() {
   for (const ParamSpec& p : specs_)
     if (param_role(p.name, static_cast<int64_t>(p.shape.size())) == ParamRole::Hidden) {
       if (p.shape.size() == 3) {  // an expert stack: the rank's own experts, orthogonalised where they are
-        groups[{p.shape[1], p.shape[2], 1, ++stacks}] += RowShard::of(p.shape, W).rows_per_rank;
+        groups[{p.shape[1], p.shape[2], 1, ++stacks}] += engine_shard(p, W, c_.parallel.ep).rows().rows_per_rank;
         continue;
       }
       hidden_slices += p.numel();
@@ -552,6 +573,20 @@ MemoryEstimate MemoryReplay::result() const {
   std::sort(est.at_peak.begin(), est.at_peak.end(), [](const auto& x, const auto& y) { return x.bytes > y.bytes; });
   for (int64_t i = 0; i < L_; ++i) est.activations_without_checkpointing += block_keeps_of(i);
   for (int64_t i = 0; i < L_; ++i) est.activations_per_micro_batch += keeps_of(i);
+  // What the experts keep per row they compute (ForwardSaves::moe_block's routed part: the row and
+  // its four hidden-sized products), for (ep - 1) N K rows more: in every MoE block that keeps its
+  // activations, or once in a checkpointed one's recomputation.
+  const int64_t ep = c_.parallel.ep;
+  if (ep > 1) {
+    const int64_t more = e_ * (ep - 1) * N_ * a_.top_k * (D_ + 4 * a_.expert_hidden());
+    bool recomputed = false;
+    for (int64_t i = 0; i < L_; ++i) {
+      if (!a_.moe_layer(i)) continue;
+      if (!checkpointed(i)) est.skewed_routing_extra += more;
+      recomputed = recomputed || checkpointed(i);
+    }
+    if (recomputed) est.skewed_routing_extra += more;
+  }
   est.reduce_every_micro_batch = reduce_every_;
   est.keep_unsharded = keep_;
   return est;
@@ -609,6 +644,10 @@ std::vector<std::string> describe_memory(const MemoryEstimate& e, const MemoryBu
   for (const auto& p : e.at_peak) lines.push_back(strf("  %-32s %s", p.what.c_str(), gib(p.bytes).c_str()));
   lines.push_back(strf("  saved activations per micro-batch: %s as configured, %s without activation checkpointing",
                        gib(e.activations_per_micro_batch).c_str(), gib(e.activations_without_checkpointing).c_str()));
+  if (e.skewed_routing_extra > 0)
+    lines.push_back(strf("  expert parallelism: counted for a balanced routing; every routed row to one rank's experts "
+                         "would keep up to %s more there",
+                         gib(e.skewed_routing_extra).c_str()));
   lines.push_back(std::string("  gradients: ") + (e.reduce_every_micro_batch ? "reduced on every micro-batch (sharded sums)"
                                                                               : "summed whole until the last micro-batch"));
   if (budget.device_bytes > 0)

@@ -30,6 +30,10 @@ struct MemoryEstimate {
   std::vector<Part> at_peak;    // what is live then, largest first
   int64_t activations_per_micro_batch = 0;  // saved for backward over all blocks, as configured
   int64_t activations_without_checkpointing = 0;
+  // Expert parallelism: the experts' saved activations are counted for a balanced routing, N K
+  // rows to each rank's experts a micro-batch. Its bound, every routed row of the EP group to this
+  // rank's experts (ep N K), would keep this much more (0 without EP).
+  int64_t skewed_routing_extra = 0;
   bool reduce_every_micro_batch = false;
   bool keep_unsharded = false;  // train.keep_unsharded in effect (one rank per shard group)
 };

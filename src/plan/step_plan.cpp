@@ -18,6 +18,13 @@
 
 namespace zb {
 
+EngineShard engine_shard(const ParamSpec& spec, int64_t shard, int64_t ep) {
+  if (ep == 1 || spec.shape.size() != 3) return {spec.shape, shard, false};
+  std::vector<int64_t> mine = spec.shape;
+  mine[0] /= ep;
+  return {mine, shard / ep, true};
+}
+
 namespace {
 
 // Appends events to a plan, one call per thing the step does.
@@ -163,8 +170,8 @@ struct ModelEvents {
 };
 
 // The sharding engine's micro-batches (fsdp/fsdp_engine.cpp, fsdp/fsdp_unit.cpp), in the order
-// it makes them: units are blocks 0..L-1 and the root L; `block[u]` is the elements unit u puts
-// into a collective (its rows on each rank, padded); `group` the engine's communicator.
+// it makes them: units are blocks 0..L-1 and the root L, each with one or two parts (UnitParts);
+// `group` the engine's communicator.
 // `R`: the replicas the gradients are summed over (1 under DiLoCo, whose replicas train apart).
 // FP8 all-gather (float8.enable_fsdp_float8_all_gather): whether the sharding engine gathers
 // parameter `s` in FP8 (those the model multiplies in FP8, float8/float8.h).
@@ -173,38 +180,62 @@ bool gathered_in_float8(const Config& c, const ParamSpec& s) {
   return f8.fsdp_all_gather && s.shape.size() == 2 && f8.takes(s.name, s.shape[0], s.shape[1], gemm_tokens(c));
 }
 
-// The bytes of each unit's all-gather block (FSDPUnit): its parameters' padded blocks in the
-// compute dtype; with an FP8 weight among them, each block in its own type rounded up to 16 bytes
-// (FSDPParam::gather_bytes).
-std::vector<int64_t> unit_gather_bytes(const Config& c, const std::vector<ParamSpec>& specs, int64_t L, int64_t S,
-                                       int64_t compute_bytes) {
-  std::vector<int64_t> plain(L + 1, 0), bytes(L + 1, 0);
+// What each unit puts into its collectives (FSDPUnit): per part, the elements of its rows on each
+// rank (padded) and the bytes of its all-gather block (the compute dtype's; with an FP8 weight
+// among them, each parameter's block in its own type rounded up to 16 bytes:
+// FSDPParam::gather_bytes). Part 0 is the unit's over the shard group; `experts` the mixture's
+// expert stacks under expert parallelism, over `expert_ranks` (empty blocks where there are none).
+struct UnitParts {
+  std::vector<int64_t> block, gather_bytes;
+  std::vector<int64_t> experts, expert_gather_bytes;
+  int64_t expert_ranks = 1;
+};
+
+UnitParts unit_parts(const Config& c, const std::vector<ParamSpec>& specs, int64_t L, int64_t S, int64_t compute_bytes) {
+  UnitParts u;
+  u.block.assign(L + 1, 0);
+  u.gather_bytes.assign(L + 1, 0);
+  u.experts.assign(L + 1, 0);
+  u.expert_gather_bytes.assign(L + 1, 0);
+  u.expert_ranks = S / c.parallel.ep;
+  std::vector<int64_t> bytes(L + 1, 0);
   std::vector<bool> fp8(L + 1, false);
   for (const ParamSpec& s : specs) {
-    const size_t u = static_cast<size_t>(s.layer >= 0 ? s.layer : L);
-    const int64_t n = RowShard::of(s.shape, S).block_numel();
+    const size_t i = static_cast<size_t>(s.layer >= 0 ? s.layer : L);
+    const EngineShard held = engine_shard(s, S, c.parallel.ep);
+    const int64_t n = held.rows().block_numel();
+    if (held.experts) {
+      u.experts[i] += n;
+      u.expert_gather_bytes[i] += n * compute_bytes;
+      continue;
+    }
     const bool f = gathered_in_float8(c, s);
-    plain[u] += n * compute_bytes;
-    bytes[u] += (n * (f ? 1 : compute_bytes) + 15) / 16 * 16;
-    fp8[u] = fp8[u] || f;
+    u.block[i] += n;
+    u.gather_bytes[i] += n * compute_bytes;
+    bytes[i] += (n * (f ? 1 : compute_bytes) + 15) / 16 * 16;
+    fp8[i] = fp8[i] || f;
   }
-  for (size_t u = 0; u < plain.size(); ++u)
-    if (fp8[u]) plain[u] = bytes[u];
-  return plain;
+  for (size_t i = 0; i < bytes.size(); ++i)
+    if (fp8[i]) u.gather_bytes[i] = bytes[i];
+  return u;
 }
 
 void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, int64_t L, int64_t R,
-                             const std::vector<int64_t>& block, const std::vector<int64_t>& gather_bytes,
-                             const std::string& group, const ModelEvents& model) {
-  const int64_t S = p.shard;
+                             const UnitParts& parts, const std::string& group, const ModelEvents& model) {
+  const int64_t S = p.shard, Se = parts.expert_ranks;
+  const std::vector<int64_t>& block = parts.block;
   const bool raf = c.train.reshard_after_forward;
   const int64_t ac = c.train.ac_ckpt;
   // Kept casts (one rank): each unit is cast in the first micro-batch's forward and never freed.
   const bool keep = p.keep_unsharded;
   auto name = [L](int64_t u) { return u == L ? std::string("root") : "block " + std::to_string(u); };
   auto resharded_after_forward = [&](int64_t i) { return raf && !keep && i != L - 1; };  // the last is kept
+  auto has_experts = [&](int64_t u) { return parts.experts[static_cast<size_t>(u)] > 0; };
   auto gather = [&](int64_t u, const char* overlap) {  // issue_unshard: a collective over several ranks
-    if (S > 1) w.ring(CommKind::AllGather, group, S, gather_bytes[u], "gather " + name(u), overlap, u);
+    if (S > 1) w.ring(CommKind::AllGather, group, S, parts.gather_bytes[u], "gather " + name(u), overlap, u);
+    if (has_experts(u) && Se > 1)
+      w.ring(CommKind::AllGather, "expert_shard", Se, parts.expert_gather_bytes[u], "gather " + name(u) + "'s experts",
+             overlap, u);
   };
   for (int64_t m = 0; m < p.micro_batches; ++m) {
     const bool sync = p.reduce_every_micro_batch || m == p.micro_batches - 1;
@@ -212,14 +243,22 @@ void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, 
     // post_backward's reduction: the unit before finishes its reduce-scatter (and under HSDP starts
     // its all-reduce over the replicas) before this one starts; one rank alone adds in place.
     // Block 0's and the root's reductions have no backward left to hide behind.
+    // A part of one rank without replicas adds its sums in place (its experts too).
+    auto replicate = [&](int64_t u, const char* overlap) {  // the replicas' sums of u's reduced rows
+      w.ring(CommKind::AllReduce, "replicate", R, 4 * block[u], "sum " + name(u) + " over the replicas", overlap, u);
+      if (has_experts(u))
+        w.ring(CommKind::AllReduce, "replicate", R, 4 * parts.experts[u], "sum " + name(u) + "'s experts over the replicas",
+               overlap, u);
+    };
     auto reduce = [&](int64_t u) {
       if (!sync || (S == 1 && R == 1)) return;
       const char* overlap_of_previous = reducing > 0 && reducing < L ? "reduce" : "exposed";
-      if (reducing >= 0 && R > 1)
-        w.ring(CommKind::AllReduce, "replicate", R, 4 * block[reducing], "sum " + name(reducing) + " over the replicas",
-               overlap_of_previous, reducing);
-      w.ring(CommKind::ReduceScatter, group, S, 4 * block[u], "reduce " + name(u), u > 0 && u < L ? "reduce" : "exposed",
-             u);
+      if (reducing >= 0 && R > 1) replicate(reducing, overlap_of_previous);
+      const char* overlap = u > 0 && u < L ? "reduce" : "exposed";
+      w.ring(CommKind::ReduceScatter, group, S, 4 * block[u], "reduce " + name(u), overlap, u);
+      if (has_experts(u) && (Se > 1 || R > 1))
+        w.ring(CommKind::ReduceScatter, "expert_shard", Se, 4 * parts.experts[u], "reduce " + name(u) + "'s experts",
+               overlap, u);
       reducing = u;
     };
 
@@ -270,9 +309,7 @@ void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, 
     reduce(L);
     w.mark(StepEvent::Op::Backward, L);
     // finish_backward: the root's reduce-scatter completes, then its all-reduce over the replicas.
-    if (reducing >= 0 && R > 1)
-      w.ring(CommKind::AllReduce, "replicate", R, 4 * block[reducing], "sum root over the replicas", "exposed",
-             reducing);
+    if (reducing >= 0 && R > 1) replicate(reducing, "exposed");
   }
 }
 
@@ -341,10 +378,8 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, const ResolvedRun&
   // The engine's communicator: the world unless groups were made.
   const std::string shard_group = mesh.shard_group_name();
   if (fsdp) {
-    std::vector<int64_t> block(L + 1, 0);
-    for (const ParamSpec& s : specs) block[s.layer >= 0 ? s.layer : L] += RowShard::of(s.shape, S).block_numel();
     const int64_t compute_bytes = at::elementSize(run.compute_dtype);
-    const std::vector<int64_t> gather = unit_gather_bytes(c, specs, L, S, compute_bytes);
+    const UnitParts parts = unit_parts(c, specs, L, S, compute_bytes);
     ModelEvents model_events;
     for (const ParamSpec& s : specs) model_events.float8_weights += gathered_in_float8(c, s);
     // Under context parallelism a rank's tokens are its share of each row (T / cp of them), and
@@ -373,7 +408,7 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, const ResolvedRun&
       const int64_t chunk = loss_chunk_tokens(share.vocab, run.device.is_cuda());
       for (int64_t start = 0; start < n; start += chunk) model_events.chunks.push_back(std::min(chunk, n - start));
     }
-    plan_fsdp_micro_batches(w, c, p, L, diloco ? 1 : R, block, gather, shard_group, model_events);
+    plan_fsdp_micro_batches(w, c, p, L, diloco ? 1 : R, parts, shard_group, model_events);
   } else {
     plan_ddp_micro_batches(w, p, specs, L, c.train.bucket_mb);
   }

@@ -23,10 +23,24 @@
 #include "config/config.h"
 #include "config/resolved_run.h"
 #include "dist/compression.h"
-#include "parallel/step_trace.h"
+#include "model/model_args.h"
 #include "parallel/mesh.h"
+#include "parallel/row_shard.h"
+#include "parallel/step_trace.h"
 
 namespace zb {
+
+// How the sharding engine holds a parameter (fsdp/fsdp_engine.h): its rows over the shard group's
+// `shard` ranks; under expert parallelism (ep > 1) a routed experts' stack is this rank's E/ep
+// experts, over the shard / ep ranks that hold them (the "expert_shard" group: its unit's second
+// part).
+struct EngineShard {
+  std::vector<int64_t> shape;  // what is sharded: the parameter, or this rank's experts of it
+  int64_t ranks = 1;
+  bool experts = false;
+  RowShard rows() const { return RowShard::of(shape, ranks); }
+};
+EngineShard engine_shard(const ParamSpec& spec, int64_t shard, int64_t ep);
 
 // What the plan calls the FP8 all-gather's gather of the weights' amaxes (a step's first).
 inline constexpr const char* kFloat8AmaxGather = "FP8 weights' amaxes";

@@ -80,7 +80,8 @@ std::unique_ptr<ParallelModel> build_engine(const Config& config, const Training
   // DiLoCo: no gradient crosses between replicas; the outer step does, every inner_steps steps.
   const bool diloco = config.diloco.inner_steps > 0;
   return std::make_unique<FSDPEngine>(*parts.model, mesh.shard_group(), fsdp,
-                                      diloco ? nullptr : mesh.replicate_group(), mesh.tp_group());
+                                      diloco ? nullptr : mesh.replicate_group(), mesh.tp_group(), mesh.ep_group(),
+                                      mesh.expert_shard_group());
 }
 
 void place_muon(Muon& muon, const Config& config, const ParallelMesh& mesh) {

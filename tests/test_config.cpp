@@ -635,10 +635,13 @@ TEST(ConfigErrors, MixtureOfExperts) {
             "command line (--model.n_dense_layers): model.n_dense_layers (2) must leave at least one of the 2 blocks a "
             "mixture of experts");
   apply_override(c, "model.n_dense_layers", "1");
-  apply_override(c, "parallel.tp", "2");
+  apply_override(c, "parallel.tp", "2");  // the routed experts whole on every TP rank
+  EXPECT_NO_THROW(validate(c, 2));
+  apply_override(c, "model.aux_loss_coeff", "0.001");
   EXPECT_EQ(error_of([&] { validate(c, 2); }),
-            "command line (--parallel.tp): parallel.tp (2): a mixture of experts (model.num_experts) is not yet split by "
-            "tensor parallelism");
+            "command line (--model.aux_loss_coeff): model.aux_loss_coeff: the sequence-wise auxiliary loss needs each "
+            "sequence's tokens on one rank, but parallel.tp (2) splits them");
+  apply_override(c, "model.aux_loss_coeff", "0");
   apply_override(c, "parallel.tp", "1");
   c.data.seq_length = 64;
   apply_override(c, "parallel.cp", "2");

@@ -95,17 +95,18 @@ void validate(const Config& c, int64_t world_size) {
       fail("model.num_limited_groups", "model.num_limited_groups is group routing's: it needs model.num_expert_groups");
     }
     // What does not yet compose with experts, each by the key that asks for it.
-    if (c.parallel.tp > 1)
-      fail("parallel.tp", "parallel.tp (" + show(c.parallel.tp) + "): a mixture of experts (model.num_experts) is not "
-                          "yet split by tensor parallelism");
     if (c.float8.enable_float8_linear)
       fail("float8.enable_float8_linear", "float8.enable_float8_linear: a mixture of experts' grouped products "
                                           "(model.num_experts) have no FP8 path yet");
     if (c.diloco.inner_steps > 0)
       fail("diloco.inner_steps", "diloco.inner_steps: DiLoCo does not yet train a mixture of experts (model.num_experts)");
-    if (a.aux_loss_coeff > 0 && c.parallel.cp > 1)
-      fail("model.aux_loss_coeff", "model.aux_loss_coeff: the sequence-wise auxiliary loss needs each sequence's "
-                                   "tokens on one rank, but parallel.cp (" + show(c.parallel.cp) + ") splits them");
+    // Tensor parallelism's ranks each route their own positions of a sequence, as CP's do.
+    for (const char* key : {"parallel.cp", "parallel.tp"}) {
+      const int64_t n = std::string(key) == "parallel.cp" ? c.parallel.cp : c.parallel.tp;
+      if (a.aux_loss_coeff > 0 && n > 1)
+        fail("model.aux_loss_coeff", "model.aux_loss_coeff: the sequence-wise auxiliary loss needs each sequence's "
+                                     "tokens on one rank, but " + std::string(key) + " (" + show(n) + ") splits them");
+    }
   } else {
     for (const char* key : {"model.top_k", "model.moe_inter_dim", "model.num_shared_experts", "model.n_dense_layers",
                             "model.score_func", "model.route_norm", "model.route_scale", "model.num_expert_groups",

@@ -31,7 +31,9 @@ void check_tensor_parallel(const ModelArgs& a, int64_t tp) {
          " key/value heads must divide into them or each be shared by a whole number of them");
   if (a.ffn_hidden() % tp != 0) fail("the FFN's hidden size " + std::to_string(a.ffn_hidden()) + " does not divide into them");
   if (a.vocab_size % tp != 0) fail("the vocabulary of " + std::to_string(a.vocab_size) + " words does not divide into them");
-  if (tp > 1 && a.num_experts > 0) fail("a mixture of experts is not yet split by tensor parallelism");
+  // A mixture's routed experts stay whole on every rank; its shared experts split as the FFN does.
+  if (const int64_t shared = a.num_shared_experts * a.expert_hidden(); a.num_experts > 0 && shared % tp != 0)
+    fail("the shared experts' hidden size " + std::to_string(shared) + " does not divide into them");
 }
 
 Llama::Llama(const ModelArgs& args, const at::TensorOptions& options, bool allocate_parameters,
@@ -240,19 +242,21 @@ ForwardSaves forward_saves(const ModelArgs& a, at::ScalarType compute_dtype, boo
   const int64_t mlp = (fused_kernels ? 3 : 4) * F;
   const int64_t kv_kept_twice = cp == 1 || cp_ring ? 2 : cp_packed ? 2 * cp + 1 : 2 * cp;  // both k and v
   s.block = {2 * s.norm + 2 * e * D, e * (2 * D + 2 * Q + kv_kept_twice * K + mlp) + 4 * H + (cp_ring ? 4 * Q : 0)};
-  // A mixture of experts' block (no TP: refused with experts) keeps the block's attention part and,
-  // for the feed-forward, per token: the router's scores (fp32, E; on a GPU also x cast to fp32,
-  // the gate's input) and its choice (int64 K: the sort's order, read by the rows' gather and the
-  // combine's), the weights (fp32 K); each of the K rows of x the experts read (D), their
-  // w1/w3 outputs, SiLU's output and the gate's output (4 Fe: ATen's silu and mul nodes), the
-  // results in fp32 for the weighted sum (4 D); and the shared experts as the dense SwiGLU of
-  // their width keeps its products.
+  // A mixture of experts' block keeps the block's attention part and, for the feed-forward, per
+  // token it routes: the router's scores (fp32, E; on a GPU also x cast to fp32, the gate's input)
+  // and its choice (int64 K: the sort's order, read by the rows' gather and the combine's), the
+  // weights (fp32 K); each of the K rows of x the experts read (D), their w1/w3 outputs, SiLU's
+  // output and the gate's output (4 Fe: ATen's silu and mul nodes), the results in fp32 for the
+  // weighted sum (4 D); and the shared experts as the dense SwiGLU of their width keeps its
+  // products. Under TP a rank routes its own positions (their normed x, D, read by the gate) and
+  // its columns of the shared experts read the gathered sequence (none without shared experts).
   if (a.num_experts > 0) {
-    const int64_t K = a.top_k, Fe = a.expert_hidden(), S = a.num_shared_experts * Fe;
+    const int64_t K = a.top_k, Fe = a.expert_hidden(), S = a.num_shared_experts * Fe / tp;
     const int64_t router = 4 * a.num_experts + (e == 4 ? 0 : 4 * D) + 2 * 8 * K + 4 * K;
     const int64_t routed = e * K * (D + 4 * Fe) + 4 * K * D;
     const int64_t shared = S > 0 ? e * (fused_kernels ? 3 : 4) * S : 0;
-    s.moe_block = {s.block.own, s.block.all - e * mlp + router + routed + shared};
+    const int64_t local_x = tp > 1 ? e * D : 0, no_gathered_x = tp > 1 && S == 0 ? e * D : 0;
+    s.moe_block = {s.block.own + router + routed + local_x, s.block.all - e * mlp + shared - no_gathered_x};
   }
   s.checkpointed = {e * D, 0};  // its input is the block before's output
   // head_loss: the final norm at the rank's positions; the normed x [N, D] (gathered whole under

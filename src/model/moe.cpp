@@ -1,6 +1,7 @@
 #include "model/moe.h"
 
 #include "model_parallel/expert_parallel.h"
+#include "model_parallel/tensor_parallel.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/_grouped_mm.h>
@@ -257,14 +258,18 @@ at::Tensor MixtureOfExperts::forward(const BlockContext& block, const at::Tensor
   const ExpertLoad& load = *block.experts;
   const int64_t D = x.size(-1);
   const at::Tensor tokens = x.reshape({-1, D});
-  const Routing routing = route(tokens, b.gate, load.bias, router_);
+  // Under TP each rank routes its own positions through whole experts: the router's and the
+  // experts' gradients, from those positions alone, are summed over the group in backward.
+  auto whole = [&](const at::Tensor& w) { return block.tp ? replicated_weight(w, *block.tp) : w; };
+  const Routing routing = route(tokens, whole(b.gate), load.bias, router_);
   const bool training = at::GradMode::is_enabled();
   if (training) load.tokens.add_(routing.tokens_per_expert);
   at::Tensor routed;
   if (block.ep) {  // the stacks hold this rank's experts (the sharding engine gathers those alone)
-    routed = routed_experts_parallel(tokens, routing, b.experts_w1, b.experts_w2, b.experts_w3, *block.ep);
+    routed = routed_experts_parallel(tokens, routing, whole(b.experts_w1), whole(b.experts_w2), whole(b.experts_w3),
+                                     *block.ep);
   } else {
-    routed = routed_experts(tokens, routing, b.experts_w1, b.experts_w2, b.experts_w3);
+    routed = routed_experts(tokens, routing, whole(b.experts_w1), whole(b.experts_w2), whole(b.experts_w3));
   }
   routed = routed.view(x.sizes());
   // The shared experts and the residual in one (DenseSwiGLU adds h), then the routed experts.

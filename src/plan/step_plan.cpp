@@ -72,21 +72,32 @@ struct ModelEvents {
   // follows the routing, so the plan's bytes are those of a balanced one: the rest of the group
   // gets (ep - 1) / ep of them).
   int64_t ep = 1, ep_counts = 0, ep_rows = 0;
-  std::vector<bool> moe;
+  std::vector<bool> moe;  // per block: a mixture of experts
+  // Under TP a mixture's shared experts are the TP-split MLP (none: no MLP collectives), and the
+  // gradients of its whole expert stacks (this rank's experts, `experts` bytes each) and gate
+  // (`gate`) are summed over the group.
+  bool shared_experts = false;
+  int64_t experts = 0, gate = 0;
 
+  bool mixture(int64_t layer) const { return moe[static_cast<size_t>(layer)]; }
+  bool tp_mlp(int64_t layer) const { return tp > 1 && (!mixture(layer) || shared_experts); }
   void ep_exchange(PlanWriter& w, int64_t payload, const std::string& what) const {
     w.collective(CommKind::AllToAll, "ep", ep, payload, 2 * payload / ep * (ep - 1), what, "exposed");
   }
-  void moe_forward(PlanWriter& w, int64_t layer) const {
-    if (ep == 1 || !moe[static_cast<size_t>(layer)]) return;
+  void moe_forward(PlanWriter& w) const {
+    if (ep == 1) return;
     ep_exchange(w, ep_counts, "EP: tokens per expert");
     ep_exchange(w, ep_rows, "EP: rows to their experts (as balanced)");
     ep_exchange(w, ep_rows, "EP: results back (as balanced)");
   }
-  void moe_backward(PlanWriter& w, int64_t layer) const {
-    if (ep == 1 || !moe[static_cast<size_t>(layer)]) return;
-    ep_exchange(w, ep_rows, "EP: results' gradients to the experts (as balanced)");
-    ep_exchange(w, ep_rows, "EP: rows' gradients back (as balanced)");
+  void moe_backward(PlanWriter& w) const {
+    if (ep > 1) {
+      ep_exchange(w, ep_rows, "EP: results' gradients to the experts (as balanced)");
+      ep_exchange(w, ep_rows, "EP: rows' gradients back (as balanced)");
+    }
+    if (tp == 1) return;
+    for (const char* m : {"w1", "w2", "w3"}) ring(w, CommKind::AllReduce, experts, std::string("TP: experts' ") + m + " gradient");
+    ring(w, CommKind::AllReduce, gate, "TP: router gate gradient");
   }
 
   // One step around the ring: an all-to-all whose only parts go to the next rank and come from
@@ -131,23 +142,29 @@ struct ModelEvents {
     if (tp > 1) ring(w, CommKind::AllGather, seq, "TP: embedding gradient, whole sequence");
   }
   // A block: the sequence gathered before attention's and the MLP's column-parallel products, the
-  // row-parallel products' partial sums reduce-scattered back (a recompute does it again).
-  void block_forward(PlanWriter& w) const {
+  // row-parallel products' partial sums reduce-scattered back (a recompute does it again). A
+  // mixture routes its own positions (EP's exchanges) before its shared experts run.
+  void block_forward(PlanWriter& w, int64_t layer) const {
     if (tp > 1) ring(w, CommKind::AllGather, seq, "TP: sequence for the attention");
     cp_forward(w);
-    if (tp == 1) return;
-    ring(w, CommKind::ReduceScatter, seq, "TP: attention partial sums");
+    if (tp > 1) ring(w, CommKind::ReduceScatter, seq, "TP: attention partial sums");
+    if (mixture(layer)) moe_forward(w);
+    if (!tp_mlp(layer)) return;
     ring(w, CommKind::AllGather, seq, "TP: sequence for the MLP");
     ring(w, CommKind::ReduceScatter, seq, "TP: MLP partial sums");
   }
-  // Its backward, the MLP first: each gather's backward a reduce-scatter and the reverse, then the
-  // norm weight's gradient summed over the group (and the shared key/value weights', wv's first).
+  // Its backward, the MLP first: each gather's backward a reduce-scatter and the reverse, then (a
+  // mixture's routed experts: EP's exchanges back, the whole weights' sums over TP) the norm
+  // weight's gradient summed over the group (and the shared key/value weights', wv's first).
   // Attention's backward gives the keys' and values' gradients, which go back to their owners
   // over the CP group.
-  void block_backward(PlanWriter& w) const {
-    if (tp > 1) {
+  void block_backward(PlanWriter& w, int64_t layer) const {
+    if (tp_mlp(layer)) {
       ring(w, CommKind::AllGather, seq, "TP: MLP output gradient");
       ring(w, CommKind::ReduceScatter, seq, "TP: MLP input gradient");
+    }
+    if (mixture(layer)) moe_backward(w);
+    if (tp > 1) {
       ring(w, CommKind::AllReduce, norm, "TP: MLP norm weight gradient");
       ring(w, CommKind::AllGather, seq, "TP: attention output gradient");
     }
@@ -277,8 +294,7 @@ void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, 
       if (cast) w.mark(StepEvent::Op::Unshard, i);
       if (i + 1 < L) gather(i + 1, "gather");
       w.mark(StepEvent::Op::Forward, i);
-      model.block_forward(w);
-      model.moe_forward(w, i);
+      model.block_forward(w, i);
       if (resharded_after_forward(i)) w.mark(StepEvent::Op::Reshard, i);
     }
     w.mark(StepEvent::Op::Loss);
@@ -294,11 +310,9 @@ void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, 
       }
       if (ac > 0 && i % ac == 0) {
         w.mark(StepEvent::Op::Recompute, i);
-        model.block_forward(w);
-        model.moe_forward(w, i);
+        model.block_forward(w, i);
       }
-      model.moe_backward(w, i);
-      model.block_backward(w);
+      model.block_backward(w, i);
       // Post-backward: the gathered copy freed, the gradients reduced (or summed for later).
       if (!keep) w.mark(StepEvent::Op::Reshard, i);
       reduce(i);
@@ -391,11 +405,14 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, const ResolvedRun&
       model_events.cp_ring = run.attention.cp_ring();
       model_events.ring_grad = 2 * 4 * c.train.micro_bs * T * tp_share(a, tp).kv_heads * a.head_dim();
     }
-    if (c.parallel.ep > 1) {
+    for (int64_t i = 0; i < L; ++i) model_events.moe.push_back(a.moe_layer(i));
+    model_events.shared_experts = a.num_shared_experts > 0;
+    model_events.experts = compute_bytes * (a.num_experts / c.parallel.ep) * a.expert_hidden() * a.dim;
+    model_events.gate = compute_bytes * a.num_experts * a.dim;
+    if (c.parallel.ep > 1) {  // a rank routes its own positions: T / tp of each row under TP
       model_events.ep = c.parallel.ep;
       model_events.ep_counts = 8 * a.num_experts;
-      model_events.ep_rows = compute_bytes * c.train.micro_bs * T * a.top_k * a.dim;
-      for (int64_t i = 0; i < L; ++i) model_events.moe.push_back(a.moe_layer(i));
+      model_events.ep_rows = compute_bytes * c.train.micro_bs * (T / tp) * a.top_k * a.dim;
     }
     if (tp > 1) {
       model_events.tp = tp;

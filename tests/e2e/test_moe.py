@@ -15,6 +15,10 @@ Runs, each a real process (ranks over loopback Gloo with torchrun's variables):
   ep2        expert parallelism over 2 ranks: each computes its 2 experts for both ranks' tokens
   ep2_fsdp2  4 ranks, EP groups of 2 (strided), FSDP over all 4
   ep4        4 ranks, one expert each, with activation checkpointing (the exchange runs again)
+  ep2_tp2    TP 2 x FSDP 2, EP over the 2 shard ranks: attention split by TP, the routed experts whole
+             on both TP ranks, each routing its own positions
+  ep2_hsdp   HSDP 2 x 2, EP over each shard group
+  ep2_cp2    CP 2, EP over the 2 ranks sharing each sequence
 Per step each run's loss must equal the reference's within 1e-5; the final parameters (exported to
 Mixtral's files by export_hf) within 1e-4. The runs load the reference's initial weights through
 ckpt.init_from (Mixtral's files read back).
@@ -152,7 +156,10 @@ def test_mixtral_step(work):
     # The learning rates stay as configured: no warmup, every step stable.
     assert cfg["schedule"]["type"] == "wsd-sqrt" and cfg["schedule"]["warmup_steps"] == 0
     runs = {"one": (1, []), "fsdp2": (2, ["--train.ac_ckpt", "true"]), "ep2": (2, ["--parallel.ep", "2"]),
-            "ep2_fsdp2": (4, ["--parallel.ep", "2"]), "ep4": (4, ["--parallel.ep", "4", "--train.ac_ckpt", "true"])}
+            "ep2_fsdp2": (4, ["--parallel.ep", "2"]), "ep4": (4, ["--parallel.ep", "4", "--train.ac_ckpt", "true"]),
+            "ep2_tp2": (4, ["--parallel.ep", "2", "--parallel.tp", "2"]),
+            "ep2_hsdp": (4, ["--parallel.ep", "2", "--parallel.dp_shard", "2", "--parallel.dp_replicate", "2"]),
+            "ep2_cp2": (2, ["--parallel.ep", "2", "--parallel.cp", "2"])}
     for name, (ranks, extra) in runs.items():
         own = [*common, *extra, "--logging.metrics_file", f"{tmp}/{name}.jsonl", "--ckpt.path", f"{tmp}/{name}_ckpt"]
         if ranks == 1:
@@ -190,9 +197,9 @@ def deepseek_args(tmp, aux=True):
 
 def test_layouts_and_resume(work):
     """The same run on other layouts gives the same steps: FSDP 2 with activation checkpointing,
-    HSDP 2 x 2, CP 2 (without the auxiliary loss, which needs whole sequences), both with expert
-    parallelism over 2 ranks, and a resume of
-    the one process's step-4 checkpoint on 2 ranks (the biases travel in it). The bias moves each
+    HSDP 2 x 2, CP 2 and TP 2 (without the auxiliary loss, which needs whole sequences; under TP the
+    shared expert is split as the MLP is), all with expert parallelism over 2 ranks, and resumes of
+    the one process's step-4 checkpoint on 2 ranks, with and without EP (the biases travel in it). The bias moves each
     step by the counts of every rank (a rank's own would move each rank's bias its own way)."""
     tmp = str(work)
     make_data(tmp)
@@ -204,7 +211,10 @@ def test_layouts_and_resume(work):
         "cp2": (2, False, ["--parallel.cp", "2"]),
         "hsdp_ep2": (4, True, ["--parallel.dp_shard", "2", "--parallel.dp_replicate", "2", "--parallel.ep", "2"]),
         "cp2_ep2": (2, False, ["--parallel.cp", "2", "--parallel.ep", "2"]),
+        "tp2": (2, False, ["--parallel.tp", "2"]),
+        "tp2_ep2": (4, False, ["--parallel.tp", "2", "--parallel.ep", "2"]),
         "resumed": (2, True, ["--ckpt.resume", f"{tmp}/one_ckpt/step_00000004"]),
+        "resumed_ep2": (2, True, ["--ckpt.resume", f"{tmp}/one_ckpt/step_00000004", "--parallel.ep", "2"]),
     }
     losses = {}
     for name, (ranks, aux, extra) in runs.items():
@@ -220,8 +230,9 @@ def test_layouts_and_resume(work):
         print(name, [round(x, 6) for x in losses[name].values()], "bias spread", spread)
         assert any(s > 0 for s in spread), f"{name}: the bias never moved"
     for name, want in (("fsdp2", "one"), ("hsdp", "one"), ("cp2", "one_noaux"), ("resumed", "one"),
-                       ("hsdp_ep2", "one"), ("cp2_ep2", "one_noaux")):
+                       ("hsdp_ep2", "one"), ("cp2_ep2", "one_noaux"), ("tp2", "one_noaux"), ("tp2_ep2", "one_noaux"),
+                       ("resumed_ep2", "one")):
         for step, loss in losses[name].items():
             assert abs(loss - losses[want][step]) < 2e-6, f"{name} step {step}: {loss} against {want}'s {losses[want][step]}"
-    assert sorted(losses["resumed"]) == [5, 6, 7, 8]
+    assert sorted(losses["resumed"]) == sorted(losses["resumed_ep2"]) == [5, 6, 7, 8]
     assert losses["one"] != losses["one_noaux"]  # the auxiliary loss changes the steps

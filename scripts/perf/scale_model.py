@@ -15,6 +15,8 @@ steps).
   scale_model.py ... --config A.toml --tp 1 2 4 8   # rows with tensor parallelism inside each node
   scale_model.py ... --config A.toml --cp 1 2 4 -- --data.seq_length 32768 --train.micro_bs 1
                                        # rows with context parallelism inside each node
+  scale_model.py ... --config configs/moe/moonlight_16B_8xH100.toml --ep 8 64
+                                       # a mixture of experts, expert parallelism over 8 or 64 GPUs
 
 OVERRIDES are the program's own: for a GPU run planned here, --runtime.device cuda and the GPU's
 memory (--runtime.device_memory_gb 80), so that dtypes and the memory verdict (the peak per GPU,
@@ -42,7 +44,9 @@ stated assumptions:
   block's backward, so a block exposes only what its collectives take beyond its compute; the
   root's first gather, the last reduction, Muon's exchange and the small all-reduces are exposed;
 - DiLoCo: the plan's outer exchanges (each fragment's, over the replicate group, across nodes) once
-  per H steps; blocking without a fragment delay, else hidden behind that many steps of compute.
+  per H steps; blocking without a fragment delay, else hidden behind that many steps of compute;
+- expert parallelism (--ep): the plan's all-to-alls, their bytes a balanced routing's, exposed; an
+  EP group spans its shard group, the experts' shard groups (S/ep consecutive ranks) less.
 """
 import argparse
 import json
@@ -62,15 +66,17 @@ def run_of(train, config, overrides, world):
     return program_json(train, config, overrides, "--print-config", "--world-size", str(world))
 
 
-def step_plan(train, config, overrides, world, shard, ddp=False, rank=0, batch_size=None, inner_steps=0, tp=1, cp=1):
+def step_plan(train, config, overrides, world, shard, ddp=False, rank=0, batch_size=None, inner_steps=0, tp=1, cp=1,
+              ep=1):
     """Rank `rank`'s plan of one step (--print-plan) on `world` ranks, `shard` per shard group (its
-    context-parallel ranks included), `tp` per tensor-parallel group and `cp` per context-parallel
-    group (train_ddp's for --ddp: the program beside train_fsdp)."""
+    context-parallel ranks included), `tp` per tensor-parallel group, `cp` per context-parallel
+    group and `ep` per expert-parallel group (train_ddp's for --ddp: the program beside train_fsdp)."""
     program = os.path.join(os.path.dirname(train), "train_ddp") if ddp else train
     extra = ["--world-size", str(world), f"--print-plan={rank}"]
     if not ddp:
         extra += ["--parallel.dp_shard", str(shard // cp), "--parallel.dp_replicate", str(world // (shard * tp)),
                   "--parallel.tp", str(tp)] + (["--parallel.cp", str(cp)] if cp > 1 else [])
+        extra += ["--parallel.ep", str(ep)] if ep > 1 else []
     if batch_size:
         extra += ["--optim.batch_size", str(batch_size)]
     if inner_steps:
@@ -100,7 +106,7 @@ def collective_seconds(counted_bytes, hops, bw, lat):
     return hops * lat + counted_bytes / 2 / bw
 
 
-def predict(train, config, overrides, run, nodes, gpus, hsdp, link, efficiency, inner_steps=0, tp=1, cp=1):
+def predict(train, config, overrides, run, nodes, gpus, hsdp, link, efficiency, inner_steps=0, tp=1, cp=1, ep=1):
     """Step time, exposed communication and MFU for `nodes` x `gpus` ranks, each GPU training the
     sequences it trains on one node (weak scaling: the global batch grows with the nodes). The
     collectives are the step plan's for rank 0, each timed on the link its group spans. With
@@ -108,14 +114,16 @@ def predict(train, config, overrides, run, nodes, gpus, hsdp, link, efficiency, 
     With `tp`: tensor parallelism inside a node; a TP group trains tp times a GPU's sequences
     (its GPUs each do 1/tp of the math), and its collectives are exposed (no overlap modelled).
     With `cp`: context parallelism inside a node, the same way (a CP group trains cp times a GPU's
-    sequences, each GPU 1/cp of every row)."""
+    sequences, each GPU 1/cp of every row). With `ep`: expert parallelism over ep ranks of each shard
+    group."""
     W = nodes * gpus
     S = (gpus if hsdp or inner_steps else W) // tp
     L = run["model"]["n_layers"]
     per_gpu = run["batch_size"] // gpus  # sequences per GPU and step, as on one node
     accum = per_gpu * tp * cp // run["micro_bs"]  # micro-batches of a TP and CP group
     tokens = per_gpu * run["seq_length"]  # per rank per step
-    plan = step_plan(train, config, overrides, W, S, batch_size=per_gpu * W, inner_steps=inner_steps, tp=tp, cp=cp)
+    plan = step_plan(train, config, overrides, W, S, batch_size=per_gpu * W, inner_steps=inner_steps, tp=tp, cp=cp,
+                     ep=ep)
     # Activation checkpointing runs a recomputed block's forward again in its backward: a third of
     # the block's FLOPs more, which takes time but is not in MFU's count (the model's FLOPs only).
     m = run["model"]
@@ -130,7 +138,8 @@ def predict(train, config, overrides, run, nodes, gpus, hsdp, link, efficiency, 
     backward = (2 + recomputed) * forward
     hide = {"gather": forward, "regather": backward, "reduce": backward, "exposed": 0.0}
     intra, inter = (link["intra_bw"], link["intra_lat"]), (link["inter_bw"], link["inter_lat"])
-    spans = {"shard": S * tp > gpus, "replicate": True, "world": W > gpus, "tp": False, "cp": False}  # crosses nodes?
+    spans = {"shard": S * tp > gpus, "replicate": True, "world": W > gpus, "tp": False, "cp": False,  # crosses nodes?
+             "ep": S * tp > gpus, "expert_shard": S // ep * tp > gpus}
     calls = plan_calls(plan)
     seconds, slots, moved = {}, {}, {False: 0, True: 0}
     for group, cs in calls.items():
@@ -235,6 +244,8 @@ def main():
                     help="tensor-parallel degrees (within a node): table rows for each; with --bytes the first")
     ap.add_argument("--cp", type=int, nargs="+", default=[1],
                     help="context-parallel degrees (within a node): table rows for each; with --bytes the first")
+    ap.add_argument("--ep", type=int, nargs="+", default=[1],
+                    help="expert parallelism: ranks of a shard group splitting a mixture's experts (one row set each)")
     ap.add_argument("--gpus-per-node", type=int, default=8)
     ap.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 8, 32, 64])
     ap.add_argument("--compute-efficiency", type=float, default=0.5, help="fraction of peak the math runs at")
@@ -253,9 +264,9 @@ def main():
     args = ap.parse_args()
     overrides = args.overrides[1:] if args.overrides[:1] == ["--"] else args.overrides
     if args.bytes:
-        tp, cp = args.tp[0], args.cp[0]
+        tp, cp, ep = args.tp[0], args.cp[0], args.ep[0]
         plan = step_plan(args.train, args.config[0], overrides, args.world, args.shard or args.world // tp, args.ddp,
-                         args.rank, tp=tp, cp=cp)
+                         args.rank, tp=tp, cp=cp, ep=ep)
         bytes_ = plan["counted_bytes"]
         if plan.get("diloco"):  # the outer exchanges, over a period of inner_steps steps
             d = plan["diloco"]
@@ -282,16 +293,21 @@ def main():
     for config in args.config:
         run = run_of(args.train, config, overrides, args.gpus_per_node)
         layouts = [("FSDP", False, 0), ("HSDP", True, 0)] + [(f"DiLoCo H={h}", True, h) for h in args.diloco]
-        for (name, hsdp, inner_steps), tp, cp in [(l, t, c) for c in args.cp for t in args.tp for l in layouts]:
+        for (name, hsdp, inner_steps), tp, cp, ep in [(l, t, c, e) for e in args.ep for c in args.cp for t in args.tp
+                                                      for l in layouts]:
             if tp > 1:
                 name = f"TP {tp} x {name}"
             if cp > 1:
                 name = f"CP {cp} x {name}"
+            if ep > 1:
+                name = f"EP {ep} x {name}"
             for n in args.nodes:
                 if hsdp and n == 1:
                     continue
+                if ((args.gpus_per_node if hsdp or inner_steps else n * args.gpus_per_node) // tp) % ep:
+                    continue  # EP within a shard group: it must divide it
                 p = predict(args.train, config, overrides + (diloco_overrides if inner_steps else []), run, n,
-                            args.gpus_per_node, hsdp, link, args.compute_efficiency, inner_steps, tp, cp)
+                            args.gpus_per_node, hsdp, link, args.compute_efficiency, inner_steps, tp, cp, ep)
                 if inner_steps and not refused(p):
                     notes.append(f"{name} on {n} nodes: the outer exchanges expose {p['outer_s']:.3f} s per step")
                 print(f"| {run['name_model']} | {name} | {n} | {p['world']} | "

@@ -662,6 +662,18 @@ TEST(ConfigErrors, MixtureOfExperts) {
   apply_override(c, "parallel.ep", "3");
   EXPECT_EQ(error_of([&] { validate(c, 3); }),
             "command line (--parallel.ep): parallel.ep (3) must divide model.num_experts (8)");
+  // Elastic DiLoCo replicas meet by the shard layout's rows: a rank's experts must be its rows.
+  apply_override(c, "parallel.ep", "2");
+  apply_override(c, "diloco.inner_steps", "2");
+  EXPECT_NO_THROW(validate(c, 6));
+  apply_override(c, "diloco.peers", "localhost:29400");
+  EXPECT_EQ(error_of([&] { validate(c, 6); }),
+            "command line (--parallel.ep): parallel.ep (2) with elastic replicas (diloco.peers): model.num_experts (8) "
+            "must divide over the shard group's 6 ranks, so that a rank's experts are its rows of the shard layout");
+  EXPECT_NO_THROW(validate(c, 4));
+  c.diloco = Config().diloco;
+  c.origins.erase("diloco.inner_steps");
+  c.origins.erase("diloco.peers");
   apply_override(c, "parallel.ep", "1");
 
   // A router's setting without experts is a mistake, not a no-op.

@@ -189,7 +189,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, StepPlanMatchesTheTrace, ::testing::Values(1, 2,
 
 // A mixture of experts (the first block dense, a shared expert, the balancing bias): Muon's
 // expert stacks orthogonalised where they are and the balance's all-reduce after the optimizer,
-// on every FSDP, HSDP, CP and TP layout, with and without activation checkpointing.
+// on every FSDP, HSDP, CP, TP and DiLoCo layout, with and without activation checkpointing.
 class StepPlanWithExperts : public ::testing::TestWithParam<int> {};
 
 TEST_P(StepPlanWithExperts, EqualTheTrace) {
@@ -204,7 +204,7 @@ TEST_P(StepPlanWithExperts, EqualTheTrace) {
       return rows ? line.substr(0, line.find(" payload=")) + " (rows)" : line;
     };
     for (const Layout& l : layouts(world)) {
-      if (l.engine != EngineKind::Sharded || l.diloco) continue;
+      if (l.engine != EngineKind::Sharded) continue;
       const int64_t shard = l.shard * l.cp;
       for (const int64_t ep : {1, 2, 4})
         for (const int64_t ac : {0, 2}) {
@@ -220,7 +220,7 @@ TEST_P(StepPlanWithExperts, EqualTheTrace) {
                                    ", ac_ckpt " + std::to_string(ac) + ", rank " + std::to_string(rank);
           Trainer trainer(c, ParallelMesh(c, comm, l.engine), c10::Device(c10::kCPU));
           const StepPlan plan = plan_step(c, ParallelMesh(c, world, rank, l.engine), resolve_run(c, world, l.engine, kCpu));
-          expect_steps_as_planned(trainer, plan, false, 2, /*evaluate_after=*/1, what, routed_bytes_aside);
+          expect_steps_as_planned(trainer, plan, l.diloco, 2, /*evaluate_after=*/1, what, routed_bytes_aside);
           ++checked;
         }
     }

@@ -98,8 +98,6 @@ void validate(const Config& c, int64_t world_size) {
     if (c.float8.enable_float8_linear)
       fail("float8.enable_float8_linear", "float8.enable_float8_linear: a mixture of experts' grouped products "
                                           "(model.num_experts) have no FP8 path yet");
-    if (c.diloco.inner_steps > 0)
-      fail("diloco.inner_steps", "diloco.inner_steps: DiLoCo does not yet train a mixture of experts (model.num_experts)");
     // Tensor parallelism's ranks each route their own positions of a sequence, as CP's do.
     for (const char* key : {"parallel.cp", "parallel.tp"}) {
       const int64_t n = std::string(key) == "parallel.cp" ? c.parallel.cp : c.parallel.tp;
@@ -155,6 +153,11 @@ void validate(const Config& c, int64_t world_size) {
                               " ranks (parallel.dp_shard x parallel.cp)");
     if (a.num_experts % ep != 0)
       fail("parallel.ep", "parallel.ep (" + show(ep) + ") must divide model.num_experts (" + show(a.num_experts) + ")");
+    // Elastic replicas of other layouts meet by the shard layout's rows (diloco/diloco.cpp's mixed_mean).
+    if (!c.diloco.peers.empty() && a.num_experts % shard != 0)
+      fail("parallel.ep", "parallel.ep (" + show(ep) + ") with elastic replicas (diloco.peers): model.num_experts (" +
+                              show(a.num_experts) + ") must divide over the shard group's " + show(shard) +
+                              " ranks, so that a rank's experts are its rows of the shard layout");
   }
   if (cp > 1) {
     if (c.data.seq_length % (2 * cp) != 0)

@@ -189,7 +189,9 @@ std::vector<ShardedParameter> FSDPEngine::parameters() {
     if (tp.dim == 1) s.col_start = tp.start;
     s.tp_shared = tp_ && !tp.split();
     s.tp_dim = tp.dim;
-    s.slice_shape = p.full_shape;
+    // What the shard group's ranks divide between them: the TP slice, or a whole expert stack (its
+    // EP ranks' experts together).
+    s.slice_shape = split_over_ep(i) ? named[i].global_shape : p.full_shape;
     out.push_back(std::move(s));
   }
   return out;

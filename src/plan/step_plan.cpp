@@ -536,8 +536,10 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, const ResolvedRun&
     d.fragment_delay = c.diloco.fragment_delay;
     d.compression = parse_compression(c.diloco.compression);
     d.values.assign(static_cast<size_t>(d.fragments), 0);
-    for (const ParamSpec& s : specs)
-      d.values[static_cast<size_t>(fragment_of(s.name, L, d.fragments))] += RowShard::of(s.shape, S).numel_of(shard_rank);
+    for (const ParamSpec& s : specs) {  // (a rank's place among the ranks holding its experts: consecutive)
+      const EngineShard held = engine_shard(s, S, c.parallel.ep);
+      d.values[static_cast<size_t>(fragment_of(s.name, L, d.fragments))] += held.rows().numel_of(shard_rank % held.ranks);
+    }
     for (int64_t f = 0; f < d.fragments; ++f) {
       std::vector<StepEvent> events;
       PlanWriter x(events);

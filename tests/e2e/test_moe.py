@@ -198,7 +198,8 @@ def deepseek_args(tmp, aux=True):
 def test_layouts_and_resume(work):
     """The same run on other layouts gives the same steps: FSDP 2 with activation checkpointing,
     HSDP 2 x 2, CP 2 and TP 2 (without the auxiliary loss, which needs whole sequences; under TP the
-    shared expert is split as the MLP is), all with expert parallelism over 2 ranks, and resumes of
+    shared expert is split as the MLP is), all with expert parallelism over 2 ranks, DiLoCo 2 x 2
+    with and without it, and resumes of
     the one process's step-4 checkpoint on 2 ranks, with and without EP (the biases travel in it). The bias moves each
     step by the counts of every rank (a rank's own would move each rank's bias its own way)."""
     tmp = str(work)
@@ -213,6 +214,9 @@ def test_layouts_and_resume(work):
         "cp2_ep2": (2, False, ["--parallel.cp", "2", "--parallel.ep", "2"]),
         "tp2": (2, False, ["--parallel.tp", "2"]),
         "tp2_ep2": (4, False, ["--parallel.tp", "2", "--parallel.ep", "2"]),
+        "diloco": (4, True, ["--parallel.dp_shard", "2", "--parallel.dp_replicate", "2", "--diloco.inner_steps", "2"]),
+        "diloco_ep2": (4, True, ["--parallel.dp_shard", "2", "--parallel.dp_replicate", "2", "--diloco.inner_steps", "2",
+                                 "--parallel.ep", "2"]),
         "resumed": (2, True, ["--ckpt.resume", f"{tmp}/one_ckpt/step_00000004"]),
         "resumed_ep2": (2, True, ["--ckpt.resume", f"{tmp}/one_ckpt/step_00000004", "--parallel.ep", "2"]),
     }
@@ -231,8 +235,9 @@ def test_layouts_and_resume(work):
         assert any(s > 0 for s in spread), f"{name}: the bias never moved"
     for name, want in (("fsdp2", "one"), ("hsdp", "one"), ("cp2", "one_noaux"), ("resumed", "one"),
                        ("hsdp_ep2", "one"), ("cp2_ep2", "one_noaux"), ("tp2", "one_noaux"), ("tp2_ep2", "one_noaux"),
-                       ("resumed_ep2", "one")):
+                       ("resumed_ep2", "one"), ("diloco_ep2", "diloco")):
         for step, loss in losses[name].items():
             assert abs(loss - losses[want][step]) < 2e-6, f"{name} step {step}: {loss} against {want}'s {losses[want][step]}"
     assert sorted(losses["resumed"]) == sorted(losses["resumed_ep2"]) == [5, 6, 7, 8]
     assert losses["one"] != losses["one_noaux"]  # the auxiliary loss changes the steps
+    assert losses["diloco"][8] != losses["hsdp"][8]  # its replicas trained apart between outer steps

@@ -315,7 +315,9 @@ std::string CheckpointWriter::save(TrainingState& run) {
   }
   const auto store = comm_.rendezvous().store();
   const int64_t rank = comm_.rank(), world = comm_.size(), keep = config_.ckpt.keep;
-  const std::string key = "zb/ckpt/" + std::to_string(step);
+  // The ranks' agreement on this save: one key per checkpoint directory (a process that saves
+  // the same step into two places, or twice, meets no earlier save's counts).
+  const std::string key = "zb/ckpt/" + final_dir + "/" + std::to_string(saves_++);
   const std::chrono::seconds timeout(config_.runtime.timeout_s);
   writer_ = std::thread([=] {
     std::string error;

@@ -61,6 +61,7 @@ class CheckpointWriter {
   const Config& config_;
   Communicator& comm_;
   std::thread writer_;
+  int64_t saves_ = 0;                // this writer's, alike on every rank (the store's key)
   std::string error_;                // the writer's failure, read after joining it
   std::atomic<bool> failed_{false};  // set by the writer as soon as the save is known to fail
   std::atomic<bool> abandon_{false}; // the destructor on an error path: stop waiting for others

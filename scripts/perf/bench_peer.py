@@ -6,6 +6,9 @@ the muon-fsdp2 package, which gathers each matrix's gradient shards to one owner
 compiled Newton-Schulz there and scatters the result back) or torch.optim.Muon (--muon torch,
 which orthogonalises DTensor shards, all-gathering inside every Newton-Schulz iteration).
 
+A mixture of experts (model.num_experts) is `MixtureOfExperts` below: train_fsdp's routing, the
+experts as 2-D Linears in a loop, the same initial draws, no expert parallelism.
+
 With parallel.tp > 1 the model is 2-D as torchtitan builds it: a (dp_shard, tp) DeviceMesh whose
 tp dimension groups consecutive ranks as train_fsdp's TP groups do, each block and the root
 parallelize_module'd over tp (train_fsdp's Megatron layout with sequence parallelism, see
@@ -90,21 +93,70 @@ def rotate(x, freqs_cis):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, m):
+    def __init__(self, m, hidden=None):
         super().__init__()
-        self.w1 = nn.Linear(m["dim"], m["ffn_hidden"], bias=False)
-        self.w2 = nn.Linear(m["ffn_hidden"], m["dim"], bias=False)
-        self.w3 = nn.Linear(m["dim"], m["ffn_hidden"], bias=False)
+        hidden = hidden or m["ffn_hidden"]
+        self.w1 = nn.Linear(m["dim"], hidden, bias=False)
+        self.w2 = nn.Linear(hidden, m["dim"], bias=False)
+        self.w3 = nn.Linear(m["dim"], hidden, bias=False)
 
     def forward(self, x):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
-class Block(nn.Module):
+class MixtureOfExperts(nn.Module):
+    """A mixture of experts as a PyTorch user writes one, with train_fsdp's routing (src/model/moe.h):
+    an fp32 router (softmax or sigmoid scores, DeepSeek-V3's balancing bias choosing the top k but
+    not weighting them, renormalised and scaled), each expert a SwiGLU of 2-D Linears (so that both
+    Muons take them), a loop over the experts gathering their tokens and adding their weighted
+    outputs back, and the shared experts beside. The counts of a forward with gradients move the
+    bias after each step (`balance`), summed over the ranks as train_fsdp's."""
+
     def __init__(self, m):
         super().__init__()
+        E, F_e = m["num_experts"], m["moe_inter_dim"]
+        self.m = m
+        self.gate = nn.Linear(m["dim"], E, bias=False)
+        self.experts = nn.ModuleList(FeedForward(m, F_e) for _ in range(E))
+        shared = m["num_shared_experts"] * F_e
+        self.shared = FeedForward(m, shared) if shared else None
+        self.register_buffer("expert_bias", torch.zeros(E), persistent=False)
+        self.register_buffer("tokens", torch.zeros(E), persistent=False)
+
+    def forward(self, x):
+        m, D = self.m, x.shape[-1]
+        t = x.reshape(-1, D)
+        logits = t.float() @ self.gate.weight.float().t()
+        scores = logits.softmax(-1) if m["score_func"] == "softmax" else logits.sigmoid()
+        chosen = (scores.detach() + self.expert_bias).topk(m["top_k"], -1).indices
+        weights = scores.gather(1, chosen)
+        if m["route_norm"]:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        weights = weights * m["route_scale"]
+        if torch.is_grad_enabled():
+            self.tokens += torch.bincount(chosen.flatten(), minlength=len(self.experts)).float()
+        out = torch.zeros(t.shape, dtype=torch.float32, device=t.device)
+        for e, expert in enumerate(self.experts):
+            token, k = (chosen == e).nonzero(as_tuple=True)
+            if token.numel():
+                out.index_add_(0, token, expert(t[token]).float() * weights[token, k, None])
+        out = out.to(x.dtype).view(x.shape)
+        return out + self.shared(x) if self.shared is not None else out
+
+    @torch.no_grad()
+    def balance(self, coeff):
+        dist.all_reduce(self.tokens)
+        move = coeff * torch.sign(self.tokens.mean() - self.tokens)
+        self.expert_bias += move - move.mean()
+        self.tokens.zero_()
+
+
+class Block(nn.Module):
+    def __init__(self, m, layer):
+        super().__init__()
         self.attention = Attention(m)
-        self.feed_forward = FeedForward(m)
+        moe = m.get("num_experts", 0) > 0 and layer >= m["n_dense_layers"]
+        self.feed_forward = MixtureOfExperts(m) if moe else FeedForward(m)
         self.attention_norm = nn.RMSNorm(m["dim"], eps=m["norm_eps"])
         self.ffn_norm = nn.RMSNorm(m["dim"], eps=m["norm_eps"])
 
@@ -124,7 +176,7 @@ class Llama(nn.Module):
     def __init__(self, m):
         super().__init__()
         self.tok_embeddings = nn.Embedding(m["vocab_size"], m["dim"])
-        self.layers = nn.ModuleList(Block(m) for _ in range(m["n_layers"]))
+        self.layers = nn.ModuleList(Block(m, i) for i in range(m["n_layers"]))
         self.norm = nn.RMSNorm(m["dim"], eps=m["norm_eps"])
         self.output = nn.Linear(m["dim"], m["vocab_size"], bias=False)
         self.register_buffer("freqs_cis", rope_table(m), persistent=False)
@@ -135,9 +187,26 @@ class Llama(nn.Module):
         for i, b in enumerate(self.layers):
             depth_std = 0.02 / math.sqrt(2 * (i + 1))
             for w, std in [(b.attention.wq, 0.02), (b.attention.wk, 0.02), (b.attention.wv, 0.02),
-                           (b.attention.wo, depth_std), (b.feed_forward.w1, 0.02),
-                           (b.feed_forward.w2, depth_std), (b.feed_forward.w3, depth_std)]:
+                           (b.attention.wo, depth_std)]:
                 nn.init.trunc_normal_(w.weight, std=std)
+            ff = b.feed_forward
+            if isinstance(ff, MixtureOfExperts):
+                ff.expert_bias.zero_()  # buffers: to_empty left them uninitialised
+                ff.tokens.zero_()
+                # train_fsdp's draws: the gate, then each stack of the experts' matrices whole
+                # ([E, out, in]), then the shared experts.
+                nn.init.trunc_normal_(ff.gate.weight, std=depth_std)
+                for name, std in (("w1", 0.02), ("w2", depth_std), ("w3", depth_std)):
+                    ws = [getattr(e, name).weight for e in ff.experts]
+                    stack = torch.empty(len(ws), *ws[0].shape, device=ws[0].device)
+                    nn.init.trunc_normal_(stack, std=std)
+                    with torch.no_grad():
+                        for w, value in zip(ws, stack):
+                            w.copy_(value)
+                ff = ff.shared
+            if ff is not None:
+                for w, std in [(ff.w1, 0.02), (ff.w2, depth_std), (ff.w3, depth_std)]:
+                    nn.init.trunc_normal_(w.weight, std=std)
         for norm in [self.norm] + [n for b in self.layers for n in (b.attention_norm, b.ffn_norm)]:
             nn.init.ones_(norm.weight)
         std = self.output.weight.shape[1] ** -0.5
@@ -507,6 +576,14 @@ def why_not(run, world, device, muon, kernel):
     m = run["model"]
     muon_run = run["hidden"]["type"] == "muon"
     dp_shard, tp = layout_of(run, world)
+    if m.get("num_experts", 0) > 0:
+        if m["num_expert_groups"] > 0 or m["aux_loss_coeff"] > 0:
+            return "the peer's mixture routes without expert groups and without the sequence-wise auxiliary loss"
+        if tp > 1:
+            return "the peer's mixture has no tensor-parallel plan"
+        if muon_run and muon == "zeroband" and world > 1 and (m["moe_inter_dim"] % world or m["num_experts"] % world):
+            return (f"muon-fsdp2 needs equal shards: the experts' {m['moe_inter_dim']} rows or the gate's "
+                    f"{m['num_experts']} not divisible by {world} ranks")
     if tp > 1:
         if run["parallel"]["dp_replicate"] > 1:
             return "TP with hybrid sharding (parallel.dp_replicate > 1): the peer builds a (dp_shard, tp) mesh only"
@@ -732,6 +809,10 @@ def main():
                 g["lr"] = g["base_lr"] * mult
             opt.step()
             opt.zero_grad(set_to_none=True)
+        for block in model.layers:  # a mixture's balancing bias, as train_fsdp's (after the step)
+            ff = getattr(block, "_checkpoint_wrapped_module", block).feed_forward
+            if isinstance(ff, MixtureOfExperts) and m["load_balance_coeff"] > 0:
+                ff.balance(m["load_balance_coeff"])
         t1 = phase_timer()
         dist.all_reduce(loss_sum)
         loss_value = loss_sum.item() / W  # the step's synchronisation (a TP group's ranks hold the same loss)

@@ -102,6 +102,7 @@ nlohmann::json resolved_run(const Config& c) {
       {"reduce_every_micro_batch", c.train.reduce_every_micro_batch},
       {"bucket_mb", c.train.bucket_mb},
       {"parallel", {{"dp_shard", c.parallel.dp_shard}, {"dp_replicate", c.parallel.dp_replicate}, {"tp", c.parallel.tp},
+                    {"cp", c.parallel.cp}, {"ep", c.parallel.ep},
                     {"muon_split_over_replicas", c.parallel.muon_split_over_replicas},
                     {"muon_tp", c.parallel.muon_tp}}},
       {"diloco", c.diloco.inner_steps == 0

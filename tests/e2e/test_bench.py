@@ -56,3 +56,22 @@ def test_smoke(work):
     assert report.returncode == 0, f"bench_report exited {report.returncode}"
     assert "| pytorch-zeroband-eager | not run: muon-fsdp2 needs equal shards: wq (256 rows)" in report.stdout, \
         f"no reason in the report:\n{report.stdout}"
+
+
+def test_moe(work):
+    """The same on a mixture of experts (configs/moe/debug.toml, AdamW on every side: the one peer):
+    the peer's mixture is a loop over 2-D experts with train_fsdp's routing and initial draws, so
+    the first step's loss must be ours (same weights, same tokens to the same experts), and the
+    reduce-scatters move the same bytes (the experts' rows, whole stacks or one Linear each)."""
+    env = {"OUT": work, "WARMUP": "1", "ZB_SKIP_BUILD": "1", "PEER_COMPILE": "0", "TRAIN_FSDP": TRAIN_FSDP,
+           "PYTHON": PYTHON, "TORCH_COMPILE_DISABLE": "1"}
+    rc, out = run(SOURCE / "scripts/perf/bench.sh", SOURCE / "configs/moe/debug.toml", "2", "3", "--runtime.device", "cpu",
+                  "--data.seq_length", "64", "--train.micro_bs", "2", "--optim.batch_size", "4",
+                  "--optim.optim.type", "adamw", env=env)
+    print(out)
+    assert rc == 0, f"bench.sh exited {rc}"
+    b = json.load(open(work / "bench.json"))
+    ours, peer = b["results"]["zeroband-cpp"], b["results"]["pytorch-adamw-eager"]
+    assert abs(ours["first_loss"] - peer["first_loss"]) < 1e-5, (ours["first_loss"], peer["first_loss"])
+    rs = [r["comm_bytes_per_step"]["reduce_scatter"] for r in (ours, peer)]
+    assert rs[0] == rs[1] > 0, f"reduce-scatter bytes differ: ours {rs[0]}, PyTorch {rs[1]}"

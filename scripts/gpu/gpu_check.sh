@@ -40,7 +40,8 @@
 # tokens a row split over 2 and 4 ranks (parallel.cp, both rotations and runtime.cp_varlen) against
 # one rank (3 steps; 7 runs at about 40 s each), and one rank's speed at 8K, 16K and 32K; "float8" (not in the default
 # set either) the 1B preset in bf16, tensorwise and rowwise FP8, and the quick start on real text in
-# bf16 and FP8; "moe" (not in the default set) the MoE debug preset and the experts' GEMMs; "kernels" is the 1B
+# bf16 and FP8; "moe" (not in the default set) the MoE debug preset on one rank and with EP over 2
+# ranks sharing the GPU, the experts' GEMMs grouped against a loop, and the ~1B-active preset's MFU; "kernels" is the 1B
 # preset again with ATen's operators alone, --runtime.fused_kernels false, what our kernels
 # and nodes (RoPE, SwiGLU's gate, the loss's log-sum-exp and logit gradient, RMSNorm's backward
 # with the residual's gradient, q/k/v's input gradient summed in the GEMMs, the fp32 updates,
@@ -124,7 +125,8 @@ gpu_steps=(build cuda_tests preset_150M preset_1B profile_1B ranks preset_1B_det
            preset_1B_8K_cp4_varlen context_check preset_1B_8K_speed
            preset_1B_16K_speed preset_1B_32K_speed preset_1B_float8_off preset_1B_float8_tensorwise
            preset_1B_float8_rowwise float8_gemms preset_7B4_float8_off preset_7B4_float8_tensorwise
-           float8_quick_bf16 float8_quick_tensorwise float8_check moe_debug moe_experts preset_1B_causal preset_1B_causal_auto preset_1B_cudnn_varlen
+           float8_quick_bf16 float8_quick_tensorwise float8_check moe_debug moe_debug_ep2 moe_experts preset_moe_1B_active
+           preset_1B_causal preset_1B_causal_auto preset_1B_cudnn_varlen
            preset_1B_aten preset_1B_casts_freed
            "${unfused_ops[@]/#/preset_1B_unfused_}" reference_cpu reference_gpu_fp32 reference_gpu_bf16
            reference_check nvtx bench)
@@ -332,9 +334,16 @@ if wanted moe; then
   # A mixture of experts (model/moe.h) on the GPU: the debug preset's blocks in bf16 through the
   # grouped GEMM (tokens/s, memory; the CUDA tests compare its numbers with the CPU's), and the
   # experts' GEMMs alone, grouped against one product per expert, at the MoE shapes users train.
-  step moe_debug 60 "${train[@]}" --config configs/moe/debug.toml --logging.metrics_file "$work/moe_debug.jsonl"
+  step moe_debug 60 "${train[@]}" --config configs/moe/debug.toml --logging.metrics_file "$work/preset_moe_debug.jsonl"
+  # The same with expert parallelism over 2 ranks sharing the GPU (Gloo through host memory): its
+  # losses beside one rank's, and what the exchanges cost.
+  step moe_debug_ep2 90 "$python" -m torch.distributed.run --standalone --nproc_per_node 2 --no-python "${train[@]}" \
+    --config configs/moe/debug.toml --parallel.ep 2 --logging.metrics_file "$work/preset_moe_debug_ep2.jsonl"
   step moe_experts 60 "$python" "$ROOT/scripts/perf/moe_experts_cpu.py" --device cuda
-else not_run "not in GPU_CHECK_STEPS" moe_debug moe_experts; fi
+  # The ~1B-active preset on one GPU: MFU of its active parameters, and its peak against the estimate.
+  step preset_moe_1B_active 150 "${train[@]}" --config configs/moe/1B-active_H100.toml \
+    --logging.metrics_file "$work/preset_moe_1B_active.jsonl"
+else not_run "not in GPU_CHECK_STEPS" moe_debug moe_debug_ep2 moe_experts preset_moe_1B_active; fi
 if wanted attention; then
   # The same without the document mask, on the dense flash kernel (the family the document path
   # runs): what masking costs (the report gives the ratio). Then with PyTorch's own choice of

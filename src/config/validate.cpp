@@ -99,12 +99,10 @@ void validate(const Config& c, int64_t world_size) {
       fail("float8.enable_float8_linear", "float8.enable_float8_linear: a mixture of experts' grouped products "
                                           "(model.num_experts) have no FP8 path yet");
     // Tensor parallelism's ranks each route their own positions of a sequence, as CP's do.
-    for (const char* key : {"parallel.cp", "parallel.tp"}) {
-      const int64_t n = std::string(key) == "parallel.cp" ? c.parallel.cp : c.parallel.tp;
+    for (const auto& [key, n] : {std::pair<const char*, int64_t>{"parallel.cp", c.parallel.cp}, {"parallel.tp", c.parallel.tp}})
       if (a.aux_loss_coeff > 0 && n > 1)
         fail("model.aux_loss_coeff", "model.aux_loss_coeff: the sequence-wise auxiliary loss needs each sequence's "
                                      "tokens on one rank, but " + std::string(key) + " (" + show(n) + ") splits them");
-    }
   } else {
     for (const char* key : {"model.top_k", "model.moe_inter_dim", "model.num_shared_experts", "model.n_dense_layers",
                             "model.score_func", "model.route_norm", "model.route_scale", "model.num_expert_groups",

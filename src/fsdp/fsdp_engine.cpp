@@ -215,22 +215,18 @@ std::vector<std::pair<std::string, at::Tensor>> FSDPEngine::gather_full_paramete
   const auto& named = model_.parameters();
   for (size_t i = 0; i < params_.size(); ++i) {
     const FSDPParam& p = *params_[i];
+    // Each rank's part of `whole` from `group`, side by side along `dim`, in rank order.
+    auto side_by_side = [](const at::Tensor& whole, Communicator& group, int64_t dim) {
+      at::Tensor slices = at::empty({group.size(), whole.numel()}, whole.options());
+      group.all_gather(slices, whole.contiguous()).wait();
+      std::vector<at::Tensor> parts;
+      for (int64_t r = 0; r < group.size(); ++r) parts.push_back(slices[r].view(whole.sizes()));
+      return at::cat(parts, dim);
+    };
     const bool experts = split_over_ep(i);
     at::Tensor whole = gather_whole(p.shard, p.full_shape, p.sharded, experts ? *expert_shards_ : comm_);
-    if (experts) {  // the EP group's experts, in rank order
-      at::Tensor all = at::empty({ep_->size() * whole.numel()}, whole.options());
-      ep_->all_gather(all, whole.contiguous()).wait();
-      std::vector<int64_t> shape = p.full_shape;
-      shape[0] *= ep_->size();
-      whole = all.view(shape);
-    }
-    if (tp_ && named[i].tp.split()) {  // the TP group's slices, side by side along their dimension
-      at::Tensor slices = at::empty({tp_->size(), whole.numel()}, whole.options());
-      tp_->all_gather(slices, whole.contiguous()).wait();
-      std::vector<at::Tensor> parts;
-      for (int64_t r = 0; r < tp_->size(); ++r) parts.push_back(slices[r].view(whole.sizes()));
-      whole = at::cat(parts, named[i].tp.dim);
-    }
+    if (experts) whole = side_by_side(whole, *ep_, 0);  // the EP group's experts
+    if (tp_ && named[i].tp.split()) whole = side_by_side(whole, *tp_, named[i].tp.dim);  // the TP group's slices
     out.emplace_back(p.name, whole);
   }
   return out;

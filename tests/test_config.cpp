@@ -652,13 +652,13 @@ TEST(ConfigErrors, MixtureOfExperts) {
   apply_override(c, "parallel.cp", "1");
   EXPECT_NO_THROW(validate(c, 1));
 
-  // Expert parallelism: within a shard group, dividing the experts.
+  // Expert parallelism: within a replica's dp_shard x cp x tp ranks, dividing the experts.
   c.optim.batch_size = 24;  // divides over 2 and 3 ranks
   apply_override(c, "parallel.ep", "2");
   EXPECT_NO_THROW(validate(c, 2));
   EXPECT_EQ(error_of([&] { validate(c, 3); }),
-            "command line (--parallel.ep): parallel.ep (2) must divide the shard group's 3 ranks (parallel.dp_shard x "
-            "parallel.cp)");
+            "command line (--parallel.ep): parallel.ep (2) must divide a replica's 3 ranks (parallel.dp_shard x "
+            "parallel.cp x parallel.tp)");
   apply_override(c, "parallel.ep", "3");
   EXPECT_EQ(error_of([&] { validate(c, 3); }),
             "command line (--parallel.ep): parallel.ep (3) must divide model.num_experts (8)");
@@ -671,9 +671,19 @@ TEST(ConfigErrors, MixtureOfExperts) {
             "command line (--parallel.ep): parallel.ep (2) with elastic replicas (diloco.peers): model.num_experts (8) "
             "must divide over the shard group's 6 ranks, so that a rank's experts are its rows of the shard layout");
   EXPECT_NO_THROW(validate(c, 4));
+  apply_override(c, "model.aux_loss_coeff", "0");  // (it needs whole sequences, which TP splits)
+  apply_override(c, "parallel.tp", "2");  // the experts divided over TP's ranks too: not the shard layout's rows
+  EXPECT_EQ(error_of([&] { validate(c, 4); }),
+            "command line (--parallel.ep): parallel.ep (2) with elastic replicas (diloco.peers) and parallel.tp (2): "
+            "the experts are divided over the TP ranks too, not as the shard layout's rows that mixed generations "
+            "meet by; use parallel.tp = 1 or fixed replicas");
   c.diloco = Config().diloco;
   c.origins.erase("diloco.inner_steps");
   c.origins.erase("diloco.peers");
+  c.optim.batch_size = 8;
+  EXPECT_NO_THROW(validate(c, 2));  // EP over the TP group's ranks (one shard rank)
+  apply_override(c, "parallel.tp", "1");
+  c.optim.batch_size = 24;
   apply_override(c, "parallel.ep", "1");
 
   // A router's setting without experts is a mistake, not a no-op.
@@ -690,8 +700,9 @@ TEST(ConfigErrors, MixtureOfExperts) {
             "command line (--parallel.ep): parallel.ep (2) splits a mixture's experts, but model.num_experts is 0");
 }
 
-// Expert-parallel groups: ep ranks of one shard group, strided by dp_shard_cp / ep, so that the
-// experts FSDP's rows give shard rank s belong to EP rank s / (dp_shard_cp / ep).
+// Expert-parallel groups: ep ranks of a replica's dp_shard_cp x tp, strided by dp_shard_cp x tp / ep,
+// so that without TP the experts FSDP's rows give shard rank s belong to EP rank s / (dp_shard_cp / ep);
+// each EP rank's experts sharded over the stride's consecutive ranks.
 TEST(MeshShape, ExpertGroupsAreStridedWithinAShardGroup) {
   MeshShape m;
   m.dp_shard_cp = 8, m.ep = 2;
@@ -704,4 +715,20 @@ TEST(MeshShape, ExpertGroupsAreStridedWithinAShardGroup) {
   m.ep = 4;
   EXPECT_EQ(m.ep_group_ranks(2), (std::vector<int64_t>{0, 1, 2, 3}));
   EXPECT_EQ(m.ep_rank_of(6), 2);
+  EXPECT_EQ(m.expert_shard_group_ranks(6), (std::vector<int64_t>{6}));
+  m.ep = 2;
+  EXPECT_EQ(m.expert_shard_group_ranks(6), (std::vector<int64_t>{6, 7}));
+  // With TP (rank = shard rank x tp + TP rank within a replica): TP's ranks are among the EP and
+  // expert-shard groups' members.
+  m = MeshShape{};
+  m.dp_shard_cp = 2, m.tp = 2, m.ep = 2;  // 4 ranks: EP over {0, 2} and {1, 3}, experts sharded over TP pairs
+  EXPECT_EQ(m.ep_group_ranks(3), (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(m.expert_shard_group_ranks(3), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(m.ep_rank_of(1), 0);
+  m.ep = 4;  // every rank its own experts
+  EXPECT_EQ(m.ep_group_ranks(1), (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(m.expert_shard_group_ranks(1), (std::vector<int64_t>{1}));
+  m.dp_shard_cp = 1, m.ep = 2, m.replicate = 2;  // EP from TP's ranks alone; the second replica's are 2, 3
+  EXPECT_EQ(m.ep_group_ranks(3), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(m.ep_rank_of(3), 1);
 }

@@ -99,22 +99,23 @@ TEST(ExpertParallel, FourRanksEqualOneProcess) { expect_parallel_equals_one_proc
 TEST(ExpertParallel, EveryTokenToTheFirstRanksExperts) { expect_parallel_equals_one_process(4, true); }
 
 // A checkpoint saved under one expert-parallel degree and loaded under another holds the same
-// state bit for bit: trained 2 steps at EP 2 x FSDP 4 and saved, loaded at EP 4 (and at EP 1) and
-// saved again, then loaded back at EP 2, the third step's loss and every parameter after it are
-// those of the run that never stopped. The round trip carries everything a step reads: the
+// state bit for bit: trained 2 steps at EP 2 x FSDP 4 and saved, loaded at EP 4 (and at EP 1, and at
+// EP 4 over TP 2 x FSDP 2) and saved again, then loaded back at EP 2, the third step's loss and every
+// parameter after it are those of the run that never stopped. The round trip carries everything a step reads: the
 // parameters, Muon's and AdamW's state, the balancing biases, the counters and the data position.
 TEST(ExpertParallel, CheckpointsCrossEpDegreesBitForBit) {
   const std::string root = ::testing::TempDir() + "zb_ep_resume_" + std::to_string(::getpid());
   multiprocess::run_ranks(4, [&root](int rank) {
     Communicator comm(detect_world(), c10::Device(c10::kCPU), std::chrono::seconds(60));
-    auto config = [&](int64_t ep, const std::string& path) {
+    auto config = [&](int64_t ep, const std::string& path, int64_t tp = 1) {
       Config c = load_config_string(
           "name_model = \"debugmodel\"\ntype_model = \"llama2\"\n"
           "[model]\nn_layers = 2\ndim = 64\nnum_experts = 4\ntop_k = 2\nmoe_inter_dim = 32\nn_dense_layers = 1\n"
           "num_shared_experts = 1\nload_balance_coeff = 0.01\n"
           "[train]\nmicro_bs = 1\n[optim]\nbatch_size = 8\ntotal_steps = 4\nwarmup_steps = 1\n"
           "[optim.optim]\nns_dtype = \"float32\"\n[data]\nfake = true\nseq_length = 16\neval_interval = 0\n"
-          "[runtime]\ndevice = \"cpu\"\n[ckpt]\npath = \"" + path + "\"\n[parallel]\nep = " + std::to_string(ep) + "\n",
+          "[runtime]\ndevice = \"cpu\"\n[ckpt]\npath = \"" + path + "\"\n[parallel]\nep = " + std::to_string(ep) +
+              "\ntp = " + std::to_string(tp) + "\n",
           "test");
       validate(c, 4);
       return c;
@@ -140,8 +141,9 @@ TEST(ExpertParallel, CheckpointsCrossEpDegreesBitForBit) {
     const double loss3 = straight.train_step().loss;
     const std::vector<at::Tensor> after3 = params(straight);
 
-    for (const int64_t other : {4, 1}) {
-      const Config co = config(other, root + "/ep" + std::to_string(other));
+    // EP 4, EP 1, and EP 4 over TP 2 x FSDP 2 (a rank's experts sharded over its TP group's).
+    for (const auto& [other, tp] : std::vector<std::pair<int64_t, int64_t>>{{4, 1}, {1, 1}, {4, 2}}) {
+      const Config co = config(other, root + "/ep" + std::to_string(other) + "_tp" + std::to_string(tp), tp);
       Trainer there(co, ParallelMesh(co, comm, EngineKind::Sharded), c10::Device(c10::kCPU));
       TrainerCheckpointState into_there(there);
       load_checkpoint(saved, into_there, comm);
@@ -150,7 +152,7 @@ TEST(ExpertParallel, CheckpointsCrossEpDegreesBitForBit) {
       Trainer back(c2, ParallelMesh(c2, comm, EngineKind::Sharded), c10::Device(c10::kCPU));
       TrainerCheckpointState into_back(back);
       load_checkpoint(again, into_back, comm);
-      EXPECT_EQ(back.train_step().loss, loss3) << "through EP " << other;
+      EXPECT_EQ(back.train_step().loss, loss3) << "through EP " << other << ", TP " << tp;
       const std::vector<at::Tensor> got = params(back);
       ASSERT_EQ(got.size(), after3.size());
       for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i], after3[i])) << "parameter " << i;

@@ -205,10 +205,10 @@ TEST_P(StepPlanWithExperts, EqualTheTrace) {
     };
     for (const Layout& l : layouts(world)) {
       if (l.engine != EngineKind::Sharded) continue;
-      const int64_t shard = l.shard * l.cp;
+      const int64_t ranks = l.shard * l.cp * l.tp;  // a replica's, which EP's groups are carved from
       for (const int64_t ep : {1, 2, 4})
         for (const int64_t ac : {0, 2}) {
-          if (shard % ep != 0 || (ep > 1 && ac == 0 && shard != ep)) continue;  // EP with and without AC once
+          if (ranks % ep != 0 || (ep > 1 && ac == 0 && ranks != ep)) continue;  // EP with and without AC once
           Config c = config(l, world, /*reshard=*/true, ac, /*reduce_every=*/false, "muon");
           for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
                    {"model.num_experts", "4"}, {"model.top_k", "2"}, {"model.moe_inter_dim", "64"},

@@ -139,7 +139,7 @@ def predict(train, config, overrides, run, nodes, gpus, hsdp, link, efficiency, 
     hide = {"gather": forward, "regather": backward, "reduce": backward, "exposed": 0.0}
     intra, inter = (link["intra_bw"], link["intra_lat"]), (link["inter_bw"], link["inter_lat"])
     spans = {"shard": S * tp > gpus, "replicate": True, "world": W > gpus, "tp": False, "cp": False,  # crosses nodes?
-             "ep": S * tp > gpus, "expert_shard": S // ep * tp > gpus}
+             "ep": S * tp > gpus, "expert_shard": S * tp // ep > gpus}
     calls = plan_calls(plan)
     seconds, slots, moved = {}, {}, {False: 0, True: 0}
     for group, cs in calls.items():

@@ -30,17 +30,17 @@ std::vector<int64_t> MeshShape::replicate_group_ranks(int64_t rank) const {
 }
 
 std::vector<int64_t> MeshShape::ep_group_ranks(int64_t rank) const {
-  const std::vector<int64_t> shard = shard_group_ranks(rank);
-  const int64_t stride = dp_shard_cp / ep, offset = shard_rank_of(rank) % stride;
+  const int64_t stride = expert_stride(), first = rank - expert_index_of(rank) + expert_index_of(rank) % stride;
   std::vector<int64_t> out;
-  for (int64_t j = 0; j < ep; ++j) out.push_back(shard[static_cast<size_t>(j * stride + offset)]);
+  for (int64_t j = 0; j < ep; ++j) out.push_back(first + j * stride);
   return out;
 }
 
 std::vector<int64_t> MeshShape::expert_shard_group_ranks(int64_t rank) const {
-  const std::vector<int64_t> shard = shard_group_ranks(rank);
-  const int64_t stride = dp_shard_cp / ep, first = ep_rank_of(rank) * stride;
-  return {shard.begin() + first, shard.begin() + first + stride};
+  const int64_t stride = expert_stride(), first = rank - expert_index_of(rank) % stride;
+  std::vector<int64_t> out;
+  for (int64_t j = 0; j < stride; ++j) out.push_back(first + j);
+  return out;
 }
 
 MeshShape mesh_shape(const Config& c, int64_t world_size, EngineKind engine) {
@@ -91,6 +91,7 @@ ResolvedRun resolve_run(const Config& c, int64_t world_size, EngineKind engine, 
       (reduce == "true" || (reduce == "auto" && autos.reduce_every_micro_batch)) && r.micro_batches > 1;
   const std::string& keep = c.train.keep_unsharded;
   r.keep_unsharded = engine == EngineKind::Sharded && r.mesh.dp_shard_cp == 1 &&
+                     (r.mesh.ep == 1 || r.mesh.expert_stride() == 1) &&  // under TP: experts over tp / ep
                      (r.mesh.replicate == 1 || c.diloco.inner_steps > 0) &&
                      (keep == "true" || (keep == "auto" && autos.keep_unsharded));
   return r;

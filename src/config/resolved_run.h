@@ -24,9 +24,10 @@ struct MeshShape {
   // The sharding engine's group: dp_shard x cp ranks (dp_shard alone without CP; torchtitan's
   // dp_shard_cp).
   int64_t dp_shard_cp = 1, replicate = 1, tp = 1, cp = 1;
-  // Expert parallelism: groups of ep ranks of a shard group, strided by dp_shard_cp / ep, so that
-  // the experts FSDP gives shard rank s (its rows of each stack) are among those of its EP rank
-  // s / (dp_shard_cp / ep).
+  // Expert parallelism (torchtitan's ep x efsdp, carved from dp_shard x cp x tp): a replica's
+  // dp_shard_cp x tp ranks, in rank order, form groups of ep ranks strided by expert_stride(); the
+  // expert_stride() consecutive ranks with one EP rank shard its experts. Without TP the experts FSDP's
+  // rows give shard rank s are then among those of its EP rank.
   int64_t ep = 1;
 
   int64_t world() const { return replicate * dp_shard_cp * tp; }
@@ -40,11 +41,11 @@ struct MeshShape {
   std::vector<int64_t> cp_group_ranks(int64_t rank) const;         // strided by `tp`
   std::vector<int64_t> shard_group_ranks(int64_t rank) const;      // strided by `tp`
   std::vector<int64_t> replicate_group_ranks(int64_t rank) const;  // strided by `dp_shard_cp x tp`
-  std::vector<int64_t> ep_group_ranks(int64_t rank) const;         // in the shard group, strided
-  // The ranks that shard this rank's experts (torchtitan's efsdp): the dp_shard_cp / ep consecutive
-  // members of its shard group with its EP rank.
-  std::vector<int64_t> expert_shard_group_ranks(int64_t rank) const;
-  int64_t ep_rank_of(int64_t rank) const { return shard_rank_of(rank) / (dp_shard_cp / ep); }
+  std::vector<int64_t> ep_group_ranks(int64_t rank) const;         // strided by expert_stride()
+  std::vector<int64_t> expert_shard_group_ranks(int64_t rank) const;  // consecutive (torchtitan's efsdp)
+  int64_t expert_stride() const { return dp_shard_cp * tp / ep; }  // also the expert shard group's size
+  int64_t expert_index_of(int64_t rank) const { return rank % (dp_shard_cp * tp); }  // its place in its replica
+  int64_t ep_rank_of(int64_t rank) const { return expert_index_of(rank) / expert_stride(); }
 };
 
 // The shape the config asks for on `world_size` ranks, parallel.dp_shard = -1 resolved

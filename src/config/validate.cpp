@@ -146,9 +146,9 @@ void validate(const Config& c, int64_t world_size) {
     const int64_t shard = resolved_dp_shard(c, world_size) * cp;
     if (a.num_experts == 0)
       fail("parallel.ep", "parallel.ep (" + show(ep) + ") splits a mixture's experts, but model.num_experts is 0");
-    if (shard % ep != 0)
-      fail("parallel.ep", "parallel.ep (" + show(ep) + ") must divide the shard group's " + show(shard) +
-                              " ranks (parallel.dp_shard x parallel.cp)");
+    if (shard * tp % ep != 0)
+      fail("parallel.ep", "parallel.ep (" + show(ep) + ") must divide a replica's " + show(shard * tp) +
+                              " ranks (parallel.dp_shard x parallel.cp x parallel.tp)");
     if (a.num_experts % ep != 0)
       fail("parallel.ep", "parallel.ep (" + show(ep) + ") must divide model.num_experts (" + show(a.num_experts) + ")");
     // Elastic replicas of other layouts meet by the shard layout's rows (diloco/diloco.cpp's mixed_mean).
@@ -156,6 +156,10 @@ void validate(const Config& c, int64_t world_size) {
       fail("parallel.ep", "parallel.ep (" + show(ep) + ") with elastic replicas (diloco.peers): model.num_experts (" +
                               show(a.num_experts) + ") must divide over the shard group's " + show(shard) +
                               " ranks, so that a rank's experts are its rows of the shard layout");
+    if (!c.diloco.peers.empty() && tp > 1)
+      fail("parallel.ep", "parallel.ep (" + show(ep) + ") with elastic replicas (diloco.peers) and parallel.tp (" +
+                              show(tp) + "): the experts are divided over the TP ranks too, not as the shard layout's "
+                              "rows that mixed generations meet by; use parallel.tp = 1 or fixed replicas");
   }
   if (cp > 1) {
     if (c.data.seq_length % (2 * cp) != 0)

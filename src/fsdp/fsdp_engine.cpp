@@ -21,9 +21,10 @@ FSDPEngine::FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& opti
       ep_(ep && ep->size() > 1 ? ep : nullptr), expert_shards_(expert_shards), options_(options) {
   TORCH_CHECK(model.tp_size() == (tp_ ? tp_->size() : 1), "FSDPEngine: the model is split over ", model.tp_size(),
               " ranks, the engine's TP group has ", tp_ ? tp_->size() : 1);
-  TORCH_CHECK(!ep_ || (expert_shards_ && expert_shards_->size() * ep_->size() == comm.size()),
+  const int64_t tp_size = tp_ ? tp_->size() : 1;
+  TORCH_CHECK(!ep_ || (expert_shards_ && expert_shards_->size() * ep_->size() == comm.size() * tp_size),
               "FSDPEngine: experts split over ", ep_ ? ep_->size() : 1, " ranks need the group of the ",
-              comm.size() / (ep_ ? ep_->size() : 1), " shard ranks that hold the same experts");
+              comm.size() * tp_size / (ep_ ? ep_->size() : 1), " shard and TP ranks that hold the same experts");
   // One FSDPParam per model parameter, grouped into units: a block's parameters (and under expert
   // parallelism its experts, apart), and the root's (those of no block).
   const int64_t L = model.args().n_layers;
@@ -56,7 +57,8 @@ FSDPEngine::FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& opti
     *np.slot = at::Tensor();  // the full copy is no longer needed
   }
   // Every rank of the shard group routes tokens to every expert: the experts' gradients are the
-  // mean over all of them, like the block's.
+  // mean over all of them, like the block's. (Under TP each rank routes its own positions: the
+  // expert shard group's sums take in the TP ranks' too, as the TP group's sum of a whole weight's.)
   const int64_t averaged_over = comm.size();
   for (int64_t i = 0; i < L; ++i) {
     const bool reshard = options.reshard_after_forward && i != L - 1;
@@ -187,7 +189,7 @@ std::vector<ShardedParameter> FSDPEngine::parameters() {
     if (tp.dim == 0) s.row_start += tp.start;
     if (split_over_ep(i)) s.row_start += ep_->rank() * p.full_shape[0];  // after the EP ranks' before
     if (tp.dim == 1) s.col_start = tp.start;
-    s.tp_shared = tp_ && !tp.split();
+    s.tp_shared = tp_ && !tp.split() && !split_over_ep(i);  // the TP ranks hold other experts
     s.tp_dim = tp.dim;
     // What the shard group's ranks divide between them: the TP slice, or a whole expert stack (its
     // EP ranks' experts together).
@@ -203,10 +205,11 @@ at::Tensor FSDPEngine::clip_grad_norm_(double max_norm) {
   const auto& named = model_.parameters();
   for (size_t i = 0; i < params_.size(); ++i) {
     shards.push_back(params_[i]->sharded);
-    counted.push_back(!tp_ || named[i].tp.split() || tp_->rank() == 0);
+    counted.push_back(!tp_ || named[i].tp.split() || split_over_ep(i) || tp_->rank() == 0);
   }
   // Shards do not overlap: the global sum of squares is the sum of the shard group's, and of the
-  // TP group's (every replica holds the same gradients and computes the same norm).
+  // TP group's (every replica holds the same gradients and computes the same norm). A replica's
+  // experts are divided over its shard and TP ranks both.
   return zb::clip_grad_norm_(shards, max_norm, {&comm_, tp_}, counted);
 }
 

@@ -58,7 +58,7 @@ class FSDPEngine : public ParallelModel, private StageHooks {
   // shards those, and reports them in the whole model's coordinates.
   // Expert parallelism (the model's EP group, `ep` here): of each mixture's expert stacks the
   // engine keeps this rank's experts ([rank E/ep, (rank + 1) E/ep)) and shards them over
-  // `expert_shards`, the ranks of the shard group that hold the same experts (MeshShape's
+  // `expert_shards`, the ranks of the shard and TP groups that hold the same experts (MeshShape's
   // expert_shard_group_ranks): a block gathers its own experts alone, as its unit's second part.
   FSDPEngine(Llama& model, Communicator& comm, const FSDPOptions& options, Communicator* replicas = nullptr,
              Communicator* tp = nullptr, Communicator* ep = nullptr, Communicator* expert_shards = nullptr);

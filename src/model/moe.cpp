@@ -265,9 +265,10 @@ at::Tensor MixtureOfExperts::forward(const BlockContext& block, const at::Tensor
   const bool training = at::GradMode::is_enabled();
   if (training) load.tokens.add_(routing.tokens_per_expert);
   at::Tensor routed;
-  if (block.ep) {  // the stacks hold this rank's experts (the sharding engine gathers those alone)
-    routed = routed_experts_parallel(tokens, routing, whole(b.experts_w1), whole(b.experts_w2), whole(b.experts_w3),
-                                     *block.ep);
+  if (block.ep) {
+    // The stacks hold this rank's experts (the sharding engine gathers those alone); the EP group
+    // may hold TP ranks, whose experts differ: the engine's expert shard group sums their gradients.
+    routed = routed_experts_parallel(tokens, routing, b.experts_w1, b.experts_w2, b.experts_w3, *block.ep);
   } else {
     routed = routed_experts(tokens, routing, whole(b.experts_w1), whole(b.experts_w2), whole(b.experts_w3));
   }

@@ -15,10 +15,10 @@ ParallelMesh::ParallelMesh(const Config& config, Communicator& world, EngineKind
   if (sharded() && shape_.cp > 1)
     cp_ = world.subgroup("cp" + std::to_string(rank_ / (shape_.cp * shape_.tp)) + "." + std::to_string(tp_rank()),
                          shape_.cp_group_ranks(rank_));
-  if (sharded() && shape_.ep > 1) {  // within the shard group: one set per replica and TP position
-    const int64_t stride = shape_.dp_shard_cp / shape_.ep;
-    const std::string where = std::to_string(replica()) + "." + std::to_string(tp_rank()) + ".";
-    ep_ = world.subgroup("ep" + where + std::to_string(shard_rank() % stride), shape_.ep_group_ranks(rank_));
+  if (sharded() && shape_.ep > 1) {  // within a replica (its shard and TP groups): one set per replica
+    const int64_t place = shape_.expert_index_of(rank_);
+    const std::string where = std::to_string(replica()) + ".";
+    ep_ = world.subgroup("ep" + where + std::to_string(place % shape_.expert_stride()), shape_.ep_group_ranks(rank_));
     expert_shard_ = world.subgroup("expert_shard" + where + std::to_string(shape_.ep_rank_of(rank_)),
                                    shape_.expert_shard_group_ranks(rank_));
   }

@@ -57,8 +57,8 @@ class ParallelMesh {
   Communicator* tp_group() const { return tp_.get(); }
   Communicator* cp_group() const { return cp_.get(); }
   Communicator* ep_group() const { return ep_.get(); }  // parallel.ep > 1 only
-  // The ranks the sharding engine shards this rank's experts over (parallel.ep > 1 only; a group
-  // of one, local, when ep is the shard group's size).
+  // The ranks the sharding engine shards this rank's experts over (parallel.ep > 1 only; TP's ranks
+  // among them; a group of one, local, when ep is the replica's dp_shard x cp x tp ranks).
   Communicator* expert_shard_group() const { return expert_shard_.get(); }
   // The name the step plan and the step trace give the sharding engine's group: "shard" when a
   // group was made, else "world".

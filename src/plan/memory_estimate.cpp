@@ -190,7 +190,7 @@ MemoryReplay::MemoryReplay(const Config& c, const StepPlan& plan, const Resolved
   specs_ = param_specs(a_, tp_);  // this rank's slices under TP
   for (const ParamSpec& p : specs_) {
     UnitSizes& u = p.layer >= 0 ? units_[static_cast<size_t>(p.layer)] : units_[static_cast<size_t>(L_)];
-    const EngineShard held = engine_shard(p, W_, c.parallel.ep);
+    const EngineShard held = engine_shard(p, W_, c.parallel.ep, tp_);
     const RowShard s = held.rows();
     int64_t numel = 1;
     for (const int64_t n : held.shape) numel *= n;
@@ -225,7 +225,7 @@ MemoryReplay::MemoryReplay(const Config& c, const StepPlan& plan, const Resolved
   moe_block_keeps_ = saves_.moe_block.bytes(N_, tp_);
   reduce_scatter_copies_ = cuda_ ? 0 : 1;
   whole_gradients_ = W_ == 1 && plan.replicate == 1;
-  whole_expert_gradients_ = c.parallel.ep == W_ && plan.replicate == 1;
+  whole_expert_gradients_ = c.parallel.ep == W_ * tp_ && plan.replicate == 1;
   keep_ = plan.keep_unsharded;
   head_grad_ = e_ * V_ * D_;
   gathering_.assign(static_cast<size_t>(L_ + 1), 0);
@@ -493,7 +493,7 @@ void MemoryReplay::optimizer_step() {
   for (const ParamSpec& p : specs_)
     if (param_role(p.name, static_cast<int64_t>(p.shape.size())) == ParamRole::Hidden) {
       if (p.shape.size() == 3) {  // an expert stack: the rank's own experts, orthogonalised where they are
-        groups[{p.shape[1], p.shape[2], 1, ++stacks}] += engine_shard(p, W, c_.parallel.ep).rows().rows_per_rank;
+        groups[{p.shape[1], p.shape[2], 1, ++stacks}] += engine_shard(p, W, c_.parallel.ep, tp).rows().rows_per_rank;
         continue;
       }
       hidden_slices += p.numel();

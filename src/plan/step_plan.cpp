@@ -18,11 +18,11 @@
 
 namespace zb {
 
-EngineShard engine_shard(const ParamSpec& spec, int64_t shard, int64_t ep) {
+EngineShard engine_shard(const ParamSpec& spec, int64_t shard, int64_t ep, int64_t tp) {
   if (ep == 1 || spec.shape.size() != 3) return {spec.shape, shard, false};
   std::vector<int64_t> mine = spec.shape;
   mine[0] /= ep;
-  return {mine, shard / ep, true};
+  return {mine, shard * tp / ep, true};
 }
 
 namespace {
@@ -74,8 +74,8 @@ struct ModelEvents {
   int64_t ep = 1, ep_counts = 0, ep_rows = 0;
   std::vector<bool> moe;  // per block: a mixture of experts
   // Under TP a mixture's shared experts are the TP-split MLP (none: no MLP collectives), and the
-  // gradients of its whole expert stacks (this rank's experts, `experts` bytes each) and gate
-  // (`gate`) are summed over the group.
+  // gradients of its gate (`gate` bytes) and, without EP, of its whole expert stacks (`experts`
+  // bytes each) are summed over the group.
   bool shared_experts = false;
   int64_t experts = 0, gate = 0;
 
@@ -96,7 +96,8 @@ struct ModelEvents {
       ep_exchange(w, ep_rows, "EP: rows' gradients back (as balanced)");
     }
     if (tp == 1) return;
-    for (const char* m : {"w1", "w2", "w3"}) ring(w, CommKind::AllReduce, experts, std::string("TP: experts' ") + m + " gradient");
+    if (ep == 1)  // under EP the expert shard group's reduction sums the TP ranks' (their experts differ)
+      for (const char* m : {"w1", "w2", "w3"}) ring(w, CommKind::AllReduce, experts, std::string("TP: experts' ") + m + " gradient");
     ring(w, CommKind::AllReduce, gate, "TP: router gate gradient");
   }
 
@@ -208,18 +209,19 @@ struct UnitParts {
   int64_t expert_ranks = 1;
 };
 
-UnitParts unit_parts(const Config& c, const std::vector<ParamSpec>& specs, int64_t L, int64_t S, int64_t compute_bytes) {
+UnitParts unit_parts(const Config& c, const std::vector<ParamSpec>& specs, int64_t L, int64_t S, int64_t tp,
+                     int64_t compute_bytes) {
   UnitParts u;
   u.block.assign(L + 1, 0);
   u.gather_bytes.assign(L + 1, 0);
   u.experts.assign(L + 1, 0);
   u.expert_gather_bytes.assign(L + 1, 0);
-  u.expert_ranks = S / c.parallel.ep;
+  u.expert_ranks = S * tp / c.parallel.ep;
   std::vector<int64_t> bytes(L + 1, 0);
   std::vector<bool> fp8(L + 1, false);
   for (const ParamSpec& s : specs) {
     const size_t i = static_cast<size_t>(s.layer >= 0 ? s.layer : L);
-    const EngineShard held = engine_shard(s, S, c.parallel.ep);
+    const EngineShard held = engine_shard(s, S, c.parallel.ep, tp);
     const int64_t n = held.rows().block_numel();
     if (held.experts) {
       u.experts[i] += n;
@@ -268,12 +270,14 @@ void plan_fsdp_micro_batches(PlanWriter& w, const Config& c, const StepPlan& p, 
                overlap, u);
     };
     auto reduce = [&](int64_t u) {
-      if (!sync || (S == 1 && R == 1)) return;
+      // (Under TP a shard group of one can hold experts over several ranks: TP's.)
+      const bool experts_reduced = has_experts(u) && (Se > 1 || R > 1);
+      if (!sync || (S == 1 && R == 1 && !experts_reduced)) return;
       const char* overlap_of_previous = reducing > 0 && reducing < L ? "reduce" : "exposed";
       if (reducing >= 0 && R > 1) replicate(reducing, overlap_of_previous);
       const char* overlap = u > 0 && u < L ? "reduce" : "exposed";
-      w.ring(CommKind::ReduceScatter, group, S, 4 * block[u], "reduce " + name(u), overlap, u);
-      if (has_experts(u) && (Se > 1 || R > 1))
+      if (S > 1 || R > 1) w.ring(CommKind::ReduceScatter, group, S, 4 * block[u], "reduce " + name(u), overlap, u);
+      if (experts_reduced)
         w.ring(CommKind::ReduceScatter, "expert_shard", Se, 4 * parts.experts[u], "reduce " + name(u) + "'s experts",
                overlap, u);
       reducing = u;
@@ -379,6 +383,8 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, const ResolvedRun&
   const std::vector<ParamSpec> specs = param_specs(a, tp);  // this rank's slices under TP
   const int64_t ns = at::elementSize(resolve_ns_dtype(c, run.device));
   const int64_t shard_rank = mesh.shard_rank();  // its place in its shard group
+  // Its place among the ranks holding its experts (parallel.ep > 1): consecutive in its replica.
+  const int64_t expert_place = mesh.shape().expert_index_of(rank) % mesh.shape().expert_stride();
   // Muon's matrices, in the order the optimizer holds them (model order), with their whole shapes
   // and how TP splits them.
   std::vector<ParamSpec> muon;
@@ -393,7 +399,7 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, const ResolvedRun&
   const std::string shard_group = mesh.shard_group_name();
   if (fsdp) {
     const int64_t compute_bytes = at::elementSize(run.compute_dtype);
-    const UnitParts parts = unit_parts(c, specs, L, S, compute_bytes);
+    const UnitParts parts = unit_parts(c, specs, L, S, tp, compute_bytes);
     ModelEvents model_events;
     for (const ParamSpec& s : specs) model_events.float8_weights += gathered_in_float8(c, s);
     // Under context parallelism a rank's tokens are its share of each row (T / cp of them), and
@@ -517,7 +523,13 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, const ResolvedRun&
       else tensor_parallel_stage(owned);
     });
   } else if (!muon.empty() && fsdp && R > 1 && split) {
-    split_stage("replicate", R, replica, muon);  // shard groups of one: whole slices
+    // Shard groups of one: whole slices, and the rank's own experts of each stack (under TP over
+    // several ranks, their rows of them).
+    std::vector<ParamSpec> held = muon;
+    for (ParamSpec& m : held)
+      if (const EngineShard e = engine_shard(m, S, c.parallel.ep, tp); e.experts)
+        m.shape = {e.rows().rows_of(expert_place), m.shape[1], m.shape[2]};
+    split_stage("replicate", R, replica, held);
   } else if (!muon.empty() && !fsdp && p.world > 1) {
     split_stage("world", p.world, rank, muon);
   } else if (!muon.empty()) {
@@ -536,9 +548,10 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, const ResolvedRun&
     d.fragment_delay = c.diloco.fragment_delay;
     d.compression = parse_compression(c.diloco.compression);
     d.values.assign(static_cast<size_t>(d.fragments), 0);
-    for (const ParamSpec& s : specs) {  // (a rank's place among the ranks holding its experts: consecutive)
-      const EngineShard held = engine_shard(s, S, c.parallel.ep);
-      d.values[static_cast<size_t>(fragment_of(s.name, L, d.fragments))] += held.rows().numel_of(shard_rank % held.ranks);
+    for (const ParamSpec& s : specs) {
+      const EngineShard held = engine_shard(s, S, c.parallel.ep, tp);
+      d.values[static_cast<size_t>(fragment_of(s.name, L, d.fragments))] +=
+          held.rows().numel_of(held.experts ? expert_place : shard_rank);
     }
     for (int64_t f = 0; f < d.fragments; ++f) {
       std::vector<StepEvent> events;

@@ -32,15 +32,15 @@ namespace zb {
 
 // How the sharding engine holds a parameter (fsdp/fsdp_engine.h): its rows over the shard group's
 // `shard` ranks; under expert parallelism (ep > 1) a routed experts' stack is this rank's E/ep
-// experts, over the shard / ep ranks that hold them (the "expert_shard" group: its unit's second
-// part).
+// experts, over the shard x tp / ep ranks that hold them (the "expert_shard" group: its unit's
+// second part; MeshShape::expert_stride).
 struct EngineShard {
   std::vector<int64_t> shape;  // what is sharded: the parameter, or this rank's experts of it
   int64_t ranks = 1;
   bool experts = false;
   RowShard rows() const { return RowShard::of(shape, ranks); }
 };
-EngineShard engine_shard(const ParamSpec& spec, int64_t shard, int64_t ep);
+EngineShard engine_shard(const ParamSpec& spec, int64_t shard, int64_t ep, int64_t tp);
 
 // What the plan calls the FP8 all-gather's gather of the weights' amaxes (a step's first).
 inline constexpr const char* kFloat8AmaxGather = "FP8 weights' amaxes";

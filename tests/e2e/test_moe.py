@@ -158,6 +158,7 @@ def test_mixtral_step(work):
     runs = {"one": (1, []), "fsdp2": (2, ["--train.ac_ckpt", "true"]), "ep2": (2, ["--parallel.ep", "2"]),
             "ep2_fsdp2": (4, ["--parallel.ep", "2"]), "ep4": (4, ["--parallel.ep", "4", "--train.ac_ckpt", "true"]),
             "ep2_tp2": (4, ["--parallel.ep", "2", "--parallel.tp", "2"]),
+            "ep2_tp2_alone": (2, ["--parallel.ep", "2", "--parallel.tp", "2"]),  # EP from TP's ranks alone
             "ep2_hsdp": (4, ["--parallel.ep", "2", "--parallel.dp_shard", "2", "--parallel.dp_replicate", "2"]),
             "ep2_cp2": (2, ["--parallel.ep", "2", "--parallel.cp", "2"])}
     for name, (ranks, extra) in runs.items():

@@ -36,12 +36,16 @@ namespace {
 // gradient is ~1e-9 (a cancellation) takes a full lr-sized step whose sign is decided by fp32
 // summation order, which differs between one process and several; that is Adam's conditioning,
 // not the engine's, and would drown what this test checks.
+// `optimizer`: "adamw", "muon", or "muon_polar_express" (Muon with optim.optim.ns_coefficients =
+// "polar_express").
 Config small_config(const std::string& optimizer, const std::string& extra = "") {
+  const bool polar = optimizer == "muon_polar_express";
   Config c = load_config_string(
       "name_model = \"debugmodel\"\ntype_model = \"llama2\"\n"
       "[train]\nmicro_bs = 1\n"
       "[optim]\nbatch_size = 12\nwarmup_steps = 2\ntotal_steps = 10\n"
-      "[optim.optim]\ntype = \"" + optimizer + "\"\nlr = 0.01\nns_dtype = \"float32\"\n"
+      "[optim.optim]\ntype = \"" + (polar ? std::string("muon") : optimizer) + "\"\nlr = 0.01\nns_dtype = \"float32\"\n" +
+      (polar ? "ns_coefficients = \"polar_express\"\n" : "") +
       "[data]\nfake = true\nseq_length = 32\n"
       "[optim.adam]\neps = 1e-6\n[runtime]\ndevice = \"cpu\"\n" + extra,
       "test");
@@ -148,13 +152,17 @@ TEST_P(FSDPMatchesSingleProcess, LossesAndParametersOverTenSteps) {
 
 // Hybrid sharding on 4 ranks: shard groups of 2 replicated twice, groups of 1 (every rank a
 // replica: data parallelism through the engine) and one group of 4 (FSDP), all equal to the
-// single process. Each layout's trainer makes its own shard and replicate groups.
+// single process. Each layout's trainer makes its own shard and replicate groups. Muon with Polar
+// Express's coefficients too: sharded (4x1), replicated with the matrices split (1x4) and both.
 class HSDPMatchesSingleProcess : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HSDPMatchesSingleProcess, EveryLayoutOfFourRanks) {
   const std::string optimizer = GetParam();
   multiprocess::run_ranks(4, [&](int rank) {
     const RunResult want = train_single_process(small_config(optimizer), 10);
+    // Polar Express's coefficients do change the run (the option reaches every layout's Muon).
+    if (optimizer == "muon_polar_express")
+      EXPECT_GT(std::abs(want.losses.back() - train_single_process(small_config("muon"), 10).losses.back()), 1e-5);
     for (const auto& [shard, replicate] : std::vector<std::pair<int, int>>{{2, 2}, {1, 4}, {4, 1}}) {
       const Config c = small_config(optimizer, "[parallel]\ndp_shard = " + std::to_string(shard) +
                                                    "\ndp_replicate = " + std::to_string(replicate) + "\n");
@@ -167,7 +175,8 @@ TEST_P(HSDPMatchesSingleProcess, EveryLayoutOfFourRanks) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Optimizers, HSDPMatchesSingleProcess, ::testing::Values("adamw", "muon"));
+INSTANTIATE_TEST_SUITE_P(Optimizers, HSDPMatchesSingleProcess,
+                         ::testing::Values("adamw", "muon", "muon_polar_express"));
 
 // The same with attention across whole rows; and the document mask does change the run.
 TEST(FSDP, CausalAttentionMatchesSingleProcessToo) {

@@ -37,12 +37,63 @@ TEST(Muon, MatchesTorchOptimMuon) {
 
 TEST(Muon, Fp32NewtonSchulzMatchesFloat64) {
   at::manual_seed(0);
-  for (auto shape : {std::vector<int64_t>{48, 64}, {64, 48}, {3, 32, 40}}) {
-    at::Tensor G = at::randn(shape, at::kDouble);
-    at::Tensor exact = newton_schulz(G, 5, at::kDouble);
-    at::Tensor fp32 = newton_schulz(G.to(at::kFloat), 5, at::kFloat);
-    EXPECT_EQ(fp32.scalar_type(), at::kFloat);
-    EXPECT_LE(max_abs(fp32.to(at::kDouble) - exact), 1e-6) << G.sizes();
+  for (const char* coefficients : {"jordan", "polar_express"})
+    for (auto shape : {std::vector<int64_t>{48, 64}, {64, 48}, {3, 32, 40}}) {
+      const NsCoefficients& k = ns_coefficients(coefficients);
+      at::Tensor G = at::randn(shape, at::kDouble);
+      at::Tensor exact = newton_schulz(G, 5, at::kDouble, 1e-7, true, k);
+      at::Tensor fp32 = newton_schulz(G.to(at::kFloat), 5, at::kFloat, 1e-7, true, k);
+      EXPECT_EQ(fp32.scalar_type(), at::kFloat);
+      // Polar Express's first step (a = 8.16, c = 15.9) amplifies fp32's rounding a few times more.
+      const double tolerance = k.name == "jordan" ? 1e-6 : 4e-6;
+      EXPECT_LE(max_abs(fp32.to(at::kDouble) - exact), tolerance) << G.sizes() << " " << coefficients;
+    }
+}
+
+// The coefficients against float64 SVD, on the debug and 150M presets' shapes (wq 256², w1
+// 768 x 256, wq 1024²; 150M's w1, 2816 x 1024, would add 10 s on this machine's two cores): U diag(s) Vᵀ with U, V random orthogonal and s log-spaced
+// over 1.5 decades. Newton-Schulz acts on each singular value alone, so the result's singular values
+// are the steps' scalar polynomials applied to s / (||s|| · safety), which the test computes itself
+// (to 1e-9; 7 steps on the smallest: past Polar Express's 5-step table, its last step again). After 5 steps
+// polar_express holds every one within 0.15 of 1 and jordan within [0.5, 1.5], its spread the wider.
+TEST(Muon, NewtonSchulzCoefficientsAgainstTheSvd) {
+  at::manual_seed(5);
+  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{256, 256}, {768, 256}, {1024, 1024}}) {
+    const int64_t n = std::min(rows, cols);
+    const at::Tensor U = std::get<0>(at::linalg_qr(at::randn({rows, n}, at::kDouble)));
+    const at::Tensor V = std::get<0>(at::linalg_qr(at::randn({cols, n}, at::kDouble)));
+    const at::Tensor s = at::logspace(-1.5, 0, n, 10.0, at::kDouble);
+    const at::Tensor G = U.mul(s).matmul(V.mT());
+    double worst[2] = {0, 0};
+    for (const char* name : {"jordan", "polar_express"}) {
+      const NsCoefficients& k = ns_coefficients(name);
+      for (const int64_t steps : rows == 256 ? std::vector<int64_t>{5, 7} : std::vector<int64_t>{5}) {
+        std::vector<double> want;
+        const double norm = s.norm().item<double>() * k.safety;
+        for (int64_t i = 0; i < n; ++i) {
+          double x = s[i].item<double>() / norm;
+          for (int64_t j = 0; j < steps; ++j) {
+            const auto& [a, b, c] = k.step(j);
+            x = a * x + b * x * x * x + c * x * x * x * x * x;
+          }
+          want.push_back(x);
+        }
+        std::sort(want.begin(), want.end());
+        const at::Tensor got = std::get<0>(at::sort(at::linalg_svdvals(newton_schulz(G, steps, at::kDouble, 1e-7, true, k))));
+        EXPECT_LE(max_abs(got - at::tensor(want, at::kDouble)), 1e-9) << rows << "x" << cols << " " << name << " " << steps;
+        if (steps != 5) continue;
+        const double low = got.min().item<double>(), high = got.max().item<double>();
+        if (k.name == "polar_express") {
+          EXPECT_GE(low, 0.85) << rows << "x" << cols;
+          EXPECT_LE(high, 1.15) << rows << "x" << cols;
+        } else {
+          EXPECT_GE(low, 0.5) << rows << "x" << cols;
+          EXPECT_LE(high, 1.5) << rows << "x" << cols;
+        }
+        worst[k.name == "polar_express"] = std::max(1 - low, high - 1);
+      }
+    }
+    EXPECT_LT(worst[1], worst[0]) << rows << "x" << cols;
   }
 }
 

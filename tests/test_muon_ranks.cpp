@@ -62,23 +62,26 @@ TEST(GramNewtonSchulz, EqualsTheIterationOnTheWholeMatrix) {
       int seed = 0;
       for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{24, 40}, {40, 24}, {32, 32}})
         for (const int64_t dim : {0, 1})
-          for (const auto dtype : {at::kDouble, at::kFloat}) {
-            at::manual_seed(++seed);  // the same matrix on every rank
-            const at::Tensor G = at::randn({rows, cols}, at::kDouble);
-            const at::Tensor want = newton_schulz(G, 5, dtype).to(at::kDouble).tensor_split(world, dim)[rank];
-            const CommStats before = group.stats();
-            const at::Tensor got = gram_newton_schulz(G.tensor_split(world, dim)[rank].contiguous(), dim, rows, cols,
-                                                      group, 5, dtype);
-            const double tolerance = dtype == at::kDouble ? 1e-12 : 1e-5;
-            EXPECT_LE(max_abs(got.to(at::kDouble) - want), tolerance)
-                << rows << "x" << cols << " split along " << dim << " on " << world << " ranks, " << dtype;
-            const int64_t element = at::elementSize(dtype);
-            const int64_t gram = gram_newton_schulz_gram_numel(dim, rows, cols);
-            EXPECT_EQ(group.stats().bytes[static_cast<size_t>(CommKind::AllReduce)] -
-                          before.bytes[static_cast<size_t>(CommKind::AllReduce)],
-                      ring_counted_bytes(CommKind::AllReduce, world, element) +
-                          5 * ring_counted_bytes(CommKind::AllReduce, world, element * gram));
-          }
+          for (const auto dtype : {at::kDouble, at::kFloat})
+            for (const char* name : {"jordan", "polar_express"}) {
+              const NsCoefficients& k = ns_coefficients(name);
+              at::manual_seed(++seed);  // the same matrix on every rank
+              const at::Tensor G = at::randn({rows, cols}, at::kDouble);
+              const at::Tensor want =
+                  newton_schulz(G, 5, dtype, 1e-7, true, k).to(at::kDouble).tensor_split(world, dim)[rank];
+              const CommStats before = group.stats();
+              const at::Tensor got = gram_newton_schulz(G.tensor_split(world, dim)[rank].contiguous(), dim, rows, cols,
+                                                        group, 5, dtype, 1e-7, k);
+              const double tolerance = dtype == at::kDouble ? 1e-12 : 1e-5;
+              EXPECT_LE(max_abs(got.to(at::kDouble) - want), tolerance)
+                  << rows << "x" << cols << " split along " << dim << " on " << world << " ranks, " << dtype << ", " << name;
+              const int64_t element = at::elementSize(dtype);
+              const int64_t gram = gram_newton_schulz_gram_numel(dim, rows, cols);
+              EXPECT_EQ(group.stats().bytes[static_cast<size_t>(CommKind::AllReduce)] -
+                            before.bytes[static_cast<size_t>(CommKind::AllReduce)],
+                        ring_counted_bytes(CommKind::AllReduce, world, element) +
+                            5 * ring_counted_bytes(CommKind::AllReduce, world, element * gram));
+            }
     });
   }
 }
@@ -103,7 +106,10 @@ TEST(TensorParallelMuon, EachRankGetsItsSliceOfTheWholeUpdate) {
       Communicator tp(detect_world(), c10::Device(c10::kCPU), std::chrono::seconds(60));
       MuonHyper h;
       h.ns_dtype = at::kDouble;
-      for (const std::string mode : {"gather", "gram", "auto"}) {
+      for (const auto& [coefficients, mode] : std::vector<std::pair<std::string, std::string>>{
+               {"jordan", "gather"}, {"jordan", "gram"}, {"jordan", "auto"}, {"polar_express", "gather"},
+               {"polar_express", "gram"}}) {
+        h.ns_coefficients = coefficients;
         at::manual_seed(7);  // the same whole matrices and gradients on every rank
         Muon whole(h), sliced(h);
         std::vector<at::Tensor> full, grads, mine;

@@ -94,6 +94,7 @@ struct OptimizerConfig {  // [optim.optim]
   bool nesterov = true;
   std::string update_scale = "original";  // Muon's lr scale
   std::string ns_dtype = "auto";          // Newton-Schulz precision: auto is bf16 on CUDA, fp32 on CPU
+  std::string ns_coefficients = "jordan";  // each Newton-Schulz step's (a, b, c): optim/muon.h
 };
 
 struct AdamConfig {  // [optim.adam] (ours): the AdamW groups, ZeroBand's values by default

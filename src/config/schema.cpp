@@ -177,6 +177,10 @@ const std::vector<Field>& schema() {
       ZB_CHOICE("optim.optim.ns_dtype", optim.optim.ns_dtype,
                 "Muon Newton-Schulz precision (auto: bfloat16 on cuda, float32 on cpu)", "auto", "bfloat16",
                 "float32"),
+      ZB_CHOICE("optim.optim.ns_coefficients", optim.optim.ns_coefficients,
+                "Muon Newton-Schulz steps: jordan (Keller Jordan's quintic, every step) or polar_express "
+                "(Polar Express's minimax step for each, singular values nearer 1)",
+                "jordan", "polar_express"),
       ZB_FIELD("optim.adam.lr_embedding", Float, double, optim.adam.lr_embedding,
                "AdamW lr of the token embedding"),
       ZB_FIELD("optim.adam.lr_head", Float, double, optim.adam.lr_head, "AdamW lr of the output head"),

@@ -17,11 +17,13 @@
 #include <cstdint>
 
 #include "dist/comm.h"
+#include "optim/muon.h"
 
 namespace zb {
 
 at::Tensor gram_newton_schulz(const at::Tensor& local, int64_t shard_dim, int64_t rows, int64_t cols,
-                              Communicator& group, int64_t steps, at::ScalarType dtype, double eps = 1e-7);
+                              Communicator& group, int64_t steps, at::ScalarType dtype, double eps = 1e-7,
+                              const NsCoefficients& coefficients = ns_coefficients("jordan"));
 
 // Values of the Gram matrix each iteration all-reduces for a [rows, cols] matrix split along
 // `shard_dim`: the square of the side the blocks do not split.

@@ -19,14 +19,33 @@
 
 namespace zb {
 
+const NsCoefficients& ns_coefficients(const std::string& name) {
+  static const NsCoefficients jordan{"jordan", {{3.4445, -4.7750, 2.0315}}, 1.0};
+  // The 5-step minimax table for singular values in [1e-3, 1] with a 2e-2 safety margin (the
+  // Polar Express paper's algorithm; its reference code's values).
+  static const NsCoefficients polar_express{"polar_express",
+                                            {{8.156554524902461, -22.48329292557795, 15.878769915207462},
+                                             {4.042929935166739, -2.808917465908714, 0.5000178451051316},
+                                             {3.8916678022926607, -2.772484153217685, 0.5060648178503393},
+                                             {3.285753657755655, -2.3681294933425376, 0.46449024233003106},
+                                             {2.3465413258596377, -1.7097828382687081, 0.42323551169305323}},
+                                            1.02};
+  if (name == "jordan") return jordan;
+  if (name == "polar_express") return polar_express;
+  throw std::invalid_argument("unknown Newton-Schulz coefficients '" + name + "' (jordan, polar_express)");
+}
+
 at::Tensor newton_schulz(const at::Tensor& G, int64_t steps, at::ScalarType dtype, double eps,
-                         bool through_cublaslt) {
+                         bool through_cublaslt, const NsCoefficients& coefficients) {
   TORCH_CHECK(G.dim() == 2 || G.dim() == 3, "newton_schulz: expected [m, n] or [k, m, n], got ",
               G.sizes());
   const bool batched = G.dim() == 3;
   at::Tensor X = batched ? G.to(dtype) : G.to(dtype).unsqueeze(0);
-  // Frobenius normalisation puts every singular value in [0, 1]; eps keeps a zero matrix zero.
-  X = X / at::linalg_vector_norm(X, 2, {-2, -1}, /*keepdim=*/true).clamp_min(eps);
+  // Frobenius normalisation puts every singular value in [0, 1] (in [0, 1/safety]); eps keeps a
+  // zero matrix zero.
+  at::Tensor norm = at::linalg_vector_norm(X, 2, {-2, -1}, /*keepdim=*/true);
+  if (coefficients.safety != 1.0) norm = norm * coefficients.safety;
+  X = X / norm.clamp_min(eps);
   // Iterate on the short side, whose Gram matrix is the smaller. A wide X: A = X X^T and
   // X <- a X + B X. A tall one: the same iteration on X^T, written without transposing X (a
   // transposed X made each step's sum copy it, and its update reach the parameter strided:
@@ -35,10 +54,11 @@ at::Tensor newton_schulz(const at::Tensor& G, int64_t steps, at::ScalarType dtyp
   // The added terms read by the GEMMs themselves on a GPU (kernels/gemm_add.h), not copied first.
   const bool lt = through_cublaslt;
   for (int64_t i = 0; i < steps; ++i) {
+    const auto& [a, b, c] = coefficients.step(i);
     at::Tensor A = tall ? at::bmm(X.mT(), X) : at::bmm(X, X.mT());
-    at::Tensor B = gemm_add(A, A, A, /*beta=*/kNsB, /*alpha=*/kNsC, lt);  // b*A + c*A*A
-    X = tall ? gemm_add(X, X, B.mT(), /*beta=*/kNsA, 1.0, lt)              // a*X + X*B^T
-             : gemm_add(X, B, X, /*beta=*/kNsA, 1.0, lt);                  // a*X + B*X
+    at::Tensor B = gemm_add(A, A, A, /*beta=*/b, /*alpha=*/c, lt);  // b*A + c*A*A
+    X = tall ? gemm_add(X, X, B.mT(), /*beta=*/a, 1.0, lt)           // a*X + X*B^T
+             : gemm_add(X, B, X, /*beta=*/a, 1.0, lt);               // a*X + B*X
   }
   return batched ? X : X.squeeze(0);
 }
@@ -52,6 +72,7 @@ double muon_update_scale(const std::string& mode, int64_t rows, int64_t cols) {
 
 Muon::Muon(const MuonHyper& hyper) : hyper_(hyper) {
   muon_update_scale(hyper.update_scale, 1, 1);  // reject an unknown mode now
+  ns_coefficients(hyper.ns_coefficients);
 }
 
 void Muon::add_param(const std::string& name, const at::Tensor& param, std::vector<int64_t> global_shape,
@@ -95,7 +116,7 @@ std::vector<at::Tensor> Muon::orthogonalize_local(const std::vector<at::Tensor>&
     }
     const at::Tensor batch = G.view({-1, shape[shape.size() - 2], shape.back()});
     at::Tensor O = newton_schulz(batch, hyper_.ns_steps, hyper_.ns_dtype, hyper_.eps,
-                                 hyper_.kernels.on(Fused::NewtonSchulz))
+                                 hyper_.kernels.on(Fused::NewtonSchulz), ns_coefficients(hyper_.ns_coefficients))
                        .view(stacked_shape);
     for (size_t j = 0; j < idx.size(); ++j) out[idx[j]] = O[static_cast<int64_t>(j)];
     matrices_orthogonalized_ += static_cast<int64_t>(idx.size()) * per_input;

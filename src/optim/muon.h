@@ -14,6 +14,8 @@
 // rank's TP slice of a matrix) into the whole matrix's orthogonalisation.
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
+#include <array>
 #include <functional>
 #include <string>
 #include <vector>
@@ -22,16 +24,33 @@
 
 namespace zb {
 
-// Quintic Newton-Schulz coefficients (Keller Jordan's), 5 steps by default.
-constexpr double kNsA = 3.4445, kNsB = -4.7750, kNsC = 2.0315;
+// The quintic Newton-Schulz steps X <- a X + (b A + c A²) X, A = X Xᵀ (optim.optim.ns_coefficients):
+// each step's (a, b, c), and the margin the first normalisation leaves, X = G / (||G||_F · safety).
+//   "jordan": Keller Jordan's (3.4445, -4.7750, 2.0315) at every step, no margin. Fast, not
+//     convergent: 5 steps leave singular values between about 0.7 and 1.2 (ZeroBand's, the default).
+//   "polar_express": Amsel, Persson, Musco and Gower's minimax-optimal step for each of 5 steps
+//     (singular values from 1e-3 up; each but the last divided by its safety margin, 2e-2), which
+//     end within about 0.86..1.14 of 1; the margin 1.02 keeps rounding from pushing a singular
+//     value past 1. Steps past the table repeat its last.
+struct NsCoefficients {
+  std::string name;
+  std::vector<std::array<double, 3>> table;
+  double safety = 1.0;
+  const std::array<double, 3>& step(int64_t i) const {
+    return table[static_cast<size_t>(std::min<int64_t>(i, static_cast<int64_t>(table.size()) - 1))];
+  }
+};
+// Throws std::invalid_argument for another name.
+const NsCoefficients& ns_coefficients(const std::string& name);
 
 // Orthogonalises G ([m, n], or a batch [k, m, n] of same-shape matrices) in `dtype`:
-// X = G / max(||G||_F, eps), transposed so the Gram matrix is on the short side, then `steps`
-// times X = a*X + (b*A + c*A*A)*X with A = X*X^T. Returns a tensor of `dtype` shaped like G.
-// `through_cublaslt`: each GEMM reads its added term in its epilogue where cuBLASLt can
-// (kernels/gemm_add.h; Fused::NewtonSchulz), else ATen's addmm and baddbmm.
+// X = G / max(||G||_F · safety, eps), transposed so the Gram matrix is on the short side, then
+// `steps` times X = a*X + (b*A + c*A*A)*X with A = X*X^T, (a, b, c) each step's of `coefficients`.
+// Returns a tensor of `dtype` shaped like G. `through_cublaslt`: each GEMM reads its added term in
+// its epilogue where cuBLASLt can (kernels/gemm_add.h; Fused::NewtonSchulz), else ATen's addmm and
+// baddbmm.
 at::Tensor newton_schulz(const at::Tensor& G, int64_t steps, at::ScalarType dtype, double eps = 1e-7,
-                         bool through_cublaslt = true);
+                         bool through_cublaslt = true, const NsCoefficients& coefficients = ns_coefficients("jordan"));
 
 // lr multiplier from the global shape: "original" sqrt(max(1, rows/cols)) (Keller, ZeroBand) or
 // "match_rms_adamw" 0.2*sqrt(max(rows, cols)) (Moonlight). Throws for another mode.
@@ -43,6 +62,7 @@ struct MuonHyper {
   double momentum = 0.95;
   bool nesterov = true;
   int64_t ns_steps = 5;
+  std::string ns_coefficients = "jordan";  // zb::ns_coefficients' names
   std::string update_scale = "original";
   at::ScalarType ns_dtype = at::kBFloat16;  // kFloat for exact tests
   double eps = 1e-7;

@@ -32,7 +32,8 @@ void make_muon_tensor_parallel(Muon& muon, Communicator& tp, const std::string& 
         whole.push_back(i);
       } else if (muon_tp_uses_gram(mode, p.tp_dim, rows, cols, tp.size(), h.ns_steps)) {
         Phase phase("zb.muon.gram_newton_schulz");
-        out[i] = gram_newton_schulz(inputs[i], p.tp_dim, rows, cols, tp, h.ns_steps, h.ns_dtype, h.eps);
+        out[i] = gram_newton_schulz(inputs[i], p.tp_dim, rows, cols, tp, h.ns_steps, h.ns_dtype, h.eps,
+                                    ns_coefficients(h.ns_coefficients));
       } else {
         gathered.push_back(i);
       }

@@ -121,7 +121,7 @@ nlohmann::json resolved_run(const Config& c) {
       {"hidden", {{"type", o.optim.type}, {"lr", o.optim.lr}, {"wd", o.optim.wd},
                   {"momentum", o.optim.momentum}, {"nesterov", o.optim.nesterov},
                   {"ns_steps", o.optim.ns_steps}, {"update_scale", o.optim.update_scale},
-                  {"ns_dtype", o.optim.ns_dtype}}},
+                  {"ns_dtype", o.optim.ns_dtype}, {"ns_coefficients", o.optim.ns_coefficients}}},
       {"adam", {{"lr_embedding", o.adam.lr_embedding}, {"lr_head", o.adam.lr_head},
                 {"lr_norm", o.adam.lr_norm}, {"betas", {o.adam.betas1, o.adam.betas2}},
                 {"eps", o.adam.eps}, {"wd", o.adam.wd}}},

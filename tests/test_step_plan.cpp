@@ -187,9 +187,10 @@ TEST_P(StepPlanMatchesTheTrace, EveryLayoutAndOption) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, StepPlanMatchesTheTrace, ::testing::Values(1, 2, 3, 4));
 
-// A mixture of experts (the first block dense, a shared expert, the balancing bias): Muon's
-// expert stacks orthogonalised where they are and the balance's all-reduce after the optimizer,
-// on every FSDP, HSDP, CP, TP and DiLoCo layout, with and without activation checkpointing.
+// A mixture of experts (the first block dense, a shared expert, the balancing bias) with QK-clip:
+// Muon's expert stacks orthogonalised where they are, the balance's and the attention logits'
+// all-reduces after the optimizer, on every FSDP, HSDP, CP, TP and DiLoCo layout, with and without
+// activation checkpointing.
 class StepPlanWithExperts : public ::testing::TestWithParam<int> {};
 
 TEST_P(StepPlanWithExperts, EqualTheTrace) {
@@ -213,7 +214,8 @@ TEST_P(StepPlanWithExperts, EqualTheTrace) {
           for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
                    {"model.num_experts", "4"}, {"model.top_k", "2"}, {"model.moe_inter_dim", "64"},
                    {"model.n_dense_layers", "1"}, {"model.num_shared_experts", "1"},
-                   {"model.load_balance_coeff", "0.001"}, {"parallel.ep", std::to_string(ep)}})
+                   {"model.load_balance_coeff", "0.001"}, {"parallel.ep", std::to_string(ep)},
+                   {"optim.optim.qk_clip_threshold", "100"}})
             apply_override(c, key, value);
           validate(c, world);
           const std::string what = l.name + " with experts (EP " + std::to_string(ep) + ") on " + std::to_string(world) +

@@ -95,6 +95,10 @@ struct OptimizerConfig {  // [optim.optim]
   std::string update_scale = "original";  // Muon's lr scale
   std::string ns_dtype = "auto";          // Newton-Schulz precision: auto is bf16 on CUDA, fp32 on CPU
   std::string ns_coefficients = "jordan";  // each Newton-Schulz step's (a, b, c): optim/muon.h
+  // QK-clip (Kimi K2's MuonClip; optim/qk_clip.h): after each step, the query and key rows of every
+  // head whose largest attention logit passed the threshold scale down to it (0: off).
+  double qk_clip_threshold = 0;
+  double qk_clip_alpha = 0.5;  // the query rows take γ^α, the key rows γ^(1-α)
 };
 
 struct AdamConfig {  // [optim.adam] (ours): the AdamW groups, ZeroBand's values by default
@@ -169,6 +173,8 @@ struct LoggingConfig {  // [logging]
   std::string metrics_file;  // JSON lines; "" = outputs/<name_model>-<time>/metrics.jsonl
   int64_t interval = 1;      // console line every N steps
   std::string tensorboard_dir;  // "" = none; else the metrics follower writes event files there
+  // Each block's largest pre-softmax attention logit a step, in the metrics (always with QK-clip).
+  bool max_attention_logit = false;
 };
 
 struct ProfilingConfig {  // [profiling], torchtitan's names

@@ -181,6 +181,11 @@ const std::vector<Field>& schema() {
                 "Muon Newton-Schulz steps: jordan (Keller Jordan's quintic, every step) or polar_express "
                 "(Polar Express's minimax step for each, singular values nearer 1)",
                 "jordan", "polar_express"),
+      ZB_FIELD("optim.optim.qk_clip_threshold", Float, double, optim.optim.qk_clip_threshold,
+               "QK-clip (MuonClip): after each step, scale the query and key rows of a head whose largest "
+               "attention logit passed this down to it (0 = off; Kimi K2 used 100)"),
+      ZB_FIELD("optim.optim.qk_clip_alpha", Float, double, optim.optim.qk_clip_alpha,
+               "QK-clip: the query rows take gamma^alpha, the key rows gamma^(1 - alpha)"),
       ZB_FIELD("optim.adam.lr_embedding", Float, double, optim.adam.lr_embedding,
                "AdamW lr of the token embedding"),
       ZB_FIELD("optim.adam.lr_head", Float, double, optim.adam.lr_head, "AdamW lr of the output head"),
@@ -284,6 +289,8 @@ const std::vector<Field>& schema() {
       ZB_FIELD("logging.interval", Int, int64_t, logging.interval, "console line every N steps"),
       ZB_FIELD("logging.tensorboard_dir", String, std::string, logging.tensorboard_dir,
                "write TensorBoard event files here (rank 0 starts scripts/watch/follow_metrics.py)"),
+      ZB_FIELD("logging.max_attention_logit", Bool, bool, logging.max_attention_logit,
+               "log each block's largest attention logit a step (QK-clip logs it always)"),
       ZB_FIELD("profiling.enable_profiling", Bool, bool, profiling.enable_profiling,
                "record windows of steps with LibTorch's profiler: a Chrome trace and a summary per rank"),
       ZB_FIELD("profiling.save_traces_folder", String, std::string, profiling.save_traces_folder,

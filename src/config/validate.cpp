@@ -218,6 +218,10 @@ void validate(const Config& c, int64_t world_size) {
   if (!(c.optim.optim.momentum >= 0 && c.optim.optim.momentum < 1))
     fail("optim.optim.momentum", "optim.optim.momentum must be in [0, 1), got " + show(c.optim.optim.momentum));
   positive("optim.optim.ns_steps", c.optim.optim.ns_steps);
+  non_negative("optim.optim.qk_clip_threshold", c.optim.optim.qk_clip_threshold);
+  if (!(c.optim.optim.qk_clip_alpha >= 0 && c.optim.optim.qk_clip_alpha <= 1))
+    fail("optim.optim.qk_clip_alpha",
+         "optim.optim.qk_clip_alpha must be in [0, 1], got " + show(c.optim.optim.qk_clip_alpha));
   positive("optim.adam.lr_embedding", c.optim.adam.lr_embedding);
   positive("optim.adam.lr_head", c.optim.adam.lr_head);
   positive("optim.adam.lr_norm", c.optim.adam.lr_norm);

@@ -229,13 +229,17 @@ PendingCollective Communicator::reduce_scatter_sum(const at::Tensor& out, const 
   return {backend_->_reduce_scatter_base(output, input, opts), this};
 }
 
-PendingCollective Communicator::all_reduce_sum(const at::Tensor& t) {
+PendingCollective Communicator::all_reduce_sum(const at::Tensor& t) { return all_reduce(t, /*largest=*/false); }
+
+PendingCollective Communicator::all_reduce_max(const at::Tensor& t) { return all_reduce(t, /*largest=*/true); }
+
+PendingCollective Communicator::all_reduce(const at::Tensor& t, bool largest) {
   const int64_t bytes = t.numel() * t.element_size();
   account(CommKind::AllReduce, bytes, ring_counted_bytes(CommKind::AllReduce, size(), bytes));
   if (!backend_) return {};
   std::vector<at::Tensor> tensors{through_host() ? host_copy(t) : t};
   c10d::AllreduceOptions opts;
-  opts.reduceOp = c10d::ReduceOp::SUM;
+  opts.reduceOp = largest ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
   if (through_host()) return {backend_->allreduce(tensors, opts), this, tensors[0], t};
   return {backend_->allreduce(tensors, opts), this};
 }

@@ -117,6 +117,8 @@ class Communicator {
   PendingCollective reduce_scatter_sum(const at::Tensor& out, const at::Tensor& in);
   // Sum over ranks, in place.
   PendingCollective all_reduce_sum(const at::Tensor& t);
+  // Largest over ranks, in place.
+  PendingCollective all_reduce_max(const at::Tensor& t);
   PendingCollective broadcast(const at::Tensor& t, int64_t root);
   // Flat tensors: rank r sends in[sum(in_splits[:d]) ...] to rank d and receives from rank s
   // into out[sum(out_splits[:s]) ...]; splits count elements.
@@ -161,6 +163,7 @@ class Communicator {
     if (observer_) observer_->collective(kind, observed_as_, size(), payload, counted);
   }
   void waited(double seconds);
+  PendingCollective all_reduce(const at::Tensor& t, bool largest);  // the sum, or the largest
   // GlooThroughHost: a host copy of `t` (pinned for a GPU's, so that the copy back can be queued
   // on the stream), and an uninitialised one of its shape for a result.
   at::Tensor host_copy(const at::Tensor& t) const;

@@ -15,7 +15,8 @@ namespace {
 void save_documents(torch::autograd::AutogradContext* ctx, const Documents& d) {
   const std::pair<const char*, const at::Tensor*> tensors[] = {
       {"cu_seqlens", &d.cu_seqlens}, {"cudnn_cu_seqlens", &d.cudnn_cu_seqlens}, {"mask", &d.mask},
-      {"positions", &d.positions},   {"key_index", &d.key_index},               {"cu_seqlens_k", &d.cu_seqlens_k}};
+      {"positions", &d.positions},   {"key_index", &d.key_index},               {"cu_seqlens_k", &d.cu_seqlens_k},
+      {"row_documents", &d.row_documents}};
   for (const auto& [name, t] : tensors)
     if (t->defined()) ctx->saved_data[name] = *t;
   ctx->saved_data["max_len"] = d.max_len;
@@ -27,7 +28,8 @@ Documents saved_documents(torch::autograd::AutogradContext* ctx) {
   Documents d;
   const std::pair<const char*, at::Tensor*> tensors[] = {
       {"cu_seqlens", &d.cu_seqlens}, {"cudnn_cu_seqlens", &d.cudnn_cu_seqlens}, {"mask", &d.mask},
-      {"positions", &d.positions},   {"key_index", &d.key_index},               {"cu_seqlens_k", &d.cu_seqlens_k}};
+      {"positions", &d.positions},   {"key_index", &d.key_index},               {"cu_seqlens_k", &d.cu_seqlens_k},
+      {"row_documents", &d.row_documents}};
   for (const auto& [name, t] : tensors)
     if (ctx->saved_data.count(name)) *t = ctx->saved_data[name].toTensor();
   d.max_len = ctx->saved_data["max_len"].toInt();

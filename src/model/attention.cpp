@@ -9,6 +9,11 @@
 #include <ATen/ops/_flash_attention_backward.h>
 #include <ATen/ops/_flash_attention_forward.h>
 #include <ATen/ops/index_select.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/maximum.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/zeros.h>
@@ -54,12 +59,14 @@ Documents make_documents(const at::Tensor& cu_seqlens, int64_t max_len, int64_t 
     d.cudnn_cu_seqlens = padded.to(device, /*non_blocking=*/true);
     d.cu_seqlens = d.cudnn_cu_seqlens.narrow(0, 0, n + 1);  // flash's backward: the real sequences
     d.max_len = max_len;
+    d.row_documents = document_ids(d.cu_seqlens, N / T, T);
     return d;
   }
   at::Tensor cu = cu_seqlens.to(device, /*non_blocking=*/true);
   if (flash) {
     d.cu_seqlens = cu;
     d.max_len = max_len;
+    d.row_documents = document_ids(cu, N / T, T);
     return d;
   }
   const at::Tensor doc = document_ids(cu, N / T, T);
@@ -200,6 +207,44 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       documents.mask.defined() ? std::optional<at::Tensor>(documents.mask) : std::nullopt,
       /*dropout_p=*/0.0, /*is_causal=*/!documents.mask.defined(), /*scale=*/std::nullopt, /*enable_gqa=*/gqa);
   return out.transpose(1, 2).reshape({B, T, H * Dh});
+}
+
+at::Tensor max_attention_logits(const at::Tensor& q, const at::Tensor& k, const Documents& documents,
+                                const at::Tensor& key_positions) {
+  at::NoGradGuard no_grad;
+  const int64_t B = q.size(0), Tq = q.size(1), H = q.size(2), Dh = q.size(3), Tk = k.size(1), Hkv = k.size(2);
+  const auto work = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
+  const double inf = std::numeric_limits<double>::infinity();
+  // Query head h reads key head h / (H / Hkv): the queries as [B, Hkv, H / Hkv, n, Dh] against
+  // the keys as [B, Hkv, 1, Dh, Tk].
+  const at::Tensor keys = k.to(work).permute({0, 2, 3, 1}).unsqueeze(2);
+  // Without a mask: causal in the row's positions, within each document.
+  const auto index = q.options().dtype(at::kLong);
+  const at::Tensor q_pos = documents.positions.defined() ? documents.positions : at::arange(Tq, index);
+  const at::Tensor k_pos = key_positions.defined() ? key_positions : at::arange(Tk, index);
+  at::Tensor q_doc, k_doc;
+  if (!documents.mask.defined() && documents.row_documents.defined()) {
+    q_doc = documents.row_documents.index_select(1, q_pos);
+    k_doc = documents.row_documents.index_select(1, k_pos);
+  }
+  at::Tensor best = at::full({H}, -inf, q.options().dtype(work));
+  // Queries a chunk at a time: at most about 4M scores in memory.
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 22) / std::max<int64_t>(1, B * H * Tk));
+  for (int64_t s = 0; s < Tq; s += chunk) {
+    const int64_t n = std::min(chunk, Tq - s);
+    const at::Tensor queries = q.narrow(1, s, n).to(work).reshape({B, n, Hkv, H / Hkv, Dh}).permute({0, 2, 3, 1, 4});
+    at::Tensor scores = at::matmul(queries, keys).mul_(scale);  // [B, Hkv, H / Hkv, n, Tk]
+    if (documents.mask.defined()) {
+      scores.add_(documents.mask.narrow(2, s, n).to(work).unsqueeze(1));  // [B, 1, 1, n, Tk]
+    } else {
+      at::Tensor seen = (q_pos.narrow(0, s, n).unsqueeze(1) >= k_pos.unsqueeze(0)).unsqueeze(0);  // [1, n, Tk]
+      if (q_doc.defined()) seen = seen.logical_and(q_doc.narrow(1, s, n).unsqueeze(2) == k_doc.unsqueeze(1));
+      scores.masked_fill_(seen.logical_not().view({seen.size(0), 1, 1, n, Tk}), -inf);
+    }
+    best = at::maximum(best, scores.amax({0, 3, 4}).reshape({H}));
+  }
+  return best.to(at::kFloat);
 }
 
 }  // namespace zb

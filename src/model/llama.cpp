@@ -8,9 +8,11 @@
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/logical_and.h>
+#include <ATen/ops/maximum.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -141,6 +143,18 @@ void Llama::init_parameter(size_t i, at::Tensor& t) const {
   if (p.tp.split()) t.copy_(whole.narrow(p.tp.dim, p.tp.start, t.size(p.tp.dim)));
 }
 
+void Llama::watch_attention_logits(bool on) {
+  attention_logits_.clear();
+  if (!on) return;
+  for (int64_t l = 0; l < args_.n_layers; ++l)
+    attention_logits_.push_back(at::empty({heads_}, at::TensorOptions().dtype(at::kFloat).device(rope_.cis.device())));
+  reset_attention_logits();
+}
+
+void Llama::reset_attention_logits() {
+  for (at::Tensor& t : attention_logits_) t.fill_(-std::numeric_limits<double>::infinity());
+}
+
 at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h, const Documents& documents) const {
   Phase phase("zb.block_forward", layer);
   const auto& b = layers_[layer];
@@ -177,13 +191,20 @@ at::Tensor Llama::block_forward(int64_t layer, const at::Tensor& h, const Docume
   const RopeTables rope = cp_ ? RopeTables{rope_.cis.index_select(0, documents.positions)} : rope_;
   q = apply_rope(q, rope, kernels_);
   k = apply_rope(k, rope, kernels_);
+  // The logits' watch: in a forward that trains (a checkpointed block's recomputation).
+  const at::Tensor* logits =
+      !attention_logits_.empty() && at::GradMode::is_enabled() ? &attention_logits_[static_cast<size_t>(layer)] : nullptr;
   at::Tensor attn;
   if (cp_ && cp_ring_) {
-    attn = ring_attention(q, k, v, documents, *cp_);
+    attn = ring_attention(q, k, v, documents, *cp_, logits);
   } else {
     if (cp_) {
       k = gather_sequence(k, *cp_);
       v = gather_sequence(v, *cp_);
+    }
+    if (logits) {
+      const at::Tensor key_positions = cp_ ? cp_gathered_positions(cp_->size(), k.size(1), k.device()) : at::Tensor();
+      logits->copy_(at::maximum(*logits, max_attention_logits(q, k, documents, key_positions)));
     }
     attn = attention(q, k, v, documents);
   }

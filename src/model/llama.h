@@ -184,6 +184,13 @@ class Llama {
   // names: their bias, their tokens counted since the last step).
   std::vector<ExpertLoad>& expert_loads() { return expert_loads_; }
   const std::vector<ExpertLoad>& expert_loads() const { return expert_loads_; }
+  // The attention logits' watch (optim/qk_clip.h): with it on, every training forward (and a
+  // checkpointed block's recomputation, not its first pass) raises each block's fp32 [local heads]
+  // to its heads' largest pre-softmax logit over the micro-batch (max_attention_logits; the ring's
+  // own scores under CP's ring). Starts at -inf, as reset_attention_logits leaves it.
+  void watch_attention_logits(bool on);
+  const std::vector<at::Tensor>& attention_logits() const { return attention_logits_; }
+  void reset_attention_logits();
   // The gradient the blocks give their auxiliary losses (model/moe.h): 1 over the micro-batches,
   // as the trainer divides each micro-batch's loss.
   void set_aux_loss_scale(double scale) {
@@ -217,6 +224,7 @@ class Llama {
   DenseSwiGLU dense_;
   std::unique_ptr<MixtureOfExperts> moe_;
   std::vector<ExpertLoad> expert_loads_;
+  std::vector<at::Tensor> attention_logits_;  // per block, with the watch on (empty without)
   // x w_i^T for block `layer`'s projections `names` (one input): those set_projections took there,
   // the rest through the shared-input node (model/layers.h) or at::linear.
   std::vector<at::Tensor> project(int64_t layer, const std::vector<const char*>& names, const at::Tensor& x,

@@ -34,6 +34,10 @@ struct Documents {
   // Around the ring (cp_documents with `ring`): for each rank's block of keys, 1 where this rank's
   // queries see any of it, read once a micro-batch (the ring skips the others in every layer).
   std::vector<int64_t> visible_blocks;
+  // Where the variable-length kernels read the documents (no mask): each token's document number
+  // over the whole rows, int32 [B, T] (document_ids), for the attention logits' watch
+  // (max_attention_logits).
+  at::Tensor row_documents;
   bool any() const { return cu_seqlens.defined() || mask.defined(); }
 };
 

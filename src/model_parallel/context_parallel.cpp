@@ -9,6 +9,7 @@
 #include <ATen/ops/isfinite.h>
 #include <ATen/ops/log.h>
 #include <ATen/ops/logaddexp.h>
+#include <ATen/ops/maximum.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/tensor.h>
@@ -107,6 +108,9 @@ Documents cp_varlen_documents(const at::Tensor& cu_seqlens, int64_t B, int64_t T
   d.max_len = max_q;
   d.max_len_k = max_k;
   d.positions = cp_positions(rank, size, T, device);
+  // Each token's document over the rows (one a row without documents), for the logits' watch.
+  d.row_documents = cu_seqlens.defined() ? document_ids(cu_seqlens.to(device), B, T)
+                                         : at::zeros({B, T}, i32.device(device));
   return d;
 }
 
@@ -143,7 +147,8 @@ std::pair<at::Tensor, at::Tensor> unpack(const at::Tensor& held, const at::Tenso
 struct RingAttention : torch::autograd::Function<RingAttention> {
   // visible: Documents::visible_blocks, as 0/1.
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               const at::Tensor& mask, const std::vector<int64_t>& visible, ModelParallelGroup* group) {
+                               const at::Tensor& mask, const std::vector<int64_t>& visible, ModelParallelGroup* group,
+                               const at::Tensor* logit_max) {
     const int64_t n = group->size(), me = group->rank();
     const int64_t B = q.size(0), t = q.size(1), H = q.size(2), Dh = q.size(3);
     const auto work = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -163,6 +168,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
         // One [B, H, t, t] buffer: the scaled, masked scores, then their exponentials in place.
         at::Tensor p = at::matmul(qh, kb.transpose(2, 3));
         p.mul_(scale).add_(m);
+        if (logit_max) logit_max->copy_(at::maximum(*logit_max, p.amax({0, 2, 3}).to(logit_max->scalar_type())));
         // Rows that see nothing of this block: their log-sum-exp is -inf and they add nothing.
         at::Tensor row_max = std::get<0>(p.max(3, /*keepdim=*/true));
         row_max = at::where(at::isfinite(row_max), row_max, at::zeros_like(row_max));
@@ -236,20 +242,20 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     // After n steps the gradient held is of this rank's own keys and values.
     const at::Tensor dk = held_grad.narrow(0, 0, k.numel()).view(k.sizes()).to(k.scalar_type());
     const at::Tensor dv = held_grad.narrow(0, k.numel(), v.numel()).view(v.sizes()).to(v.scalar_type());
-    return {dq.transpose(1, 2).to(q.scalar_type()), dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dq.transpose(1, 2).to(q.scalar_type()), dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Documents& documents,
-                          ModelParallelGroup& group) {
+                          ModelParallelGroup& group, const at::Tensor* logit_max) {
   const at::Tensor& mask = documents.mask;
   TORCH_CHECK(mask.defined() && mask.dim() == 4 && mask.size(2) == q.size(1) && mask.size(3) == q.size(1) * group.size() &&
                   static_cast<int64_t>(documents.visible_blocks.size()) == group.size(),
               "ring_attention: the documents must be cp_documents' with ring (a [B, 1, T/cp, T] mask and its visible "
               "blocks)");
-  return RingAttention::apply(q, k, v, mask, documents.visible_blocks, &group)[0];
+  return RingAttention::apply(q, k, v, mask, documents.visible_blocks, &group, logit_max)[0];
 }
 
 }  // namespace zb

@@ -53,8 +53,9 @@ Documents cp_varlen_documents(const at::Tensor& cu_seqlens, int64_t B, int64_t T
 // T/cp)); blocks with no visible pair are skipped. The backward sends the blocks around again, each with
 // the gradient of its keys and values accumulating as it goes, and a last step home. q [B, T/cp,
 // H, Dh], k and v [B, T/cp, Hkv, Dh] with Hkv dividing H; returns [B, T/cp, H*Dh], scale 1/sqrt(Dh);
-// computed in fp32 (float64 for float64 inputs).
+// computed in fp32 (float64 for float64 inputs). `logit_max`, where given (fp32 [H]): raised in
+// place to each head's largest scaled, masked score the forward computes (max_attention_logits').
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Documents& documents,
-                          ModelParallelGroup& group);
+                          ModelParallelGroup& group, const at::Tensor* logit_max = nullptr);
 
 }  // namespace zb

@@ -112,6 +112,10 @@ void MetricsLogger::log_step(const StepStats& s, std::optional<double> val_loss)
                                                               {"min_load", e.min_load},
                                                               {"aux_loss", e.aux_loss},
                                                               {"bias_spread", e.bias_spread}};
+  // The attention logits' watch: each block's largest logit, and the heads QK-clip scaled.
+  for (size_t l = 0; l < s.max_attention_logit.size(); ++l)
+    record["max_attention_logit"]["layers." + std::to_string(l)] = s.max_attention_logit[l];
+  if (!s.max_attention_logit.empty()) record["qk_clipped_heads"] = s.qk_clipped_heads;
   for (const auto& [key, value] : texts_) record[key] = value;
   for (const auto& [key, value] : numbers_) record[key] = value;
   if (!s.nonfinite.empty()) record["nonfinite"] = s.nonfinite;  // this step was not applied
@@ -140,6 +144,11 @@ void MetricsLogger::log_step(const StepStats& s, std::optional<double> val_loss)
     for (const ExpertBalanceStats& e : s.experts) busiest = std::max(busiest, e.max_load), idlest = std::min(idlest, e.min_load);
     log::info(strf("step %ld/%ld | experts: busiest %.2fx the mean tokens, idlest %.2fx (over %zu blocks)", s.step, total,
                    busiest, idlest, s.experts.size()));
+  }
+  if (!s.max_attention_logit.empty() && (s.step % config_.logging.interval == 0 || s.step == total)) {
+    const auto top = std::max_element(s.max_attention_logit.begin(), s.max_attention_logit.end());
+    log::info(strf("step %ld/%ld | attention: largest logit %.2f (block %ld), %ld head(s) clipped", s.step, total, *top,
+                   static_cast<long>(top - s.max_attention_logit.begin()), static_cast<long>(s.qk_clipped_heads)));
   }
   if (val_loss) log::info(strf("step %ld/%ld | val_loss %.4f", s.step, total, *val_loss));
   if (s.outer && !s.outer->fragments.empty()) {

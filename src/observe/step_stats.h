@@ -33,6 +33,10 @@ struct StepStats {
   std::optional<RoundReport> membership;
   // A mixture of experts: each of its blocks' balance over the step.
   std::vector<ExpertBalanceStats> experts;
+  // The attention logits' watch (logging.max_attention_logit, or QK-clip): each block's largest
+  // logit this step, and the heads QK-clip scaled.
+  std::vector<double> max_attention_logit;
+  int64_t qk_clipped_heads = 0;
   // The loop's flags (StepFlags) counted over the ranks by the step's own all-reduce.
   int64_t ranks_stopping = 0, ranks_failed_save = 0;
 };

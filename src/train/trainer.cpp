@@ -28,6 +28,9 @@ Trainer::Trainer(const Config& config, TrainingParts parts)
   if (parts_.diloco)  // over the parts as the program left them (a test may wrap the engine)
     diloco_ = std::make_unique<DiLoCoHook>(*parts_.diloco, *parts_.engine, *parts_.optimizer, *parts_.data.train,
                                            parts_.mesh.world(), config.optim.total_steps);
+  if (config.logging.max_attention_logit || config.optim.optim.qk_clip_threshold > 0)
+    qk_clip_ = std::make_unique<QkClip>(*parts_.model, parts_.mesh.world(), config.optim.optim.qk_clip_threshold,
+                                        config.optim.optim.qk_clip_alpha);
   if (parts_.model->args().num_experts > 0) {
     balance_ = std::make_unique<ExpertBalance>(*parts_.model, parts_.mesh.world());
     parts_.model->set_aux_loss_scale(1.0 / static_cast<double>(parts_.accum));  // as each micro-batch's loss
@@ -87,6 +90,13 @@ StepStats Trainer::train_step(const StepFlagSource& flags) {
   const double lr_multiplier = apply_or_skip(stats);
   // A mixture of experts' bias moves with an applied step, from the step's counts on every rank.
   if (balance_) stats.experts = balance_->step(stats.nonfinite.empty(), parts_.accum);
+  // QK-clip scales the rows the optimizer just wrote (before the next step's casts of them).
+  if (qk_clip_) {
+    Phase phase("zb.qk_clip");
+    const AttentionLogitStats logits = qk_clip_->step(stats.nonfinite.empty(), parts_.engine->parameters());
+    stats.max_attention_logit = logits.max_by_layer;
+    stats.qk_clipped_heads = logits.heads_clipped;
+  }
   // Whether or not the step was applied: the next step casts afresh (one cast a step, as planned).
   parts_.engine->parameters_changed();
   const int optimizer_done = clock_.mark();

@@ -23,6 +23,7 @@
 #include "diloco/diloco.h"
 #include "diloco/step_hook.h"
 #include "parallel/expert_balance.h"
+#include "parallel/qk_clip.h"
 #include "observe/step_stats.h"
 #include "util/device.h"
 
@@ -118,6 +119,7 @@ class Trainer {
   TrainingParts parts_;
   std::unique_ptr<DiLoCoHook> diloco_;  // diloco.inner_steps > 0 only
   std::unique_ptr<ExpertBalance> balance_;  // a mixture of experts only
+  std::unique_ptr<QkClip> qk_clip_;  // logging.max_attention_logit or optim.optim.qk_clip_threshold
   LrSchedule schedule_;
   StepCounters counters_;
   int64_t skipped_in_a_row_ = 0;

@@ -87,6 +87,25 @@ TEST(AttentionLogits, MaxEqualsFullAttentionInFloat64) {
                "CP rank 1 of 2");
 }
 
+// Rows long enough that the queries go in several chunks (each seeing the keys up to its last
+// query), with documents by number: against float64 scores of the whole rows, vectorised.
+TEST(AttentionLogits, LongRowsInChunks) {
+  at::manual_seed(4);
+  const int64_t B = 2, T = 1536, H = 4, Hkv = 2, Dh = 8;
+  const at::Tensor q = at::randn({B, T, H, Dh}), k = at::randn({B, T, Hkv, Dh});
+  const at::Tensor cu = at::tensor({0, 700, 1536, 2000, 3072}, at::kInt);
+  Documents numbered;
+  numbered.row_documents = document_ids(cu, B, T);
+  const at::Tensor pos = at::arange(T, at::kLong), doc = numbered.row_documents;
+  const at::Tensor sees = (pos.unsqueeze(1) >= pos.unsqueeze(0)).unsqueeze(0).logical_and(doc.unsqueeze(2) == doc.unsqueeze(1));
+  const at::Tensor scores = at::matmul(q.to(at::kDouble).transpose(1, 2),
+                                       k.to(at::kDouble).repeat_interleave(H / Hkv, 2).permute({0, 2, 3, 1})) /
+                            std::sqrt(double(Dh));  // [B, H, T, T]
+  const at::Tensor want = scores.masked_fill(sees.unsqueeze(1).logical_not(), -INFINITY).amax({0, 2, 3});
+  const at::Tensor got = max_attention_logits(q, k, numbered);
+  EXPECT_LE((got.to(at::kDouble) - want).abs().max().item<double>(), 1e-5 * want.abs().max().item<double>());
+}
+
 // One model (GQA: 4 query heads on 2 key heads), one batch: after QK-clip at a threshold below
 // some heads' largest logits (α = 0.3), the same batch's forward finds the first block's every
 // head at or below the threshold (to rounding); the clipped heads' query rows are their old values times γ^α and their

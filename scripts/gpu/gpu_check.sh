@@ -41,7 +41,8 @@
 # one rank (3 steps; 7 runs at about 40 s each), and one rank's speed at 8K, 16K and 32K; "float8" (not in the default
 # set either) the 1B preset in bf16, tensorwise and rowwise FP8, and the quick start on real text in
 # bf16 and FP8; "moe" (not in the default set) the MoE debug preset on one rank and with EP over 2
-# ranks sharing the GPU, the experts' GEMMs grouped against a loop, and the ~1B-active preset's MFU; "kernels" is the 1B
+# ranks sharing the GPU, the experts' GEMMs grouped against a loop, and the ~1B-active preset's MFU; "muon" (not
+# in the default set) the 1B preset with Jordan's and Polar Express's coefficients and with QK-clip; "kernels" is the 1B
 # preset again with ATen's operators alone, --runtime.fused_kernels false, what our kernels
 # and nodes (RoPE, SwiGLU's gate, the loss's log-sum-exp and logit gradient, RMSNorm's backward
 # with the residual's gradient, q/k/v's input gradient summed in the GEMMs, the fp32 updates,
@@ -126,6 +127,7 @@ gpu_steps=(build cuda_tests preset_150M preset_1B profile_1B ranks preset_1B_det
            preset_1B_16K_speed preset_1B_32K_speed preset_1B_float8_off preset_1B_float8_tensorwise
            preset_1B_float8_rowwise float8_gemms preset_7B4_float8_off preset_7B4_float8_tensorwise
            float8_quick_bf16 float8_quick_tensorwise float8_check moe_debug moe_debug_ep2 moe_experts preset_moe_1B_active
+           preset_1B_muon_jordan preset_1B_muon_polar_express preset_1B_muon_qk_clip
            preset_1B_causal preset_1B_causal_auto preset_1B_cudnn_varlen
            preset_1B_aten preset_1B_casts_freed
            "${unfused_ops[@]/#/preset_1B_unfused_}" reference_cpu reference_gpu_fp32 reference_gpu_bf16
@@ -344,6 +346,16 @@ if wanted moe; then
   step preset_moe_1B_active 150 "${train[@]}" --config configs/moe/1B-active_H100.toml \
     --logging.metrics_file "$work/preset_moe_1B_active.jsonl"
 else not_run "not in GPU_CHECK_STEPS" moe_debug moe_debug_ep2 moe_experts preset_moe_1B_active; fi
+if wanted muon; then
+  # Muon at scale (optim/muon.h, parallel/qk_clip.h): the 1B preset with today's Newton-Schulz
+  # coefficients, with Polar Express's, and with those, the attention logits' watch and QK-clip at
+  # Kimi K2's threshold (what the watch and the clip cost a step; the logits it logs).
+  step preset_1B_muon_jordan 150 "${train[@]}" "${one_b[@]}" --logging.metrics_file "$work/preset_1B_muon_jordan.jsonl"
+  step preset_1B_muon_polar_express 150 "${train[@]}" "${one_b[@]}" --optim.optim.ns_coefficients polar_express \
+    --logging.metrics_file "$work/preset_1B_muon_polar_express.jsonl"
+  step preset_1B_muon_qk_clip 150 "${train[@]}" "${one_b[@]}" --optim.optim.ns_coefficients polar_express \
+    --optim.optim.qk_clip_threshold 100 --logging.metrics_file "$work/preset_1B_muon_qk_clip.jsonl"
+else not_run "not in GPU_CHECK_STEPS" preset_1B_muon_jordan preset_1B_muon_polar_express preset_1B_muon_qk_clip; fi
 if wanted attention; then
   # The same without the document mask, on the dense flash kernel (the family the document path
   # runs): what masking costs (the report gives the ratio). Then with PyTorch's own choice of

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Plots training runs side by side from their metrics (the JSON lines train_fsdp and train_ddp
-write): loss with validation loss, learning rates, grad norm, tokens/s, MFU and peak memory, one
-panel each, the runs overlaid under their names.
+write): loss with validation loss, learning rates, grad norm, tokens/s, MFU, peak memory and each
+block's largest attention logit (logging.max_attention_logit), one panel each, the runs overlaid
+under their names.
 
   plot_runs.py outputs/run-a outputs/run-b/metrics.jsonl -o runs.png [--names A B] [--log-loss]
 
@@ -58,9 +59,12 @@ def main():
     runs = [(name, load(path)) for name, path in zip(names, args.runs)]
 
     lr_keys = sorted({f"lr/{g}" for _, rs in runs for r in rs for g in r.get("lr", {})})
+    logit_keys = sorted({f"max_attention_logit/{b}" for _, rs in runs for r in rs
+                         for b in r.get("max_attention_logit", {})}, key=lambda k: int(k.rsplit(".", 1)[-1]))
     panels = [("loss", ["loss", "val_loss"], args.log_loss), ("learning rate", lr_keys, False),
               ("grad norm", ["grad_norm"], False), ("tokens/s", ["tokens_per_second"], False),
-              ("MFU %", ["mfu"], False), ("peak memory GiB", ["peak_memory_bytes"], False)]
+              ("MFU %", ["mfu"], False), ("peak memory GiB", ["peak_memory_bytes"], False),
+              ("largest attention logit", logit_keys, False)]
     panels = [p for p in panels if any(series(rs, k)[0] for _, rs in runs for k in p[1])]
     cols = 2
     rows = (len(panels) + cols - 1) // cols

@@ -216,9 +216,10 @@ at::Tensor max_attention_logits(const at::Tensor& q, const at::Tensor& k, const 
   const auto work = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
   const double inf = std::numeric_limits<double>::infinity();
-  // Query head h reads key head h / (H / Hkv): the queries as [B, Hkv, H / Hkv, n, Dh] against
-  // the keys as [B, Hkv, 1, Dh, Tk].
-  const at::Tensor keys = k.to(work).permute({0, 2, 3, 1}).unsqueeze(2);
+  // Query head h reads key head h / (H / Hkv): the queries as [B, Hkv, H / Hkv x n, Dh] against
+  // the keys as [B, Hkv, Dh, Tk] (one batched product, the keys not repeated).
+  const int64_t G = H / Hkv;
+  const at::Tensor keys = k.to(work).permute({0, 2, 3, 1});
   // Without a mask: causal in the row's positions, within each document.
   const auto index = q.options().dtype(at::kLong);
   const at::Tensor q_pos = documents.positions.defined() ? documents.positions : at::arange(Tq, index);
@@ -229,18 +230,23 @@ at::Tensor max_attention_logits(const at::Tensor& q, const at::Tensor& k, const 
     k_doc = documents.row_documents.index_select(1, k_pos);
   }
   at::Tensor best = at::full({H}, -inf, q.options().dtype(work));
-  // Queries a chunk at a time: at most about 4M scores in memory.
-  const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 22) / std::max<int64_t>(1, B * H * Tk));
+  // Queries a chunk at a time: at most about 4M scores in memory (32M, 128 MiB, on a GPU).
+  const int64_t budget = q.is_cuda() ? int64_t{1} << 25 : int64_t{1} << 22;
+  const int64_t chunk = std::max<int64_t>(1, budget / std::max<int64_t>(1, B * H * Tk));
+  // Queries and keys both in the row's order (no CP): a chunk of queries sees no key after its last.
+  const bool row_order = !documents.positions.defined() && !key_positions.defined() && Tq == Tk;
   for (int64_t s = 0; s < Tq; s += chunk) {
-    const int64_t n = std::min(chunk, Tq - s);
-    const at::Tensor queries = q.narrow(1, s, n).to(work).reshape({B, n, Hkv, H / Hkv, Dh}).permute({0, 2, 3, 1, 4});
-    at::Tensor scores = at::matmul(queries, keys).mul_(scale);  // [B, Hkv, H / Hkv, n, Tk]
+    const int64_t n = std::min(chunk, Tq - s), m = row_order ? s + n : Tk;  // m: the keys it may see
+    const at::Tensor queries =
+        q.narrow(1, s, n).to(work).reshape({B, n, Hkv, G, Dh}).permute({0, 2, 3, 1, 4}).reshape({B, Hkv, G * n, Dh});
+    at::Tensor scores = at::matmul(queries, keys.narrow(3, 0, m)).mul_(scale).view({B, Hkv, G, n, m});
     if (documents.mask.defined()) {
-      scores.add_(documents.mask.narrow(2, s, n).to(work).unsqueeze(1));  // [B, 1, 1, n, Tk]
+      scores.add_(documents.mask.narrow(2, s, n).narrow(3, 0, m).to(work).unsqueeze(1));  // [B, 1, 1, n, m]
     } else {
-      at::Tensor seen = (q_pos.narrow(0, s, n).unsqueeze(1) >= k_pos.unsqueeze(0)).unsqueeze(0);  // [1, n, Tk]
-      if (q_doc.defined()) seen = seen.logical_and(q_doc.narrow(1, s, n).unsqueeze(2) == k_doc.unsqueeze(1));
-      scores.masked_fill_(seen.logical_not().view({seen.size(0), 1, 1, n, Tk}), -inf);
+      at::Tensor seen = (q_pos.narrow(0, s, n).unsqueeze(1) >= k_pos.narrow(0, 0, m).unsqueeze(0)).unsqueeze(0);
+      if (q_doc.defined())
+        seen = seen.logical_and(q_doc.narrow(1, s, n).unsqueeze(2) == k_doc.narrow(1, 0, m).unsqueeze(1));
+      scores.masked_fill_(seen.logical_not().view({seen.size(0), 1, 1, n, m}), -inf);  // [B or 1, n, m]
     }
     best = at::maximum(best, scores.amax({0, 3, 4}).reshape({H}));
   }

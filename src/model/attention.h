@@ -61,8 +61,8 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 // rows' keys gathered (in the group's order: their positions `key_positions`, int64 [Tk]; else
 // 0..Tk-1) and the queries at documents.positions. Where documents.mask is defined it says which
 // keys a query sees; else causal in the row's positions, within documents.row_documents where
-// given. The scores are made anew in fp32, a chunk of queries at a time (about 4M of them): the
-// fused kernels do not return them.
+// given. The scores are made anew in fp32, a chunk of queries at a time (about 4M of them, 32M on
+// a GPU): the fused kernels do not return them.
 at::Tensor max_attention_logits(const at::Tensor& q, const at::Tensor& k, const Documents& documents,
                                 const at::Tensor& key_positions = {});
 

@@ -131,7 +131,7 @@ TEST(QkClip, ClippedHeadsComeBackToTheThresholdAndNothingElseMoves) {
     std::vector<at::Tensor> S;
     double lowest = 1e300, highest = -1e300;
     {
-      QkClip watch(model, comm, 0, alpha);
+      QkClip watch(model, {&comm}, 0, alpha);
       S = watched();
       watch.step(false, whole_parameters(model.parameters()));
     }
@@ -139,7 +139,7 @@ TEST(QkClip, ClippedHeadsComeBackToTheThresholdAndNothingElseMoves) {
     const double tau = 0.5 * (lowest + highest);
     std::vector<at::Tensor> before;
     for (const auto& p : model.parameters()) before.push_back(p.slot->detach().clone());
-    QkClip clip(model, comm, tau, alpha);
+    QkClip clip(model, {&comm}, tau, alpha);
     watched();
     const AttentionLogitStats stats = clip.step(true, whole_parameters(model.parameters()));
     int64_t above = 0;

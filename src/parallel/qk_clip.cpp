@@ -13,11 +13,12 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 
 namespace zb {
 
-QkClip::QkClip(Llama& model, Communicator& ranks, double threshold, double alpha)
-    : model_(model), ranks_(ranks), threshold_(threshold), alpha_(alpha) {
+QkClip::QkClip(Llama& model, std::vector<Communicator*> over, double threshold, double alpha)
+    : model_(model), over_(std::move(over)), threshold_(threshold), alpha_(alpha) {
   model_.watch_attention_logits(true);
 }
 
@@ -33,7 +34,8 @@ AttentionLogitStats QkClip::step(bool apply, const std::vector<ShardedParameter>
   const int64_t h = mine.front().size(0), first = model_.tp_rank() * h;
   at::Tensor all = at::full({L, H}, -std::numeric_limits<double>::infinity(), mine.front().options());
   all.narrow(1, first, h).copy_(at::stack(mine));
-  ranks_.all_reduce_max(all).wait();
+  for (Communicator* group : over_)
+    if (group) group->all_reduce_max(all).wait();
   model_.reset_attention_logits();
 
   AttentionLogitStats stats;

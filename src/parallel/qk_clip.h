@@ -2,8 +2,9 @@
 // The attention logits' watch and QK-clip (Kimi K2's MuonClip). The model records each block's
 // largest pre-softmax logit q·k/√Dh per head over a step's training forwards (Llama's
 // watch_attention_logits). Once a step, after the optimizer, this takes each head's largest over
-// every rank that computed some of it (one MAX all-reduce over the world of [layers, heads]: the
-// ranks of a TP group hold different heads, those of the data and CP groups different tokens),
+// every rank that computed some of it (a MAX all-reduce over the world of [layers, heads]: the
+// ranks of a TP group hold different heads, those of the data and CP groups different tokens;
+// under DiLoCo over the replica's own ranks),
 // reports each block's largest, and, with a threshold τ > 0 and the step applied, scales the
 // heads that passed it: S the head's largest logit, γ = τ / S, its query rows (wq) times γ^α and
 // its key rows (wk) times γ^(1-α). A key head shared by several query heads (GQA) takes the
@@ -25,8 +26,10 @@ struct AttentionLogitStats {
 
 class QkClip {
  public:
-  // `threshold` 0: the watch alone. `ranks`: the world (every rank computes some heads' logits).
-  QkClip(Llama& model, Communicator& ranks, double threshold, double alpha);
+  // `threshold` 0: the watch alone. `over`: groups whose ranks' largest logits count, one MAX
+  // all-reduce each: the world; under DiLoCo, whose replicas train apart, a replica's shard and TP
+  // groups (the null ones skipped).
+  QkClip(Llama& model, std::vector<Communicator*> over, double threshold, double alpha);
   ~QkClip();
   // After the optimizer; every rank calls it. `apply`: the step was applied (else the logits are
   // reported, nothing is clipped). The watch starts again either way.
@@ -34,7 +37,7 @@ class QkClip {
 
  private:
   Llama& model_;
-  Communicator& ranks_;
+  std::vector<Communicator*> over_;
   double threshold_, alpha_;
 };
 

@@ -541,9 +541,14 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, const ResolvedRun&
   if (a.moe_layers() > 0)
     w.ring(CommKind::AllReduce, "world", p.world, 8 * a.moe_layers() * (a.num_experts + 1), "expert counts", "exposed");
   // The attention logits' watch (parallel/qk_clip.cpp): every head's largest logit, fp32 [L, H],
-  // the largest over every rank; then QK-clip's scaling, no collective.
-  if (c.logging.max_attention_logit || c.optim.optim.qk_clip_threshold > 0)
-    w.ring(CommKind::AllReduce, "world", p.world, 4 * L * a.n_heads, "attention logits' maxima", "exposed");
+  // the largest over every rank (a DiLoCo replica's: its shard and TP groups); then QK-clip's
+  // scaling, no collective.
+  if (c.logging.max_attention_logit || c.optim.optim.qk_clip_threshold > 0) {
+    const std::string what = "attention logits' maxima";
+    if (!diloco) w.ring(CommKind::AllReduce, "world", p.world, 4 * L * a.n_heads, what, "exposed");
+    if (diloco) w.ring(CommKind::AllReduce, shard_group, S, 4 * L * a.n_heads, what, "exposed");
+    if (diloco && tp > 1) w.ring(CommKind::AllReduce, "tp", tp, 4 * L * a.n_heads, what, "exposed");
+  }
 
   if (diloco) {  // diloco/diloco.cpp: each fragment's Δ, this rank's rows, flat
     StepPlan::Diloco d;

@@ -28,9 +28,14 @@ Trainer::Trainer(const Config& config, TrainingParts parts)
   if (parts_.diloco)  // over the parts as the program left them (a test may wrap the engine)
     diloco_ = std::make_unique<DiLoCoHook>(*parts_.diloco, *parts_.engine, *parts_.optimizer, *parts_.data.train,
                                            parts_.mesh.world(), config.optim.total_steps);
-  if (config.logging.max_attention_logit || config.optim.optim.qk_clip_threshold > 0)
-    qk_clip_ = std::make_unique<QkClip>(*parts_.model, parts_.mesh.world(), config.optim.optim.qk_clip_threshold,
+  if (config.logging.max_attention_logit || config.optim.optim.qk_clip_threshold > 0) {
+    // A head's largest logit over the ranks whose weights it is: the world's, or a DiLoCo replica's.
+    std::vector<Communicator*> over{&parts_.mesh.world()};
+    if (config.diloco.inner_steps > 0 && parts_.mesh.sharded())
+      over = {&parts_.mesh.shard_group(), parts_.mesh.tp_group()};
+    qk_clip_ = std::make_unique<QkClip>(*parts_.model, std::move(over), config.optim.optim.qk_clip_threshold,
                                         config.optim.optim.qk_clip_alpha);
+  }
   if (parts_.model->args().num_experts > 0) {
     balance_ = std::make_unique<ExpertBalance>(*parts_.model, parts_.mesh.world());
     parts_.model->set_aux_loss_scale(1.0 / static_cast<double>(parts_.accum));  // as each micro-batch's loss

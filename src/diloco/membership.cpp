@@ -170,6 +170,10 @@ void ReplicaMembership::connect_liveness(const std::string& host) {
 }
 
 void ReplicaMembership::finish() {
+  // Every rank of the replica is done reading the service's store before the leader says the
+  // replica finished: once every replica has, the service closes the store, and a rank still in
+  // a read of the last outer step's answers would fail there.
+  world_.barrier();
   if (leader_) store_->set(peer_keys::finished(id_), store_bytes("1"));
 }
 

@@ -166,7 +166,8 @@ class ReplicaMembership {
   // `last`: the run's final outer step (no joiner is let in there).
   RoundReport outer_round(int64_t round, int64_t step, int64_t stream_rows, bool last,
                           const std::function<void(Communicator*)>& exchange);
-  // The replica trained its last step: the peers service stops waiting for it.
+  // The replica trained its last step: the peers service stops waiting for it. Every rank calls it
+  // (a barrier over the replica's ranks comes first).
   void finish();
 
  private:

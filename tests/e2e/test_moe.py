@@ -57,10 +57,10 @@ def args(tmp):
     ]
 
 
-def make_data(tmp):
+def make_data(tmp, steps=STEPS, batch=BATCH, seq=SEQ, vocab=VOCAB, seed=3):
     """A token shard (llm.c's format) of random tokens, enough for every step without repeating."""
     os.makedirs(f"{tmp}/data")
-    tokens = torch.randint(0, VOCAB, (STEPS * BATCH * SEQ + 1,), generator=torch.Generator().manual_seed(3))
+    tokens = torch.randint(0, vocab, (steps * batch * seq + 1,), generator=torch.Generator().manual_seed(seed))
     header = np.zeros(256, dtype=np.int32)
     header[0], header[1], header[2] = 20240520, 1, tokens.numel()
     with open(f"{tmp}/data/train_000000.bin", "wb") as f:

@@ -16,15 +16,14 @@ loss and each block's logged largest logit must equal the reference's within 1e-
 clipped must be the same, and the final parameters (exported to Llama's files by export_hf)
 within 1e-4.
 """
-import os
 import subprocess
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from conftest import DEBUG_CONFIG, TRAIN_FSDP, metrics, run_ranks, start
 from test_diloco import exported, muon_ns_fp32
+from test_moe import make_data as moe_make_data
 
 STEPS, SEQ, BATCH, VOCAB, LAYERS, HEADS, KV_HEADS, DIM = 20, 32, 8, 128, 2, 4, 2, 64
 ALPHA = 0.3
@@ -47,15 +46,7 @@ def args(tmp, tau):
 
 
 def make_data(tmp):
-    """A token shard (llm.c's format) of random tokens, enough for every step without repeating."""
-    os.makedirs(f"{tmp}/data")
-    tokens = torch.randint(0, VOCAB, (STEPS * BATCH * SEQ + 1,), generator=torch.Generator().manual_seed(5))
-    header = np.zeros(256, dtype=np.int32)
-    header[0], header[1], header[2] = 20240520, 1, tokens.numel()
-    with open(f"{tmp}/data/train_000000.bin", "wb") as f:
-        f.write(header.tobytes())
-        f.write(tokens.numpy().astype(np.uint16).tobytes())
-    return tokens
+    return moe_make_data(tmp, STEPS, BATCH, SEQ, VOCAB, seed=5)
 
 
 def make_model(tmp):

@@ -321,7 +321,7 @@ TEST(ConfigErrors, EnumerationsComeFromTheSchema) {
     EXPECT_EQ(error_of([&] { validate(c, 1); }), "command line (--" + k.key + "): " + k.key +
                                                      " = \"bogus\" is not one of " + k.type.substr(7));
   }
-  EXPECT_EQ(enumerations, 21);  // optim.optim.ns_coefficients the latest
+  EXPECT_EQ(enumerations, 22);  // optim.optim.ns_algorithm the latest
   EXPECT_NE(help_text("train_fsdp").find("type_model (one of llama2 | llama3, default \"llama3\")"),
             std::string::npos);
 }

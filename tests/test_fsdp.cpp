@@ -36,16 +36,17 @@ namespace {
 // gradient is ~1e-9 (a cancellation) takes a full lr-sized step whose sign is decided by fp32
 // summation order, which differs between one process and several; that is Adam's conditioning,
 // not the engine's, and would drown what this test checks.
-// `optimizer`: "adamw", "muon", or "muon_polar_express" (Muon with optim.optim.ns_coefficients =
-// "polar_express").
+// `optimizer`: "adamw", "muon", "muon_polar_express" (Muon with optim.optim.ns_coefficients =
+// "polar_express") or "muon_gram" (optim.optim.ns_algorithm = "gram": the FFN's 512 x 128 matrices
+// through Gram Newton-Schulz, attention's square ones standard).
 Config small_config(const std::string& optimizer, const std::string& extra = "") {
-  const bool polar = optimizer == "muon_polar_express";
+  const bool polar = optimizer == "muon_polar_express", gram = optimizer == "muon_gram";
   Config c = load_config_string(
       "name_model = \"debugmodel\"\ntype_model = \"llama2\"\n"
       "[train]\nmicro_bs = 1\n"
       "[optim]\nbatch_size = 12\nwarmup_steps = 2\ntotal_steps = 10\n"
-      "[optim.optim]\ntype = \"" + (polar ? std::string("muon") : optimizer) + "\"\nlr = 0.01\nns_dtype = \"float32\"\n" +
-      (polar ? "ns_coefficients = \"polar_express\"\n" : "") +
+      "[optim.optim]\ntype = \"" + (polar || gram ? std::string("muon") : optimizer) + "\"\nlr = 0.01\nns_dtype = \"float32\"\n" +
+      (polar ? "ns_coefficients = \"polar_express\"\n" : "") + (gram ? "ns_algorithm = \"gram\"\n" : "") +
       "[data]\nfake = true\nseq_length = 32\n"
       "[optim.adam]\neps = 1e-6\n[runtime]\ndevice = \"cpu\"\n" + extra,
       "test");
@@ -153,7 +154,8 @@ TEST_P(FSDPMatchesSingleProcess, LossesAndParametersOverTenSteps) {
 // Hybrid sharding on 4 ranks: shard groups of 2 replicated twice, groups of 1 (every rank a
 // replica: data parallelism through the engine) and one group of 4 (FSDP), all equal to the
 // single process. Each layout's trainer makes its own shard and replicate groups. Muon with Polar
-// Express's coefficients too: sharded (4x1), replicated with the matrices split (1x4) and both.
+// Express's coefficients and with Gram Newton-Schulz too: sharded (4x1), replicated with the
+// matrices split (1x4) and both.
 class HSDPMatchesSingleProcess : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HSDPMatchesSingleProcess, EveryLayoutOfFourRanks) {
@@ -176,7 +178,7 @@ TEST_P(HSDPMatchesSingleProcess, EveryLayoutOfFourRanks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, HSDPMatchesSingleProcess,
-                         ::testing::Values("adamw", "muon", "muon_polar_express"));
+                         ::testing::Values("adamw", "muon", "muon_polar_express", "muon_gram"));
 
 // The same with attention across whole rows; and the document mask does change the run.
 TEST(FSDP, CausalAttentionMatchesSingleProcessToo) {

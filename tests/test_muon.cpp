@@ -105,6 +105,116 @@ TEST(Muon, BatchedNewtonSchulzEqualsOneByOne) {
     EXPECT_LE(max_abs(batched[k] - newton_schulz(G[k], 5, at::kDouble)), 1e-12);
 }
 
+// Gram Newton-Schulz (optim.optim.ns_algorithm = "gram") is the same polynomial in X Xᵀ, so in
+// float64 it equals the standard iteration to rounding, whichever steps it restarts before (none,
+// each set's own, others): wide, tall, a batch; both coefficient sets. In fp32, within a few times
+// standard fp32's distance from float64.
+TEST(GramNewtonSchulz, EqualsTheStandardIterationInFloat64) {
+  at::manual_seed(6);
+  for (const char* name : {"jordan", "polar_express"})
+    for (auto shape : {std::vector<int64_t>{40, 120}, {120, 40}, {3, 24, 64}}) {
+      const NsCoefficients& k = ns_coefficients(name);
+      const at::Tensor G = at::randn(shape, at::kDouble);
+      const at::Tensor want = newton_schulz(G, 5, at::kDouble, 1e-7, true, k);
+      for (const auto& restarts : std::vector<std::optional<std::vector<int64_t>>>{std::nullopt, std::vector<int64_t>{},
+                                                                                 std::vector<int64_t>{1, 2, 3, 4}}) {
+        const at::Tensor got = gram_newton_schulz(G, 5, at::kDouble, 1e-7, true, k, restarts);
+        EXPECT_EQ(got.sizes(), G.sizes());
+        EXPECT_LE(max_abs(got - want), 1e-10) << G.sizes() << " " << name;
+      }
+      const double standard_fp32 = max_abs(newton_schulz(G.to(at::kFloat), 5, at::kFloat, 1e-7, true, k).to(at::kDouble) - want);
+      const at::Tensor gram_fp32 = gram_newton_schulz(G.to(at::kFloat), 5, at::kFloat, 1e-7, true, k);
+      EXPECT_EQ(gram_fp32.scalar_type(), at::kFloat);
+      EXPECT_LE(max_abs(gram_fp32.to(at::kDouble) - want), std::max(20 * standard_fp32, 1e-5)) << G.sizes() << " " << name;
+    }
+}
+
+// In fp16 (the dtype its authors iterate in, and ours on a GPU) against float64 SVD, on the debug
+// preset's w1 shape (transposed: 256 x 768) with singular values over 3 decades (U diag(s) Vᵀ): the
+// result's sorted singular values lie within 0.03 of the float64 iteration's, for both coefficient
+// sets with their own restarts (measured here: 0.006 for jordan, 0.004 for polar_express). Without
+// restarts fp16's rounding compounds in Q: 0.07 and 0.85 off; polar_express restarted only where
+// jordan is (before step 2) is off too.
+TEST(GramNewtonSchulz, Fp16WithItsRestartsAgainstTheSvd) {
+  at::manual_seed(7);
+  const int64_t m = 256, n = 768;
+  const at::Tensor U = std::get<0>(at::linalg_qr(at::randn({m, m}, at::kDouble)));
+  const at::Tensor V = std::get<0>(at::linalg_qr(at::randn({n, m}, at::kDouble)));
+  const at::Tensor s = at::logspace(-3, 0, m, 10.0, at::kDouble);
+  const at::Tensor G = U.mul(s).matmul(V.mT());
+  const auto singular_values = [](const at::Tensor& X) {
+    return std::get<0>(at::sort(at::linalg_svdvals(X.to(at::kDouble))));
+  };
+  for (const char* name : {"jordan", "polar_express"}) {
+    const NsCoefficients& k = ns_coefficients(name);
+    const at::Tensor exact = singular_values(newton_schulz(G, 5, at::kDouble, 1e-7, true, k));
+    const at::Tensor fp16 = gram_newton_schulz(G, 5, at::kHalf, 1e-7, true, k);
+    EXPECT_EQ(fp16.scalar_type(), at::kHalf);
+    const double restarted = max_abs(singular_values(fp16) - exact);
+    const double unrestarted =
+        max_abs(singular_values(gram_newton_schulz(G, 5, at::kHalf, 1e-7, true, k, std::vector<int64_t>{})) - exact);
+    std::printf("%s: fp16 Gram Newton-Schulz's singular values within %.4f of float64's (%.4f without restarts)\n",
+                name, restarted, unrestarted);
+    EXPECT_LE(restarted, 0.03) << name;
+    EXPECT_GT(unrestarted, 2 * restarted) << name;
+    if (k.name != "polar_express") continue;
+    // Jordan's single restart (before step 2) does not hold Polar Express's steps.
+    const double jordans =
+        max_abs(singular_values(gram_newton_schulz(G, 5, at::kHalf, 1e-7, true, k, std::vector<int64_t>{2})) - exact);
+    std::printf("  restarted before step 2 only: within %.4f\n", jordans);
+    EXPECT_GT(jordans, 2 * restarted);
+  }
+}
+
+// What "gram" takes: the multiply-add counts (5 steps; X m x n, m the short side: standard
+// 10 m²n + 5 m³, Gram 4 m²n + 14 m³ restarted once, 6 m²n + 11 m³ twice) decide, so a square
+// matrix and one 1.5 times as long as wide stay standard; Muon then gives a gram matrix's update
+// gram_newton_schulz's bits and a square one newton_schulz's.
+TEST(GramNewtonSchulz, TakesTheMatricesWhereItCountsFewerMultiplyAdds) {
+  for (const char* name : {"jordan", "polar_express"}) {
+    const NsCoefficients& k = ns_coefficients(name);
+    EXPECT_FALSE(gram_newton_schulz_pays(256, 256, 5, k)) << name;
+    EXPECT_FALSE(gram_newton_schulz_pays(384, 256, 5, k)) << name;
+    EXPECT_TRUE(gram_newton_schulz_pays(256, 400, 5, k)) << name;
+    EXPECT_TRUE(gram_newton_schulz_pays(768, 256, 5, k)) << name;
+  }
+  const double m = 256, n = 768;
+  EXPECT_DOUBLE_EQ(newton_schulz_multiply_adds(768, 256, 5), 10 * m * m * n + 5 * m * m * m);
+  EXPECT_DOUBLE_EQ(gram_newton_schulz_multiply_adds(768, 256, 5, {2}), 4 * m * m * n + 14 * m * m * m);
+  EXPECT_DOUBLE_EQ(gram_newton_schulz_multiply_adds(256, 768, 5, {1, 3}), 6 * m * m * n + 11 * m * m * m);
+
+  // In 16 bits (bf16 standard, fp16 Gram) the two results differ by far more than the update's
+  // fp32 rounding, so each parameter shows which ran.
+  at::manual_seed(8);
+  MuonHyper h;
+  h.ns_dtype = at::kBFloat16;
+  h.ns_algorithm = "gram";
+  h.weight_decay = 0;
+  Muon muon(h);
+  const NsCoefficients& k = ns_coefficients(h.ns_coefficients);
+  for (const auto& [rows, cols, gram] : std::vector<std::tuple<int64_t, int64_t, bool>>{{32, 32, false}, {32, 96, true}}) {
+    SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols));
+    at::Tensor p = at::zeros({rows, cols}).requires_grad_(true);
+    muon.params().clear();
+    muon.add_param("w", p);
+    const at::Tensor g = at::randn({rows, cols});
+    p.mutable_grad() = g.clone();
+    muon.step(1.0);
+    const at::Tensor update = -p.detach() / (h.lr * muon_update_scale("original", rows, cols));
+    // The first step's input: the momentum buffer's lerp from zero, then Nesterov's lerp.
+    const at::Tensor input = at::lerp(g, at::lerp(at::zeros_like(g), g, 1 - h.momentum), h.momentum);
+    const at::Tensor standard = newton_schulz(input, 5, at::kBFloat16, 1e-7, true, k).to(at::kFloat);
+    // Muon stacks its inputs in ns_dtype before either algorithm reads them.
+    const at::Tensor gram_result =
+        gram_newton_schulz(input.to(at::kBFloat16), 5, at::kHalf, 1e-7, true, k).to(at::kBFloat16).to(at::kFloat);
+    EXPECT_GT(max_abs(standard - gram_result), 1e-3);
+    EXPECT_LE(max_abs(update - (gram ? gram_result : standard)), 1e-5);
+  }
+  MuonHyper unknown;
+  unknown.ns_algorithm = "grams";
+  EXPECT_THROW(Muon{unknown}, std::invalid_argument);
+}
+
 TEST(Muon, UpdateIsOrthogonalised) {
   // A gradient whose singular values spread over two decades; Muon's update must have them all
   // near 1 (Keller's coefficients leave them in about [0.7, 1.2]). Without orthogonalisation the

@@ -8,7 +8,7 @@
 #include "dist/world.h"
 #include "multiprocess.h"
 #include "muon_cases.h"
-#include "optim/gram_newton_schulz.h"
+#include "optim/split_newton_schulz.h"
 #include "optim/muon.h"
 #include "optim/tensor_parallel_muon.h"
 #include "reference_data.h"
@@ -55,7 +55,7 @@ TEST(Muon, MatchesZeroBandsMuonFsdp2OnTwoRanks) {
 // the whole matrix, for wide, tall and square matrices split by rows or by columns (unevenly on 3
 // ranks), in float64 to 1e-12 and in float32 to 1e-5; the all-reduces move one scalar and, per
 // iteration, the Gram matrix of the unsplit side.
-TEST(GramNewtonSchulz, EqualsTheIterationOnTheWholeMatrix) {
+TEST(SplitNewtonSchulz, EqualsTheIterationOnTheWholeMatrix) {
   for (const int world : {2, 3}) {
     multiprocess::run_ranks(world, [world](int rank) {
       Communicator group(detect_world(), c10::Device(c10::kCPU), std::chrono::seconds(60));
@@ -70,13 +70,13 @@ TEST(GramNewtonSchulz, EqualsTheIterationOnTheWholeMatrix) {
               const at::Tensor want =
                   newton_schulz(G, 5, dtype, 1e-7, true, k).to(at::kDouble).tensor_split(world, dim)[rank];
               const CommStats before = group.stats();
-              const at::Tensor got = gram_newton_schulz(G.tensor_split(world, dim)[rank].contiguous(), dim, rows, cols,
+              const at::Tensor got = split_newton_schulz(G.tensor_split(world, dim)[rank].contiguous(), dim, rows, cols,
                                                         group, 5, dtype, 1e-7, k);
               const double tolerance = dtype == at::kDouble ? 1e-12 : 1e-5;
               EXPECT_LE(max_abs(got.to(at::kDouble) - want), tolerance)
                   << rows << "x" << cols << " split along " << dim << " on " << world << " ranks, " << dtype << ", " << name;
               const int64_t element = at::elementSize(dtype);
-              const int64_t gram = gram_newton_schulz_gram_numel(dim, rows, cols);
+              const int64_t gram = split_newton_schulz_gram_numel(dim, rows, cols);
               EXPECT_EQ(group.stats().bytes[static_cast<size_t>(CommKind::AllReduce)] -
                             before.bytes[static_cast<size_t>(CommKind::AllReduce)],
                         ring_counted_bytes(CommKind::AllReduce, world, element) +
@@ -91,24 +91,24 @@ TEST(GramNewtonSchulz, EqualsTheIterationOnTheWholeMatrix) {
 // side, and one held whole like shared key/value heads) and their gradients; after a step each
 // rank's slice equals its slice of Muon on the whole matrices on one process (float64
 // Newton-Schulz, 1e-12), whichever mode: "gather" moves the slices by all-to-all and never
-// all-reduces, "gram" all-reduces and never all-to-alls, "auto" takes gram only for the tall one.
+// all-reduces, "split" all-reduces and never all-to-alls, "auto" splits only the tall one.
 TEST(TensorParallelMuon, EachRankGetsItsSliceOfTheWholeUpdate) {
   struct Matrix {
     std::vector<int64_t> shape;
     int64_t tp_dim;
   };
   const std::vector<Matrix> matrices = {{{16, 12}, 0}, {{16, 12}, 0}, {{12, 16}, 1}, {{160, 4}, 0}, {{8, 12}, -1}};
-  EXPECT_FALSE(muon_tp_uses_gram("auto", 0, 16, 12, 2, 5));  // Llama's shapes: gather
-  EXPECT_FALSE(muon_tp_uses_gram("auto", 1, 12, 16, 4, 5));
-  EXPECT_TRUE(muon_tp_uses_gram("auto", 0, 160, 4, 2, 5));  // 5 x 4² Gram values < 320 in a slice
+  EXPECT_FALSE(muon_tp_splits("auto", 0, 16, 12, 2, 5));  // Llama's shapes: gather
+  EXPECT_FALSE(muon_tp_splits("auto", 1, 12, 16, 4, 5));
+  EXPECT_TRUE(muon_tp_splits("auto", 0, 160, 4, 2, 5));  // 5 x 4² Gram values < 320 in a slice
   for (const int world : {2, 4}) {
     multiprocess::run_ranks(world, [world, &matrices](int rank) {
       Communicator tp(detect_world(), c10::Device(c10::kCPU), std::chrono::seconds(60));
       MuonHyper h;
       h.ns_dtype = at::kDouble;
       for (const auto& [coefficients, mode] : std::vector<std::pair<std::string, std::string>>{
-               {"jordan", "gather"}, {"jordan", "gram"}, {"jordan", "auto"}, {"polar_express", "gather"},
-               {"polar_express", "gram"}}) {
+               {"jordan", "gather"}, {"jordan", "split"}, {"jordan", "auto"}, {"polar_express", "gather"},
+               {"polar_express", "split"}}) {
         h.ns_coefficients = coefficients;
         at::manual_seed(7);  // the same whole matrices and gradients on every rank
         Muon whole(h), sliced(h);
@@ -143,8 +143,8 @@ TEST(TensorParallelMuon, EachRankGetsItsSliceOfTheWholeUpdate) {
         };
         if (mode == "gather") EXPECT_EQ(moved(CommKind::AllReduce), 0);
         if (mode != "gather") EXPECT_GT(moved(CommKind::AllReduce), 0);
-        if (mode == "gram") EXPECT_EQ(moved(CommKind::AllToAll), 0);
-        if (mode != "gram") EXPECT_GT(moved(CommKind::AllToAll), 0);
+        if (mode == "split") EXPECT_EQ(moved(CommKind::AllToAll), 0);
+        if (mode != "split") EXPECT_GT(moved(CommKind::AllToAll), 0);
         for (size_t i = 0; i < matrices.size(); ++i) {
           const Matrix& m = matrices[i];
           const at::Tensor& w = whole.params()[i].param;

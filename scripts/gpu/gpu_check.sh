@@ -42,7 +42,8 @@
 # set either) the 1B preset in bf16, tensorwise and rowwise FP8, and the quick start on real text in
 # bf16 and FP8; "moe" (not in the default set) the MoE debug preset on one rank and with EP over 2
 # ranks sharing the GPU, the experts' GEMMs grouped against a loop, and the ~1B-active preset's MFU; "muon" (not
-# in the default set) the 1B preset with Jordan's and Polar Express's coefficients and with QK-clip; "kernels" is the 1B
+# in the default set) the 1B preset with Jordan's and Polar Express's coefficients, with QK-clip and
+# with Gram Newton-Schulz, and standard against Gram Newton-Schulz alone (apps/bench_newton_schulz); "kernels" is the 1B
 # preset again with ATen's operators alone, --runtime.fused_kernels false, what our kernels
 # and nodes (RoPE, SwiGLU's gate, the loss's log-sum-exp and logit gradient, RMSNorm's backward
 # with the residual's gradient, q/k/v's input gradient summed in the GEMMs, the fp32 updates,
@@ -127,7 +128,8 @@ gpu_steps=(build cuda_tests preset_150M preset_1B profile_1B ranks preset_1B_det
            preset_1B_16K_speed preset_1B_32K_speed preset_1B_float8_off preset_1B_float8_tensorwise
            preset_1B_float8_rowwise float8_gemms preset_7B4_float8_off preset_7B4_float8_tensorwise
            float8_quick_bf16 float8_quick_tensorwise float8_check moe_debug moe_debug_ep2 moe_experts preset_moe_1B_active
-           preset_1B_muon_jordan preset_1B_muon_polar_express preset_1B_muon_qk_clip
+           preset_1B_muon_jordan preset_1B_muon_polar_express preset_1B_muon_qk_clip newton_schulz_1B
+           newton_schulz_1B_llama3 preset_1B_muon_gram
            preset_1B_causal preset_1B_causal_auto preset_1B_cudnn_varlen
            preset_1B_aten preset_1B_casts_freed
            "${unfused_ops[@]/#/preset_1B_unfused_}" reference_cpu reference_gpu_fp32 reference_gpu_bf16
@@ -211,6 +213,7 @@ fi
 case $build_how in
   # What the steps run, unless the whole suite is wanted (ZB_BUILD_TARGETS set, even empty, wins).
   kit) targets="train_fsdp zb_cuda zb_cuda_tests zb_comm_bytes"; wanted ranks && targets+=" train_ddp export_hf"
+       wanted muon && targets+=" bench_newton_schulz"
        wanted suite && targets=""
        step build 360 env JOBS="${JOBS:-$(nproc)}" ZB_BUILD_TARGETS="${ZB_BUILD_TARGETS-$targets}" \
          "$ROOT/scripts/gpu/gpu_kit.sh" build ;;
@@ -355,7 +358,17 @@ if wanted muon; then
     --logging.metrics_file "$work/preset_1B_muon_polar_express.jsonl"
   step preset_1B_muon_qk_clip 150 "${train[@]}" "${one_b[@]}" --optim.optim.ns_coefficients polar_express \
     --optim.optim.qk_clip_threshold 100 --logging.metrics_file "$work/preset_1B_muon_qk_clip.jsonl"
-else not_run "not in GPU_CHECK_STEPS" preset_1B_muon_jordan preset_1B_muon_polar_express preset_1B_muon_qk_clip; fi
+  # Gram Newton-Schulz (optim.optim.ns_algorithm): standard in bf16 against Gram in fp16 on the 1B
+  # presets' matrices, every block's in one batch as Muon takes them (llama2 with Jordan's
+  # coefficients, llama3 with Polar Express's); then the 1B preset with it (its step time against
+  # preset_1B_muon_jordan's).
+  step newton_schulz_1B 60 "$ROOT/build/apps/bench_newton_schulz" --model 1B --layers 18 --device cuda --repeats 10
+  step newton_schulz_1B_llama3 60 "$ROOT/build/apps/bench_newton_schulz" --model 1B --type_model llama3 --layers 18 \
+    --device cuda --repeats 10 --coefficients polar_express
+  step preset_1B_muon_gram 150 "${train[@]}" "${one_b[@]}" --optim.optim.ns_algorithm gram \
+    --logging.metrics_file "$work/preset_1B_muon_gram.jsonl"
+else not_run "not in GPU_CHECK_STEPS" preset_1B_muon_jordan preset_1B_muon_polar_express preset_1B_muon_qk_clip \
+  newton_schulz_1B newton_schulz_1B_llama3 preset_1B_muon_gram; fi
 if wanted attention; then
   # The same without the document mask, on the dense flash kernel (the family the document path
   # runs): what masking costs (the report gives the ratio). Then with PyTorch's own choice of

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # What Muon at scale's options cost a step: a preset trained STEPS steps as it is (Jordan's
-# Newton-Schulz coefficients), with Polar Express's, with the attention logits' watch, and with
-# QK-clip (Polar Express's coefficients, a threshold that clips some heads every step), ROUNDS
+# Newton-Schulz coefficients), with Polar Express's, with Gram Newton-Schulz, with the attention
+# logits' watch, and with QK-clip (Polar Express's coefficients, a threshold that clips some heads
+# every step), ROUNDS
 # times each in turn (the machine's noise shows as the spread), and a table of seconds per step
 # (the best and the worst round) and each option's best over the plain run's best.
 #
 #   scripts/perf/muon_options.sh CONFIG [STEPS] [-- extra train_fsdp arguments]   # STEPS default 12
 #   scripts/perf/muon_options.sh configs/debug/normal.toml 12 -- --runtime.device cpu
 #
-# Environment: OUT (default outputs/muon-options-TIME), ROUNDS (default 2), QK_CLIP_THRESHOLD
+# Environment: OUT (default outputs/muon-options-TIME), ROUNDS (default 2), OPTIONS (which of
+# "jordan polar_express gram watch qk_clip", the default, to run; jordan always), QK_CLIP_THRESHOLD
 # (default 0.5: below the debug and 150M presets' logits on fake data at the start, so that the
 # clip works). Steps before the 4th are left out of the time.
 set -euo pipefail
@@ -26,10 +28,12 @@ base=(--config "$config" --optim.total_steps "$steps" --ckpt.path "" --data.eval
 declare -A variant=(
   [jordan]=""
   [polar_express]="--optim.optim.ns_coefficients polar_express"
+  [gram]="--optim.optim.ns_algorithm gram"
   [watch]="--logging.max_attention_logit true"
   [qk_clip]="--optim.optim.ns_coefficients polar_express --optim.optim.qk_clip_threshold ${QK_CLIP_THRESHOLD:-0.5}"
 )
-order=(jordan polar_express watch qk_clip)
+read -r -a order <<<"${OPTIONS:-jordan polar_express gram watch qk_clip}"
+[[ " ${order[*]} " == *" jordan "* ]] || order=(jordan "${order[@]}")
 rounds=${ROUNDS:-2}
 for round in $(seq "$rounds"); do
   for name in "${order[@]}"; do

@@ -76,7 +76,7 @@ struct ParallelConfig {  // [parallel]
   // across nodes; measured faster on CPU, docs/BENCHMARKS.md), else every replica does them all.
   bool muon_split_over_replicas = true;
   // Muon under tensor parallelism (optim/tensor_parallel_muon.h): "gather" each split matrix to an
-  // owner in the TP group, "gram" (Newton-Schulz distributed over the slices) or "auto" (per
+  // owner in the TP group, "split" (Newton-Schulz distributed over the slices) or "auto" (per
   // matrix, whichever moves fewer bytes).
   std::string muon_tp = "auto";
   // Expert parallelism (model/moe.h): a mixture's experts split whole over groups of ep ranks of
@@ -95,6 +95,7 @@ struct OptimizerConfig {  // [optim.optim]
   std::string update_scale = "original";  // Muon's lr scale
   std::string ns_dtype = "auto";          // Newton-Schulz precision: auto is bf16 on CUDA, fp32 on CPU
   std::string ns_coefficients = "jordan";  // each Newton-Schulz step's (a, b, c): optim/muon.h
+  std::string ns_algorithm = "standard";   // "gram": Gram Newton-Schulz where it pays (optim/muon.h)
   // QK-clip (Kimi K2's MuonClip; optim/qk_clip.h): after each step, the query and key rows of every
   // head whose largest attention logit passed the threshold scale down to it (0: off).
   double qk_clip_threshold = 0;

@@ -92,9 +92,9 @@ const std::vector<Field>& schema() {
                "instead of each doing all of it"),
       ZB_CHOICE("parallel.muon_tp", parallel.muon_tp,
                 "tensor parallelism: how Muon orthogonalises a matrix split over a TP group: gather "
-                "(to an owner, whole), gram (Newton-Schulz on the slices, a Gram matrix all-reduced per "
+                "(to an owner, whole), split (Newton-Schulz on the slices, a Gram matrix all-reduced per "
                 "iteration) or auto (whichever moves fewer bytes)",
-                "auto", "gather", "gram"),
+                "auto", "gather", "split"),
       ZB_FIELD("parallel.ep", Int, int64_t, parallel.ep,
                "expert parallelism: ranks of a shard group (dp_shard x cp) a mixture's experts are split over, "
                "whole; each sends its tokens' rows to the experts' ranks and back (all-to-alls)"),
@@ -181,6 +181,12 @@ const std::vector<Field>& schema() {
                 "Muon Newton-Schulz steps: jordan (Keller Jordan's quintic, every step) or polar_express "
                 "(Polar Express's minimax step for each, singular values nearer 1)",
                 "jordan", "polar_express"),
+      ZB_CHOICE("optim.optim.ns_algorithm", optim.optim.ns_algorithm,
+                "Muon Newton-Schulz algorithm: standard, or gram (Gram Newton-Schulz: the same steps on the "
+                "short side's Gram matrix, in fp16 where ns_dtype is 16-bit, for the matrices where it counts "
+                "fewer multiply-adds: long side over 1.5x the short one; a matrix parallel.muon_tp = split leaves "
+                "in slices iterates the standard way)",
+                "standard", "gram"),
       ZB_FIELD("optim.optim.qk_clip_threshold", Float, double, optim.optim.qk_clip_threshold,
                "QK-clip (MuonClip): after each step, scale the query and key rows of a head whose largest "
                "attention logit passed this down to it (0 = off; Kimi K2 used 100)"),

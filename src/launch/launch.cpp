@@ -123,7 +123,7 @@ std::vector<std::string> describe_run(const Config& c, const ModelArgs& a, int64
                          layout.dp_shard_cp));
   if (layout.tp > 1 && c.optim.optim.type == "muon")
     lines.push_back(strf("Muon under tensor parallelism (parallel.muon_tp = %s): %s", c.parallel.muon_tp.c_str(),
-                         c.parallel.muon_tp == "gram"
+                         c.parallel.muon_tp == "split"
                              ? "Newton-Schulz on the slices, one Gram matrix all-reduced over the TP group per iteration"
                          : c.parallel.muon_tp == "gather"
                              ? "each split matrix gathered to one owner in the TP group, orthogonalised whole"

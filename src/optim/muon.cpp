@@ -20,7 +20,7 @@
 namespace zb {
 
 const NsCoefficients& ns_coefficients(const std::string& name) {
-  static const NsCoefficients jordan{"jordan", {{3.4445, -4.7750, 2.0315}}, 1.0};
+  static const NsCoefficients jordan{"jordan", {{3.4445, -4.7750, 2.0315}}, 1.0, {2}};
   // The 5-step minimax table for singular values in [1e-3, 1] with a 2e-2 safety margin (the
   // Polar Express paper's algorithm; its reference code's values).
   static const NsCoefficients polar_express{"polar_express",
@@ -29,7 +29,8 @@ const NsCoefficients& ns_coefficients(const std::string& name) {
                                              {3.8916678022926607, -2.772484153217685, 0.5060648178503393},
                                              {3.285753657755655, -2.3681294933425376, 0.46449024233003106},
                                              {2.3465413258596377, -1.7097828382687081, 0.42323551169305323}},
-                                            1.02};
+                                            1.02,
+                                            {1, 3}};
   if (name == "jordan") return jordan;
   if (name == "polar_express") return polar_express;
   throw std::invalid_argument("unknown Newton-Schulz coefficients '" + name + "' (jordan, polar_express)");
@@ -63,6 +64,82 @@ at::Tensor newton_schulz(const at::Tensor& G, int64_t steps, at::ScalarType dtyp
   return batched ? X : X.squeeze(0);
 }
 
+namespace {
+// Whether gram_newton_schulz rebuilds its iterate before step i (never before the first).
+bool restarts_before(const std::vector<int64_t>& restarts, int64_t i) {
+  return i > 0 && std::find(restarts.begin(), restarts.end(), i) != restarts.end();
+}
+}  // namespace
+
+at::Tensor gram_newton_schulz(const at::Tensor& G, int64_t steps, at::ScalarType dtype, double eps,
+                              bool through_cublaslt, const NsCoefficients& coefficients,
+                              const std::optional<std::vector<int64_t>>& restarts_given) {
+  const std::vector<int64_t>& restarts = restarts_given ? *restarts_given : coefficients.gram_restarts;
+  TORCH_CHECK(G.dim() == 2 || G.dim() == 3, "gram_newton_schulz: expected [m, n] or [k, m, n], got ", G.sizes());
+  TORCH_CHECK(steps > 0, "gram_newton_schulz: steps must be positive, got ", steps);
+  const bool batched = G.dim() == 3;
+  // The norm in fp32 at least (fp16's sum of squares overflows), then the iterate in `dtype`.
+  at::Tensor X = (batched ? G : G.unsqueeze(0)).to(dtype == at::kDouble ? at::kDouble : at::kFloat);
+  at::Tensor norm = at::linalg_vector_norm(X, 2, {-2, -1}, /*keepdim=*/true);
+  if (coefficients.safety != 1.0) norm = norm * coefficients.safety;
+  X = (X / norm.clamp_min(eps)).to(dtype);
+  // A tall X is iterated as its transpose, copied wide once (X is read only at the start, the
+  // restarts and the end; with transposed operands those products took about a sixth longer on
+  // the CPU), and the result written tall: (Q Xᵀ)ᵀ = X Qᵀ.
+  const bool tall = X.size(1) > X.size(2);
+  if (tall) X = X.mT().contiguous();
+  const bool lt = through_cublaslt;
+  at::Tensor R = at::bmm(X, X.mT()), Q;
+  for (int64_t i = 0; i < steps; ++i) {
+    const auto& [a, b, c] = coefficients.step(i);
+    if (restarts_before(restarts, i)) {
+      X = at::bmm(Q, X);
+      R = at::bmm(X, X.mT());
+      Q = at::Tensor();
+    }
+    const at::Tensor Z = gemm_add(R, R, R, /*beta=*/b, /*alpha=*/c, lt);  // b R + c R²: P = a I + Z
+    if (Q.defined()) {
+      Q = gemm_add(Q, Q, Z, /*beta=*/a, 1.0, lt);  // Q P
+    } else {
+      Q = Z.clone();
+      Q.diagonal(0, -2, -1).add_(a);
+    }
+    if (i + 1 < steps && !restarts_before(restarts, i + 1)) {  // the next step's R = P R P
+      const at::Tensor RP = gemm_add(R, R, Z, /*beta=*/a, 1.0, lt);
+      R = gemm_add(RP, Z, RP, /*beta=*/a, 1.0, lt);
+    }
+  }
+  X = tall ? at::bmm(X.mT(), Q.mT()) : at::bmm(Q, X);
+  return batched ? X : X.squeeze(0);
+}
+
+at::ScalarType gram_newton_schulz_dtype(at::ScalarType ns_dtype) {
+  return ns_dtype == at::kFloat || ns_dtype == at::kDouble ? ns_dtype : at::kHalf;
+}
+
+double newton_schulz_multiply_adds(int64_t rows, int64_t cols, int64_t steps) {
+  const double m = static_cast<double>(std::min(rows, cols)), n = static_cast<double>(std::max(rows, cols));
+  return static_cast<double>(steps) * (2 * m * m * n + m * m * m);  // A = X Xᵀ, A², B X
+}
+
+double gram_newton_schulz_multiply_adds(int64_t rows, int64_t cols, int64_t steps, const std::vector<int64_t>& restarts) {
+  const double m = static_cast<double>(std::min(rows, cols)), n = static_cast<double>(std::max(rows, cols));
+  double count = 2 * m * m * n;  // the first R and the last Q X
+  bool fresh = true;             // Q not yet started (or restarted): Q = P costs nothing
+  for (int64_t i = 0; i < steps; ++i) {
+    if (restarts_before(restarts, i)) count += 2 * m * m * n, fresh = true;  // X = Q X, R = X Xᵀ
+    count += m * m * m;                                                     // Z
+    if (!fresh) count += m * m * m;                                         // Q P
+    fresh = false;
+    if (i + 1 < steps && !restarts_before(restarts, i + 1)) count += 2 * m * m * m;  // P R P
+  }
+  return count;
+}
+
+bool gram_newton_schulz_pays(int64_t rows, int64_t cols, int64_t steps, const NsCoefficients& coefficients) {
+  return gram_newton_schulz_multiply_adds(rows, cols, steps, coefficients.gram_restarts) < newton_schulz_multiply_adds(rows, cols, steps);
+}
+
 double muon_update_scale(const std::string& mode, int64_t rows, int64_t cols) {
   const double r = static_cast<double>(rows), c = static_cast<double>(cols);
   if (mode == "original") return std::sqrt(std::max(1.0, r / c));
@@ -73,6 +150,8 @@ double muon_update_scale(const std::string& mode, int64_t rows, int64_t cols) {
 Muon::Muon(const MuonHyper& hyper) : hyper_(hyper) {
   muon_update_scale(hyper.update_scale, 1, 1);  // reject an unknown mode now
   ns_coefficients(hyper.ns_coefficients);
+  if (hyper.ns_algorithm != "standard" && hyper.ns_algorithm != "gram")
+    throw std::invalid_argument("unknown Newton-Schulz algorithm '" + hyper.ns_algorithm + "' (standard, gram)");
 }
 
 void Muon::add_param(const std::string& name, const at::Tensor& param, std::vector<int64_t> global_shape,
@@ -99,7 +178,11 @@ std::vector<at::Tensor> Muon::orthogonalize_local(const std::vector<at::Tensor>&
   std::vector<at::Tensor> out(inputs.size());
   for (const auto& [key, idx] : by_shape) {
     const std::vector<int64_t>& shape = key.first;
-    Phase phase("zb.muon.newton_schulz");
+    const int64_t rows = shape[shape.size() - 2], cols = shape.back();
+    const NsCoefficients& coefficients = ns_coefficients(hyper_.ns_coefficients);
+    const bool gram =
+        hyper_.ns_algorithm == "gram" && gram_newton_schulz_pays(rows, cols, hyper_.ns_steps, coefficients);
+    Phase phase(gram ? "zb.muon.gram_newton_schulz" : "zb.muon.newton_schulz");
     // Stacked straight into Newton-Schulz's dtype, each matrix cast as it is copied (the values of
     // stacking in fp32 and casting the stack, one pass instead of two: ATen's stack and cast took
     // 4.3 ms of a 1B step on an H100).
@@ -114,9 +197,12 @@ std::vector<at::Tensor> Muon::orthogonalize_local(const std::vector<at::Tensor>&
       for (size_t j = 0; j < idx.size(); ++j) out[idx[j]] = inputs[idx[j]].to(hyper_.ns_dtype);
       continue;
     }
-    const at::Tensor batch = G.view({-1, shape[shape.size() - 2], shape.back()});
-    at::Tensor O = newton_schulz(batch, hyper_.ns_steps, hyper_.ns_dtype, hyper_.eps,
-                                 hyper_.kernels.on(Fused::NewtonSchulz), ns_coefficients(hyper_.ns_coefficients))
+    const at::Tensor batch = G.view({-1, rows, cols});
+    const bool lt = hyper_.kernels.on(Fused::NewtonSchulz);
+    at::Tensor O = (gram ? gram_newton_schulz(batch, hyper_.ns_steps, gram_newton_schulz_dtype(hyper_.ns_dtype),
+                                              hyper_.eps, lt, coefficients)
+                               .to(hyper_.ns_dtype)
+                         : newton_schulz(batch, hyper_.ns_steps, hyper_.ns_dtype, hyper_.eps, lt, coefficients))
                        .view(stacked_shape);
     for (size_t j = 0; j < idx.size(); ++j) out[idx[j]] = O[static_cast<int64_t>(j)];
     matrices_orthogonalized_ += static_cast<int64_t>(idx.size()) * per_input;

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <array>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,10 +33,12 @@ namespace zb {
 //     (singular values from 1e-3 up; each but the last divided by its safety margin, 2e-2), which
 //     end within about 0.86..1.14 of 1; the margin 1.02 keeps rounding from pushing a singular
 //     value past 1. Steps past the table repeat its last.
+// gram_restarts: the steps before which gram_newton_schulz rebuilds its iterate (below).
 struct NsCoefficients {
   std::string name;
   std::vector<std::array<double, 3>> table;
   double safety = 1.0;
+  std::vector<int64_t> gram_restarts;
   const std::array<double, 3>& step(int64_t i) const {
     return table[static_cast<size_t>(std::min<int64_t>(i, static_cast<int64_t>(table.size()) - 1))];
   }
@@ -52,6 +55,34 @@ const NsCoefficients& ns_coefficients(const std::string& name);
 at::Tensor newton_schulz(const at::Tensor& G, int64_t steps, at::ScalarType dtype, double eps = 1e-7,
                          bool through_cublaslt = true, const NsCoefficients& coefficients = ns_coefficients("jordan"));
 
+// Gram Newton-Schulz (optim.optim.ns_algorithm = "gram"; Dao AI Lab, 2026): newton_schulz's steps
+// computed on the short side's Gram matrix. A step X <- P X with P = a I + b R + c R², R = X Xᵀ,
+// multiplies X by a polynomial of R, so after k steps X = Q X₀ with Q = P_k ⋯ P_1, and the next
+// Gram matrix is P R P (P, R and Q commute: all are polynomials of the first R). The loop keeps R
+// and Q (short × short) and reads X's long side only to start, at each restart and at the end:
+// for 5 steps and one restart 4 m²n + 14 m³ multiply-adds against 10 m²n + 5 m³ (X m × n, m the
+// short side). A restart rebuilds X = Q X and R from it, so that rounding gathered in Q does not
+// compound. Its authors iterate in fp16, whose 10 mantissa bits hold Q where bf16's 7 do not
+// (gram_newton_schulz_dtype), and restart before step 2: so do Jordan's coefficients here. Polar
+// Express's first steps (a = 8.2, then 4.0) amplify fp16's rounding of R's small eigenvalues more:
+// restarted before step 2 alone, the singular values of a 256 × 768 matrix spread over 3 decades
+// came out up to 0.047 from exact; before steps 1 and 3, within 0.004 (GramNewtonSchulz.*).
+// G: [m, n] or [k, m, n], normalised in fp32 (as newton_schulz, with the coefficients' margin),
+// iterated in `dtype`; returns `dtype`, shaped like G. Equal to newton_schulz in exact arithmetic.
+// `restarts`: the coefficients' gram_restarts unless given.
+at::Tensor gram_newton_schulz(const at::Tensor& G, int64_t steps, at::ScalarType dtype, double eps = 1e-7,
+                              bool through_cublaslt = true,
+                              const NsCoefficients& coefficients = ns_coefficients("jordan"),
+                              const std::optional<std::vector<int64_t>>& restarts = std::nullopt);
+// fp16 where Newton-Schulz runs in 16 bits (ns_dtype bf16), else ns_dtype itself.
+at::ScalarType gram_newton_schulz_dtype(at::ScalarType ns_dtype);
+// Multiply-adds of each for one [rows, cols] matrix. ns_algorithm "gram" takes Gram Newton-Schulz
+// only where it counts fewer (at 5 steps, with either restart schedule, a long side over 1.5 times
+// the short one; never a square matrix): gram_newton_schulz_pays.
+double newton_schulz_multiply_adds(int64_t rows, int64_t cols, int64_t steps);
+double gram_newton_schulz_multiply_adds(int64_t rows, int64_t cols, int64_t steps, const std::vector<int64_t>& restarts);
+bool gram_newton_schulz_pays(int64_t rows, int64_t cols, int64_t steps, const NsCoefficients& coefficients);
+
 // lr multiplier from the global shape: "original" sqrt(max(1, rows/cols)) (Keller, ZeroBand) or
 // "match_rms_adamw" 0.2*sqrt(max(rows, cols)) (Moonlight). Throws for another mode.
 double muon_update_scale(const std::string& mode, int64_t rows, int64_t cols);
@@ -63,6 +94,7 @@ struct MuonHyper {
   bool nesterov = true;
   int64_t ns_steps = 5;
   std::string ns_coefficients = "jordan";  // zb::ns_coefficients' names
+  std::string ns_algorithm = "standard";   // or "gram": gram_newton_schulz where it pays
   std::string update_scale = "original";
   at::ScalarType ns_dtype = at::kBFloat16;  // kFloat for exact tests
   double eps = 1e-7;

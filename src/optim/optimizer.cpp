@@ -44,15 +44,17 @@ Optimizer::Optimizer(const Config& c, const std::vector<ShardedParameter>& param
       h.nesterov = c.optim.optim.nesterov;
       h.ns_steps = c.optim.optim.ns_steps;
       h.ns_coefficients = c.optim.optim.ns_coefficients;
+      h.ns_algorithm = c.optim.optim.ns_algorithm;
       h.update_scale = c.optim.optim.update_scale;
       h.kernels = kernels;
       std::string why;
       h.ns_dtype = resolve_ns_dtype(c, group.params.front().tensor->device(), &why);
       muon_.emplace(h);
       for (const auto& p : group.params) muon_->add_param(p.name, *p.tensor, p.global_shape, p.slice_shape, p.tp_dim);
-      descriptions_.push_back(strf("muon: lr %g, wd %g, momentum %g%s, %ld Newton-Schulz steps (%s, %s), scale %s; %s",
+      descriptions_.push_back(strf("muon: lr %g, wd %g, momentum %g%s, %ld Newton-Schulz steps (%s%s, %s), scale %s; %s",
                                    h.lr, h.weight_decay, h.momentum, h.nesterov ? " nesterov" : "",
                                    h.ns_steps, h.ns_coefficients.c_str(),
+                                   h.ns_algorithm == "gram" ? ", Gram where it pays" : "",
                                    (std::string(c10::toString(h.ns_dtype)) + ", " + why).c_str(),
                                    h.update_scale.c_str(),
                                    what.c_str()));

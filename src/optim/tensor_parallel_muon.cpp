@@ -2,24 +2,24 @@
 
 #include <stdexcept>
 
-#include "optim/gram_newton_schulz.h"
+#include "optim/split_newton_schulz.h"
 #include "optim/sharded_muon.h"
 #include "util/phase.h"
 
 namespace zb {
 
-bool muon_tp_uses_gram(const std::string& mode, int64_t tp_dim, int64_t rows, int64_t cols, int64_t tp,
-                       int64_t ns_steps) {
+bool muon_tp_splits(const std::string& mode, int64_t tp_dim, int64_t rows, int64_t cols, int64_t tp,
+                    int64_t ns_steps) {
   if (mode == "gather") return false;
-  if (mode == "gram") return true;
+  if (mode == "split") return true;
   if (mode != "auto") throw std::invalid_argument("unknown parallel.muon_tp '" + mode + "'");
   // Elements moved over the group (the factor 2 (tp - 1) common to both dropped).
   const int64_t slice = rows * cols / tp;
-  return ns_steps * gram_newton_schulz_gram_numel(tp_dim, rows, cols) < slice;
+  return ns_steps * split_newton_schulz_gram_numel(tp_dim, rows, cols) < slice;
 }
 
 void make_muon_tensor_parallel(Muon& muon, Communicator& tp, const std::string& mode) {
-  muon_tp_uses_gram(mode, 0, 1, 1, 1, 1);  // reject an unknown mode now
+  muon_tp_splits(mode, 0, 1, 1, 1, 1);  // reject an unknown mode now
   muon.set_tensor_parallel_stage([&muon, &tp, mode](const std::vector<at::Tensor>& inputs,
                                                     const std::vector<const Muon::Param*>& params) {
     const MuonHyper& h = muon.hyper();
@@ -30,9 +30,9 @@ void make_muon_tensor_parallel(Muon& muon, Communicator& tp, const std::string& 
       const int64_t rows = p.global_shape[0], cols = p.global_shape[1];
       if (p.tp_dim < 0) {
         whole.push_back(i);
-      } else if (muon_tp_uses_gram(mode, p.tp_dim, rows, cols, tp.size(), h.ns_steps)) {
-        Phase phase("zb.muon.gram_newton_schulz");
-        out[i] = gram_newton_schulz(inputs[i], p.tp_dim, rows, cols, tp, h.ns_steps, h.ns_dtype, h.eps,
+      } else if (muon_tp_splits(mode, p.tp_dim, rows, cols, tp.size(), h.ns_steps)) {
+        Phase phase("zb.muon.split_newton_schulz");
+        out[i] = split_newton_schulz(inputs[i], p.tp_dim, rows, cols, tp, h.ns_steps, h.ns_dtype, h.eps,
                                     ns_coefficients(h.ns_coefficients));
       } else {
         gathered.push_back(i);

@@ -482,9 +482,13 @@ void MemoryReplay::optimizer_step() {
   // exchange, a tp-th of them each, unless it runs Newton-Schulz on the slices themselves (the
   // Gram mode) or the matrix is whole on every TP rank (shared key/value heads). Newton-Schulz
   // runs same-shape matrices as one batch: their stack, the normalised iterate, X Xᵀ and its
-  // polynomial (k m x m for k matrices with m the short side) and the next iterate.
+  // polynomial (k m x m for k matrices with m the short side) and the next iterate. Gram
+  // Newton-Schulz (optim.optim.ns_algorithm) normalises in fp32 (a copy and its quotient), then
+  // holds the iterate, a rebuilt one, and R, Z, Q and R P (k m x m each) in its own dtype.
   const int64_t W = W_, tp = tp_;
   const int64_t ns = at::elementSize(resolve_ns_dtype(c_, device_));
+  const int64_t gram_ns = at::elementSize(gram_newton_schulz_dtype(resolve_ns_dtype(c_, device_)));
+  const NsCoefficients& coefficients = ns_coefficients(c_.optim.optim.ns_coefficients);
   // (rows, cols, ranks sharing them, 0 or an expert stack's number: Muon batches each stack
   // apart) of what Newton-Schulz runs on -> matrices
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, int64_t> groups;
@@ -499,7 +503,7 @@ void MemoryReplay::optimizer_step() {
       hidden_slices += p.numel();
       hidden_block += RowShard::of(p.shape, W).block_numel();
       const std::vector<int64_t>& whole = p.whole;
-      const bool gathered = p.tp_dim >= 0 && !muon_tp_uses_gram(c_.parallel.muon_tp, p.tp_dim, whole[0], whole[1], tp,
+      const bool gathered = p.tp_dim >= 0 && !muon_tp_splits(c_.parallel.muon_tp, p.tp_dim, whole[0], whole[1], tp,
                                                                  c_.optim.optim.ns_steps);
       if (gathered) tp_gathered += p.numel();
       const std::vector<int64_t>& run = gathered ? whole : p.shape;
@@ -534,7 +538,10 @@ void MemoryReplay::optimizer_step() {
     const auto [rows, cols, ranks, stack] = shape;
     const int64_t k = (count + ranks - 1) / ranks, g = k * rows * cols;
     const int64_t m = std::min(rows, cols);
-    const int64_t temps = in_bytes * g + ns * (2 * g + 2 * k * m * m);
+    const bool gram = c_.optim.optim.ns_algorithm == "gram" &&
+                      gram_newton_schulz_pays(rows, cols, c_.optim.optim.ns_steps, coefficients);
+    const int64_t temps = gram ? in_bytes * g + std::max(8 * g + gram_ns * g, gram_ns * (2 * g + 4 * k * m * m))
+                               : in_bytes * g + ns * (2 * g + 2 * k * m * m);
     t_.alloc(work, temps);
     t_.free(work, temps);
     t_.alloc(work, ns * g);  // the result, kept until every group is done

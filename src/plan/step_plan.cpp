@@ -9,7 +9,7 @@
 #include "model/model_args.h"
 #include "config/model_config.h"
 #include "model/chunked_loss.h"
-#include "optim/gram_newton_schulz.h"
+#include "optim/split_newton_schulz.h"
 #include "optim/muon.h"
 #include "optim/optimizer.h"
 #include "optim/tensor_parallel_muon.h"
@@ -480,10 +480,10 @@ StepPlan plan_step(const Config& c, const ParallelMesh& mesh, const ResolvedRun&
     for (const ParamSpec& m : held) {
       if (m.tp_dim < 0) continue;
       const std::vector<int64_t>& whole = m.whole;
-      if (muon_tp_uses_gram(c.parallel.muon_tp, m.tp_dim, whole[0], whole[1], tp, c.optim.optim.ns_steps)) {
+      if (muon_tp_splits(c.parallel.muon_tp, m.tp_dim, whole[0], whole[1], tp, c.optim.optim.ns_steps)) {
         w.ring(CommKind::AllReduce, "tp", tp, ns, "Muon: " + m.name + "'s norm over the TP group", "exposed");
         for (int64_t k = 0; k < c.optim.optim.ns_steps; ++k)
-          w.ring(CommKind::AllReduce, "tp", tp, ns * gram_newton_schulz_gram_numel(m.tp_dim, whole[0], whole[1]),
+          w.ring(CommKind::AllReduce, "tp", tp, ns * split_newton_schulz_gram_numel(m.tp_dim, whole[0], whole[1]),
                  "Muon: " + m.name + "'s Gram matrix", "exposed");
         continue;
       }

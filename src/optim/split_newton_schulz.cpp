@@ -1,4 +1,4 @@
-#include "optim/gram_newton_schulz.h"
+#include "optim/split_newton_schulz.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/addmm.h>
@@ -9,17 +9,17 @@
 
 namespace zb {
 
-int64_t gram_newton_schulz_gram_numel(int64_t shard_dim, int64_t rows, int64_t cols) {
+int64_t split_newton_schulz_gram_numel(int64_t shard_dim, int64_t rows, int64_t cols) {
   const int64_t unsplit = shard_dim == 0 ? cols : rows;
   return unsplit * unsplit;
 }
 
-at::Tensor gram_newton_schulz(const at::Tensor& local, int64_t shard_dim, int64_t rows, int64_t cols,
+at::Tensor split_newton_schulz(const at::Tensor& local, int64_t shard_dim, int64_t rows, int64_t cols,
                               Communicator& group, int64_t steps, at::ScalarType dtype, double eps,
                               const NsCoefficients& coefficients) {
-  TORCH_CHECK(local.dim() == 2 && (shard_dim == 0 || shard_dim == 1), "gram_newton_schulz: a 2-D block split along 0 or 1");
+  TORCH_CHECK(local.dim() == 2 && (shard_dim == 0 || shard_dim == 1), "split_newton_schulz: a 2-D block split along 0 or 1");
   TORCH_CHECK(local.size(1 - shard_dim) == (shard_dim == 0 ? cols : rows),
-              "gram_newton_schulz: the block ", local.sizes(), " does not span the unsplit side of [", rows, ", ", cols, "]");
+              "split_newton_schulz: the block ", local.sizes(), " does not span the unsplit side of [", rows, ", ", cols, "]");
   // The iterate on the short side, as newton_schulz: a tall matrix is transposed, and so is the
   // side its blocks split.
   at::Tensor X = local.to(dtype);

@@ -1,6 +1,7 @@
 #pragma once
-// Newton-Schulz on a matrix split over the ranks of a group, without gathering it (issue 30, for
-// tensor-parallel shards; a building block, not yet wired into training). Each rank holds a block
+// Newton-Schulz on a matrix split over the ranks of a group, without gathering it (parallel.muon_tp
+// = "split", optim/tensor_parallel_muon.h; not Gram Newton-Schulz, optim/muon.h, which iterates
+// on one rank's whole matrix). Each rank holds a block
 // of consecutive rows (shard_dim 0) or columns (shard_dim 1) of the [rows, cols] matrix G and gets
 // its block of newton_schulz(G) (optim/muon.h) back. Every iteration all-reduces one Gram matrix
 // instead: with X the iterate on the short side (Gᵀ when G is tall),
@@ -21,12 +22,12 @@
 
 namespace zb {
 
-at::Tensor gram_newton_schulz(const at::Tensor& local, int64_t shard_dim, int64_t rows, int64_t cols,
+at::Tensor split_newton_schulz(const at::Tensor& local, int64_t shard_dim, int64_t rows, int64_t cols,
                               Communicator& group, int64_t steps, at::ScalarType dtype, double eps = 1e-7,
                               const NsCoefficients& coefficients = ns_coefficients("jordan"));
 
 // Values of the Gram matrix each iteration all-reduces for a [rows, cols] matrix split along
 // `shard_dim`: the square of the side the blocks do not split.
-int64_t gram_newton_schulz_gram_numel(int64_t shard_dim, int64_t rows, int64_t cols);
+int64_t split_newton_schulz_gram_numel(int64_t shard_dim, int64_t rows, int64_t cols);
 
 }  // namespace zb

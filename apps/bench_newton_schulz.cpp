@@ -8,9 +8,10 @@
 //
 // Each algorithm runs in the precision training gives it: standard in ns_dtype "auto" (bf16 on a
 // GPU, fp32 on the CPU), Gram in gram_newton_schulz_dtype of it (fp16 on a GPU). Prints a markdown
-// table: per shape the best milliseconds of each (the two taken in turn), their ratio, the ratio of multiply-adds the
-// choice reads (newton_schulz_multiply_adds / gram_newton_schulz_multiply_adds), whether "gram" takes it, and each
-// result's relative distance (Frobenius) from standard Newton-Schulz in float64.
+// table: per shape the best milliseconds of each (the two taken in turn), their ratio, the ratio of
+// multiply-adds the choice reads (newton_schulz_multiply_adds / gram_newton_schulz_multiply_adds),
+// whether "gram" takes it, and each result's relative distance (Frobenius) from standard
+// Newton-Schulz in float64.
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>

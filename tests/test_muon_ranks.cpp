@@ -71,7 +71,7 @@ TEST(SplitNewtonSchulz, EqualsTheIterationOnTheWholeMatrix) {
                   newton_schulz(G, 5, dtype, 1e-7, true, k).to(at::kDouble).tensor_split(world, dim)[rank];
               const CommStats before = group.stats();
               const at::Tensor got = split_newton_schulz(G.tensor_split(world, dim)[rank].contiguous(), dim, rows, cols,
-                                                        group, 5, dtype, 1e-7, k);
+                                                         group, 5, dtype, 1e-7, k);
               const double tolerance = dtype == at::kDouble ? 1e-12 : 1e-5;
               EXPECT_LE(max_abs(got.to(at::kDouble) - want), tolerance)
                   << rows << "x" << cols << " split along " << dim << " on " << world << " ranks, " << dtype << ", " << name;

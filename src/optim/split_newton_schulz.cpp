@@ -15,8 +15,8 @@ int64_t split_newton_schulz_gram_numel(int64_t shard_dim, int64_t rows, int64_t 
 }
 
 at::Tensor split_newton_schulz(const at::Tensor& local, int64_t shard_dim, int64_t rows, int64_t cols,
-                              Communicator& group, int64_t steps, at::ScalarType dtype, double eps,
-                              const NsCoefficients& coefficients) {
+                               Communicator& group, int64_t steps, at::ScalarType dtype, double eps,
+                               const NsCoefficients& coefficients) {
   TORCH_CHECK(local.dim() == 2 && (shard_dim == 0 || shard_dim == 1), "split_newton_schulz: a 2-D block split along 0 or 1");
   TORCH_CHECK(local.size(1 - shard_dim) == (shard_dim == 0 ? cols : rows),
               "split_newton_schulz: the block ", local.sizes(), " does not span the unsplit side of [", rows, ", ", cols, "]");

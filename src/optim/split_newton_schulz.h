@@ -1,9 +1,8 @@
 #pragma once
 // Newton-Schulz on a matrix split over the ranks of a group, without gathering it (parallel.muon_tp
 // = "split", optim/tensor_parallel_muon.h; not Gram Newton-Schulz, optim/muon.h, which iterates
-// on one rank's whole matrix). Each rank holds a block
-// of consecutive rows (shard_dim 0) or columns (shard_dim 1) of the [rows, cols] matrix G and gets
-// its block of newton_schulz(G) (optim/muon.h) back. Every iteration all-reduces one Gram matrix
+// on one rank's whole matrix). Each rank holds a block of consecutive rows (shard_dim 0) or
+// columns (shard_dim 1) of the [rows, cols] matrix G and gets its block of newton_schulz(G) back. Every iteration all-reduces one Gram matrix
 // instead: with X the iterate on the short side (Gᵀ when G is tall),
 //
 //   blocks split X's long side (X = [X₁ X₂ …]):   A = Σ Xᵢ Xᵢᵀ   (short × short), Xᵢ ← a Xᵢ + (b A + c A²) Xᵢ
@@ -23,8 +22,8 @@
 namespace zb {
 
 at::Tensor split_newton_schulz(const at::Tensor& local, int64_t shard_dim, int64_t rows, int64_t cols,
-                              Communicator& group, int64_t steps, at::ScalarType dtype, double eps = 1e-7,
-                              const NsCoefficients& coefficients = ns_coefficients("jordan"));
+                               Communicator& group, int64_t steps, at::ScalarType dtype, double eps = 1e-7,
+                               const NsCoefficients& coefficients = ns_coefficients("jordan"));
 
 // Values of the Gram matrix each iteration all-reduces for a [rows, cols] matrix split along
 // `shard_dim`: the square of the side the blocks do not split.

@@ -33,7 +33,7 @@ void make_muon_tensor_parallel(Muon& muon, Communicator& tp, const std::string& 
       } else if (muon_tp_splits(mode, p.tp_dim, rows, cols, tp.size(), h.ns_steps)) {
         Phase phase("zb.muon.split_newton_schulz");
         out[i] = split_newton_schulz(inputs[i], p.tp_dim, rows, cols, tp, h.ns_steps, h.ns_dtype, h.eps,
-                                    ns_coefficients(h.ns_coefficients));
+                                     ns_coefficients(h.ns_coefficients));
       } else {
         gathered.push_back(i);
       }

@@ -28,7 +28,7 @@ namespace zb {
 void make_muon_tensor_parallel(Muon& muon, Communicator& tp, const std::string& mode);
 
 // Whether `mode` orthogonalises a [rows, cols] matrix split along tp_dim over tp ranks with the
-// Gram all-reduce (true) or by gathering it to an owner (false).
+// slices, a Gram matrix all-reduced per iteration (true), or by gathering it to an owner (false).
 bool muon_tp_splits(const std::string& mode, int64_t tp_dim, int64_t rows, int64_t cols, int64_t tp,
                     int64_t ns_steps);
 

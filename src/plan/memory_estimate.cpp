@@ -486,8 +486,8 @@ void MemoryReplay::optimizer_step() {
   // Newton-Schulz (optim.optim.ns_algorithm) normalises in fp32 (a copy and its quotient), then
   // holds the iterate, a rebuilt one, and R, Z, Q and R P (k m x m each) in its own dtype.
   const int64_t W = W_, tp = tp_;
-  const int64_t ns = at::elementSize(resolve_ns_dtype(c_, device_));
-  const int64_t gram_ns = at::elementSize(gram_newton_schulz_dtype(resolve_ns_dtype(c_, device_)));
+  const at::ScalarType ns_dtype = resolve_ns_dtype(c_, device_);
+  const int64_t ns = at::elementSize(ns_dtype), gram_ns = at::elementSize(gram_newton_schulz_dtype(ns_dtype));
   const NsCoefficients& coefficients = ns_coefficients(c_.optim.optim.ns_coefficients);
   // (rows, cols, ranks sharing them, 0 or an expert stack's number: Muon batches each stack
   // apart) of what Newton-Schulz runs on -> matrices
